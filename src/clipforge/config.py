@@ -1,0 +1,389 @@
+"""Typed parameters: params.yaml -> recipe -> --set overrides -> validated dataclasses.
+
+Every knob is a field of one of the section dataclasses below, with its documentation, its
+default (the embedded CPU default) and its allowed range. `load_config` is the only way stages
+get their configuration, so every check here runs before any heavy import or file write.
+
+Layering, lowest first:
+  1. the embedded default (the field defaults below: a tiny model that trains in minutes on CPU);
+  2. the recipe named by the top-level `recipe` key (`clipforge.recipes`): a different set of
+     defaults, e.g. the production ViT-B/32 run;
+  3. params.yaml: a key whose value differs from the embedded default is the user's choice and
+     wins over the recipe (so `dvc exp run -S recipe=production -S train.lr=1e-4` does what it says);
+  4. `--set section.key=value` (YAML-parsed, like `dvc exp run -S`).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import re
+
+import yaml
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that reads `1e-4` as a float, as YAML 1.2 (and DVC's ruamel) do, not a string."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)
+
+
+class ConfigError(ValueError):
+    """A parameter problem the user must fix; the message names the key and what is allowed."""
+
+
+def knob(default: Any, doc: str, **limits: Any) -> Any:
+    """A documented config field. limits: ge, gt, le, lt (numbers), nonempty (strings/lists)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc, **limits})
+    return field(default=default, metadata={"doc": doc, **limits})
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    source: Literal["builtin", "local"] = knob(
+        "builtin", "Where pairs come from: `builtin` (generated shapes scenes, no download) or "
+        "`local` (a folder, .csv or .jsonl of image path + caption, see `path`).")
+    path: Optional[str] = knob(None, "Input for the `local` source: a folder of images with "
+                               "same-named .txt captions, a .csv (columns image,caption) or a .jsonl.")
+    test_dir: Optional[str] = knob(None, "A test set already in Chinese-CLIP layout (test_imgs.tsv + "
+                                   "test_texts.jsonl), e.g. Flickr30K-CN; copied to data/test instead of "
+                                   "splitting one off the source.")
+    seed: int = knob(0, "Seed of the generator and of the split.", ge=0)
+    num_train: int = knob(12000, "builtin: number of training pairs.", ge=1)
+    num_val: int = knob(256, "builtin: number of validation pairs.", ge=1)
+    num_test_images: int = knob(300, "builtin: number of test images (two captions each).", ge=10)
+    image_size: int = knob(64, "builtin: rendered image size in pixels.", ge=32, le=1024)
+    val_fraction: float = knob(0.02, "local: share of images held out for validation.", ge=0.0, lt=0.5)
+    test_fraction: float = knob(0.02, "local: share of images held out for the test set "
+                                "(ignored when test_dir is set).", ge=0.0, lt=0.5)
+    samples_per_shard: int = knob(2000, "Samples per webdataset tar shard.", ge=1)
+    max_image_pixels: int = knob(50_000_000, "Images with more pixels are skipped as `too_large` "
+                                 "(protects against decompression bombs).", ge=1)
+    max_caption_chars: int = knob(512, "Captions longer than this are skipped as `caption_too_long`.",
+                                  ge=1)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    name: str = knob("clipforge-tiny", "open_clip model name (`ViT-B-32`, any open_clip config, or a "
+                     "bundled clipforge config such as `clipforge-tiny`).", nonempty=True)
+    pretrained: Optional[str] = knob(None, "Initial weights: an open_clip checkpoint file "
+                                     "(.safetensors, or a .pt/.bin loaded with weights_only) or "
+                                     "`local-dir:PATH` of an exported model.")
+    text_tower: Optional[str] = knob(None, "Replace the text tower with a Hugging Face model (hub id or "
+                                     "local folder), e.g. `hfl/chinese-roberta-wwm-ext`; its tokenizer "
+                                     "is used too.")
+    image_size: Optional[int] = knob(None, "Override the model's input image size (null: the "
+                                     "model's own).", ge=16, le=1024)
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    device: Literal["auto", "cpu", "cuda"] = knob("auto", "`auto`: CUDA when available, else CPU.")
+    precision: Literal["auto", "bf16", "fp32"] = knob(
+        "auto", "`auto`: bf16 on GPUs that support it, fp32 on CPU.")
+    zero_stage: int = knob(1, "DeepSpeed ZeRO stage (production: 3).", ge=0, le=3)
+    num_nodes: int = knob(1, "Machines in the run.", ge=1)
+    ranks_per_node: int = knob(1, "Processes per machine: GPUs per node, or CPU ranks.", ge=1)
+    global_batch_size: int = knob(128, "Contrastive batch: pairs per optimizer step over all ranks.",
+                                  ge=2)
+    micro_batch_size: int = knob(128, "Pairs per forward pass on one rank.", ge=1)
+    grad_accum_steps: Union[int, Literal["auto"]] = knob(
+        "auto", "Micro-batches per rank per step, with feature caching (`auto`: global batch / "
+        "(micro batch x world size)).", ge=1)
+    epochs: int = knob(2, "Passes over the training set.", ge=1)
+    max_steps: Optional[int] = knob(None, "Stop after this many optimizer steps (null: epochs decide); "
+                                    "the schedule still spans max_steps.", ge=1)
+    lr: float = knob(1e-3, "Peak learning rate.", gt=0.0, le=1.0)
+    warmup_steps: int = knob(20, "Linear warm-up steps before cosine decay.", ge=0)
+    min_lr_ratio: float = knob(0.0, "Final lr as a fraction of the peak.", ge=0.0, le=1.0)
+    beta1: float = knob(0.9, "AdamW beta1.", ge=0.0, lt=1.0)
+    beta2: float = knob(0.98, "AdamW beta2.", ge=0.0, lt=1.0)
+    eps: float = knob(1e-6, "AdamW epsilon.", gt=0.0)
+    weight_decay: float = knob(0.2, "AdamW weight decay; not applied to gains, biases, 1-d "
+                               "embeddings or logit_scale.", ge=0.0)
+    grad_clip_norm: float = knob(1.0, "Clip gradients to this global norm (0: off).", ge=0.0)
+    max_logit_scale: float = knob(100.0, "Cap on the learned temperature exp(logit_scale).", gt=1.0)
+    optimizer: Literal["auto", "fused", "torch"] = knob(
+        "auto", "AdamW implementation: DeepSpeed's fused kernel (`fused`, GPU), torch's (`torch`), "
+        "`auto`: fused on GPU, torch on CPU.")
+    seed: int = knob(0, "Seed for initialisation, data order and augmentation.", ge=0)
+    num_workers: int = knob(1, "Data-loading processes per rank.", ge=0)
+    save_every_steps: int = knob(50, "Checkpoint interval in optimizer steps (a final one is always "
+                                 "saved).", ge=1)
+    keep_checkpoints: int = knob(2, "Checkpoints kept per run (older ones are deleted).", ge=1)
+    log_every_steps: int = knob(10, "Interval of log lines, TensorBoard and metrics rows.", ge=1)
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    batch_size: int = knob(256, "Images or texts per encoding batch.", ge=1)
+    device: Literal["auto", "cpu", "cuda"] = knob("auto", "`auto`: CUDA when available, else CPU.")
+    baseline_model: Optional[str] = knob(
+        None, "Also evaluate this model for comparison: `local-dir:PATH`, `hf-hub:ORG/REPO` or an "
+        "open_clip name (with baseline_pretrained).")
+    baseline_pretrained: Optional[str] = knob(None, "open_clip pretrained tag or file for "
+                                              "baseline_model.")
+
+
+@dataclass(kw_only=True)
+class Config:
+    recipe: str = knob("default", "Preset of defaults: `default` (tiny, CPU, minutes) or "
+                       "`production` (ViT-B-32, LAION zh, ZeRO-3, 4 GPUs); see clipforge/recipes.py.")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "recipe"}
+_SECTION_TYPES = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_config(params_path: str | Path | None = "params.yaml", overrides: list[str] = ()) -> Config:
+    """Read params, apply recipe and overrides, validate; raise ConfigError naming the key."""
+    raw = _read_params(params_path) if params_path is not None else {}
+    forced: dict = {}
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_dotted(forced, key, value)
+    return resolve(raw, forced)
+
+
+def resolve(raw: dict, forced: dict | None = None) -> Config:
+    """params mapping (+ `forced` values that always win, e.g. --set) -> validated Config."""
+    from clipforge.recipes import RECIPES
+
+    forced = forced or {}
+    for name, mapping in (("params", raw), ("overrides", forced)):
+        if not isinstance(mapping, dict):
+            raise ConfigError(f"{name} must be a mapping of sections, got {type(mapping).__name__}")
+        known = {"recipe", *SECTIONS}
+        unknown = sorted(set(mapping) - known)
+        if unknown:
+            raise ConfigError(f"unknown top-level key {unknown[0]!r}: allowed are {sorted(known)}")
+    recipe = forced.get("recipe", raw.get("recipe", "default"))
+    if recipe not in RECIPES:
+        raise ConfigError(f"recipe: unknown recipe {recipe!r}: allowed are {sorted(RECIPES)}")
+
+    embedded = Config().to_dict()
+    merged = copy.deepcopy(embedded)
+    for section, values in RECIPES[recipe].items():
+        merged[section].update(values)
+    for section in SECTIONS:
+        recipe_keys = RECIPES[recipe].get(section, {})
+        for key, value in _section_items(raw, section, embedded):
+            # A value still equal to the embedded default is not a choice: the recipe's applies.
+            if key not in recipe_keys or value != embedded[section][key]:
+                merged[section][key] = value
+        for key, value in _section_items(forced, section, embedded):
+            merged[section][key] = value
+
+    sections = {name: _build(name, _SECTION_TYPES[name], merged[name]) for name in SECTIONS}
+    config = Config(recipe=recipe, **sections)
+    check_consistency(config)
+    return config
+
+
+def _section_items(mapping: dict, section: str, embedded: dict) -> list[tuple[str, Any]]:
+    values = mapping.get(section) or {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{section}: must be a mapping of keys, got {values!r}")
+    for key in values:
+        if key not in embedded[section]:
+            raise ConfigError(f"{section}.{key}: unknown key; {section} has: "
+                              f"{', '.join(embedded[section])}")
+    return list(values.items())
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`train.lr=1e-4` -> ("train.lr", 0.0001). The value is YAML, as with `dvc exp run -S`."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.lr=1e-4")
+    try:
+        value = load_yaml(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {item!r}: value is not valid YAML ({exc.problem})") from None
+    return key.strip(), value
+
+
+def _set_dotted(raw: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    if len(parts) == 1 and parts[0] == "recipe":
+        raw["recipe"] = value
+        return
+    if len(parts) != 2:
+        raise ConfigError(f"--set {key}: expected section.key (sections: {', '.join(SECTIONS)})")
+    section, name = parts
+    if section not in SECTIONS:
+        raise ConfigError(f"--set {key}: unknown section {section!r}; sections: {', '.join(SECTIONS)}")
+    raw.setdefault(section, {})
+    if raw[section] is None:
+        raw[section] = {}
+    raw[section][name] = value
+
+
+def _read_params(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"params file {path} not found: run from the project root or pass --params")
+    try:
+        raw = load_yaml(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return raw or {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Type and range checks
+
+
+def _build(section: str, cls: type, values: dict) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = f"{section}.{f.name}"
+        kwargs[f.name] = _check_value(key, values[f.name], hints[f.name], f.metadata)
+    return cls(**kwargs)
+
+
+def _check_value(key: str, value: Any, hint: Any, limits: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union:
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(f"{key}: must be set; null is not allowed")
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _check_value(key, value, option, limits)
+            except ConfigError as exc:
+                errors.append(str(exc).split("; ", 1)[-1])
+        raise ConfigError(f"{key}: got {value!r}; " + "; or ".join(errors))
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: got {value!r}; allowed: {', '.join(map(str, args))}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: got {value!r}; must be true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: got {value!r}; must be an integer{_range_text(limits)}")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: got {value!r}; must be a number{_range_text(limits)}")
+        value = float(value)
+    elif hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: got {value!r}; must be a string")
+        if limits.get("nonempty") and not value.strip():
+            raise ConfigError(f"{key}: must not be empty")
+        return value
+    else:  # pragma: no cover - a field type this loader does not know is a programming error
+        raise TypeError(f"{key}: unsupported field type {hint}")
+    _check_range(key, value, limits)
+    return value
+
+
+def _check_range(key: str, value: float, limits: Any) -> None:
+    bad = (("ge" in limits and value < limits["ge"]) or ("gt" in limits and value <= limits["gt"])
+           or ("le" in limits and value > limits["le"]) or ("lt" in limits and value >= limits["lt"]))
+    if bad:
+        raise ConfigError(f"{key}: got {value!r}; must be{_range_text(limits)}")
+
+
+def _range_text(limits: Any) -> str:
+    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    parts = [f"{words[k]} {limits[k]}" for k in words if k in limits]
+    return (" " + " and ".join(parts)) if parts else ""
+
+
+def check_consistency(config: Config) -> None:
+    """Checks that involve several keys."""
+    data, train = config.data, config.train
+    if data.source == "local" and not data.path:
+        raise ConfigError("data.path: required when data.source is `local` (a folder, .csv or .jsonl)")
+    batch_plan(train)  # raises on inconsistent batch arithmetic
+    if train.warmup_steps and train.max_steps and train.warmup_steps >= train.max_steps:
+        raise ConfigError(f"train.warmup_steps: got {train.warmup_steps}; must be < train.max_steps "
+                          f"({train.max_steps})")
+    if config.eval.baseline_pretrained and not config.eval.baseline_model:
+        raise ConfigError("eval.baseline_pretrained: set only together with eval.baseline_model")
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    global_batch_size: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    world_size: int
+
+
+def batch_plan(train: TrainConfig, world_size: int | None = None) -> BatchPlan:
+    """global batch = micro batch x accumulation x world size, naming every factor when it is not."""
+    world = world_size if world_size is not None else train.num_nodes * train.ranks_per_node
+    factors = (f"train.micro_batch_size={train.micro_batch_size} x world size {world} "
+               f"(train.num_nodes={train.num_nodes} x train.ranks_per_node={train.ranks_per_node})")
+    per_step = train.micro_batch_size * world
+    if train.grad_accum_steps == "auto":
+        if train.global_batch_size % per_step:
+            raise ConfigError(
+                f"train.global_batch_size: {train.global_batch_size} is not a multiple of "
+                f"{factors} = {per_step}; change one of them")
+        accum = train.global_batch_size // per_step
+    else:
+        accum = train.grad_accum_steps
+        if per_step * accum != train.global_batch_size:
+            raise ConfigError(
+                f"train.global_batch_size: {train.global_batch_size} != {factors} x "
+                f"train.grad_accum_steps={accum} = {per_step * accum}; change one of them or set "
+                f"train.grad_accum_steps: auto")
+    return BatchPlan(train.global_batch_size, train.micro_batch_size, accum, world)
+
+
+def field_docs(cls: type = Config, prefix: str = "") -> dict[str, str]:
+    """Dotted key -> documentation, for every knob (used to check params.yaml is documented)."""
+    docs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in _SECTION_TYPES:
+            docs.update(field_docs(_SECTION_TYPES[f.name], f"{f.name}."))
+        else:
+            docs[prefix + f.name] = f.metadata["doc"]
+    return docs
+
+
+def config_from_dict(saved: dict) -> Config:
+    """Rebuild a Config saved with `to_dict` (e.g. from a checkpoint): every value is explicit."""
+    return resolve({}, saved)
+
+
+def dumps_json(config: Config) -> str:
+    return json.dumps(config.to_dict(), ensure_ascii=False, indent=2, sort_keys=False)

@@ -1,0 +1,3 @@
+from clipforge.data.stage import main
+
+raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""`python -m clipforge.data`: turn the configured source into data/.
+
+Output layout (written to a temporary sibling and moved into place only when complete, so an
+interrupted run leaves the previous data/ intact):
+  data/train/shard-NNNNNN.tar   webdataset shards: <key>.jpg + <key>.txt
+  data/val/shard-NNNNNN.tar
+  data/test/test_imgs.tsv       Chinese-CLIP layout (see clipforge.data.testset)
+  data/test/test_texts.jsonl
+  data/manifest.json            counts, per-shard sha256, skipped items by reason, source
+  data/config.yaml              the resolved parameters this data was made with
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
+from clipforge.config import Config, DataConfig
+from clipforge.data import builtin, testset
+from clipforge.data.local import SkipLog, clean_caption, load_image, read_records, split_of
+from clipforge.data.shards import write_shards
+from clipforge.fsutil import replace_dir_atomically, sha256_file
+
+log = logging.getLogger("clipforge.data")
+
+MANIFEST = "manifest.json"
+
+
+def build_dataset(config: Config, out: Path) -> dict:
+    """Write every split of the configured source into the empty directory `out`."""
+    data = config.data
+    skips = SkipLog()
+    if data.source == "builtin":
+        splits, source = _builtin_splits(data, out)
+    else:
+        splits, source = _local_splits(data, out, skips)
+    if data.test_dir:
+        splits["test"] = _copy_test_set(Path(data.test_dir), out / "test")
+        source["test_set"] = str(data.test_dir)
+    for split in ("train", "val"):
+        if splits[split]["count"] == 0:
+            raise StageError(f"the {split} split is empty after filtering ({_skip_text(skips)}); "
+                             f"check data.path and the skip reasons in the log")
+    manifest = {"source": source, "splits": splits, "skipped": skips.to_dict()}
+    (out / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8")
+    (out / "config.yaml").write_text(config.to_yaml(), "utf-8")
+    return manifest
+
+
+def _builtin_splits(data: DataConfig, out: Path) -> tuple[dict, dict]:
+    scenes, test_items = builtin.test_images(data.seed, data.num_test_images, data.image_size)
+    exclude = set(scenes)
+    splits = {}
+    for split, count in (("train", data.num_train), ("val", data.num_val)):
+        triples = ((p.key, p.jpeg, p.caption) for p in
+                   builtin.pairs(data.seed, split, count, data.image_size, exclude))
+        splits[split] = _shard_summary(write_shards(triples, out, split, data.samples_per_shard))
+    if not data.test_dir:
+        counts = testset.write_test_set(out / "test", ((t.image_id, t.jpeg, t.captions)
+                                                       for t in test_items))
+        splits["test"] = {**counts, **_test_hashes(out / "test")}
+    source = {"type": "builtin", "generator": "clipforge.data.builtin", "seed": data.seed,
+              "image_size": data.image_size}
+    return splits, source
+
+
+def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dict]:
+    path = Path(data.path)
+    if not path.exists():
+        raise StageError(f"data.path: {path} does not exist (a folder, .csv or .jsonl of image "
+                         f"path + caption)")
+    held_out = {"val": data.val_fraction, "test": 0.0 if data.test_dir else data.test_fraction}
+    buckets: dict[str, list[tuple[str, bytes, str]]] = {"train": [], "val": []}
+    test_images: dict[Path, tuple[bytes, list[str]]] = {}
+    try:
+        for record, jpeg, caption in _valid_pairs(read_records(path, skips), data, skips):
+            split = split_of(record.image, data.seed, held_out["val"], held_out["test"])
+            if split == "test":
+                test_images.setdefault(record.image, (jpeg, []))[1].append(caption)
+            else:
+                buckets[split].append((f"{split}-{len(buckets[split]):08d}", jpeg, caption))
+    except (ValueError, FileNotFoundError) as exc:
+        raise StageError(str(exc)) from None
+    splits = {split: _shard_summary(write_shards(items, out, split, data.samples_per_shard))
+              for split, items in buckets.items()}
+    if not data.test_dir:
+        items = ((i, jpeg, caps) for i, (jpeg, caps) in enumerate(test_images.values()))
+        splits["test"] = {**testset.write_test_set(out / "test", items), **_test_hashes(out / "test")}
+    source = {"type": "local", "path": str(path), "seed": data.seed}
+    return splits, source
+
+
+def _valid_pairs(records, data: DataConfig, skips: SkipLog) -> Iterator[tuple]:
+    last: tuple[Path, bytes | None, str | None] = (Path(), None, None)
+    for record in records:
+        caption, reason = clean_caption(record.caption, data.max_caption_chars)
+        if reason:
+            skips.add(reason, record.origin)
+            continue
+        if record.image != last[0]:  # consecutive captions of one image decode it once
+            last = (record.image, *load_image(record.image, data.max_image_pixels))
+        _, jpeg, reason = last
+        if reason:
+            skips.add(reason, str(record.image))
+            continue
+        yield record, jpeg, caption
+
+
+def _copy_test_set(source: Path, target: Path) -> dict:
+    try:
+        counts = testset.check_test_set(source)
+    except FileNotFoundError as exc:
+        raise StageError(f"data.test_dir: {exc.filename} not found; expected "
+                         f"{testset.IMAGES_FILE} and {testset.TEXTS_FILE} (Chinese-CLIP layout)") from None
+    except ValueError as exc:
+        raise StageError(f"data.test_dir: {source}: {exc}") from None
+    target.mkdir(parents=True)
+    for name in (testset.IMAGES_FILE, testset.TEXTS_FILE):
+        shutil.copyfile(source / name, target / name)
+    return {**counts, **_test_hashes(target)}
+
+
+def _shard_summary(shards) -> dict:
+    return {"count": sum(s.count for s in shards),
+            "shards": [{"name": s.name, "count": s.count, "sha256": s.sha256} for s in shards]}
+
+
+def _test_hashes(directory: Path) -> dict:
+    return {"sha256": {name: sha256_file(directory / name)
+                       for name in (testset.IMAGES_FILE, testset.TEXTS_FILE)}}
+
+
+def _skip_text(skips: SkipLog) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(skips.counts.items())) or "nothing skipped"
+
+
+def _run(args) -> None:
+    config = load_stage_config(args)
+    out = Path(args.out)
+    with replace_dir_atomically(out) as tmp:
+        manifest = build_dataset(config, tmp)
+    splits = manifest["splits"]
+    log.info("wrote %s: train %d, val %d, test %d images / %d texts; skipped: %s", out,
+             splits["train"]["count"], splits["val"]["count"], splits["test"]["images"],
+             splits["test"]["texts"], _skip_text_from(manifest))
+
+
+def _skip_text_from(manifest: dict) -> str:
+    counts = manifest["skipped"]["counts"]
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = stage_parser("clipforge.data", "Build webdataset shards and the test set in data/.")
+    parser.add_argument("--out", default="data", help="output directory (default: data)")
+    return run_stage("clipforge.data", _run, argv, parser)

@@ -1,0 +1,159 @@
+"""`python -m clipforge.eval`: retrieval recall of a CLIP model on a Chinese-CLIP-layout test set.
+
+Works on any open_clip model and any test set in that layout:
+    python -m clipforge.eval --model local-dir:models/clip --data data/test --out metrics/eval.json
+
+A text->image query is a hit at k when any of its ground-truth images is among the k most
+similar; an image->text query when any caption of the image is. This is how Chinese-CLIP counts
+on Flickr30K-CN, where each image has five captions (open_clip's `get_clip_metrics` assumes one).
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Callable, Sequence
+
+from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
+from clipforge.fsutil import atomic_write_text
+
+log = logging.getLogger("clipforge.eval")
+
+KS = (1, 5, 10)
+METRIC_KEYS = tuple(f"{d}_r{k}" for d in ("t2i", "i2t") for k in KS) + ("mean_recall",)
+
+
+def recall_at_k(similarity, relevant, ks: Sequence[int] = KS) -> dict[int, float]:
+    """Percent of query rows with a relevant column among their top k (rows: queries)."""
+    import torch
+
+    top = similarity.topk(min(max(ks), similarity.shape[1]), dim=1).indices
+    hits = relevant.gather(1, top)  # [queries, k]: is the i-th best a relevant item?
+    return {k: 100.0 * hits[:, :k].any(dim=1).float().mean().item() for k in ks}
+
+
+def retrieval_metrics(image_features, text_features, relevant) -> dict[str, float]:
+    """relevant[t, i]: text t describes image i. Features must be L2-normalised."""
+    similarity = text_features @ image_features.T
+    t2i = recall_at_k(similarity, relevant)
+    i2t = recall_at_k(similarity.T, relevant.T)
+    metrics = {f"t2i_r{k}": t2i[k] for k in KS} | {f"i2t_r{k}": i2t[k] for k in KS}
+    metrics["mean_recall"] = sum(metrics.values()) / len(metrics)
+    return metrics
+
+
+def relevance_matrix(image_ids: list[int], texts) -> "torch.Tensor":
+    import torch
+
+    column = {image_id: i for i, image_id in enumerate(image_ids)}
+    relevant = torch.zeros(len(texts), len(image_ids), dtype=torch.bool)
+    for row, text in enumerate(texts):
+        for image_id in text.image_ids:
+            relevant[row, column[image_id]] = True
+    return relevant
+
+
+def load_open_clip(spec: str, pretrained: str | None, device: str):
+    """(model, preprocess, tokenizer) through plain open_clip, exactly as a user would."""
+    import open_clip
+
+    from clipforge.model import register_bundled_configs
+
+    register_bundled_configs()
+    model, _, preprocess = open_clip.create_model_and_transforms(spec, pretrained=pretrained,
+                                                                 device=device)
+    model.eval()
+    return model, preprocess, open_clip.get_tokenizer(spec)
+
+
+def encode_images(model, preprocess: Callable, images: list[bytes], batch_size: int, device: str):
+    import torch
+    from PIL import Image
+
+    chunks = []
+    with torch.no_grad():
+        for start in range(0, len(images), batch_size):
+            batch = torch.stack([preprocess(Image.open(io.BytesIO(b)).convert("RGB"))
+                                 for b in images[start:start + batch_size]]).to(device)
+            chunks.append(model.encode_image(batch, normalize=True).float().cpu())
+    return torch.cat(chunks)
+
+
+def encode_texts(model, tokenizer: Callable, texts: list[str], batch_size: int, device: str):
+    import torch
+
+    chunks = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            tokens = tokenizer(texts[start:start + batch_size]).to(device)
+            chunks.append(model.encode_text(tokens, normalize=True).float().cpu())
+    return torch.cat(chunks)
+
+
+def evaluate(spec: str, pretrained: str | None, test_dir: Path, batch_size: int,
+             device: str) -> dict:
+    from clipforge.data import testset
+
+    images = list(testset.read_images(test_dir))
+    texts = testset.read_texts(test_dir)
+    model, preprocess, tokenizer = load_open_clip(spec, pretrained, device)
+    image_features = encode_images(model, preprocess, [b for _, b in images], batch_size, device)
+    text_features = encode_texts(model, tokenizer, [t.text for t in texts], batch_size, device)
+    metrics = retrieval_metrics(image_features, text_features,
+                                relevance_matrix([i for i, _ in images], texts))
+    return {**metrics, "num_images": len(images), "num_texts": len(texts)}
+
+
+def format_table(result: dict) -> str:
+    rows = [("model", *METRIC_KEYS), (result["model"], *(f"{result[k]:.2f}" for k in METRIC_KEYS))]
+    if "baseline" in result:
+        base = result["baseline"]
+        rows.append((base["model"], *(f"{base[k]:.2f}" for k in METRIC_KEYS)))
+        rows.append(("delta", *(f"{result['delta'][k]:+.2f}" for k in METRIC_KEYS)))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def _run(args) -> None:
+    config = load_stage_config(args)
+    test_dir = Path(args.data)
+    for name in ("test_imgs.tsv", "test_texts.jsonl"):
+        if not (test_dir / name).is_file():
+            raise StageError(f"{test_dir / name} not found: --data must be a test set in "
+                             f"Chinese-CLIP layout (test_imgs.tsv + test_texts.jsonl)")
+    if args.model.startswith("local-dir:") and not Path(args.model[10:]).is_dir():
+        raise StageError(f"--model {args.model}: no such directory; run the train stage first")
+    import torch
+
+    cfg = config.eval
+    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) \
+        else "cpu"
+    try:
+        result = {"model": args.model,
+                  **evaluate(args.model, None, test_dir, cfg.batch_size, device)}
+        if cfg.baseline_model:
+            base = evaluate(cfg.baseline_model, cfg.baseline_pretrained, test_dir,
+                            cfg.batch_size, device)
+            result["baseline"] = {"model": cfg.baseline_model, **base}
+            result["delta"] = {k: result[k] - base[k] for k in METRIC_KEYS}
+    except ValueError as exc:
+        raise StageError(f"{test_dir}: {exc}") from None
+    out = Path(args.out)
+    atomic_write_text(out, json.dumps(result, ensure_ascii=False, indent=2) + "\n")
+    atomic_write_text(out.with_suffix(".config.yaml"), config.to_yaml())
+    print(format_table(result))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = stage_parser("clipforge.eval", "Retrieval recall (R@1/5/10, both directions).")
+    parser.add_argument("--model", default="local-dir:models/clip",
+                        help="open_clip model: local-dir:PATH, hf-hub:ORG/REPO or a name "
+                             "(default: local-dir:models/clip)")
+    parser.add_argument("--data", default="data/test", help="test set dir (default: data/test)")
+    parser.add_argument("--out", default="metrics/eval.json", help="default: metrics/eval.json")
+    return run_stage("clipforge.eval", _run, argv, parser)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

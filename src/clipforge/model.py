@@ -1,0 +1,96 @@
+"""open_clip models, tokenizers and transforms by name; clipforge never forks open_clip's code.
+
+Bundled architectures (model_configs/*.json, e.g. `clipforge-tiny`) are registered through
+open_clip's own config registry, so every open_clip function accepts their names. A Hugging
+Face text tower is swapped in the same way: a derived config is registered under a new name.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import open_clip
+import torch
+
+from clipforge.config import ModelConfig
+
+BUNDLED_CONFIGS = Path(__file__).parent / "model_configs"
+_registered = False
+
+
+def register_bundled_configs() -> None:
+    global _registered
+    if not _registered:
+        open_clip.add_model_config(BUNDLED_CONFIGS)
+        _registered = True
+
+
+@dataclass
+class ClipBundle:
+    model: torch.nn.Module
+    preprocess_train: Callable
+    preprocess_val: Callable
+    tokenizer: Callable
+    model_cfg: dict  # the open_clip config the model was built from (exported with the weights)
+    preprocess_cfg: dict
+
+
+def resolve_model_name(cfg: ModelConfig) -> str:
+    """The open_clip name to build: the configured one, or a derived one with an HF text tower."""
+    register_bundled_configs()
+    base = open_clip.get_model_config(cfg.name)
+    if base is None:
+        raise ValueError(f"model.name: unknown model {cfg.name!r}; open_clip knows "
+                         f"{len(open_clip.list_models())} models, e.g. ViT-B-32, clipforge-tiny")
+    if not cfg.text_tower:
+        return cfg.name
+    derived = copy.deepcopy(base)
+    derived["text_cfg"] = {
+        "hf_model_name": cfg.text_tower,
+        "hf_tokenizer_name": cfg.text_tower,
+        "hf_proj_type": "mlp",
+        "hf_pooler_type": "cls_last_hidden_state_pooler",
+        "context_length": base.get("text_cfg", {}).get("context_length", 77),
+    }
+    name = f"{cfg.name}--text-{re.sub(r'[^A-Za-z0-9]+', '-', cfg.text_tower).strip('-')}"
+    directory = Path(tempfile.mkdtemp(prefix="clipforge-model-config-"))
+    (directory / f"{name}.json").write_text(json.dumps(derived))
+    open_clip.add_model_config(directory)
+    return name
+
+
+def build_model(cfg: ModelConfig) -> ClipBundle:
+    """Create the model (random init, or weights from model.pretrained), transforms, tokenizer."""
+    name = resolve_model_name(cfg)
+    kwargs: dict[str, Any] = {"output_dict": True}
+    if cfg.image_size:
+        kwargs["force_image_size"] = cfg.image_size
+    model, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(name, **kwargs)
+    if cfg.pretrained:
+        load_pretrained(model, cfg.pretrained)
+    model_cfg = copy.deepcopy(open_clip.get_model_config(name))
+    if cfg.image_size:
+        model_cfg["vision_cfg"]["image_size"] = cfg.image_size
+    preprocess_cfg = dict(model.visual.preprocess_cfg)
+    return ClipBundle(model, preprocess_train, preprocess_val, open_clip.get_tokenizer(name),
+                      model_cfg, preprocess_cfg)
+
+
+def load_pretrained(model: torch.nn.Module, source: str) -> None:
+    """Load weights without executing code: safetensors, or torch.load(weights_only=True)."""
+    path = Path(source.removeprefix("local-dir:"))
+    if source.startswith("local-dir:"):
+        candidates = [path / "open_clip_model.safetensors", path / "open_clip_pytorch_model.bin"]
+        found = [c for c in candidates if c.is_file()]
+        if not found:
+            raise FileNotFoundError(f"model.pretrained: no open_clip weights in {path} "
+                                    f"(expected {candidates[0].name})")
+        path = found[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"model.pretrained: {path} not found")
+    open_clip.load_checkpoint(model, str(path), strict=True, weights_only=True)

@@ -1,0 +1,3 @@
+from clipforge.train.stage import main
+
+raise SystemExit(main())

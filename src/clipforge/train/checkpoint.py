@@ -1,0 +1,103 @@
+"""Checkpoints in DeepSpeed's own format, one directory per run, with an atomic `latest` marker.
+
+  checkpoints/run-<id>/step-00000100/   a DeepSpeed checkpoint (+ config.yaml)
+  checkpoints/run-<id>/latest           the tag of the newest complete checkpoint
+  checkpoints/run-<id>/deepspeed_config.json
+
+The run id is a fingerprint of everything that determines the result (data, model, training
+params), so re-running the stage with the same params resumes the interrupted run, while
+`dvc exp run -S train.lr=...` starts a run of its own instead of resuming someone else's.
+`latest` is replaced atomically only after every rank has finished writing, so a run killed
+mid-save resumes from the previous checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import torch.distributed as dist
+
+from clipforge.config import Config
+from clipforge.fsutil import atomic_write_text
+
+log = logging.getLogger("clipforge.train")
+
+LATEST = "latest"
+_TAG = re.compile(r"^step-(\d{8})$")
+# Knobs that change how often things are written or how fast data loads, never the weights.
+_NOT_IN_FINGERPRINT = {"num_workers", "save_every_steps", "keep_checkpoints", "log_every_steps"}
+
+
+def tag_for(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def step_of(tag: str) -> int:
+    match = _TAG.match(tag)
+    if not match:
+        raise ValueError(f"not a checkpoint tag: {tag!r}")
+    return int(match.group(1))
+
+
+def run_id(config: Config, manifest_bytes: bytes) -> str:
+    train = {k: v for k, v in config.to_dict()["train"].items() if k not in _NOT_IN_FINGERPRINT}
+    identity = {"data": hashlib.sha256(manifest_bytes).hexdigest(),
+                "model": config.to_dict()["model"], "train": train}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return f"run-{digest[:12]}"
+
+
+class Checkpointer:
+    def __init__(self, run_dir: Path, keep: int, is_main: bool):
+        self.run_dir = run_dir
+        self.keep = keep
+        self.is_main = is_main
+
+    def latest_tag(self) -> str | None:
+        marker = self.run_dir / LATEST
+        return marker.read_text(encoding="utf-8").strip() if marker.is_file() else None
+
+    def tags(self) -> list[str]:
+        if not self.run_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.run_dir.iterdir() if p.is_dir() and _TAG.match(p.name))
+
+    def save(self, engine, step: int, client_state: dict, config_yaml: str) -> None:
+        """Every rank calls this; DeepSpeed writes its shards, rank 0 then publishes the tag."""
+        tag = tag_for(step)
+        engine.save_checkpoint(str(self.run_dir), tag=tag, client_state=client_state,
+                               save_latest=False)
+        dist.barrier()
+        if self.is_main:
+            (self.run_dir / tag / "config.yaml").write_text(config_yaml, encoding="utf-8")
+            atomic_write_text(self.run_dir / LATEST, tag + "\n")
+            self._prune()
+        dist.barrier()
+
+    def load(self, engine) -> dict | None:
+        """Restore the newest complete checkpoint into the engine; its client state, or None."""
+        tag = self.latest_tag()
+        if tag is None:
+            return None
+        path, client_state = engine.load_checkpoint(str(self.run_dir), tag=tag)
+        if path is None:
+            raise RuntimeError(f"{self.run_dir / tag}: DeepSpeed could not load this checkpoint; "
+                               f"move the run directory away to start afresh")
+        return client_state
+
+    def discard_incomplete(self) -> None:
+        """Remove tags newer than `latest`: leftovers of a save that was interrupted."""
+        latest = self.latest_tag()
+        newest_complete = step_of(latest) if latest else -1
+        for tag in self.tags():
+            if step_of(tag) > newest_complete:
+                log.info("removing incomplete checkpoint %s", self.run_dir / tag)
+                shutil.rmtree(self.run_dir / tag, ignore_errors=True)
+
+    def _prune(self) -> None:
+        for tag in self.tags()[:-self.keep]:
+            shutil.rmtree(self.run_dir / tag, ignore_errors=True)

@@ -1,0 +1,81 @@
+"""Process-group set-up: one code path for a laptop CPU (world size 1) and N GPUs per node.
+
+DeepSpeed's launcher sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*; a plain `python -m clipforge.train`
+gets the same variables for a world of one, so the rest of the code never branches on it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from clipforge.cli import StageError
+
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: str  # "cpu" or "cuda"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def under_launcher() -> bool:
+    return all(v in os.environ for v in LAUNCHER_VARS)
+
+
+def resolve_device(requested: str) -> str:
+    """`auto` means CUDA when a GPU is visible. Decided before DeepSpeed is imported."""
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if requested == "cuda" and not has_cuda:
+        raise StageError("train.device: cuda requested but no GPU is visible "
+                         "(set train.device: cpu or auto to train on the CPU)")
+    return "cuda" if requested == "cuda" or (requested == "auto" and has_cuda) else "cpu"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(device: str, timeout_minutes: int = 30) -> DistInfo:
+    """Initialise torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPUs)."""
+    if device == "cpu":
+        # DeepSpeed picks its accelerator at import time; without this it probes for CUDA/XPU/...
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if not under_launcher():
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    import datetime
+
+    import deepspeed
+    import torch
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+    deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl",
+                               timeout=datetime.timedelta(minutes=timeout_minutes))
+    return DistInfo(rank=int(os.environ["RANK"]), local_rank=local_rank,
+                    world_size=int(os.environ["WORLD_SIZE"]), device=device)
+
+
+def prebuild_cpu_ops() -> None:
+    """Compile DeepSpeed's shared-memory collective op for CPU ranks into the torch extensions
+    cache; otherwise the first CPU run spends about a minute compiling it."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        from deepspeed.comm.torch import build_shm_op
+    except ImportError:  # DeepSpeed versions without the op (e.g. 0.14) have nothing to build
+        return
+    build_shm_op()

@@ -1,0 +1,55 @@
+"""The DeepSpeed config, generated from a handful of params and written out for inspection.
+
+Users never edit a DeepSpeed JSON: every value below follows from TrainConfig, the batch plan
+and the device, and the result lands in checkpoints/<run>/deepspeed_config.json.
+"""
+from __future__ import annotations
+
+from clipforge.config import BatchPlan, TrainConfig
+
+# Never let DeepSpeed print its own per-step lines; clipforge logs progress itself.
+_QUIET_STEPS = 10**9
+
+
+def resolve_precision(requested: str, device: str, bf16_supported: bool) -> str:
+    if requested == "auto":
+        return "bf16" if device == "cuda" and bf16_supported else "fp32"
+    if requested == "bf16" and not bf16_supported:
+        raise ValueError("train.precision: bf16 requested but this device does not support it "
+                         "(use fp32, or auto)")
+    return requested
+
+
+def use_torch_adam(optimizer: str, device: str) -> bool:
+    """DeepSpeed's fused Adam is a CUDA kernel; on CPU its only alternative needs a JIT compile."""
+    return optimizer == "torch" or (optimizer == "auto" and device == "cpu")
+
+
+def deepspeed_config(train: TrainConfig, plan: BatchPlan, device: str, precision: str) -> dict:
+    zero: dict = {"stage": train.zero_stage}
+    if train.zero_stage == 3:
+        # Export reads fp32 weights from the checkpoint (zero_to_fp32), so no 16-bit gather on save.
+        zero.update(stage3_gather_16bit_weights_on_model_save=False)
+    if device == "cuda":
+        zero.update(overlap_comm=True, contiguous_gradients=True)
+    return {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.grad_accum_steps,
+        "gradient_clipping": train.grad_clip_norm,
+        "bf16": {"enabled": precision == "bf16"},
+        "zero_optimization": zero,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": train.lr,
+                "betas": [train.beta1, train.beta2],
+                "eps": train.eps,
+                "weight_decay": train.weight_decay,
+                "torch_adam": use_torch_adam(train.optimizer, device),
+                "adam_w_mode": True,
+            },
+        },
+        "steps_per_print": _QUIET_STEPS,
+        "wall_clock_breakdown": False,
+    }

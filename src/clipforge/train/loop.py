@@ -1,0 +1,119 @@
+"""The training loop: fetch a step's micro-batches, take a contrastive step, log, checkpoint."""
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from clipforge.config import BatchPlan, TrainConfig
+from clipforge.train.loss import contrastive_step
+
+
+class StopRequested(Exception):
+    """SIGTERM/SIGINT arrived; a checkpoint was saved at `step` and the run can be resumed."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped on request after step {step}; rerun the stage to resume")
+        self.step = step
+
+
+@dataclass
+class StopFlag:
+    """Set by a signal handler; checked (and agreed across ranks) at step boundaries."""
+    requested: bool = False
+    _previous: dict = field(default_factory=dict)
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def agreed(self, device: str) -> bool:
+        """True on every rank when any rank was asked to stop (all must checkpoint together)."""
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+@dataclass
+class LoopParts:
+    """What the loop needs, built by the stage (engine, data, reporting)."""
+    engine: object
+    loss_fn: Callable
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    to_device: Callable
+    monitor: object | None  # None on ranks other than 0
+    save: Callable[[int], None]  # save(step): checkpoint after `step` optimizer steps
+    validate: Callable[[int], float]  # validate(step) -> val loss
+    device: str
+    stop: StopFlag
+
+
+def train_clip(parts: LoopParts, train: TrainConfig, plan: BatchPlan, start_step: int,
+               total_steps: int, steps_per_epoch: int) -> dict:
+    """Run optimizer steps start_step..total_steps-1; returns the final scalars."""
+    engine = parts.engine
+    last: dict = {}
+    for step in range(start_step, total_steps):
+        began = time.perf_counter()
+        micro_batches = [next(parts.batches) for _ in range(plan.grad_accum_steps)]
+        data_wait = time.perf_counter() - began
+        micro_batches = [parts.to_device(b) for b in micro_batches]
+        lr = engine.get_lr()[0]  # the rate this step uses; the scheduler advances inside step()
+        out = contrastive_step(engine, parts.loss_fn, micro_batches, train.max_logit_scale)
+        done = step + 1
+        elapsed = time.perf_counter() - began
+        last = {"step": done, "epoch": done / steps_per_epoch, "loss": _mean_over_ranks(out.loss, parts.device),
+                "grad_norm": _grad_norm(engine), "lr": lr,
+                "logit_scale": out.logit_scale, "samples_per_s": plan.global_batch_size / elapsed,
+                "step_s": elapsed, "data_wait_s": data_wait}
+        if parts.monitor and (done % train.log_every_steps == 0 or done == total_steps):
+            parts.monitor.step(done, last)
+        if done % steps_per_epoch == 0 or done == total_steps:
+            last["val_loss"] = parts.validate(done)
+        saved = done % train.save_every_steps == 0 or done == total_steps
+        if saved:
+            parts.save(done)
+        if done < total_steps and parts.stop.agreed(parts.device):
+            if not saved:
+                parts.save(done)
+            raise StopRequested(done)
+    return last
+
+
+def _grad_norm(engine) -> float | None:
+    norm = engine.get_global_grad_norm()
+    return None if norm is None else float(norm)
+
+
+def _mean_over_ranks(value: float, device: str) -> float:
+    """Each rank's loss covers its own rows of the global batch; report their mean."""
+    if dist.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], device=device)
+    dist.all_reduce(tensor)
+    return tensor.item() / dist.get_world_size()
+
+
+@torch.no_grad()
+def validation_loss(engine, loss_fn: Callable, batches, to_device: Callable, device: str) -> float:
+    """Mean contrastive loss over the validation batches (each rank its share, all ranks agree)."""
+    total = torch.zeros(2, device=device)
+    for batch in batches:
+        images, texts = to_device(batch)
+        out = engine(image=images, text=texts)
+        loss = loss_fn(out["image_features"].float(), out["text_features"].float(),
+                       out["logit_scale"].float())
+        total += torch.stack([loss.detach().float(), torch.ones((), device=device)])
+    dist.all_reduce(total)
+    return (total[0] / total[1].clamp(min=1)).item()

@@ -1,0 +1,91 @@
+"""What a run reports while it trains: TensorBoard events, a TSV for `dvc plots`, progress.
+
+Only rank 0 writes. On resume, TensorBoard is told to purge events after the checkpoint's step
+and the TSV keeps only rows up to it, so curves have no doubled segments.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("clipforge.train")
+
+COLUMNS = ("step", "epoch", "loss", "grad_norm", "lr", "logit_scale", "samples_per_s",
+           "step_s", "data_wait_s")
+_TB_NAMES = {"loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr",
+             "logit_scale": "train/logit_scale", "samples_per_s": "perf/samples_per_s",
+             "step_s": "perf/step_s", "data_wait_s": "perf/data_wait_s"}
+
+
+class TrainMonitor:
+    def __init__(self, log_dir: Path, metrics_file: Path, start_step: int, total_steps: int,
+                 interactive: bool | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir), purge_step=start_step + 1 if start_step else None)
+        self.metrics_file = metrics_file
+        self._rows = _kept_rows(metrics_file, start_step)
+        self._write_rows()
+        self.start_step = start_step
+        self.total_steps = total_steps
+        self.started = time.monotonic()
+        interactive = sys.stderr.isatty() if interactive is None else interactive
+        self.bar = None
+        if interactive:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def step(self, step: int, scalars: dict[str, float]) -> None:
+        """Record the scalars of optimizer step `step` (1-based: steps done so far)."""
+        for name, value in scalars.items():
+            if name in _TB_NAMES and value is not None:
+                self.writer.add_scalar(_TB_NAMES[name], value, step)
+        self._rows.append({c: scalars.get(c, step if c == "step" else "") for c in COLUMNS})
+        self._write_rows()
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix(loss=f"{scalars['loss']:.3f}", lr=f"{scalars['lr']:.2e}")
+        else:
+            log.info("step %d/%d (%.0f%%) loss %.4f lr %.2e %.1f samples/s ETA %s", step,
+                     self.total_steps, 100 * step / self.total_steps, scalars["loss"],
+                     scalars["lr"], scalars["samples_per_s"], self.eta(step))
+
+    def scalar(self, name: str, value: float, step: int) -> None:
+        self.writer.add_scalar(name, value, step)
+        log.info("step %d: %s %.4f", step, name, value)
+
+    def eta(self, step: int) -> str:
+        done = step - self.start_step
+        if done <= 0:
+            return "?"
+        remaining = (time.monotonic() - self.started) / done * (self.total_steps - step)
+        minutes, seconds = divmod(int(remaining), 60)
+        return f"{minutes}m{seconds:02d}s"
+
+    def close(self) -> None:
+        self.writer.close()
+        if self.bar is not None:
+            self.bar.close()
+
+    def _write_rows(self) -> None:
+        # Rewritten whole at each log step: small (one row per log interval), and never torn.
+        from clipforge.fsutil import atomic_write_text
+
+        lines = ["\t".join(COLUMNS)]
+        lines += ["\t".join(_fmt(row[c]) for c in COLUMNS) for row in self._rows]
+        atomic_write_text(self.metrics_file, "\n".join(lines) + "\n")
+
+
+def _fmt(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _kept_rows(path: Path, start_step: int) -> list[dict]:
+    if not start_step or not path.is_file():
+        return []
+    with open(path, encoding="utf-8", newline="") as f:
+        return [row for row in csv.DictReader(f, delimiter="\t") if int(row["step"]) <= start_step]

@@ -1,0 +1,61 @@
+"""Shared fixtures: a reduced params file and a built-in dataset made once per session."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A reduced config: the same code paths as the demo, sized for seconds per run.
+SMALL_PARAMS = {
+    "data": {"num_train": 192, "num_val": 32, "num_test_images": 24, "image_size": 32,
+             "samples_per_shard": 50},
+    "model": {"image_size": 32},
+    "train": {"global_batch_size": 32, "micro_batch_size": 16, "epochs": 2, "warmup_steps": 2,
+              "num_workers": 0, "save_every_steps": 4, "log_every_steps": 2, "device": "cpu"},
+    "eval": {"batch_size": 64, "device": "cpu"},
+}
+
+
+def write_params(path: Path, overrides: dict | None = None) -> Path:
+    params = {section: dict(values) for section, values in SMALL_PARAMS.items()}
+    for section, values in (overrides or {}).items():
+        params.setdefault(section, {}).update(values)
+    path.write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def small_params(tmp_path) -> Path:
+    return write_params(tmp_path / "params.yaml")
+
+
+@pytest.fixture(scope="session")
+def small_data(tmp_path_factory) -> Path:
+    """data/ of the reduced config, built once by the real data stage."""
+    from clipforge.data.stage import main
+
+    root = tmp_path_factory.mktemp("small-data")
+    params = write_params(root / "params.yaml")
+    assert main(["--params", str(params), "--out", str(root / "data")]) == 0
+    return root / "data"
+
+
+@pytest.fixture
+def workdir(tmp_path, small_data, monkeypatch) -> Path:
+    """A project-like working directory with params.yaml and a copy of the small data/."""
+    write_params(tmp_path / "params.yaml")
+    shutil.copytree(small_data, tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def subprocess_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env["DS_ACCELERATOR"] = "cpu"
+    return env

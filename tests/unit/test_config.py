@@ -1,0 +1,110 @@
+"""Params: loading, layering (recipe, params.yaml, --set) and the errors users see."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from clipforge.config import Config, ConfigError, batch_plan, field_docs, load_config
+from tests.conftest import REPO, subprocess_env
+
+
+def _error(tmp_path, params: dict, overrides=()) -> str:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, list(overrides))
+    return str(excinfo.value)
+
+
+def test_committed_params_file_loads_as_the_embedded_default():
+    """params.yaml in the repository is exactly the embedded default, so `make demo` runs it."""
+    assert load_config(REPO / "params.yaml") == Config()
+
+
+def test_every_knob_is_in_params_yaml_with_a_comment():
+    """Each key of the typed config appears in params.yaml, preceded by a comment line."""
+    lines = (REPO / "params.yaml").read_text(encoding="utf-8").splitlines()
+    for dotted in field_docs():
+        name = dotted.split(".")[-1]
+        indent = "  " if "." in dotted else ""
+        index = next((i for i, line in enumerate(lines) if line.startswith(f"{indent}{name}:")), None)
+        assert index is not None, f"{dotted} missing from params.yaml"
+        assert lines[index - 1].strip().startswith("#"), f"{dotted} has no comment above it"
+
+
+def test_unknown_key_names_the_key_and_lists_the_allowed_ones(tmp_path):
+    message = _error(tmp_path, {"train": {"learning_rate": 0.1}})
+    assert "train.learning_rate: unknown key" in message and "lr" in message
+
+
+def test_wrong_type_names_key_and_expected_type(tmp_path):
+    message = _error(tmp_path, {"train": {"epochs": "three"}})
+    assert message == "train.epochs: got 'three'; must be an integer >= 1"
+
+
+def test_out_of_range_value_names_the_range(tmp_path):
+    message = _error(tmp_path, {"train": {"zero_stage": 4}})
+    assert message == "train.zero_stage: got 4; must be >= 0 and <= 3"
+
+
+def test_choice_outside_the_allowed_values(tmp_path):
+    message = _error(tmp_path, {"train": {"precision": "fp16"}})
+    assert message == "train.precision: got 'fp16'; allowed: auto, bf16, fp32"
+
+
+def test_inconsistent_batch_names_every_factor(tmp_path):
+    message = _error(tmp_path, {"train": {"global_batch_size": 4096, "micro_batch_size": 256,
+                                          "grad_accum_steps": 2, "ranks_per_node": 4}})
+    assert "train.global_batch_size: 4096 != train.micro_batch_size=256" in message
+    assert "train.num_nodes=1 x train.ranks_per_node=4" in message
+    assert "train.grad_accum_steps=2 = 2048" in message
+
+
+def test_auto_accumulation_is_derived_from_the_other_factors():
+    plan = batch_plan(load_config(None, ["train.global_batch_size=4096",
+                                         "train.micro_batch_size=256", "train.ranks_per_node=4"]).train)
+    assert (plan.grad_accum_steps, plan.world_size) == (4, 4)
+
+
+def test_set_overrides_are_yaml_like_dvc(tmp_path):
+    """--set parses values as YAML: numbers in e-notation, null, booleans."""
+    config = load_config(None, ["train.lr=1e-4", "train.max_steps=null", "data.seed=7"])
+    assert (config.train.lr, config.train.max_steps, config.data.seed) == (1e-4, None, 7)
+
+
+def test_malformed_override_is_rejected():
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(None, ["train.lr"])
+
+
+def test_production_recipe_is_one_switch():
+    """recipe: production turns the embedded default into the reference ViT-B/32 run."""
+    config = load_config(None, ["recipe=production"])
+    assert config.model.name == "ViT-B-32"
+    assert (config.train.zero_stage, config.train.global_batch_size, config.train.lr,
+            config.train.warmup_steps, config.train.precision) == (3, 4096, 5e-4, 500, "bf16")
+
+
+def test_user_choice_in_params_wins_over_the_recipe(tmp_path):
+    """Under a recipe, a key the user changed in params.yaml keeps the user's value."""
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"recipe": "production", "train": {"lr": 1e-4, "epochs": 2}}))
+    config = load_config(path)
+    assert config.train.lr == 1e-4          # changed from the embedded default: the user's
+    assert config.train.epochs == 5         # still the embedded default: the recipe's
+    assert load_config(path, ["train.epochs=2"]).train.epochs == 2  # --set always wins
+
+
+def test_stage_reports_config_error_with_exit_code_2_and_writes_nothing(tmp_path):
+    """A bad --set fails fast, before heavy imports, and no output directory appears."""
+    result = subprocess.run(
+        [sys.executable, "-m", "clipforge.data", "--params", str(REPO / "params.yaml"),
+         "--set", "data.num_train=-5", "--out", str(tmp_path / "data")],
+        capture_output=True, text=True, env=subprocess_env(), timeout=60)
+    assert result.returncode == 2
+    assert "data.num_train: got -5; must be >= 1" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
