@@ -87,6 +87,7 @@ def stopped_run(project, sshd, tmp_path_factory):
     tsv = run.code / "metrics" / "train.tsv"
     run.wait_until(lambda: tsv.is_file() and len(tsv.read_text().splitlines()) >= 2,
                    what="first metrics row")
+    run.clean_while_running = run.run_fab("clean")
     run.stop_result = run.run_fab("stop")
     run.state_after_stop = run.state()
     run.processes_after_stop = processes_under(run.root)
@@ -117,6 +118,21 @@ def test_resume_after_stop_trains_on_to_the_same_result(stopped_run, smoke_run):
     reference = json.loads((smoke_run.node_dir / "smoke.json").read_text())["trained"]
     assert summary["resumed_from_step"] == stopped_at
     assert summary["loss"] == reference["loss"] and summary["val_loss"] == reference["val_loss"]
+
+
+def test_clean_refuses_a_running_run(stopped_run):
+    """`fab clean` while the run trains: refused, pointing at `fab stop`; the run untouched."""
+    result = stopped_run.clean_while_running
+    assert result.returncode != 0 and "fab stop" in result.stderr
+    assert stopped_run.state_after_stop["restarts"] == 0  # the run went on until the stop
+
+
+def test_clean_removes_an_ended_run(stopped_run):
+    """`fab clean` after the run ended removes it from the host, and the `current` marker."""
+    result = stopped_run.run_fab("clean")
+    assert result.returncode == 0, result.stderr
+    assert not (stopped_run.root / "runs" / stopped_run.run_id).exists()
+    assert not (stopped_run.root / "current").exists()
 
 
 def _digests(directory):

@@ -3,10 +3,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import subprocess
+import threading
+import time
+import urllib.request
 
 import pytest
 import yaml
+
+from tests.remote.sshd import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -79,3 +85,27 @@ def test_fetch_brings_metrics_model_and_logs_home(smoke_run, tmp_path):
 
 def _sha(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_tensorboard_serves_the_run_through_an_ssh_forward(smoke_run):
+    """`fab tensorboard`: TensorBoard on the host, reached at the printed local URL through the
+    SSH port-forward; interrupting fab stops that TensorBoard."""
+    port = free_port()
+    process = smoke_run.fab.popen("tensorboard", "--port", str(port), hosts=smoke_run.sshd.address,
+                                  key=smoke_run.sshd.client_key)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 300
+    while not any(url in line for line in lines):
+        assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.2)
+    try:
+        with urllib.request.urlopen(url + "data/runs", timeout=60) as response:
+            runs = json.loads(response.read())
+        assert any(name.startswith("run-") for name in runs), runs
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+    assert not (smoke_run.node_dir / "tensorboard.pid").exists()
