@@ -88,7 +88,10 @@ def stopped_run(project, sshd, tmp_path_factory):
     run.wait_until(lambda: tsv.is_file() and len(tsv.read_text().splitlines()) >= 2,
                    what="first metrics row")
     run.clean_while_running = run.run_fab("clean")
+    follower = run.fab.popen("logs", "--follow", hosts=sshd.address, key=sshd.client_key)
     run.stop_result = run.run_fab("stop")
+    run.followed = follower.communicate(timeout=120)[0]
+    run.follower_code = follower.returncode
     run.state_after_stop = run.state()
     run.processes_after_stop = processes_under(run.root)
     return run
@@ -118,6 +121,13 @@ def test_resume_after_stop_trains_on_to_the_same_result(stopped_run, smoke_run):
     reference = json.loads((smoke_run.node_dir / "smoke.json").read_text())["trained"]
     assert summary["resumed_from_step"] == stopped_at
     assert summary["loss"] == reference["loss"] and summary["val_loss"] == reference["val_loss"]
+
+
+def test_logs_follow_streams_until_the_run_ends(stopped_run):
+    """`fab logs --follow` started during the run returns by itself once the run has ended (here:
+    stopped), having shown the stage's output up to the end."""
+    assert stopped_run.follower_code == 0
+    assert "clipforge.train" in stopped_run.followed and "stopped on request" in stopped_run.followed
 
 
 def test_clean_refuses_a_running_run(stopped_run):

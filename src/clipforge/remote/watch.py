@@ -108,8 +108,10 @@ def tensorboard(host: Host, layout: NodeLayout, settings: Settings, local_port: 
                  f"--host 127.0.0.1 --port {remote_port} > "
                  f"{q(posixpath.join(layout.node_dir, 'tensorboard.log'))} 2>&1 < /dev/null & "
                  f"echo $! > {q(pid_file)}")
-        stop_cmd = f"kill $(cat {q(pid_file)}) && rm -f {q(pid_file)}"
-    run(host.cxn, f"mkdir -p {q(logdir)} && {start}", what="starting TensorBoard")
+        # setsid made TensorBoard a process group leader: its data server goes with it.
+        stop_cmd = f"kill -- -$(cat {q(pid_file)}) && rm -f {q(pid_file)}"
+    run(host.cxn, f"mkdir -p {q(logdir)}", what="creating the logs directory")
+    run(host.cxn, start, what="starting TensorBoard")
     try:
         _wait_http(host, settings, remote_port)
         with host.cxn.forward_local(local_port, remote_port=remote_port, remote_host="127.0.0.1"):
