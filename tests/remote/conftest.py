@@ -20,10 +20,15 @@ from tests.remote.sshd import FabRunner, start_sshd
 
 # The reduced config as --set overrides (values as YAML, like `dvc exp run -S`), and the run shape
 # every training test shares: 8 steps, a checkpoint every 2, a metrics row every step.
-SMALL_SETS = [f"{section}.{key}={json.dumps(value)}"
-              for section in ("data", "model", "train") for key, value in SMALL_PARAMS[section].items()]
-RUN_SETS = SMALL_SETS + ["train.max_steps=8", "train.save_every_steps=2", "train.log_every_steps=1",
-                         "train.warmup_steps=1"]
+def _as_sets(params: dict) -> list[str]:
+    return [f"{section}.{key}={json.dumps(value)}" for section in ("data", "model", "train")
+            for key, value in params[section].items()]
+
+
+SMALL_SETS = _as_sets(SMALL_PARAMS)
+RUN_SETS = _as_sets({**SMALL_PARAMS, "train": {**SMALL_PARAMS["train"], "max_steps": 8,
+                                               "save_every_steps": 2, "log_every_steps": 1,
+                                               "warmup_steps": 1}})
 
 
 def set_args(sets: list[str]) -> list[str]:
