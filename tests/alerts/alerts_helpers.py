@@ -74,7 +74,9 @@ class WebhookServer:
     def wait_for(self, count: int) -> list[Received]:
         with self._cond:
             self._cond.wait_for(lambda: len(self.received) >= count, timeout=WAIT_SECONDS)
-            assert len(self.received) >= count, f"got {len(self.received)} requests, expected {count}"
+            assert len(self.received) >= count, (
+                f"got {len(self.received)} requests, expected {count}"
+            )
             return list(self.received)
 
     def start(self) -> None:

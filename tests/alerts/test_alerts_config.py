@@ -23,7 +23,7 @@ def test_fields_are_keyword_only():
 
 
 def test_every_field_has_a_documented_default():
-    """Every field has a default (params.yaml may omit the section) and a docstring in the source."""
+    """Every field has a default (params.yaml may omit the section) and a docstring."""
     import inspect
 
     source = inspect.getsource(AlertsConfig)

@@ -15,8 +15,15 @@ LOG = logging.getLogger("clipforge.alerts.test")
 
 
 def alert(step: int = 7, rule: str = "non_finite") -> Alert:
-    return Alert(rule=rule, severity="warning", message="loss is nan", run_id="run-1",
-                 step=step, time=1_700_000_000.0, host="node-0")
+    return Alert(
+        rule=rule,
+        severity="warning",
+        message="loss is nan",
+        run_id="run-1",
+        step=step,
+        time=1_700_000_000.0,
+        host="node-0",
+    )
 
 
 class Dispatch:
@@ -25,7 +32,9 @@ class Dispatch:
     def __init__(self, entries, **config):
         self.outcomes = []
         self.dispatcher = WebhookDispatcher(
-            parse_targets(entries, source="test"), fast_config(**config), log=LOG,
+            parse_targets(entries, source="test"),
+            fast_config(**config),
+            log=LOG,
             on_outcome=self.outcomes.append,
         )
         self.dispatcher.start()

@@ -10,8 +10,13 @@ from clipforge.alerts.formats import accepted, build_payload, encode
 
 def make_alert(**overrides) -> Alert:
     values = dict(
-        rule="loss_spike", severity="warning", message="loss 9.1 is 4.0x its moving average",
-        run_id="vitb32-0412", step=1200, time=1_700_000_000.0, host="node-3",
+        rule="loss_spike",
+        severity="warning",
+        message="loss 9.1 is 4.0x its moving average",
+        run_id="vitb32-0412",
+        step=1200,
+        time=1_700_000_000.0,
+        host="node-3",
         details={"loss": 9.1},
     )
     values.update(overrides)

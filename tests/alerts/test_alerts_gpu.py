@@ -16,8 +16,13 @@ HW_THERMAL, SW_POWER_CAP, HW_SLOWDOWN = 0x40, 0x4, 0x8
 
 
 def reading(index=0, temp=60.0, reasons=0, ecc=0) -> GpuReading:
-    return GpuReading(index=index, name="NVIDIA A800 80GB", temperature_celsius=temp,
-                      clock_event_reasons=reasons, uncorrected_ecc_errors=ecc)
+    return GpuReading(
+        index=index,
+        name="NVIDIA A800 80GB",
+        temperature_celsius=temp,
+        clock_event_reasons=reasons,
+        uncorrected_ecc_errors=ecc,
+    )
 
 
 def rules_of(findings):
@@ -59,7 +64,9 @@ def test_throttle_alerts_when_a_reason_appears_not_while_it_lasts():
     assert rules.evaluate([reading(reasons=HW_THERMAL)]) == []
     again = rules.evaluate([reading(reasons=HW_THERMAL | HW_SLOWDOWN)])
     assert throttle_reason_names(HW_THERMAL | HW_SLOWDOWN) == [
-        "hardware slowdown", "hardware thermal slowdown"]
+        "hardware slowdown",
+        "hardware thermal slowdown",
+    ]
     assert "hardware slowdown, hardware thermal slowdown" in again[0].message
 
 
@@ -74,8 +81,13 @@ def test_uncorrected_ecc_growth_is_critical():
 
 def test_unsupported_readings_are_ignored():
     """A GPU without temperature, clock reasons or ECC support yields no findings."""
-    blank = GpuReading(index=0, name="x", temperature_celsius=None, clock_event_reasons=None,
-                       uncorrected_ecc_errors=None)
+    blank = GpuReading(
+        index=0,
+        name="x",
+        temperature_celsius=None,
+        clock_event_reasons=None,
+        uncorrected_ecc_errors=None,
+    )
     assert GpuHealthRules(temp_celsius=85.0).evaluate([blank]) == []
 
 
@@ -101,8 +113,13 @@ def test_poller_reports_findings_and_read_failures_once():
     reader is closed at stop."""
     got = []
     reader = ScriptedReader([[reading(temp=95.0)], RuntimeError("GPU is lost")])
-    poller = GpuPoller(reader, GpuHealthRules(temp_celsius=85.0), poll_seconds=0.01,
-                       on_findings=got.extend, log=LOG)
+    poller = GpuPoller(
+        reader,
+        GpuHealthRules(temp_celsius=85.0),
+        poll_seconds=0.01,
+        on_findings=got.extend,
+        log=LOG,
+    )
     poller.start()
     eventually(lambda: len(got) >= 2, "two findings")
     for _ in range(5):
@@ -130,11 +147,13 @@ def test_node_without_nvml_says_so_once_and_carries_on(caplog):
 def test_gpu_findings_reach_the_webhook(webhook_server):
     """On local rank 0 a hot GPU read by the poller becomes a delivered alert naming the GPU."""
     monitor = AlertMonitor(
-        fast_config(gpu_poll_seconds=0.01), "run-1", rank=1, local_rank=0,
+        fast_config(gpu_poll_seconds=0.01),
+        "run-1",
+        rank=1,
+        local_rank=0,
         targets=parse_targets([webhook_server.url()], source="test"),
         open_gpu_reader=lambda: ScriptedReader([[reading(index=2, temp=97.0)]]),
     )
     with monitor:
         received = webhook_server.wait_for(1)
     assert received[0].body["rule"] == "gpu_temperature" and received[0].body["key"] == "gpu2"
-

@@ -12,7 +12,7 @@ def gate(**overrides) -> AlertGate:
 
 
 def test_repeats_are_held_back_and_counted_then_reported():
-    """The same rule within the repeat interval is held back; the next one sent carries the count."""
+    """A repeat within the interval is held back; the next one sent carries the count."""
     g = gate()
     assert g.admit("gpu_temperature", "gpu0", now=0.0).send
     held = [g.admit("gpu_temperature", "gpu0", now=t) for t in (1.0, 2.0, 59.0)]

@@ -11,8 +11,12 @@ NAN, INF = float("nan"), float("inf")
 
 
 def rules(**overrides) -> StepRules:
-    values = dict(loss_spike_factor=3.0, loss_ema_beta=0.5, loss_spike_warmup_steps=3,
-                  max_consecutive_nonfinite=3)
+    values = dict(
+        loss_spike_factor=3.0,
+        loss_ema_beta=0.5,
+        loss_spike_warmup_steps=3,
+        max_consecutive_nonfinite=3,
+    )
     values.update(overrides)
     return StepRules(AlertsConfig(**values))
 

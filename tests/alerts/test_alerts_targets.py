@@ -23,7 +23,10 @@ def test_env_entries_give_kind_and_url():
     env = {ENV_WEBHOOKS: f"feishu:{FEISHU}, slack:{SLACK},{GENERIC} ,lark:{FEISHU}x"}
     targets = load_targets(env)
     assert [(t.kind, t.url) for t in targets] == [
-        ("feishu", FEISHU), ("slack", SLACK), ("generic", GENERIC), ("feishu", FEISHU + "x"),
+        ("feishu", FEISHU),
+        ("slack", SLACK),
+        ("generic", GENERIC),
+        ("feishu", FEISHU + "x"),
     ]
 
 

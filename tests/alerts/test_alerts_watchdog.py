@@ -27,8 +27,9 @@ class Recorder:
 
 
 def watchdog(recorder, timeout, clock=time.monotonic) -> StallWatchdog:
-    return StallWatchdog(timeout, on_stall=recorder.on_stall, on_recover=recorder.on_recover,
-                         log=LOG, clock=clock)
+    return StallWatchdog(
+        timeout, on_stall=recorder.on_stall, on_recover=recorder.on_recover, log=LOG, clock=clock
+    )
 
 
 def test_fires_once_per_stall_and_recovers_on_the_next_step():

@@ -76,7 +76,9 @@ class WebhookDispatcher:
                 self._log.warning(
                     "alerts: %d message(s) to %s not delivered before shutdown "
                     "(alerts.flush_timeout_seconds=%g)",
-                    left, worker.target.label, timeout_seconds,
+                    left,
+                    worker.target.label,
+                    timeout_seconds,
                 )
 
 
@@ -100,9 +102,7 @@ class _TargetWorker:
         self._abandoned = threading.Event()
         self._in_flight = False
         self.num_dropped = 0
-        self._thread = threading.Thread(
-            target=self._run, name=f"alerts-{target.kind}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"alerts-{target.kind}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -121,7 +121,10 @@ class _TargetWorker:
             self._log.warning(
                 "alerts: queue to %s full (alerts.queue_size=%d): dropped the oldest message "
                 "(%s, step %s); %d dropped so far",
-                self.target.label, self._config.queue_size, dropped.rule, dropped.step,
+                self.target.label,
+                self._config.queue_size,
+                dropped.rule,
+                dropped.step,
                 self.num_dropped,
             )
 
@@ -155,7 +158,9 @@ class _TargetWorker:
             try:
                 outcome = self._deliver(alert)
             except Exception as error:  # a bug here must not kill the thread silently
-                outcome = DeliveryOutcome(alert, self.target.label, False, 0, f"internal error: {error!r}")
+                outcome = DeliveryOutcome(
+                    alert, self.target.label, False, 0, f"internal error: {error!r}"
+                )
             with self._cond:
                 self._in_flight = False
             self._report(outcome)
@@ -174,11 +179,20 @@ class _TargetWorker:
             if retry_after is not None:
                 delay = max(delay, min(retry_after, _MAX_RETRY_AFTER_SECONDS))
             self._log.warning(
-                "alerts: sending %s (step %s) to %s failed, attempt %d of %d: %s; retrying in %.3g s",
-                alert.rule, alert.step, self.target.label, attempt, attempts_allowed, detail, delay,
+                "alerts: sending %s (step %s) to %s failed, attempt %d of %d: %s; "
+                "retrying in %.3g s",
+                alert.rule,
+                alert.step,
+                self.target.label,
+                attempt,
+                attempts_allowed,
+                detail,
+                delay,
             )
             if self._abandoned.wait(delay):
-                return DeliveryOutcome(alert, self.target.label, False, attempt, f"{detail}; abandoned at shutdown")
+                return DeliveryOutcome(
+                    alert, self.target.label, False, attempt, f"{detail}; abandoned at shutdown"
+                )
         raise AssertionError("unreachable")
 
     def _post(self, body: bytes) -> tuple[bool, bool, str, float | None]:
@@ -187,11 +201,16 @@ class _TargetWorker:
             self.target.url,
             data=body,
             method="POST",
-            headers={"Content-Type": "application/json; charset=utf-8", "User-Agent": "clipforge-alerts"},
+            headers={
+                "Content-Type": "application/json; charset=utf-8",
+                "User-Agent": "clipforge-alerts",
+            },
         )
         try:
             with _OPENER.open(request, timeout=self._config.http_timeout_seconds) as response:
-                ok, detail = accepted(self.target.kind, response.status, response.read(_MAX_REPLY_BYTES))
+                ok, detail = accepted(
+                    self.target.kind, response.status, response.read(_MAX_REPLY_BYTES)
+                )
                 return ok, False, self._clean(detail), None
         except urllib.error.HTTPError as error:
             retryable = error.code == 429 or error.code >= 500

@@ -17,7 +17,11 @@ from collections.abc import Mapping
 
 from clipforge.alerts.events import Alert
 
-_SLACK_EMOJI = {"info": ":information_source:", "warning": ":warning:", "critical": ":rotating_light:"}
+_SLACK_EMOJI = {
+    "info": ":information_source:",
+    "warning": ":warning:",
+    "critical": ":rotating_light:",
+}
 
 
 def build_payload(kind: str, alert: Alert) -> dict[str, object]:

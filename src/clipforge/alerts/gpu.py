@@ -71,12 +71,16 @@ class GpuHealthRules:
         if r.temperature_celsius < self._temp_limit or r.index in self._hot:
             return []
         self._hot.add(r.index)
-        return [Finding(
-            events.GPU_TEMPERATURE, "warning",
-            f"GPU {r.index} ({r.name}) at {r.temperature_celsius:g} °C, "
-            f"threshold {self._temp_limit:g} °C (alerts.gpu_temp_celsius)",
-            key=f"gpu{r.index}", details={"gpu": r.index, "temperature_celsius": r.temperature_celsius},
-        )]
+        return [
+            Finding(
+                events.GPU_TEMPERATURE,
+                "warning",
+                f"GPU {r.index} ({r.name}) at {r.temperature_celsius:g} °C, "
+                f"threshold {self._temp_limit:g} °C (alerts.gpu_temp_celsius)",
+                key=f"gpu{r.index}",
+                details={"gpu": r.index, "temperature_celsius": r.temperature_celsius},
+            )
+        ]
 
     def _throttling(self, r: GpuReading) -> list[Finding]:
         if r.clock_event_reasons is None:
@@ -86,11 +90,15 @@ class GpuHealthRules:
         self._throttle[r.index] = now
         if not new:
             return []
-        return [Finding(
-            events.GPU_THROTTLE, "warning",
-            f"GPU {r.index} ({r.name}) clocks reduced: {', '.join(sorted(now))}",
-            key=f"gpu{r.index}", details={"gpu": r.index, "reasons": sorted(now)},
-        )]
+        return [
+            Finding(
+                events.GPU_THROTTLE,
+                "warning",
+                f"GPU {r.index} ({r.name}) clocks reduced: {', '.join(sorted(now))}",
+                key=f"gpu{r.index}",
+                details={"gpu": r.index, "reasons": sorted(now)},
+            )
+        ]
 
     def _ecc_errors(self, r: GpuReading) -> list[Finding]:
         if r.uncorrected_ecc_errors is None:
@@ -99,13 +107,17 @@ class GpuHealthRules:
         self._ecc[r.index] = r.uncorrected_ecc_errors
         if r.uncorrected_ecc_errors <= before:
             return []
-        return [Finding(
-            events.GPU_ECC, "critical",
-            f"GPU {r.index} ({r.name}) has {r.uncorrected_ecc_errors} uncorrected ECC error(s) "
-            f"since driver load (+{r.uncorrected_ecc_errors - before}); results of this run may "
-            f"be corrupt and the GPU may need a reset or replacement",
-            key=f"gpu{r.index}", details={"gpu": r.index, "uncorrected_ecc_errors": r.uncorrected_ecc_errors},
-        )]
+        return [
+            Finding(
+                events.GPU_ECC,
+                "critical",
+                f"GPU {r.index} ({r.name}) has {r.uncorrected_ecc_errors} uncorrected ECC error(s) "
+                f"since driver load (+{r.uncorrected_ecc_errors - before}); this run's results "
+                f"may be corrupt and the GPU may need a reset or replacement",
+                key=f"gpu{r.index}",
+                details={"gpu": r.index, "uncorrected_ecc_errors": r.uncorrected_ecc_errors},
+            )
+        ]
 
 
 class GpuReader(Protocol):
@@ -118,23 +130,31 @@ class NvmlReader:
 
     def __init__(self, pynvml) -> None:  # noqa: ANN001  (the module, imported by open_nvml)
         self._nvml = pynvml
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self._handles = [
+            pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+        ]
 
     def read(self) -> list[GpuReading]:
         nvml = self._nvml
         readings = []
         for index, handle in enumerate(self._handles):
             name = self._optional(nvml.nvmlDeviceGetName, handle)
-            readings.append(GpuReading(
-                index=index,
-                name=name.decode() if isinstance(name, bytes) else str(name),
-                temperature_celsius=self._optional(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
-                clock_event_reasons=self._optional(_clock_event_reasons(nvml), handle),
-                uncorrected_ecc_errors=self._optional(
-                    nvml.nvmlDeviceGetTotalEccErrors, handle,
-                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC,
-                ),
-            ))
+            readings.append(
+                GpuReading(
+                    index=index,
+                    name=name.decode() if isinstance(name, bytes) else str(name),
+                    temperature_celsius=self._optional(
+                        nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
+                    ),
+                    clock_event_reasons=self._optional(_clock_event_reasons(nvml), handle),
+                    uncorrected_ecc_errors=self._optional(
+                        nvml.nvmlDeviceGetTotalEccErrors,
+                        handle,
+                        nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                        nvml.NVML_VOLATILE_ECC,
+                    ),
+                )
+            )
         return readings
 
     def _optional(self, function: Callable, *args: object):  # noqa: ANN202
@@ -149,8 +169,11 @@ class NvmlReader:
 
 
 def _clock_event_reasons(nvml) -> Callable:  # noqa: ANN001
-    # Renamed from "throttle reasons" in newer NVML; the image's bindings may only have the old name.
-    return getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    # Renamed from "throttle reasons" in newer NVML; older bindings only have the old name.
+    return (
+        getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
 
 
 def open_nvml() -> GpuReader | str:
@@ -204,11 +227,11 @@ class GpuPoller:
             # Say each distinct failure once: a GPU that fell off the bus fails every poll.
             if repr(error) != self._last_error:
                 self._last_error = repr(error)
-                self._on_findings([Finding(
-                    events.GPU_READ_FAILED, "critical",
+                message = (
                     f"reading the GPUs through NVML failed: {error!r} (a GPU may have fallen "
-                    f"off the bus); said once per distinct error",
-                )])
+                    f"off the bus); said once per distinct error"
+                )
+                self._on_findings([Finding(events.GPU_READ_FAILED, "critical", message)])
             return
         self._last_error = ""
         if findings:

@@ -70,14 +70,19 @@ class AlertMonitor:
         )
         self._dispatcher = (
             WebhookDispatcher(self._targets, config, log=self._log, on_outcome=self._record_outcome)
-            if self._targets else None
+            if self._targets
+            else None
         )
         self._watchdog = (
             StallWatchdog(
-                config.stall_timeout_seconds, on_stall=self._stalled, on_recover=self._recovered,
-                log=self._log, clock=clock,
+                config.stall_timeout_seconds,
+                on_stall=self._stalled,
+                on_recover=self._recovered,
+                log=self._log,
+                clock=clock,
             )
-            if self.watches_run else None
+            if self.watches_run
+            else None
         )
         self._poller: GpuPoller | None = None
 
@@ -124,7 +129,7 @@ class AlertMonitor:
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001
-        # A loop that forgot run_failed still reports the crash; Ctrl-C is not a failure to page about.
+        # A loop that forgot run_failed still reports the crash; Ctrl-C is no failure to page.
         if exc is not None and not self._run_reported and not isinstance(exc, KeyboardInterrupt):
             self.run_failed(exc)
         self.close()
@@ -133,12 +138,16 @@ class AlertMonitor:
 
     def run_started(self, info: Mapping[str, object] | None = None) -> None:
         text = ", ".join(f"{k}={v}" for k, v in (info or {}).items())
-        self._run_event(events.RUN_STARTED, "info", f"run started{': ' + text if text else ''}", info)
+        self._run_event(
+            events.RUN_STARTED, "info", f"run started{': ' + text if text else ''}", info
+        )
 
     def run_finished(self, metrics: Mapping[str, object] | None = None) -> None:
         self._run_reported = True
         text = ", ".join(f"{k}={_short(v)}" for k, v in (metrics or {}).items())
-        self._run_event(events.RUN_FINISHED, "info", f"run finished{': ' + text if text else ''}", metrics)
+        self._run_event(
+            events.RUN_FINISHED, "info", f"run finished{': ' + text if text else ''}", metrics
+        )
 
     def run_failed(self, error: BaseException | str) -> None:
         self._run_reported = True
@@ -148,7 +157,9 @@ class AlertMonitor:
     def run_restarted(self, num_restarts: int, *, from_step: int | None = None) -> None:
         where = "from scratch" if from_step is None else f"from the checkpoint of step {from_step}"
         self._run_event(
-            events.RUN_RESTARTED, "warning", f"run restarted {where} (restart {num_restarts})",
+            events.RUN_RESTARTED,
+            "warning",
+            f"run restarted {where} (restart {num_restarts})",
             {"num_restarts": num_restarts, "from_step": from_step},
         )
 
@@ -191,44 +202,82 @@ class AlertMonitor:
 
     def _run_event(self, rule: str, severity: str, message: str, details: Mapping | None) -> None:
         if self.watches_run:
-            self._emit(Finding(rule, severity, message, details=dict(details or {})), self._last_step)
+            self._emit(
+                Finding(rule, severity, message, details=dict(details or {})), self._last_step
+            )
 
     def _start_gpu_poller(self) -> None:
         reader = self._open_gpu_reader()
         if isinstance(reader, str):
-            self._emit(Finding(
-                events.GPU_MONITOR_UNAVAILABLE, "info",
-                f"GPU temperature/throttle/ECC monitoring is off on this node: {reader}",
-            ), self._last_step)
+            self._emit(
+                Finding(
+                    events.GPU_MONITOR_UNAVAILABLE,
+                    "info",
+                    f"GPU temperature/throttle/ECC monitoring is off on this node: {reader}",
+                ),
+                self._last_step,
+            )
             return
         self._poller = GpuPoller(
-            reader, GpuHealthRules(temp_celsius=self.config.gpu_temp_celsius),
-            poll_seconds=self.config.gpu_poll_seconds, log=self._log,
-            on_findings=lambda findings: [self._emit(f, self._last_step) for f in findings],
+            reader,
+            GpuHealthRules(temp_celsius=self.config.gpu_temp_celsius),
+            poll_seconds=self.config.gpu_poll_seconds,
+            log=self._log,
+            on_findings=self._emit_gpu_findings,
         )
         self._poller.start()
 
+    def _emit_gpu_findings(self, findings: list[Finding]) -> None:
+        for finding in findings:
+            self._emit(finding, self._last_step)
+
     def _stalled(self, last_step: int | None, idle_seconds: float) -> None:
-        self._emit(Finding(
-            events.STALL, "critical",
-            f"no training step completed for {idle_seconds:.0f} s "
-            f"(alerts.stall_timeout_seconds={self.config.stall_timeout_seconds:g}); last step "
-            f"{'none yet' if last_step is None else last_step}. A collective may hang or a GPU "
-            f"may be dead: check nvidia-smi and the logs of every node",
-        ), last_step)
+        self._emit(
+            Finding(
+                events.STALL,
+                "critical",
+                f"no training step completed for {idle_seconds:.0f} s "
+                f"(alerts.stall_timeout_seconds={self.config.stall_timeout_seconds:g}); last step "
+                f"{'none yet' if last_step is None else last_step}. A collective may hang or a GPU "
+                f"may be dead: check nvidia-smi and the logs of every node",
+            ),
+            last_step,
+        )
 
     def _recovered(self, step: int, stalled_seconds: float) -> None:
-        self._emit(Finding(
-            events.STALL_RECOVERED, "info",
-            f"training progresses again at step {step} after {stalled_seconds:.0f} s without progress",
-        ), step)
+        self._emit(
+            Finding(
+                events.STALL_RECOVERED,
+                "info",
+                f"training progresses again at step {step} after {stalled_seconds:.0f} s "
+                f"without progress",
+            ),
+            step,
+        )
 
     def _emit(self, finding: Finding, step: int | None) -> None:
+        # Alerting must never be what crashes a training run: a bug here is logged, not raised.
+        try:
+            self._emit_unguarded(finding, step)
+        except Exception:
+            self._log.exception("alerts: could not emit %s alert", finding.rule)
+
+    def _emit_unguarded(self, finding: Finding, step: int | None) -> None:
+        # Texts can come from outside (exception messages, run info): strip any webhook URL.
+        details = {
+            key: redact(value, self._targets) if isinstance(value, str) else value
+            for key, value in finding.details.items()
+        }
         alert = Alert(
-            rule=finding.rule, severity=finding.severity,
+            rule=finding.rule,
+            severity=finding.severity,
             message=redact(finding.message, self._targets)[:_MAX_MESSAGE_CHARS],
-            run_id=self.run_id, step=step, time=self._wall_clock(), host=self._host,
-            key=finding.key, details=finding.details,
+            run_id=self.run_id,
+            step=step,
+            time=self._wall_clock(),
+            host=self._host,
+            key=finding.key,
+            details=details,
         )
         with self._lock:
             admission = self._gate.admit(
@@ -243,7 +292,11 @@ class AlertMonitor:
         else:
             delivery = f"held back ({admission.num_suppressed_before} so far): {admission.reason}"
         self._log.log(_LOG_LEVELS[alert.severity], "%s [webhook: %s]", alert.summary(), delivery)
-        self._record(TextEvent(f"alerts/{alert.rule}", f"{alert.summary()}\n\nwebhook: {delivery}", step or 0))
+        self._record(
+            TextEvent(
+                f"alerts/{alert.rule}", f"{alert.summary()}\n\nwebhook: {delivery}", step or 0
+            )
+        )
 
     def _record_outcome(self, outcome: DeliveryOutcome) -> None:
         self._record(TextEvent("alerts/delivery", outcome.summary(), outcome.alert.step or 0))

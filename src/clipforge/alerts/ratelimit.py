@@ -1,4 +1,4 @@
-"""De-duplication and rate limiting of webhook messages: a flapping rule sends a few, not a thousand.
+"""De-duplication and rate limiting of webhook messages: a flapping rule sends a few, not 1000.
 
 Pure: the caller passes the time, so the rules of the gate are tested without waiting.
 Only webhook messages pass this gate; every alert still goes to the run log and TensorBoard.
@@ -26,7 +26,11 @@ class AlertGate:
     """
 
     def __init__(
-        self, *, min_seconds_between_repeats: float, max_messages_per_window: int, window_seconds: float
+        self,
+        *,
+        min_seconds_between_repeats: float,
+        max_messages_per_window: int,
+        window_seconds: float,
     ) -> None:
         self._min_repeat = min_seconds_between_repeats
         self._max_per_window = max_messages_per_window

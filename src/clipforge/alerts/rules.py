@@ -10,10 +10,8 @@ import math
 from dataclasses import dataclass
 
 from clipforge.alerts import events
-from clipforge.alerts.events import Finding
-
-
 from clipforge.alerts.config import AlertsConfig
+from clipforge.alerts.events import Finding
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -158,7 +156,9 @@ class StepRules:
             self.nonfinite.step_completed()
         return self._verdict(step, skip=bad, spike=False, findings=findings)
 
-    def _verdict(self, step: int, *, skip: bool, spike: bool, findings: list[Finding]) -> StepVerdict:
+    def _verdict(
+        self, step: int, *, skip: bool, spike: bool, findings: list[Finding]
+    ) -> StepVerdict:
         stop = skip and self.nonfinite.should_stop
         if stop:
             message = self.nonfinite.stop_message(step)

@@ -62,9 +62,7 @@ def load_targets(environ: Mapping[str, str] = os.environ) -> list[WebhookTarget]
                 f"fix the path or unset {ENV_WEBHOOKS_FILE}"
             ) from None
         entries = [
-            entry
-            for line in text.splitlines()
-            for entry in line.split("#", 1)[0].split(",")
+            entry for line in text.splitlines() for entry in line.split("#", 1)[0].split(",")
         ]
         targets += parse_targets(entries, source=f"{ENV_WEBHOOKS_FILE} ({path})")
     # The same URL given twice (env and file) would send every alert twice.
