@@ -185,3 +185,31 @@ def test_other_ranks_decide_alike_but_stay_silent(webhook_server, monkeypatch):
 def _wait_rule(server, rule):
     eventually(lambda: any(r.body["rule"] == rule for r in server.received), f"a {rule} alert")
     return [r for r in server.received if r.body["rule"] == rule]
+
+
+def test_tensorboard_text_holds_alerts_but_no_secret(webhook_server, tmp_path):
+    """Drained events written with SummaryWriter.add_text read back as alerts/<rule> text, and
+    the event files contain no webhook secret."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    with monitor_for(webhook_server.url("feishu")) as monitor:
+        toy_loop(monitor, LOSSES)
+        _wait_rule_feishu(webhook_server, "non_finite")
+    writer = SummaryWriter(str(tmp_path))
+    for event in monitor.drain_events():
+        writer.add_text(event.tag, event.text, event.step)
+    writer.close()
+    accumulator = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    tags = accumulator.Tags()["tensors"]
+    assert any(tag.startswith("alerts/non_finite") for tag in tags)
+    assert any(tag.startswith("alerts/delivery") for tag in tags)
+    for path in tmp_path.iterdir():
+        assert SECRET.encode() not in path.read_bytes()
+
+
+def _wait_rule_feishu(server, rule):
+    eventually(
+        lambda: any(rule in r.body["content"]["text"] for r in server.received), f"a {rule} alert"
+    )
