@@ -8,7 +8,7 @@ import pytest
 from alerts_helpers import eventually, fast_config
 
 from clipforge.alerts import AlertMonitor, GpuHealthRules, GpuReading
-from clipforge.alerts.gpu import GpuPoller, open_nvml, throttle_reason_names
+from clipforge.alerts.gpu import GpuPoller, NvmlReader, open_nvml, throttle_reason_names
 from clipforge.alerts.targets import parse_targets
 
 LOG = logging.getLogger("clipforge.alerts.test")
@@ -157,3 +157,55 @@ def test_gpu_findings_reach_the_webhook(webhook_server):
     with monitor:
         received = webhook_server.wait_for(1)
     assert received[0].body["rule"] == "gpu_temperature" and received[0].body["key"] == "gpu2"
+
+
+def test_nvml_reader_maps_the_real_bindings_api():
+    """NvmlReader calls functions and constants that exist in the installed nvidia-ml-py, and
+    maps their answers (NotSupported -> None) into readings. NVML itself needs a GPU, so its
+    answers are scripted here; names, constants and exception classes are the real module's."""
+    import types
+
+    pynvml = pytest.importorskip("pynvml")
+    used = [
+        "nvmlDeviceGetCount",
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlShutdown",
+    ]
+    assert all(hasattr(pynvml, name) for name in used)
+    assert hasattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons") or hasattr(
+        pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
+    )
+
+    def no_ecc(handle, error_type, counter_type):
+        assert (error_type, counter_type) == (
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+        if handle == 1:
+            raise pynvml.NVMLError_NotSupported()
+        return 3
+
+    def temperature(handle, sensor):
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return 70 + handle
+
+    scripted = types.SimpleNamespace(
+        NVMLError_NotSupported=pynvml.NVMLError_NotSupported,
+        NVML_TEMPERATURE_GPU=pynvml.NVML_TEMPERATURE_GPU,
+        NVML_MEMORY_ERROR_TYPE_UNCORRECTED=pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        NVML_VOLATILE_ECC=pynvml.NVML_VOLATILE_ECC,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: b"NVIDIA H200" if h == 0 else "NVIDIA H200",
+        nvmlDeviceGetTemperature=temperature,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: HW_THERMAL if h == 1 else 0,
+        nvmlDeviceGetTotalEccErrors=no_ecc,
+        nvmlShutdown=lambda: None,
+    )
+    assert NvmlReader(scripted).read() == [
+        GpuReading(0, "NVIDIA H200", 70, 0, 3),
+        GpuReading(1, "NVIDIA H200", 71, HW_THERMAL, None),
+    ]
