@@ -23,30 +23,26 @@ def test_fields_are_keyword_only():
 
 
 def test_every_field_has_a_documented_default():
-    """Every field has a default (params.yaml may omit the section) and a docstring."""
-    import inspect
-
-    source = inspect.getsource(AlertsConfig)
+    """Every field has a default (params.yaml may omit the section) and documentation."""
     for field in dataclasses.fields(AlertsConfig):
         assert field.default is not dataclasses.MISSING, field.name
-        after = source.split(f"    {field.name}:", 1)[1].split("\n", 2)[1]
-        assert after.strip().startswith('"""'), f"{field.name} has no docstring"
+        assert field.metadata["doc"].strip(), f"{field.name} has no documentation"
 
 
 @pytest.mark.parametrize(
     ("field", "value", "allowed"),
     [
-        ("loss_spike_factor", 1.0, "> 1"),
-        ("loss_ema_beta", 1.0, "in (0, 1)"),
-        ("loss_ema_beta", 0.0, "in (0, 1)"),
+        ("loss_spike_factor", 1.0, "must be > 1.0"),
+        ("loss_ema_beta", 1.0, "must be > 0.0 and < 1.0"),
+        ("loss_ema_beta", 0.0, "must be > 0.0 and < 1.0"),
         ("loss_spike_warmup_steps", 0, ">= 1"),
-        ("loss_spike_warmup_steps", 2.5, "integer"),
+        ("loss_spike_warmup_steps", 2.5, "must be an integer"),
         ("max_consecutive_nonfinite", 0, ">= 1"),
-        ("max_consecutive_nonfinite", True, "integer"),
-        ("gpu_temp_celsius", 200.0, "in [40, 120]"),
-        ("gpu_poll_seconds", 0.0, "in (0, 3600]"),
+        ("max_consecutive_nonfinite", True, "must be an integer"),
+        ("gpu_temp_celsius", 200.0, "must be >= 40.0 and <= 120.0"),
+        ("gpu_poll_seconds", 0.0, "must be > 0.0 and <= 3600.0"),
         ("stall_timeout_seconds", -1.0, "> 0"),
-        ("stall_timeout_seconds", float("nan"), "> 0"),
+        ("stall_timeout_seconds", float("nan"), "must be a finite number"),
         ("min_seconds_between_repeats", -1.0, ">= 0"),
         ("max_messages_per_window", 0, ">= 1"),
         ("rate_window_seconds", 0.0, "> 0"),
@@ -54,7 +50,7 @@ def test_every_field_has_a_documented_default():
         ("retry_backoff_seconds", -0.5, ">= 0"),
         ("http_timeout_seconds", 0.0, "> 0"),
         ("queue_size", 0, ">= 1"),
-        ("flush_timeout_seconds", "30", ">= 0"),
+        ("flush_timeout_seconds", "30", "must be a number"),
     ],
 )
 def test_invalid_value_names_the_key_and_the_allowed_range(field, value, allowed):

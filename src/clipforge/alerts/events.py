@@ -14,6 +14,7 @@ RUN_STARTED = "run_started"
 RUN_FINISHED = "run_finished"
 RUN_FAILED = "run_failed"
 RUN_RESTARTED = "run_restarted"
+RUN_STOPPED = "run_stopped"
 LOSS_SPIKE = "loss_spike"
 NON_FINITE = "non_finite"
 NON_FINITE_STOP = "non_finite_stop"
@@ -27,7 +28,7 @@ GPU_MONITOR_UNAVAILABLE = "gpu_monitor_unavailable"
 
 # Lifecycle messages happen a handful of times per run and are the ones a user waits for
 # ("did it finish?"), so the rate limiter never holds them back.
-LIFECYCLE_RULES = frozenset({RUN_STARTED, RUN_FINISHED, RUN_FAILED, RUN_RESTARTED})
+LIFECYCLE_RULES = frozenset({RUN_STARTED, RUN_FINISHED, RUN_FAILED, RUN_RESTARTED, RUN_STOPPED})
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,13 @@ class AlertMonitor:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         self._run_event(events.RUN_FAILED, "critical", f"run failed: {text}", None)
 
+    def run_stopped(self, step: int) -> None:
+        """Stopped on request (e.g. `fab stop`) with a checkpoint saved: not a failure."""
+        self._run_reported = True
+        self._run_event(events.RUN_STOPPED, "info",
+                        f"run stopped on request after step {step}; rerunning the train stage "
+                        f"resumes from its checkpoint", {"step": step})
+
     def run_restarted(self, num_restarts: int, *, from_step: int | None = None) -> None:
         where = "from scratch" if from_step is None else f"from the checkpoint of step {from_step}"
         self._run_event(
