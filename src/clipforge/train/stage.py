@@ -63,7 +63,7 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
     from clipforge.train.checkpoint import Checkpointer, run_id
     from clipforge.train.dist import init_distributed, resolve_device
     from clipforge.train.ds_config import deepspeed_config, resolve_precision
-    from clipforge.train.engine import create_engine
+    from clipforge.train.engine import create_engine, replicas_in_sync
     from clipforge.train.faults import faults_from_env
     from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip, validation_loss
     from clipforge.train.loss import make_clip_loss
@@ -163,6 +163,12 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
             except StopRequested as stopped:
                 alerts.run_stopped(stopped.step)
                 raise
+            drift = replicas_in_sync(engine)
+            if drift:
+                raise RuntimeError(f"ranks hold different weights after training (max difference "
+                                   f"{drift:g}): the run is not data-parallel; do not use it")
+            if plan.world_size > 1:
+                log.info("replicas in sync across %d ranks", plan.world_size)
             if dist_info.is_main:
                 summary = _export(run_dir, checkpointer, train, bundle, config_yaml, paths,
                                   {"run_id": identity, "steps": total_steps,
