@@ -138,7 +138,8 @@ def _pod_spec(args: WorkersArgs) -> k8s.core.v1.PodSpecArgs:
             ),
         ),
     ] + [
-        k8s.core.v1.EnvVarArgs(name=f"CLIPFORGE_{volume.role.upper()}_DIR", value=volume.mount_path) for volume in VOLUMES
+        k8s.core.v1.EnvVarArgs(name=f"CLIPFORGE_{volume.role.upper()}_DIR", value=volume.mount_path)
+        for volume in VOLUMES
     ]
     container = k8s.core.v1.ContainerArgs(
         name="worker",

@@ -17,7 +17,8 @@ from clipforge_infra import teardown_guard
 from clipforge_infra.teardown_guard import EXIT_REFUSED, ListedDvcRemote, LocalDvcRemote, assess, find_latest_checkpoint
 
 DVC = Path(sys.executable).with_name("dvc")
-needs_dvc = pytest.mark.skipif(not DVC.exists(), reason="dvc is not installed next to this Python (infra/requirements.txt)")
+needs_dvc = pytest.mark.skipif(not DVC.exists(),
+                               reason="dvc is not installed next to this Python (infra/requirements.txt)")
 
 
 def write_checkpoint(checkpoints: Path, run: str, step: int, mtime: float | None = None) -> Path:
@@ -98,7 +99,8 @@ def dvc_env() -> dict:
 
 @pytest.fixture(scope="module")
 def dvc_template(tmp_path_factory):
-    """git + DVC initialised once; its default remote is the sibling directory remote/ (stored relative, so copies of it get their own)."""
+    """git + DVC initialised once; its default remote is the sibling directory remote/, stored as a
+    relative path so that every copy of the repository gets a remote of its own."""
     if not DVC.exists():
         pytest.skip("dvc is not installed next to this Python")
     template = tmp_path_factory.mktemp("dvc-template") / "repo"

@@ -8,7 +8,6 @@ nearest real boundary, showing which commands make would run and what it writes.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -222,8 +221,8 @@ def test_preview_previews_without_updating(tmp_path):
     """`make preview` runs `pulumi preview` and never `pulumi up`, writing no outputs file."""
     project = project_with_stack(tmp_path, MY_STACK)
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make("preview", tmp_path, "STACK=mine", f"PULUMI_PROJECT_DIR={project}", path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-                KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")))
+    done = make("preview", tmp_path, "STACK=mine", f"PULUMI_PROJECT_DIR={project}",
+                path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}", KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")))
     assert done.returncode == 0, done.stderr
     subcommands = [call[0] for call in logged(tmp_path / "log")]
     assert "preview" in subcommands and "up" not in subcommands
