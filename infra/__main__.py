@@ -36,6 +36,7 @@ secrets = StackSecrets(
         namespace=storage.namespace,
         ssh_authorized_keys=pulumi.Output.secret(settings.secrets.ssh_authorized_keys),
         alert_webhooks=pulumi.Output.secret(settings.secrets.alert_webhooks),
+        registry_auth=pulumi.Output.secret(settings.secrets.registry_auth) if settings.secrets.registry_auth else None,
     ),
     on_cluster,
 )
@@ -49,6 +50,7 @@ if not settings.released:
             workers=settings.workers,
             ssh_secret_name=secrets.ssh_secret_name,
             alerts_secret_name=secrets.alerts_secret_name,
+            pull_secret_name=secrets.pull_secret_name,
         ),
         pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=list(storage.claims.values()))),
     )
@@ -59,6 +61,7 @@ if not settings.released:
             image=settings.image,
             tensorboard=settings.tensorboard,
             tolerations=settings.workers.tolerations,
+            pull_secret_name=secrets.pull_secret_name,
         ),
         pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[storage.claims["logs"]])),
     )

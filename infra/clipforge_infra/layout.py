@@ -39,6 +39,7 @@ WORKER_SERVICE = "clipforge-workers"
 TENSORBOARD_NAME = "clipforge-tensorboard"
 SSH_SECRET = "clipforge-ssh"
 ALERTS_SECRET = "clipforge-alerts"
+REGISTRY_SECRET = "clipforge-registry"
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,10 @@ CONFIG_KEYS = (
     "priceCurrency",
     "sshAuthorizedKeys",
     "alertWebhooks",
+    "registryAuth",
 )
 # Keys whose values must be stored encrypted (`pulumi config set --secret`), never in plain text.
-SECRET_KEYS = ("sshAuthorizedKeys", "alertWebhooks")
+SECRET_KEYS = ("sshAuthorizedKeys", "alertWebhooks", "registryAuth")
 
 # The training image is built on CUDA, so only NVIDIA device-plugin resources can run it. Other
 # vendors are listed so that the error says "unsupported" rather than "unknown".
@@ -115,6 +116,7 @@ class StackSecrets:
 
     ssh_authorized_keys: str = field(repr=False)
     alert_webhooks: str = field(repr=False)
+    registry_auth: str = field(repr=False)  # Docker config.json text; "" = the image is public
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ def parse_settings(raw: Mapping[str, Optional[str]], secret_keys: frozenset[str]
         secrets=StackSecrets(
             ssh_authorized_keys=values.ssh_authorized_keys("sshAuthorizedKeys"),
             alert_webhooks=values.alert_webhooks("alertWebhooks"),
+            registry_auth=values.registry_auth("registryAuth"),
         ),
     )
 
@@ -342,6 +345,24 @@ class _Values:
                 # The entry is a secret: name its position, never its text.
                 raise ConfigError(key, f"entry {number} is not feishu:URL, slack:URL or an http(s) URL")
         return ",".join(entries)
+
+    def registry_auth(self, key: str) -> str:
+        text = self._secret_text(key).strip()
+        if not text:
+            return ""
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError:
+            document = None
+        auths = document.get("auths") if isinstance(document, dict) else None
+        if not isinstance(auths, dict) or not any(isinstance(entry, dict) and entry.get("auth")
+                                                  for entry in auths.values()):
+            # A credential helper (credsStore) keeps the credentials out of config.json.
+            raise ConfigError(key, "is not a Docker config.json holding credentials (\"auths\" with an "
+                              "\"auth\" entry); write one with `kubectl create secret docker-registry x "
+                              "--docker-server=... --docker-username=... --docker-password=... --dry-run=client "
+                              "-o jsonpath='{.data.\\.dockerconfigjson}' | base64 -d`")
+        return text
 
 
 def _label_key_ok(label: str) -> bool:

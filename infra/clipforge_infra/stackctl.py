@@ -28,6 +28,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 from . import teardown_guard
 from .image_ref import ImageEnvError, image_reference
 from .kubeconfig import KubeconfigError, resolve_context
+from .settings import SECRET_KEYS
 from .stack_files import (
     StackFileError,
     is_secure,
@@ -77,7 +78,7 @@ def plan(args: argparse.Namespace, environ: Mapping[str, str]) -> Plan:
     if "sshAuthorizedKeys" not in stack_values:
         raise StackctlError("no SSH key for the workers: `pulumi -C infra config set --secret -s "
                             f"{args.stack} sshAuthorizedKeys < ~/.ssh/id_ed25519.pub`")
-    for key in ("sshAuthorizedKeys", "alertWebhooks"):
+    for key in SECRET_KEYS:
         if key in stack_values and stack_values[key] != "" and not is_secure(stack_values[key]):
             raise StackctlError(f"{key} is in plain text in Pulumi.{args.stack}.yaml: remove it and set it "
                                 f"with `pulumi -C infra config set --secret -s {args.stack} {key} ...`")

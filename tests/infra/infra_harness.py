@@ -34,6 +34,8 @@ SIG_KEY = rpc._special_sig_key
 # A syntactically valid OpenSSH public key (not anyone's): what `pulumi config set --secret` would hold.
 USER_PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGd0ZXN0a2V5Zm9yY2xpcGZvcmdlaW5mcmF0ZXN0cw user@laptop"
 WEBHOOKS = "feishu:https://open.feishu.cn/open-apis/bot/v2/hook/abc,https://hooks.example.org/x"
+# A Docker config.json as `docker login` writes it without a credential helper (user:password, base64).
+REGISTRY_AUTH = '{"auths": {"registry.example": {"auth": "dXNlcjpwYXNzd29yZA=="}}}'
 # What the tls provider would return for a generated ED25519 key.
 TLS_OUTPUTS = {
     "privateKeyOpenssh": "-----BEGIN OPENSSH PRIVATE KEY-----\nmock\n-----END OPENSSH PRIVATE KEY-----\n",

@@ -67,3 +67,13 @@ def test_private_key_in_place_of_public_key_is_refused():
     config, secret_keys = stack_config("example-1x4", secrets={"sshAuthorizedKeys": private})
     with pytest.raises(pulumi.RunError, match="clipforge-infra:sshAuthorizedKeys: holds a private key"):
         run_program(config, secret_keys)
+
+
+def test_registry_auth_without_credentials_is_refused_without_echo():
+    """A config.json whose credentials live in a helper (no "auth") is refused, without printing it."""
+    helper_only = '{"auths": {"registry.example": {}}, "credsStore": "desktop-secret-9f3"}'
+    config, secret_keys = stack_config("example-1x4", secrets={"registryAuth": helper_only})
+    with pytest.raises(pulumi.RunError) as raised:
+        run_program(config, secret_keys)
+    assert "clipforge-infra:registryAuth:" in str(raised.value)
+    assert "desktop-secret-9f3" not in str(raised.value)

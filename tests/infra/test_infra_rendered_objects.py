@@ -7,7 +7,7 @@ import copy
 import kubernetes_validate
 import pytest
 
-from infra_harness import run_program, stack_config
+from infra_harness import REGISTRY_AUTH, run_program, stack_config
 
 # A current Kubernetes release, as run by managed clusters today; strict = unknown fields are errors.
 KUBERNETES_VERSION = "1.33.0"
@@ -16,13 +16,15 @@ SCENARIOS = {
     "example-2x8": ("example-2x8", {}),
     "defaults": (None, {}),
     "mig-and-cluster-default-storage": (None, {"gpuResourceName": "nvidia.com/mig-3g.40gb", "storageClass": ""}),
+    "private-registry": ("example-2x8", {}),
 }
+SECRETS = {"private-registry": {"registryAuth": REGISTRY_AUTH}}
 
 
 @pytest.fixture(scope="module", params=sorted(SCENARIOS))
 def objects(request):
     stack, overrides = SCENARIOS[request.param]
-    return run_program(*stack_config(stack, overrides)).kubernetes_objects()
+    return run_program(*stack_config(stack, overrides, secrets=SECRETS.get(request.param))).kubernetes_objects()
 
 
 def validate(obj: dict) -> None:

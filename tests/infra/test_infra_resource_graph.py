@@ -8,7 +8,7 @@ import pytest
 
 import json
 
-from infra_harness import is_secret, run_program, stack_config
+from infra_harness import REGISTRY_AUTH, is_secret, run_program, stack_config
 
 from clipforge_infra.layout import (
     ALERT_WEBHOOKS_ENV,
@@ -202,3 +202,20 @@ def test_default_config_gives_one_worker_with_one_gpu():
     run = run_program(config, secret_keys)
     assert run.one(STATEFULSET).inputs["spec"]["replicas"] == int(config["numWorkers"])
     assert run.one(NAMESPACE).inputs["metadata"]["name"] == config["namespace"]
+
+
+def test_private_registry_credentials_become_a_pull_secret_for_every_pod():
+    """registryAuth yields a secret dockerconfigjson Secret that workers and TensorBoard pull with."""
+    run = run_program(*stack_config("example-1x4", secrets={"registryAuth": REGISTRY_AUTH}))
+    (pull,) = [s for s in run.of_type(SECRET) if s.inputs["type"] == "kubernetes.io/dockerconfigjson"]
+    assert is_secret(pull.inputs["stringData"])
+    for obj in (run.one(STATEFULSET), run.one(DEPLOYMENT)):
+        pulls = obj.inputs["spec"]["template"]["spec"]["imagePullSecrets"]
+        assert pulls == [{"name": pull.inputs["metadata"]["name"]}]
+
+
+def test_public_image_needs_no_pull_secret(example):
+    """Without registryAuth no pull Secret exists and no pod references one."""
+    _, _, run = example
+    assert not [s for s in run.of_type(SECRET) if s.inputs["type"] == "kubernetes.io/dockerconfigjson"]
+    assert all("imagePullSecrets" not in spec for spec in run.pod_specs())

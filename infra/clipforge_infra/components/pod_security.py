@@ -1,4 +1,4 @@
-"""The security settings every pod and container of the stack runs with.
+"""The security settings every pod and container of the stack runs with, and its pull credentials.
 
 Non-root (uid 1000, matching the image's user), no privilege escalation, no capabilities, the
 runtime's default seccomp profile. sshd needs none of these: it listens on a port above 1024 and,
@@ -7,6 +7,9 @@ running as the only user it serves, never switches user.
 
 from __future__ import annotations
 
+from typing import Optional
+
+import pulumi
 import pulumi_kubernetes as k8s
 
 from ..layout import RUN_AS_GID, RUN_AS_UID
@@ -32,3 +35,10 @@ def container_security_context() -> k8s.core.v1.SecurityContextArgs:
         allow_privilege_escalation=False,
         capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
     )
+
+
+def pull_secrets(secret_name: Optional[pulumi.Input[str]]) -> Optional[list[k8s.core.v1.LocalObjectReferenceArgs]]:
+    """imagePullSecrets for a private registry, or None for a public image."""
+    if secret_name is None:
+        return None
+    return [k8s.core.v1.LocalObjectReferenceArgs(name=secret_name)]

@@ -16,13 +16,21 @@ Fabric launcher gets in from outside the cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_tls as tls
 
 from ..labels import labels
-from ..layout import ALERT_WEBHOOKS_ENV, ALERTS_SECRET, SSH_SECRET, WORKER_SERVICE, WORKER_STATEFULSET
+from ..layout import (
+    ALERT_WEBHOOKS_ENV,
+    ALERTS_SECRET,
+    REGISTRY_SECRET,
+    SSH_SECRET,
+    WORKER_SERVICE,
+    WORKER_STATEFULSET,
+)
 
 
 @dataclass(frozen=True)
@@ -30,13 +38,16 @@ class SecretsArgs:
     namespace: pulumi.Input[str]
     ssh_authorized_keys: pulumi.Output[str]  # must be a secret Output
     alert_webhooks: pulumi.Output[str]  # must be a secret Output
+    registry_auth: Optional[pulumi.Output[str]]  # secret Docker config.json, None for a public image
 
 
 class StackSecrets(pulumi.ComponentResource):
-    """Kubernetes Secrets ``clipforge-ssh`` (files for /etc/clipforge/ssh) and ``clipforge-alerts``."""
+    """Kubernetes Secrets ``clipforge-ssh`` (files for /etc/clipforge/ssh), ``clipforge-alerts`` and,
+    for a private registry, ``clipforge-registry`` (image pull credentials)."""
 
     ssh_secret_name: pulumi.Output[str]
     alerts_secret_name: pulumi.Output[str]
+    pull_secret_name: Optional[pulumi.Output[str]]
     host_public_key: pulumi.Output[str]
 
     def __init__(self, name: str, args: SecretsArgs, opts: pulumi.ResourceOptions | None = None):
@@ -78,10 +89,22 @@ class StackSecrets(pulumi.ComponentResource):
             string_data=pulumi.Output.secret(args.alert_webhooks.apply(lambda urls: {ALERT_WEBHOOKS_ENV: urls})),
             opts=child,
         )
+        self.pull_secret_name = None
+        if args.registry_auth is not None:
+            pull_secret = k8s.core.v1.Secret(
+                f"{name}-registry",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=REGISTRY_SECRET, namespace=args.namespace,
+                                                    labels=labels("registry")),
+                type="kubernetes.io/dockerconfigjson",
+                string_data=pulumi.Output.secret(args.registry_auth.apply(lambda auth: {".dockerconfigjson": auth})),
+                opts=child,
+            )
+            self.pull_secret_name = pull_secret.metadata.name
         self.ssh_secret_name = ssh_secret.metadata.name
         self.alerts_secret_name = alerts_secret.metadata.name
         self.register_outputs({
             "ssh_secret_name": self.ssh_secret_name,
             "alerts_secret_name": self.alerts_secret_name,
+            "pull_secret_name": self.pull_secret_name,
             "host_public_key": self.host_public_key,
         })

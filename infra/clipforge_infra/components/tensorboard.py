@@ -7,6 +7,7 @@ not exposed outside the cluster: the launcher reaches it with `kubectl port-forw
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -14,7 +15,7 @@ import pulumi_kubernetes as k8s
 from ..labels import labels, selector
 from ..layout import LOGS_MOUNT_PATH, TENSORBOARD_NAME, TENSORBOARD_PORT, VOLUMES
 from ..settings import TensorBoardSettings, Toleration
-from .pod_security import container_security_context, pod_security_context
+from .pod_security import container_security_context, pod_security_context, pull_secrets
 
 COMPONENT = "tensorboard"
 
@@ -27,6 +28,7 @@ class TensorBoardArgs:
     # On clusters whose only nodes are tainted GPU nodes TensorBoard must tolerate the taint too;
     # tolerating does not pull it onto GPU nodes where CPU nodes exist.
     tolerations: tuple[Toleration, ...]
+    pull_secret_name: Optional[pulumi.Input[str]]  # None: the image is public
 
 
 class TensorBoard(pulumi.ComponentResource):
@@ -73,6 +75,7 @@ class TensorBoard(pulumi.ComponentResource):
                         tolerations=[k8s.core.v1.TolerationArgs(**t.to_kubernetes()) for t in args.tolerations]
                         or None,
                         security_context=pod_security_context(),
+                        image_pull_secrets=pull_secrets(args.pull_secret_name),
                         automount_service_account_token=False,
                     ),
                 ),

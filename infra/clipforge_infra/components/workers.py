@@ -9,6 +9,7 @@ training runs are started over SSH by the launcher, so a run ending never restar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -25,7 +26,7 @@ from ..layout import (
     WORKER_STATEFULSET,
 )
 from ..settings import WorkerSettings
-from .pod_security import container_security_context, pod_security_context
+from .pod_security import container_security_context, pod_security_context, pull_secrets
 
 COMPONENT = "worker"
 # Secret files are root-owned; 0440 with fsGroup lets the non-root user read them while sshd's
@@ -43,6 +44,7 @@ class WorkersArgs:
     workers: WorkerSettings
     ssh_secret_name: pulumi.Input[str]
     alerts_secret_name: pulumi.Input[str]
+    pull_secret_name: Optional[pulumi.Input[str]]  # None: the image is public
 
 
 class GpuWorkers(pulumi.ComponentResource):
@@ -179,6 +181,7 @@ def _pod_spec(args: WorkersArgs) -> k8s.core.v1.PodSpecArgs:
             )
         ),
         security_context=pod_security_context(),
+        image_pull_secrets=pull_secrets(args.pull_secret_name),
         automount_service_account_token=False,
         # Time for a run's SIGTERM handler to finish writing a checkpoint.
         termination_grace_period_seconds=120,
