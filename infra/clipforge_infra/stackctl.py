@@ -117,9 +117,13 @@ class Pulumi:
                 self.run("config", "rm", key)
 
 
-def write_outputs(outputs_json: str, path: Path) -> None:
-    """Atomically replace the outputs file: the launcher never reads a half-written one."""
-    data = json.loads(outputs_json)
+def write_outputs(outputs_json: str, path: Path, kube_context: str) -> dict:
+    """Atomically replace the outputs file: the launcher never reads a half-written one.
+
+    ``kube_context`` replaces the stack's (possibly empty) kubeContext with the context make checked,
+    so the launcher keeps targeting this cluster even if kubectl's current-context changes later.
+    """
+    data = {**json.loads(outputs_json), "kube_context": kube_context}
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -130,6 +134,7 @@ def write_outputs(outputs_json: str, path: Path) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+    return data
 
 
 def cost_line(outputs: Mapping) -> str:
@@ -138,6 +143,20 @@ def cost_line(outputs: Mapping) -> str:
         return "cost: set pricePerGpuHour in the stack to see what this costs per hour"
     return (f"cost: {cost['gpus']} GPU(s) x {cost['price_per_gpu_hour']} {cost['currency']}/GPU-hour "
             f"= {cost['per_hour']} {cost['currency']}/hour")
+
+
+def access_lines(outputs: Mapping) -> list[str]:
+    """How to reach the workers and TensorBoard from this machine."""
+    if outputs.get("released") or not outputs.get("workers"):
+        return []
+    where = f"kubectl --context {outputs['kube_context']} -n {outputs['namespace']}"
+    lines = [f"ssh: {where} port-forward pod/{outputs['ssh']['entry_pod']} {outputs['ssh']['port']}:"
+             f"{outputs['ssh']['port']}, then ssh -p {outputs['ssh']['port']} {outputs['ssh']['user']}@127.0.0.1"]
+    if outputs.get("tensorboard"):
+        port = outputs["tensorboard"]["port"]
+        lines.append(f"TensorBoard: {where} port-forward svc/{outputs['tensorboard']['service']} {port}:{port}, "
+                     f"then http://127.0.0.1:{port}")
+    return lines
 
 
 def guard_args(args: argparse.Namespace) -> list[str]:
@@ -162,10 +181,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             pulumi.run("preview", "--diff")
             return 0
         pulumi.run("up", "--yes", "--skip-preview")
-    outputs = pulumi.run("stack", "output", "--json", capture=True)
-    write_outputs(outputs, args.outputs)
+    outputs = write_outputs(pulumi.run("stack", "output", "--json", capture=True), args.outputs, steps.context)
     print(f"wrote {args.outputs}")
-    print(cost_line(json.loads(outputs)))
+    print(cost_line(outputs))
+    for line in access_lines(outputs):
+        print(line)
     if args.command == "down":
         print("GPU workers and TensorBoard released; namespace, volumes (datasets, checkpoints, logs) and "
               "secrets kept. `make up` re-attaches them.")

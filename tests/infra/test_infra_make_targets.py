@@ -24,7 +24,10 @@ from clipforge_infra.image_ref import read_image_env
 MAKE = shutil.which("make")
 pytestmark = pytest.mark.skipif(MAKE is None, reason="make is not installed")
 SYSTEM_PATH = "/usr/bin:/bin"  # git, make, sh; never a pulumi binary
-STUB_OUTPUTS = {"namespace": "clipforge", "released": False, "workers": [{"pod": "clipforge-worker-0"}],
+STUB_OUTPUTS = {"namespace": "clipforge", "kube_context": "", "released": False,
+                "workers": [{"pod": "clipforge-worker-0"}],
+                "ssh": {"user": "clipforge", "port": 2222, "entry_pod": "clipforge-worker-0"},
+                "tensorboard": {"service": "clipforge-tensorboard", "port": 6006},
                 "cost": {"currency": "USD", "price_per_gpu_hour": "1.80", "gpus": 4, "per_hour": "7.20"}}
 
 
@@ -136,8 +139,10 @@ def test_up_runs_pulumi_with_image_from_image_env_and_writes_outputs(tmp_path):
         ["config", "rm", "image"],
         ["stack", "output", "--json"],
     ]
-    assert json.loads((tmp_path / "stack-outputs.json").read_text()) == STUB_OUTPUTS
+    written = json.loads((tmp_path / "stack-outputs.json").read_text())
+    assert written == {**STUB_OUTPUTS, "kube_context": "gpu-cluster"}  # the context make checked
     assert "7.20 USD/hour" in done.stdout
+    assert "port-forward svc/clipforge-tensorboard 6006:6006" in done.stdout
 
 
 def test_up_keeps_an_image_the_stack_sets(tmp_path):

@@ -67,8 +67,8 @@ def test_image_env_without_tag_is_an_error(tmp_path):
 def test_outputs_file_is_replaced_whole_or_not_at_all(tmp_path):
     """Unparseable CLI output leaves the previous outputs file as it was, with no temp file behind."""
     path = tmp_path / "stack-outputs.json"
-    write_outputs('{"namespace": "clipforge"}', path)
+    write_outputs('{"namespace": "clipforge"}', path, "gpu")
     with pytest.raises(ValueError):
-        write_outputs('{"namespace": ', path)
-    assert yaml.safe_load(path.read_text()) == {"namespace": "clipforge"}
+        write_outputs('{"namespace": ', path, "gpu")
+    assert yaml.safe_load(path.read_text()) == {"namespace": "clipforge", "kube_context": "gpu"}
     assert [p.name for p in tmp_path.iterdir()] == ["stack-outputs.json"]
