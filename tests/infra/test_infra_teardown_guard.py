@@ -18,7 +18,7 @@ from clipforge_infra.teardown_guard import EXIT_REFUSED, ListedDvcRemote, LocalD
 
 DVC = Path(sys.executable).with_name("dvc")
 needs_dvc = pytest.mark.skipif(not DVC.exists(),
-                               reason="dvc is not installed next to this Python (infra/requirements.txt)")
+                               reason="dvc is not installed next to this Python (pyproject extra `infra`)")
 
 
 def write_checkpoint(checkpoints: Path, run: str, step: int, mtime: float | None = None) -> Path:
