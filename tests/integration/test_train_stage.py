@@ -2,32 +2,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from clipforge.train.stage import main as train_main
-from tests.conftest import write_params
+from tests.conftest import run_train
 
 pytestmark = pytest.mark.slow
-
-
-def run_train(root: Path, data: Path, *overrides: str) -> int:
-    """The train stage in-process, writing everything under `root`."""
-    params = write_params(root / "params.yaml")
-    return train_main(["--params", str(params), "--data", str(data),
-                       "--checkpoints", str(root / "checkpoints"), "--model-out",
-                       str(root / "models" / "clip"), "--logs", str(root / "logs"),
-                       "--metrics", str(root / "metrics"), *sum((["--set", o] for o in overrides), [])])
-
-
-@pytest.fixture(scope="module")
-def reference_run(tmp_path_factory, small_data) -> Path:
-    """One uninterrupted run of the reduced config: 12 steps, checkpoints every 4."""
-    root = tmp_path_factory.mktemp("reference-run")
-    assert run_train(root, small_data) == 0
-    return root
 
 
 def test_run_writes_checkpoints_keeping_the_last_k_with_an_atomic_latest(reference_run):
@@ -84,12 +67,13 @@ def test_export_is_fp32_open_clip_local_dir_with_capped_temperature(reference_ru
 
 
 def test_rerun_of_a_finished_run_resumes_at_the_end_and_exports_the_same_model(reference_run,
-                                                                               small_data):
+                                                                               small_data, tmp_path):
+    shutil.copytree(reference_run, tmp_path / "run")
     before = load_file(str(reference_run / "models" / "clip" / "open_clip_model.safetensors"))
-    assert run_train(reference_run, small_data) == 0
-    after = load_file(str(reference_run / "models" / "clip" / "open_clip_model.safetensors"))
+    assert run_train(tmp_path / "run", small_data) == 0
+    after = load_file(str(tmp_path / "run" / "models" / "clip" / "open_clip_model.safetensors"))
     assert all((before[k] == after[k]).all() for k in before)
-    summary = json.loads((reference_run / "metrics" / "train.json").read_text())
+    summary = json.loads((tmp_path / "run" / "metrics" / "train.json").read_text())
     assert summary["resumed_from_step"] == 12
 
 
@@ -97,8 +81,6 @@ def test_changed_params_start_a_run_of_their_own(reference_run, small_data, tmp_
     """A different lr is a different run id: it must not resume the reference run's weights."""
     root = tmp_path / "other"
     root.mkdir()
-    import shutil
-
     shutil.copytree(reference_run / "checkpoints", root / "checkpoints")
     assert run_train(root, small_data, "train.lr=5e-4", "train.max_steps=2",
                      "train.warmup_steps=1") == 0

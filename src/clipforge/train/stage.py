@@ -167,7 +167,7 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
             if drift:
                 raise RuntimeError(f"ranks hold different weights after training (max difference "
                                    f"{drift:g}): the run is not data-parallel; do not use it")
-            if plan.world_size > 1:
+            if plan.world_size > 1 and dist_info.is_main:
                 log.info("replicas in sync across %d ranks", plan.world_size)
             if dist_info.is_main:
                 summary = _export(run_dir, checkpointer, train, bundle, config_yaml, paths,
