@@ -22,7 +22,9 @@ SMALL_PARAMS = {
 
 
 def write_params(path: Path, overrides: dict | None = None) -> Path:
-    params = {section: dict(values) for section, values in SMALL_PARAMS.items()}
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))  # every key
+    for section, values in SMALL_PARAMS.items():
+        params[section].update(values)
     for section, values in (overrides or {}).items():
         params.setdefault(section, {}).update(values)
     path.write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")
