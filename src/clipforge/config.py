@@ -104,7 +104,7 @@ class TrainConfig(Section):
     epochs: int = knob(2, "Passes over the training set.", ge=1)
     max_steps: Optional[int] = knob(None, "Stop after this many optimizer steps (null: epochs decide); "
                                     "the schedule still spans max_steps.", ge=1)
-    lr: float = knob(1e-3, "Peak learning rate.", gt=0.0, le=1.0)
+    lr: float = knob(1e-3, "Peak learning rate.", gt=0.0)
     warmup_steps: int = knob(20, "Linear warm-up steps before cosine decay.", ge=0)
     min_lr_ratio: float = knob(0.0, "Final lr as a fraction of the peak.", ge=0.0, le=1.0)
     beta1: float = knob(0.9, "AdamW beta1.", ge=0.0, lt=1.0)
