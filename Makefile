@@ -38,3 +38,5 @@ test: env
 
 clean-outputs:
 	rm -rf data checkpoints models logs metrics
+
+include docker/docker.mk

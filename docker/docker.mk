@@ -1,0 +1,32 @@
+# Training image targets (docker/README.md), included by the top-level Makefile.
+#   make image                      build $(IMAGE_REPOSITORY):$(IMAGE_TAG) with docker buildx
+#   make image-push REGISTRY=...    build, then push as $(REGISTRY)/$(IMAGE_REPOSITORY):$(IMAGE_TAG)
+#   make lock                       re-resolve docker/requirements.lock from pyproject.toml (uv)
+#   make pin-base                   resolve the base images' digests (docker buildx imagetools)
+#   make smoke-pinned               data -> train -> eval on the image's locked stack, CPU, 1 rank
+# The image name and tag live in docker/image.env, the one place infra/ and the launcher read.
+
+include docker/image.env
+
+REGISTRY ?=
+DOCKER ?= docker
+# Helper scripts need Python >= 3.11 (tomllib) and `packaging`: the project venv when it exists.
+IMAGE_PYTHON = $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+UV = $(if $(wildcard $(VENV)/bin/uv),$(VENV)/bin/uv,uv)
+
+.PHONY: image image-push lock pin-base smoke-pinned
+
+image:
+	@DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' docker/build.sh build
+
+image-push:
+	@DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' REGISTRY='$(REGISTRY)' docker/build.sh push
+
+lock:
+	UV='$(UV)' PYTHON='$(IMAGE_PYTHON)' docker/lock.sh
+
+pin-base:
+	DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' docker/pin-base.sh
+
+smoke-pinned:
+	PYTHON='$(IMAGE_PYTHON)' docker/smoke-pinned-stack.sh
