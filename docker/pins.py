@@ -7,6 +7,7 @@ Python and CUDA versions, the base images with their digests, the GPU architectu
 
   python docker/pins.py check               every disagreement, one per line (exit 1 if any)
   python docker/pins.py lock-args           the `uv pip compile` arguments `make lock` uses
+  python docker/pins.py stack-args          the docker/check_stack.py arguments for the pins
   python docker/pins.py require-digests     exit 1, saying what to do, while a digest is unset
   python docker/pins.py set-digests DEVEL RUNTIME   write sha256:... digests into pyproject.toml
                                             and docker/Dockerfile together (used by `make pin-base`)
@@ -244,6 +245,12 @@ def main(argv: list[str]) -> int:
         print("--python-version", pins.python, sep="\n")
         for extra in pins.extras:
             print("--extra", extra, sep="\n")
+        return 0
+    if command == "stack-args":
+        print("--python", pins.python, "--cuda", pins.cuda, sep="\n")
+        for option, dist in (("--torch", "torch"), ("--torchvision", "torchvision"),
+                             ("--deepspeed", "deepspeed"), ("--open-clip", "open_clip_torch")):
+            print(option, pins.exact(dist), sep="\n")
         return 0
     if command == "require-digests":
         unset = [tag for tag, digest in ((pins.base_devel, pins.base_devel_digest),

@@ -3,25 +3,30 @@
 # 0.14.5, open_clip, ... exactly as in docker/requirements.lock, on the image's Python 3.10) into
 # .venv-pinned, then run data -> train -> eval of the built-in default on the CPU, one rank.
 #
-#   make smoke-pinned           (or: docker/smoke-pinned-stack.sh)
+#   make smoke-pinned           (pytest tests/docker/test_pinned_stack.py, which runs this)
+#   docker/smoke-pinned-stack.sh
 #
 # What differs from the image, and why it does not matter for this check:
 # - torch/torchvision come from PyPI (the CUDA 12.1 build, the same versions) instead of the base
-#   image's conda build; on a machine without a GPU they run on the CPU.
-# - DeepSpeed is built without prebuilt ops: the CPU path uses torch's AdamW, not fused Adam.
-# - single rank: torch 2.1's gloo lacks the collectives multi-rank DeepSpeed needs on CPU.
-# The environment is rebuilt only when the lock or this script changes (first time: downloads
-# about 2.5 GB of wheels, pip caches them).
+#   image's conda build; without a GPU they run on the CPU.
+# - DeepSpeed is built without prebuilt CUDA ops: on the CPU clipforge uses torch's AdamW.
+# - one rank: torch 2.1's gloo lacks the collectives multi-rank DeepSpeed needs on the CPU.
+# The environment is rebuilt only when the lock (or the install recipe below) changes; a rebuild
+# downloads about 2.5 GB of wheels (torch's CUDA libraries are needed even to import it).
 #
-# Environment: PINNED_PYTHON (a Python 3.10 interpreter; found on PATH or under pyenv otherwise),
-# PINNED_VENV (default .venv-pinned), KEEP_SMOKE_DIR=1 keeps the run's temp directory.
+# Environment: PINNED_PYTHON (a Python 3.10; otherwise found on PATH or under pyenv),
+# PINNED_VENV (default .venv-pinned), SMOKE_DIR (run there and keep it; default: a temp dir),
+# PYTHON (>= 3.11 or with tomli, plus `packaging`: runs the helper scripts; default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
-
-PYTHON="${PYTHON:-python3}"  # any Python >= 3.11 (or with tomli), for the helper scripts
-want_python="$("$PYTHON" docker/pins.py lock-args | sed -n '/--python-version/{n;p}')"
+PYTHON="${PYTHON:-python3}"
 venv="${PINNED_VENV:-.venv-pinned}"
+# Bump when install_env changes, so existing environments are rebuilt.
+recipe="recipe-2"
+
+mapfile -t stack_args < <("$PYTHON" docker/pins.py stack-args)
+want_python="${stack_args[1]}"  # stack-args starts with: --python X.Y
 
 find_python() {
   local candidate
@@ -48,15 +53,20 @@ install_env() {
   "$venv/bin/python" -m pip install --quiet --no-deps --require-hashes --use-pep517 \
     -r "$parts/wheels.txt"
   DS_BUILD_OPS=0 DS_ACCELERATOR=cpu "$venv/bin/python" -m pip install --quiet --no-deps \
-    --require-hashes --no-build-isolation --no-binary deepspeed -r "$parts/deepspeed.txt"
-  # The lock must be a complete, consistent closure: pip check proves it (no --no-deps shortcuts).
+    --require-hashes --no-build-isolation --use-pep517 --no-binary deepspeed -r "$parts/deepspeed.txt"
+  # The lock must be a complete, consistent closure: pip check proves it (the installs above
+  # used --no-deps, so nothing else filled a gap).
   "$venv/bin/python" -m pip check
+  # DeepSpeed's CPU backend JIT-compiles a shared-memory op on first use (minutes): do it here.
+  PYTHONPATH="$repo/src" DS_ACCELERATOR=cpu "$venv/bin/python" -c \
+    "from clipforge.train.dist import prebuild_cpu_ops; prebuild_cpu_ops()"
 }
 
-scratch="$(mktemp -d "${TMPDIR:-/tmp}/clipforge-smoke-pinned.XXXXXX")"
-if [ "${KEEP_SMOKE_DIR:-0}" = 1 ]; then
-  echo "smoke-pinned: keeping $scratch"
+if [ -n "${SMOKE_DIR:-}" ]; then
+  scratch="$SMOKE_DIR"
+  mkdir -p "$scratch"
 else
+  scratch="$(mktemp -d "${TMPDIR:-/tmp}/clipforge-smoke-pinned.XXXXXX")"
   trap 'rm -rf "$scratch"' EXIT
 fi
 
@@ -65,8 +75,7 @@ python="$(find_python)" || {
   exit 1
 }
 stamp="$venv/.clipforge-pinned"
-# Rebuilt when the lock changes, or this recipe (bump it when install_env changes).
-want_stamp="recipe-1 $(sha256sum docker/requirements.lock | cut -d' ' -f1)"
+want_stamp="$recipe $(sha256sum docker/requirements.lock | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ]; then
   started=$SECONDS
   install_env "$python"
@@ -75,10 +84,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ]; then
 fi
 
 work="$scratch/project"
+rm -rf "$work"
 mkdir -p "$work"
 cp params.yaml "$work/"
 cd "$work"
-# The built-in default, shrunk to seconds: same code paths as `make demo`.
+# The built-in default, shrunk to seconds: the same code paths as `make demo`.
 overrides=(
   --set data.num_train=192 --set data.num_val=32 --set data.num_test_images=24
   --set data.image_size=32 --set data.samples_per_shard=50 --set model.image_size=32
@@ -92,16 +102,8 @@ run() {
   PYTHONPATH="$repo/src" DS_ACCELERATOR=cpu "$repo/$venv/bin/python" "$@"
 }
 started=$SECONDS
-run -c "import sys, torch, deepspeed, open_clip; print('python', sys.version.split()[0], '| torch', torch.__version__, '| deepspeed', deepspeed.__version__, '| open_clip', open_clip.__version__)"
+run "$repo/docker/check_stack.py" "${stack_args[@]}"
 run -m clipforge.data "${overrides[@]}"
 run -m clipforge.train "${overrides[@]}"
 run -m clipforge.eval "${overrides[@]}"
-run - <<'EOF'
-import json, math
-train = json.load(open("metrics/train.json"))
-evaluation = json.load(open("metrics/eval.json"))
-assert train["steps"] > 0 and math.isfinite(train["loss"]), train
-print("smoke-pinned: train", {k: train[k] for k in ("steps", "loss", "val_loss")})
-print("smoke-pinned: eval", evaluation)
-EOF
 echo "smoke-pinned: passed in $((SECONDS - started)) s"
