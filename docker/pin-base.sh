@@ -31,4 +31,4 @@ runtime="$(digest_of "${tags[1]}")"
 "$PYTHON" docker/pins.py set-digests "$devel" "$runtime"
 echo "make pin-base: ${tags[0]}@$devel"
 echo "make pin-base: ${tags[1]}@$runtime"
-git --no-pager diff --stat -- pyproject.toml docker/Dockerfile
+git --no-pager diff --stat -- pyproject.toml docker/Dockerfile 2>/dev/null || true
