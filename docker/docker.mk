@@ -6,6 +6,9 @@
 #   make smoke-pinned               data -> train -> eval on the image's locked stack, CPU, 1 rank
 # The image name and tag live in docker/image.env, the one place infra/ and the launcher read.
 
+# Including this file must not make `image` the default goal of the including Makefile.
+DOCKER_MK_SAVED_DEFAULT_GOAL := $(.DEFAULT_GOAL)
+
 include docker/image.env
 
 REGISTRY ?=
@@ -31,3 +34,5 @@ pin-base:
 # ~10 minutes and 2.5 GB on a fresh machine: not part of `make test`; .ci/run calls it.
 smoke-pinned: env
 	CLIPFORGE_PINNED_SMOKE=1 $(PY) -m pytest tests/docker/test_pinned_stack.py $(PYTEST_ARGS)
+
+.DEFAULT_GOAL := $(DOCKER_MK_SAVED_DEFAULT_GOAL)
