@@ -41,3 +41,5 @@ test: env
 
 clean-outputs:
 	rm -rf data checkpoints models logs metrics
+
+include docker/docker.mk
