@@ -88,6 +88,6 @@ def prebuild_cpu_ops() -> None:
     use_environment_extension_cache()
     try:
         from deepspeed.comm.torch import build_shm_op
-    except ImportError:  # DeepSpeed versions without the op (e.g. 0.14) have nothing to build
+    except ImportError:  # a DeepSpeed without the op has nothing to build
         return
     build_shm_op()
