@@ -41,14 +41,14 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
 
 def relaunch_under_deepspeed(config: Config, argv: Sequence[str]) -> int:
     """Re-run this stage as N ranks with DeepSpeed's own launcher (no home-made spawning)."""
-    from clipforge.train.dist import free_port
+    from clipforge.train.dist import free_port, resolve_device
 
     command = [sys.executable, "-m", "deepspeed.launcher.runner",
                "--num_gpus", str(config.train.ranks_per_node), "--master_port", str(free_port()),
                "--no_local_rank", "--module", "clipforge.train", *argv]
     env = dict(os.environ)
-    if config.train.device == "cpu":
-        env["DS_ACCELERATOR"] = "cpu"
+    if resolve_device(config.train.device) == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"  # the launcher would otherwise probe for GPUs itself
     log.info("launching %d ranks: %s", config.train.ranks_per_node, " ".join(command))
     return subprocess.call(command, env=env)
 
