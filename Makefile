@@ -12,6 +12,9 @@ PYTEST_ARGS ?=
 
 .PHONY: help env demo test clean-outputs
 
+# make up / down / preview (Pulumi, infra/)
+include infra/infra.mk
+
 help:
 	@echo "make demo   - create .venv, run the pipeline (dvc repro) on the built-in dataset, show metrics"
 	@echo "make test   - create .venv and run the test suite"
@@ -38,3 +41,5 @@ test: env
 
 clean-outputs:
 	rm -rf data checkpoints models logs metrics
+
+include docker/docker.mk

@@ -22,7 +22,9 @@ SMALL_PARAMS = {
 
 
 def write_params(path: Path, overrides: dict | None = None) -> Path:
-    params = {section: dict(values) for section, values in SMALL_PARAMS.items()}
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))  # every key
+    for section, values in SMALL_PARAMS.items():
+        params[section].update(values)
     for section, values in (overrides or {}).items():
         params.setdefault(section, {}).update(values)
     path.write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")
@@ -54,8 +56,33 @@ def workdir(tmp_path, small_data, monkeypatch) -> Path:
     return tmp_path
 
 
+# Set by an in-process training run in this pytest process (a world of one); a child process
+# must not inherit them, or it would try to join that process group.
+_PROCESS_GROUP_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def subprocess_env() -> dict:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in _PROCESS_GROUP_VARS}
     env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
     env["DS_ACCELERATOR"] = "cpu"
     return env
+
+
+def run_train(root: Path, data: Path, *overrides: str) -> int:
+    """The train stage in-process (reduced params), writing everything under `root`."""
+    from clipforge.train.stage import main
+
+    params = write_params(root / "params.yaml")
+    return main(["--params", str(params), "--data", str(data),
+                 "--checkpoints", str(root / "checkpoints"), "--model-out",
+                 str(root / "models" / "clip"), "--logs", str(root / "logs"),
+                 "--metrics", str(root / "metrics"), *sum((["--set", o] for o in overrides), [])])
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory, small_data) -> Path:
+    """One uninterrupted single-rank run of the reduced config (12 steps, checkpoints every 4).
+    Shared: tests must not write into it (copy it first)."""
+    root = tmp_path_factory.mktemp("reference-run")
+    assert run_train(root, small_data) == 0
+    return root

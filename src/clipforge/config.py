@@ -17,14 +17,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import typing
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import re
-
 import yaml
+
+from clipforge.alerts.config import AlertsConfig
+from clipforge.fields import ConfigError, Section, knob
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -41,19 +42,10 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_YamlLoader)
 
 
-class ConfigError(ValueError):
-    """A parameter problem the user must fix; the message names the key and what is allowed."""
-
-
-def knob(default: Any, doc: str, **limits: Any) -> Any:
-    """A documented config field. limits: ge, gt, le, lt (numbers), nonempty (strings/lists)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc, **limits})
-    return field(default=default, metadata={"doc": doc, **limits})
-
-
 @dataclass(kw_only=True)
-class DataConfig:
+class DataConfig(Section):
+    SECTION = "data"
+
     source: Literal["builtin", "local"] = knob(
         "builtin", "Where pairs come from: `builtin` (generated shapes scenes, no download) or "
         "`local` (a folder, .csv or .jsonl of image path + caption, see `path`).")
@@ -78,7 +70,9 @@ class DataConfig:
 
 
 @dataclass(kw_only=True)
-class ModelConfig:
+class ModelConfig(Section):
+    SECTION = "model"
+
     name: str = knob("clipforge-tiny", "open_clip model name (`ViT-B-32`, any open_clip config, or a "
                      "bundled clipforge config such as `clipforge-tiny`).", nonempty=True)
     pretrained: Optional[str] = knob(None, "Initial weights: an open_clip checkpoint file "
@@ -92,7 +86,9 @@ class ModelConfig:
 
 
 @dataclass(kw_only=True)
-class TrainConfig:
+class TrainConfig(Section):
+    SECTION = "train"
+
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "`auto`: CUDA when available, else CPU.")
     precision: Literal["auto", "bf16", "fp32"] = knob(
         "auto", "`auto`: bf16 on GPUs that support it, fp32 on CPU.")
@@ -108,7 +104,7 @@ class TrainConfig:
     epochs: int = knob(2, "Passes over the training set.", ge=1)
     max_steps: Optional[int] = knob(None, "Stop after this many optimizer steps (null: epochs decide); "
                                     "the schedule still spans max_steps.", ge=1)
-    lr: float = knob(1e-3, "Peak learning rate.", gt=0.0, le=1.0)
+    lr: float = knob(1e-3, "Peak learning rate.", gt=0.0)
     warmup_steps: int = knob(20, "Linear warm-up steps before cosine decay.", ge=0)
     min_lr_ratio: float = knob(0.0, "Final lr as a fraction of the peak.", ge=0.0, le=1.0)
     beta1: float = knob(0.9, "AdamW beta1.", ge=0.0, lt=1.0)
@@ -130,7 +126,9 @@ class TrainConfig:
 
 
 @dataclass(kw_only=True)
-class EvalConfig:
+class EvalConfig(Section):
+    SECTION = "eval"
+
     batch_size: int = knob(256, "Images or texts per encoding batch.", ge=1)
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "`auto`: CUDA when available, else CPU.")
     baseline_model: Optional[str] = knob(
@@ -148,6 +146,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -157,7 +156,8 @@ class Config:
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "recipe"}
-_SECTION_TYPES = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}
+_SECTION_TYPES = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig,
+                  "alerts": AlertsConfig}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ def resolve(raw: dict, forced: dict | None = None) -> Config:
         for key, value in _section_items(forced, section, embedded):
             merged[section][key] = value
 
-    sections = {name: _build(name, _SECTION_TYPES[name], merged[name]) for name in SECTIONS}
+    sections = {name: _SECTION_TYPES[name](**merged[name]) for name in SECTIONS}  # checked
     config = Config(recipe=recipe, **sections)
     check_consistency(config)
     return config
@@ -261,71 +261,6 @@ def _read_params(path: str | Path) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # Type and range checks
-
-
-def _build(section: str, cls: type, values: dict) -> Any:
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        key = f"{section}.{f.name}"
-        kwargs[f.name] = _check_value(key, values[f.name], hints[f.name], f.metadata)
-    return cls(**kwargs)
-
-
-def _check_value(key: str, value: Any, hint: Any, limits: Any) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Union:
-        if value is None:
-            if type(None) in args:
-                return None
-            raise ConfigError(f"{key}: must be set; null is not allowed")
-        errors = []
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return _check_value(key, value, option, limits)
-            except ConfigError as exc:
-                errors.append(str(exc).split("; ", 1)[-1])
-        raise ConfigError(f"{key}: got {value!r}; " + "; or ".join(errors))
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key}: got {value!r}; allowed: {', '.join(map(str, args))}")
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: got {value!r}; must be true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: got {value!r}; must be an integer{_range_text(limits)}")
-    elif hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: got {value!r}; must be a number{_range_text(limits)}")
-        value = float(value)
-    elif hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: got {value!r}; must be a string")
-        if limits.get("nonempty") and not value.strip():
-            raise ConfigError(f"{key}: must not be empty")
-        return value
-    else:  # pragma: no cover - a field type this loader does not know is a programming error
-        raise TypeError(f"{key}: unsupported field type {hint}")
-    _check_range(key, value, limits)
-    return value
-
-
-def _check_range(key: str, value: float, limits: Any) -> None:
-    bad = (("ge" in limits and value < limits["ge"]) or ("gt" in limits and value <= limits["gt"])
-           or ("le" in limits and value > limits["le"]) or ("lt" in limits and value >= limits["lt"]))
-    if bad:
-        raise ConfigError(f"{key}: got {value!r}; must be{_range_text(limits)}")
-
-
-def _range_text(limits: Any) -> str:
-    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-    parts = [f"{words[k]} {limits[k]}" for k in words if k in limits]
-    return (" " + " and ".join(parts)) if parts else ""
-
-
 def check_consistency(config: Config) -> None:
     """Checks that involve several keys."""
     data, train = config.data, config.train

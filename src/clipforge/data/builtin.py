@@ -162,7 +162,7 @@ class Pair:
 
 
 @dataclass(frozen=True)
-class TestImage:
+class CaptionedImage:
     image_id: int
     jpeg: bytes
     captions: list[str]
@@ -179,12 +179,12 @@ def pairs(seed: int, split: str, count: int, size: int, exclude: set[Scene]) -> 
         yield Pair(f"{split}-{index:08d}", encode_jpeg(render(scene, rng, size)), caption)
 
 
-def test_images(seed: int, count: int, size: int) -> tuple[list[Scene], Iterator[TestImage]]:
+def test_images(seed: int, count: int, size: int) -> tuple[list[Scene], Iterator[CaptionedImage]]:
     scenes = test_scenes(seed, count)
 
-    def generate() -> Iterator[TestImage]:
+    def generate() -> Iterator[CaptionedImage]:
         for index, scene in enumerate(scenes):
             rng = _rng(seed, "test", index + 1)
-            yield TestImage(index, encode_jpeg(render(scene, rng, size)), captions(scene))
+            yield CaptionedImage(index, encode_jpeg(render(scene, rng, size)), captions(scene))
 
     return scenes, generate()

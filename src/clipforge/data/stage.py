@@ -40,10 +40,9 @@ def build_dataset(config: Config, out: Path) -> dict:
     if data.test_dir:
         splits["test"] = _copy_test_set(Path(data.test_dir), out / "test")
         source["test_set"] = str(data.test_dir)
-    for split in ("train", "val"):
-        if splits[split]["count"] == 0:
-            raise StageError(f"the {split} split is empty after filtering ({_skip_text(skips)}); "
-                             f"check data.path and the skip reasons in the log")
+    if splits["train"]["count"] == 0:
+        raise StageError(f"the train split is empty after filtering ({_skip_text(skips)}); "
+                         f"check data.path and the skip reasons in the log")
     manifest = {"source": source, "splits": splits, "skipped": skips.to_dict()}
     (out / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8")
     (out / "config.yaml").write_text(config.to_yaml(), "utf-8")

@@ -19,7 +19,7 @@ TEXTS_FILE = "test_texts.jsonl"
 
 
 @dataclass(frozen=True)
-class TestText:
+class Caption:
     text_id: int
     text: str
     image_ids: tuple[int, ...]
@@ -52,7 +52,7 @@ def read_images(directory: Path) -> Iterator[tuple[int, bytes]]:
             yield int(image_id), base64.b64decode(payload)
 
 
-def read_texts(directory: Path) -> list[TestText]:
+def read_texts(directory: Path) -> list[Caption]:
     texts = []
     with open(Path(directory) / TEXTS_FILE, encoding="utf-8") as f:
         for line_number, line in enumerate(f, start=1):
@@ -60,7 +60,7 @@ def read_texts(directory: Path) -> list[TestText]:
                 continue
             try:
                 item = json.loads(line)
-                texts.append(TestText(int(item["text_id"]), str(item["text"]),
+                texts.append(Caption(int(item["text_id"]), str(item["text"]),
                                       tuple(int(i) for i in item["image_ids"])))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{TEXTS_FILE}:{line_number}: expected "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 from clipforge.cli import StageError
@@ -52,6 +53,7 @@ def init_distributed(device: str, timeout_minutes: int = 30) -> DistInfo:
     if device == "cpu":
         # DeepSpeed picks its accelerator at import time; without this it probes for CUDA/XPU/...
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    use_environment_extension_cache()
     if not under_launcher():
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -70,12 +72,22 @@ def init_distributed(device: str, timeout_minutes: int = 30) -> DistInfo:
                     world_size=int(os.environ["WORLD_SIZE"]), device=device)
 
 
+def use_environment_extension_cache() -> None:
+    """Keep DeepSpeed's JIT-built ops inside the running Python environment (a venv) when it is
+    writable: two environments with different DeepSpeed versions sharing ~/.cache/torch_extensions
+    rebuild each other's ops (minutes each), while a venv is built once."""
+    cache = os.path.join(sys.prefix, "torch_extensions")
+    if "TORCH_EXTENSIONS_DIR" not in os.environ and os.access(sys.prefix, os.W_OK):
+        os.environ["TORCH_EXTENSIONS_DIR"] = cache
+
+
 def prebuild_cpu_ops() -> None:
     """Compile DeepSpeed's shared-memory collective op for CPU ranks into the torch extensions
     cache; otherwise the first CPU run spends about a minute compiling it."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    use_environment_extension_cache()
     try:
         from deepspeed.comm.torch import build_shm_op
-    except ImportError:  # DeepSpeed versions without the op (e.g. 0.14) have nothing to build
+    except ImportError:  # a DeepSpeed without the op has nothing to build
         return
     build_shm_op()

@@ -42,3 +42,20 @@ def fp32_state_dict(checkpoint_dir: Path, tag: str, max_logit_scale: float) -> d
     state = {name: tensor.detach().float().contiguous().clone() for name, tensor in state.items()}
     state["logit_scale"] = state["logit_scale"].reshape(()).clamp(max=math.log(max_logit_scale))
     return state
+
+
+def replicas_in_sync(engine) -> float:
+    """Largest difference between ranks' copies of the weights (0.0 when identical).
+
+    Under ZeRO-1/2 every rank holds the full weights; a silent desynchronisation (a rank that
+    skipped a step, a non-deterministic reduction) would show here. ZeRO-3 keeps one shard per
+    rank, so there is nothing to compare.
+    """
+    import torch.distributed as dist
+
+    if engine.zero_optimization_stage() >= 3 or dist.get_world_size() == 1:
+        return 0.0
+    sums = torch.stack([p.detach().double().sum() for p in engine.module.parameters()])
+    gathered = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, sums)
+    return max((g - gathered[0]).abs().max().item() for g in gathered)

@@ -9,7 +9,9 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from clipforge.alerts import AlertMonitor, NonFiniteTrainingError
 from clipforge.config import BatchPlan, TrainConfig
+from clipforge.train.faults import Faults
 from clipforge.train.loss import contrastive_step
 
 
@@ -53,37 +55,57 @@ class LoopParts:
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
     to_device: Callable
     monitor: object | None  # None on ranks other than 0
+    alerts: AlertMonitor  # every rank has one; it knows which rules its rank watches
     save: Callable[[int], None]  # save(step): checkpoint after `step` optimizer steps
-    validate: Callable[[int], float]  # validate(step) -> val loss
+    validate: Callable[[int], float | None]  # validate(step) -> val loss (None: no val split)
     device: str
     stop: StopFlag
+    faults: Faults = field(default_factory=Faults)
 
 
 def train_clip(parts: LoopParts, train: TrainConfig, plan: BatchPlan, start_step: int,
                total_steps: int, steps_per_epoch: int) -> dict:
     """Run optimizer steps start_step..total_steps-1; returns the final scalars."""
-    engine = parts.engine
+    engine, alerts = parts.engine, parts.alerts
     last: dict = {}
     for step in range(start_step, total_steps):
+        done = step + 1  # optimizer steps taken once this one is: the step's number everywhere
         began = time.perf_counter()
         micro_batches = [next(parts.batches) for _ in range(plan.grad_accum_steps)]
         data_wait = time.perf_counter() - began
-        micro_batches = [parts.to_device(b) for b in micro_batches]
+        micro_batches = parts.faults.apply(done, [parts.to_device(b) for b in micro_batches])
         lr = engine.get_lr()[0]  # the rate this step uses; the scheduler advances inside step()
-        out = contrastive_step(engine, parts.loss_fn, micro_batches, train.max_logit_scale)
-        done = step + 1
+
+        reduced: dict[str, float] = {}
+
+        def skip_if(loss: float) -> bool:
+            reduced["loss"] = _mean_over_ranks(loss, parts.device)
+            verdict = alerts.check_loss(done, reduced["loss"])
+            if verdict.stop:
+                raise NonFiniteTrainingError(verdict.message)
+            return verdict.skip
+
+        out = contrastive_step(engine, parts.loss_fn, micro_batches, train.max_logit_scale, skip_if)
+        grad_norm = None if out.skipped else _grad_norm(engine)
+        if not out.skipped:
+            verdict = alerts.check_update(done, grad_norm)
+            if verdict.stop:
+                raise NonFiniteTrainingError(verdict.message)
         elapsed = time.perf_counter() - began
-        last = {"step": done, "epoch": done / steps_per_epoch, "loss": _mean_over_ranks(out.loss, parts.device),
-                "grad_norm": _grad_norm(engine), "lr": lr,
-                "logit_scale": out.logit_scale, "samples_per_s": plan.global_batch_size / elapsed,
-                "step_s": elapsed, "data_wait_s": data_wait}
+        last = {"step": done, "epoch": done / steps_per_epoch, "loss": reduced["loss"],
+                "grad_norm": grad_norm, "lr": lr, "logit_scale": out.logit_scale,
+                "samples_per_s": plan.global_batch_size / elapsed, "step_s": elapsed,
+                "data_wait_s": data_wait}
         if parts.monitor and (done % train.log_every_steps == 0 or done == total_steps):
             parts.monitor.step(done, last)
+            parts.monitor.texts(alerts.drain_events())
         if done % steps_per_epoch == 0 or done == total_steps:
             last["val_loss"] = parts.validate(done)
+            alerts.heartbeat(done)
         saved = done % train.save_every_steps == 0 or done == total_steps
         if saved:
             parts.save(done)
+            alerts.heartbeat(done)
         if done < total_steps and parts.stop.agreed(parts.device):
             if not saved:
                 parts.save(done)
@@ -106,7 +128,8 @@ def _mean_over_ranks(value: float, device: str) -> float:
 
 
 @torch.no_grad()
-def validation_loss(engine, loss_fn: Callable, batches, to_device: Callable, device: str) -> float:
+def validation_loss(engine, loss_fn: Callable, batches, to_device: Callable,
+                    device: str) -> float | None:
     """Mean contrastive loss over the validation batches (each rank its share, all ranks agree)."""
     total = torch.zeros(2, device=device)
     for batch in batches:
@@ -116,4 +139,4 @@ def validation_loss(engine, loss_fn: Callable, batches, to_device: Callable, dev
                        out["logit_scale"].float())
         total += torch.stack([loss.detach().float(), torch.ones((), device=device)])
     dist.all_reduce(total)
-    return (total[0] / total[1].clamp(min=1)).item()
+    return None if total[1] == 0 else (total[0] / total[1]).item()

@@ -13,7 +13,7 @@ ClipLoss with gather_with_grad extends the batch across ranks the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from open_clip.loss import ClipLoss
@@ -23,6 +23,11 @@ from open_clip.loss import ClipLoss
 class StepOutput:
     loss: float  # the full-batch contrastive loss (this rank's rows)
     logit_scale: float  # the temperature used, after the cap
+    skipped: bool = False  # `skip_if` refused the loss: no backward, no optimizer step
+
+
+def _never(loss: float) -> bool:
+    return False
 
 
 def make_clip_loss(rank: int, world_size: int) -> ClipLoss:
@@ -42,8 +47,12 @@ def _encode(engine, images: torch.Tensor, texts: torch.Tensor) -> dict:
 
 
 def contrastive_step(engine, loss_fn: ClipLoss, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                     max_logit_scale: float) -> StepOutput:
-    """Forward/backward every micro-batch of one step and let DeepSpeed take the optimizer step."""
+                     max_logit_scale: float, skip_if: Callable[[float], bool] = _never) -> StepOutput:
+    """Forward/backward every micro-batch of one step and let DeepSpeed take the optimizer step.
+
+    `skip_if(loss)` sees the full-batch loss before any backward pass (a collective-safe point:
+    every rank calls it once per step); when it says so, the step is dropped whole.
+    """
     cached_images: list[torch.Tensor] = []
     cached_texts: list[torch.Tensor] = []
     if len(micro_batches) > 1:
@@ -62,6 +71,8 @@ def contrastive_step(engine, loss_fn: ClipLoss, micro_batches: Sequence[tuple[to
             all_images, all_texts = out["image"], out["text"]
         scale = capped(out["logit_scale"], max_logit_scale)
         loss = loss_fn(all_images, all_texts, scale)
+        if j == 0 and skip_if(loss.item()):
+            return StepOutput(loss=loss.item(), logit_scale=scale.item(), skipped=True)
         # Each pass back-propagates the whole loss through its own micro-batch only: no 1/k.
         engine.backward(loss, scale_wrt_gas=False)
         engine.step()

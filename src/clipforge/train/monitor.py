@@ -54,6 +54,11 @@ class TrainMonitor:
                      self.total_steps, 100 * step / self.total_steps, scalars["loss"],
                      scalars["lr"], scalars["samples_per_s"], self.eta(step))
 
+    def texts(self, events) -> None:
+        """Alerts and webhook outcomes as TensorBoard text (events: clipforge.alerts.TextEvent)."""
+        for event in events:
+            self.writer.add_text(event.tag, event.text, event.step)
+
     def scalar(self, name: str, value: float, step: int) -> None:
         self.writer.add_scalar(name, value, step)
         log.info("step %d: %s %.4f", step, name, value)

@@ -41,14 +41,14 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
 
 def relaunch_under_deepspeed(config: Config, argv: Sequence[str]) -> int:
     """Re-run this stage as N ranks with DeepSpeed's own launcher (no home-made spawning)."""
-    from clipforge.train.dist import free_port
+    from clipforge.train.dist import free_port, resolve_device
 
     command = [sys.executable, "-m", "deepspeed.launcher.runner",
                "--num_gpus", str(config.train.ranks_per_node), "--master_port", str(free_port()),
                "--no_local_rank", "--module", "clipforge.train", *argv]
     env = dict(os.environ)
-    if config.train.device == "cpu":
-        env["DS_ACCELERATOR"] = "cpu"
+    if resolve_device(config.train.device) == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"  # the launcher would otherwise probe for GPUs itself
     log.info("launching %d ranks: %s", config.train.ranks_per_node, " ".join(command))
     return subprocess.call(command, env=env)
 
@@ -57,14 +57,15 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
     """Set up everything, train to the end (or resume to it), export. Returns final scalars."""
     import torch
 
+    from clipforge.alerts import AlertMonitor
     from clipforge.model import build_model
     from clipforge.train import data as train_data
     from clipforge.train.checkpoint import Checkpointer, run_id
     from clipforge.train.dist import init_distributed, resolve_device
     from clipforge.train.ds_config import deepspeed_config, resolve_precision
-    from clipforge.train.engine import create_engine, fp32_state_dict
-    from clipforge.train.export import export_model
-    from clipforge.train.loop import LoopParts, StopFlag, train_clip, validation_loss
+    from clipforge.train.engine import create_engine, replicas_in_sync
+    from clipforge.train.faults import faults_from_env
+    from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip, validation_loss
     from clipforge.train.loss import make_clip_loss
     from clipforge.train.monitor import TrainMonitor
     from clipforge.train.optim import WarmupCosine
@@ -129,36 +130,76 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
         monitor = TrainMonitor(paths["logs"] / identity, paths["metrics"] / "train.tsv",
                                start_step, total_steps)
 
+    resumes = state.get("resumes", 0) + 1 if state else 0
+    try:
+        alerts = AlertMonitor.from_environment(config.alerts, identity, rank=dist_info.rank,
+                                               local_rank=dist_info.local_rank)
+    except ValueError as exc:  # a malformed CLIPFORGE_ALERT_WEBHOOKS entry (never echoed)
+        raise StageError(str(exc)) from None
+
     def save(step: int) -> None:
-        checkpointer.save(engine, step, {"step": step, "run_id": identity,
+        checkpointer.save(engine, step, {"step": step, "run_id": identity, "resumes": resumes,
                                          "config": config.to_dict()}, config_yaml)
 
-    def validate(step: int) -> float:
+    def validate(step: int) -> float | None:
         value = validation_loss(engine, val_loss_fn, val_loader(), to_device, device)
-        if monitor:
+        if monitor and value is not None:
             monitor.scalar("val/loss", value, step)
         return value
 
     parts = LoopParts(engine=engine, loss_fn=make_clip_loss(dist_info.rank, dist_info.world_size),
-                      batches=iter(loader), to_device=to_device, monitor=monitor, save=save,
-                      validate=validate, device=device, stop=stop)
+                      batches=iter(loader), to_device=to_device, monitor=monitor, alerts=alerts,
+                      save=save, validate=validate, device=device, stop=stop,
+                      faults=faults_from_env())
     began = time.monotonic()
     try:
-        final = train_clip(parts, train, plan, start_step, total_steps, steps_per_epoch)
+        with alerts:  # starts the stall watchdog now that set-up is over; reports a crash
+            alerts.run_started({"steps": total_steps, "start_step": start_step, "host": _host(),
+                                "world_size": plan.world_size, "device": device})
+            if state:
+                alerts.run_restarted(resumes, from_step=start_step)
+            try:
+                final = train_clip(parts, train, plan, start_step, total_steps, steps_per_epoch)
+            except StopRequested as stopped:
+                alerts.run_stopped(stopped.step)
+                raise
+            drift = replicas_in_sync(engine)
+            if drift:
+                raise RuntimeError(f"ranks hold different weights after training (max difference "
+                                   f"{drift:g}): the run is not data-parallel; do not use it")
+            if plan.world_size > 1 and dist_info.is_main:
+                log.info("replicas in sync across %d ranks", plan.world_size)
+            if dist_info.is_main:
+                summary = _export(run_dir, checkpointer, train, bundle, config_yaml, paths,
+                                  {"run_id": identity, "steps": total_steps,
+                                   "resumed_from_step": start_step,
+                                   "samples_seen": total_steps * plan.global_batch_size,
+                                   "wall_seconds": round(time.monotonic() - began, 1)}, final)
+                alerts.run_finished({k: summary[k] for k in ("steps", "loss", "val_loss")})
     finally:
         if monitor:
+            monitor.texts(alerts.drain_events())
             monitor.close()
         stop.uninstall()
-    if dist_info.is_main:
-        state_dict = fp32_state_dict(run_dir, checkpointer.latest_tag(), train.max_logit_scale)
-        export_model(state_dict, bundle.model_cfg, bundle.preprocess_cfg, config_yaml, paths["model"])
-        summary = {"run_id": identity, "steps": total_steps, "resumed_from_step": start_step,
-                   "samples_seen": total_steps * plan.global_batch_size,
-                   "wall_seconds": round(time.monotonic() - began, 1),
-                   **{k: final.get(k) for k in ("loss", "val_loss", "logit_scale", "lr")}}
-        atomic_write_text(paths["metrics"] / "train.json", json.dumps(summary, indent=2) + "\n")
-        log.info("exported %s; final loss %s", paths["model"], final.get("loss"))
     return final
+
+
+def _export(run_dir, checkpointer, train, bundle, config_yaml, paths, summary, final) -> dict:
+    from clipforge.train.engine import fp32_state_dict
+    from clipforge.train.export import export_model
+
+    state_dict = fp32_state_dict(run_dir, checkpointer.latest_tag(), train.max_logit_scale)
+    export_model(state_dict, bundle.model_cfg, bundle.preprocess_cfg, config_yaml, paths["model"])
+    summary.update({k: final.get(k) for k in ("loss", "val_loss", "logit_scale", "lr")})
+    atomic_write_text(paths["metrics"] / "train.json", json.dumps(summary, indent=2) + "\n")
+    log.info("exported %s; final loss %s", paths["model"], final.get("loss"))
+    return summary
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def _validation_loader(data_dir: Path, plan, dist_info, train, bundle):
@@ -168,6 +209,9 @@ def _validation_loader(data_dir: Path, plan, dist_info, train, bundle):
     from clipforge.train import data as train_data
 
     files = train_data.split_files(data_dir, "val")
+    if files.num_samples == 0:
+        log.info("no validation split in %s: validation loss is not computed", data_dir)
+        return lambda: []
     per_step = plan.micro_batch_size * plan.world_size
     val_plan = BatchPlan(per_step, plan.micro_batch_size, 1, plan.world_size)
     steps = files.num_samples // per_step
@@ -191,6 +235,7 @@ def _run(args) -> None:
         if code:
             raise SystemExit(code)
         return
+    from clipforge.alerts import NonFiniteTrainingError
     from clipforge.train.loop import StopRequested
 
     try:
@@ -198,6 +243,8 @@ def _run(args) -> None:
     except StopRequested as stopped:
         log.warning("%s", stopped)
         raise SystemExit(EXIT_STOPPED) from None
+    except NonFiniteTrainingError as exc:  # restarting would fail the same way: a user error
+        raise StageError(f"training diverged: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

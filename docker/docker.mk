@@ -1,0 +1,38 @@
+# Training image targets (docker/README.md), included by the top-level Makefile.
+#   make image                      build $(IMAGE_REPOSITORY):$(IMAGE_TAG) with docker buildx
+#   make image-push REGISTRY=...    build, then push as $(REGISTRY)/$(IMAGE_REPOSITORY):$(IMAGE_TAG)
+#   make lock                       re-resolve docker/requirements.lock from pyproject.toml (uv)
+#   make pin-base                   resolve the base images' digests (docker buildx imagetools)
+#   make smoke-pinned               data -> train -> eval on the image's locked stack, CPU, 1 rank
+# The image name and tag live in docker/image.env, the one place infra/ and the launcher read.
+
+# Including this file must not make `image` the default goal of the including Makefile.
+DOCKER_MK_SAVED_DEFAULT_GOAL := $(.DEFAULT_GOAL)
+
+include docker/image.env
+
+REGISTRY ?=
+DOCKER ?= docker
+# Helper scripts need Python >= 3.11 (tomllib) and `packaging`: the project venv when it exists.
+IMAGE_PYTHON = $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+UV = $(if $(wildcard $(VENV)/bin/uv),$(VENV)/bin/uv,uv)
+
+.PHONY: image image-push lock pin-base smoke-pinned
+
+image:
+	@DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' docker/build.sh build
+
+image-push:
+	@DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' REGISTRY='$(REGISTRY)' docker/build.sh push
+
+lock:
+	UV='$(UV)' PYTHON='$(IMAGE_PYTHON)' docker/lock.sh
+
+pin-base:
+	DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' docker/pin-base.sh
+
+# ~10 minutes and 2.5 GB on a fresh machine: not part of `make test`; .ci/run calls it.
+smoke-pinned: env
+	CLIPFORGE_PINNED_SMOKE=1 $(PY) -m pytest tests/docker/test_pinned_stack.py $(PYTEST_ARGS)
+
+.DEFAULT_GOAL := $(DOCKER_MK_SAVED_DEFAULT_GOAL)

@@ -1,0 +1,1 @@
+"""One ComponentResource per unit of the stack."""

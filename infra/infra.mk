@@ -1,0 +1,36 @@
+# make up / make down / make preview: the Pulumi stack in infra/ (see infra/README.md).
+# Written to be included from the top-level Makefile (`include infra/infra.mk`); paths are relative
+# to the repository root. Usage: make up STACK=<name> [REGISTRY=<host/org>]; make down STACK=<name> [FORCE=1]
+
+# Including this file must not make `up` the default goal of the including Makefile.
+INFRA_SAVED_DEFAULT_GOAL := $(.DEFAULT_GOAL)
+
+PYTHON ?= .venv/bin/python
+INFRA_DIR := infra
+# The Pulumi project (Pulumi.yaml and the Pulumi.<stack>.yaml files); tests point it elsewhere.
+PULUMI_PROJECT_DIR ?= $(INFRA_DIR)
+# The outputs file the launcher reads (written atomically by make up / make down).
+STACK_OUTPUTS ?= $(INFRA_DIR)/stack-outputs.json
+# Teardown guard: where the latest checkpoint is looked for, and which directories are retained storage.
+CHECKPOINTS_DIR ?= checkpoints
+RETAINED_DIRS ?= /workspace/checkpoints
+STACK ?=
+REGISTRY ?=
+FORCE ?=
+
+INFRA_STACKCTL = PYTHONPATH="$(INFRA_DIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) -m clipforge_infra.stackctl \
+	--stack "$(STACK)" --registry "$(REGISTRY)" --project-dir "$(PULUMI_PROJECT_DIR)" --outputs "$(STACK_OUTPUTS)"
+
+.PHONY: up down preview
+
+up:
+	$(INFRA_STACKCTL) up
+
+preview:
+	$(INFRA_STACKCTL) preview
+
+down:
+	$(INFRA_STACKCTL) down --checkpoints "$(CHECKPOINTS_DIR)" \
+		$(foreach dir,$(RETAINED_DIRS),--retained "$(dir)") $(if $(filter 1 yes true,$(FORCE)),--force)
+
+.DEFAULT_GOAL := $(INFRA_SAVED_DEFAULT_GOAL)

@@ -1,0 +1,115 @@
+"""Webhook targets, read from the environment or a secret file, and kept out of every output.
+
+A webhook URL is a credential: whoever has it can post into the team's chat. It is read from
+`CLIPFORGE_ALERT_WEBHOOKS` (comma-separated) and/or the file named by
+`CLIPFORGE_ALERT_WEBHOOKS_FILE` (one entry per line or comma-separated, `#` starts a comment).
+Each entry is `feishu:URL`, `lark:URL` (same format as Feishu), `slack:URL`, or a bare URL
+(generic JSON). Anything that is printed shows `WebhookTarget.label` instead: the kind, the
+host and a short hash, enough to tell two targets apart and never enough to use one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_WEBHOOKS = "CLIPFORGE_ALERT_WEBHOOKS"
+ENV_WEBHOOKS_FILE = "CLIPFORGE_ALERT_WEBHOOKS_FILE"
+
+KINDS = ("feishu", "slack", "generic")
+_PREFIXES = {"feishu": "feishu", "lark": "feishu", "slack": "slack"}
+
+
+@dataclass(frozen=True)
+class WebhookTarget:
+    kind: str
+    """"feishu", "slack" or "generic"."""
+    url: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"webhook kind must be one of {KINDS}, got {self.kind!r}")
+
+    @property
+    def label(self) -> str:
+        """Printable stand-in for the URL, e.g. `feishu:https://open.feishu.cn/…#1a2b3c4d`."""
+        parts = urllib.parse.urlsplit(self.url)
+        digest = hashlib.sha256(self.url.encode()).hexdigest()[:8]
+        return f"{self.kind}:{parts.scheme}://{parts.hostname}/…(redacted)#{digest}"
+
+    def __repr__(self) -> str:
+        return f"WebhookTarget({self.label})"
+
+    __str__ = __repr__
+
+
+def load_targets(environ: Mapping[str, str] = os.environ) -> list[WebhookTarget]:
+    """All targets named by the environment variable and the secret file; none is fine."""
+    targets: list[WebhookTarget] = []
+    inline = environ.get(ENV_WEBHOOKS, "")
+    targets += parse_targets(inline.split(","), source=ENV_WEBHOOKS)
+    path = environ.get(ENV_WEBHOOKS_FILE, "")
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ValueError(
+                f"{ENV_WEBHOOKS_FILE} names {path!r}, which cannot be read ({error.strerror}); "
+                f"fix the path or unset {ENV_WEBHOOKS_FILE}"
+            ) from None
+        entries = [
+            entry for line in text.splitlines() for entry in line.split("#", 1)[0].split(",")
+        ]
+        targets += parse_targets(entries, source=f"{ENV_WEBHOOKS_FILE} ({path})")
+    # The same URL given twice (env and file) would send every alert twice.
+    return list(dict.fromkeys(targets))
+
+
+def parse_targets(entries: Iterable[str], *, source: str) -> list[WebhookTarget]:
+    """Parse `kind:URL` / bare-URL entries; blank entries are skipped.
+
+    Errors name the entry's position and what is wrong, never the entry itself: a slightly
+    mistyped secret is still a secret.
+    """
+    targets = []
+    for position, raw in enumerate(entries, start=1):
+        entry = raw.strip()
+        if not entry:
+            continue
+        kind, url = _split_kind(entry)
+        parts = urllib.parse.urlsplit(url)
+        if kind is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"{source}: entry {position} is not `feishu:URL`, `lark:URL`, `slack:URL` or "
+                f"an http(s) URL (the entry is not shown because it may be a secret)"
+            )
+        targets.append(WebhookTarget(kind=kind, url=url))
+    return targets
+
+
+def _split_kind(entry: str) -> tuple[str | None, str]:
+    prefix, _, rest = entry.partition(":")
+    prefix = prefix.strip().lower()
+    if prefix in ("http", "https"):
+        return "generic", entry
+    if prefix in _PREFIXES:
+        return _PREFIXES[prefix], rest.strip()
+    return None, entry
+
+
+def redact(text: str, targets: Iterable[WebhookTarget]) -> str:
+    """Replace any target URL (or its secret path) inside `text` with the target's label.
+
+    Used on every string that comes from outside our code (exception texts, server replies)
+    before it is logged: they could quote the URL back.
+    """
+    for target in targets:
+        text = text.replace(target.url, target.label)
+        path = urllib.parse.urlsplit(target.url).path
+        if len(path) > 1:
+            text = text.replace(path, "/…(redacted)")
+    return text

@@ -1,0 +1,95 @@
+"""Typed, documented, self-checking config fields: the machinery behind every params section.
+
+A section is a keyword-only dataclass deriving from `Section`; each field is declared with
+`knob(default, doc, ge=..., le=...)`. Constructing a section checks every field's type and
+range and raises `ConfigError` naming `section.key` and what is allowed.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import typing
+from dataclasses import field
+from typing import Any, ClassVar, Literal, Union
+
+
+class ConfigError(ValueError):
+    """A parameter problem the user must fix; the message names the key and what is allowed."""
+
+
+def knob(default: Any, doc: str, **limits: Any) -> Any:
+    """A documented config field. limits: ge, gt, le, lt (numbers), nonempty (strings/lists)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc, **limits})
+    return field(default=default, metadata={"doc": doc, **limits})
+
+
+class Section:
+    """Base of every params section: each field is checked (type, range) on construction,
+    so a section object that exists is valid, wherever it was built."""
+
+    SECTION: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            key = f"{self.SECTION}.{f.name}"
+            object.__setattr__(self, f.name, _check_value(key, getattr(self, f.name),
+                                                          hints[f.name], f.metadata))
+
+
+def _check_value(key: str, value: Any, hint: Any, limits: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union:
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(f"{key}: must be set; null is not allowed")
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _check_value(key, value, option, limits)
+            except ConfigError as exc:
+                errors.append(str(exc).split("; ", 1)[-1])
+        raise ConfigError(f"{key}: got {value!r}; " + "; or ".join(errors))
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: got {value!r}; allowed: {', '.join(map(str, args))}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: got {value!r}; must be true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: got {value!r}; must be an integer{_range_text(limits)}")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: got {value!r}; must be a number{_range_text(limits)}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: got {value!r}; must be a finite number{_range_text(limits)}")
+    elif hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: got {value!r}; must be a string")
+        if limits.get("nonempty") and not value.strip():
+            raise ConfigError(f"{key}: must not be empty")
+        return value
+    else:  # pragma: no cover - a field type this loader does not know is a programming error
+        raise TypeError(f"{key}: unsupported field type {hint}")
+    _check_range(key, value, limits)
+    return value
+
+
+def _check_range(key: str, value: float, limits: Any) -> None:
+    bad = (("ge" in limits and value < limits["ge"]) or ("gt" in limits and value <= limits["gt"])
+           or ("le" in limits and value > limits["le"]) or ("lt" in limits and value >= limits["lt"]))
+    if bad:
+        raise ConfigError(f"{key}: got {value!r}; must be{_range_text(limits)}")
+
+
+def _range_text(limits: Any) -> str:
+    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    parts = [f"{words[k]} {limits[k]}" for k in words if k in limits]
+    return (" " + " and ".join(parts)) if parts else ""

@@ -1,0 +1,64 @@
+"""Pinned-stack smoke: the image's locked Python stack (torch 2.1.2, DeepSpeed 0.14.5, open_clip,
+Python 3.10) installed from docker/requirements.lock runs data -> train -> eval of the built-in
+default on the CPU, single rank (docker/smoke-pinned-stack.sh).
+
+It downloads about 2.5 GB and takes about 10 minutes on a fresh machine, over the suite's budget,
+so it runs only under `make smoke-pinned` (CLIPFORGE_PINNED_SMOKE=1), which .ci/run calls."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.docker.conftest import REPO, load_tool
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("CLIPFORGE_PINNED_SMOKE") != "1",
+    reason="installs the image's 2.5 GB stack: run with `make smoke-pinned` (CI does)")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("smoke-pinned")
+    result = subprocess.run([str(REPO / "docker" / "smoke-pinned-stack.sh")],
+                            env={**os.environ, "SMOKE_DIR": str(workdir), "PYTHON": sys.executable},
+                            capture_output=True, text=True, timeout=3600, check=False)
+    return result, workdir / "project"
+
+
+def test_smoke_script_passes(smoke):
+    """The whole script (install if needed, data, train, eval) exits 0."""
+    result, _ = smoke
+    assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
+
+
+def test_it_ran_on_exactly_the_pinned_versions(smoke):
+    """check_stack.py, run in the smoke's environment, confirms Python, torch + CUDA, torchvision,
+    DeepSpeed and open_clip are the versions pyproject.toml pins for the image."""
+    result, _ = smoke
+    pins = load_tool("pins").load_pins(REPO / "pyproject.toml")
+    expected = (f"check_stack: ok: python {pins.python}, torch {pins.exact('torch')} "
+                f"(CUDA {pins.cuda}), torchvision {pins.exact('torchvision')}, "
+                f"deepspeed {pins.exact('deepspeed')}, open_clip {pins.exact('open_clip_torch')}")
+    assert expected in result.stdout, result.stdout[-2000:]
+
+
+def test_training_finished_and_exported_a_model(smoke):
+    """metrics/train.json records a completed run with finite losses; models/clip was exported."""
+    _, project = smoke
+    summary = json.loads((project / "metrics" / "train.json").read_text())
+    assert summary["steps"] > 0 and summary["resumed_from_step"] == 0
+    assert math.isfinite(summary["loss"]) and math.isfinite(summary["val_loss"])
+    assert any((project / "models" / "clip").iterdir())
+
+
+def test_evaluation_wrote_retrieval_recall(smoke):
+    """metrics/eval.json holds recall percentages for the built-in test set."""
+    _, project = smoke
+    metrics = json.loads((project / "metrics" / "eval.json").read_text())
+    assert metrics["num_images"] > 0
+    assert 0.0 <= metrics["mean_recall"] <= 100.0

@@ -1,0 +1,92 @@
+"""Every rendered Kubernetes object: valid against the OpenAPI schemas, and within policy."""
+
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+
+from infra_harness import REGISTRY_AUTH, run_program, stack_config
+
+# A current Kubernetes release, as run by managed clusters today; strict = unknown fields are errors.
+KUBERNETES_VERSION = "1.33.0"
+SCENARIOS = {
+    "example-1x4": ("example-1x4", {}),
+    "example-2x8": ("example-2x8", {}),
+    "defaults": (None, {}),
+    "mig-and-cluster-default-storage": (None, {"gpuResourceName": "nvidia.com/mig-3g.40gb", "storageClass": ""}),
+    "private-registry": ("example-2x8", {}),
+}
+SECRETS = {"private-registry": {"registryAuth": REGISTRY_AUTH}}
+
+
+@pytest.fixture(scope="module", params=sorted(SCENARIOS))
+def objects(request):
+    stack, overrides = SCENARIOS[request.param]
+    return run_program(*stack_config(stack, overrides, secrets=SECRETS.get(request.param))).kubernetes_objects()
+
+
+def validate(obj: dict) -> None:
+    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_every_object_validates_against_the_kubernetes_schema(objects):
+    """kubernetes-validate (strict) accepts every object the stack would send to the API server."""
+    assert len(objects) >= 10
+    for obj in objects:
+        validate(obj)
+
+
+def test_schema_validation_rejects_a_misspelt_field(objects):
+    """The strict validation is live: a misspelt field in the StatefulSet is reported."""
+    statefulset = copy.deepcopy(next(obj for obj in objects if obj["kind"] == "StatefulSet"))
+    statefulset["spec"]["template"]["spec"]["containers"][0]["resource"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(statefulset)
+
+
+def pod_specs(objects):
+    specs = [obj["spec"]["template"]["spec"] for obj in objects if obj["kind"] in ("StatefulSet", "Deployment")]
+    assert specs, "no pod templates rendered"
+    return specs
+
+
+def containers(spec):
+    return spec["containers"] + spec.get("initContainers", [])
+
+
+def test_every_container_runs_as_non_root(objects):
+    """runAsNonRoot holds for every container (set on the pod or the container) with a non-zero uid."""
+    for spec in pod_specs(objects):
+        pod = spec.get("securityContext", {})
+        for container in containers(spec):
+            own = container.get("securityContext", {})
+            assert own.get("runAsNonRoot", pod.get("runAsNonRoot")) is True
+            assert own.get("runAsUser", pod.get("runAsUser")) not in (None, 0)
+
+
+def test_every_container_sets_cpu_and_memory_requests_and_limits(objects):
+    """No container runs without requests and limits for CPU and memory."""
+    for spec in pod_specs(objects):
+        for container in containers(spec):
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(container["resources"][kind]), container["name"]
+
+
+def test_no_container_is_privileged_or_can_escalate(objects):
+    """privileged is never true and privilege escalation is off everywhere."""
+    for spec in pod_specs(objects):
+        for container in containers(spec):
+            context = container.get("securityContext", {})
+            assert context.get("privileged") is not True
+            assert context.get("allowPrivilegeEscalation") is False
+            assert "ALL" in context.get("capabilities", {}).get("drop", [])
+
+
+def test_no_pod_uses_host_paths_or_host_namespaces(objects):
+    """No hostPath volume, host network, host PID or host IPC."""
+    for spec in pod_specs(objects):
+        assert not any("hostPath" in volume for volume in spec.get("volumes", []))
+        for field in ("hostNetwork", "hostPID", "hostIPC"):
+            assert spec.get(field) is not True

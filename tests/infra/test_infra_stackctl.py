@@ -1,0 +1,74 @@
+"""Pieces of `make up` that need no CLI: kubeconfig resolution, image reference, outputs file."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from infra_harness import REPO  # noqa: F401  (puts infra/ on sys.path)
+
+from clipforge_infra.image_ref import ImageEnvError, image_reference
+from clipforge_infra.kubeconfig import KubeconfigError, resolve_context
+from clipforge_infra.stackctl import write_outputs
+
+
+def write_kubeconfig(path, contexts, current=""):
+    path.write_text(yaml.safe_dump({"current-context": current, "contexts": [{"name": c} for c in contexts]}))
+    return path
+
+
+def test_empty_kube_context_means_the_current_context(tmp_path):
+    """kubeContext "" resolves to the kubeconfig's current-context."""
+    config = write_kubeconfig(tmp_path / "config", ["a", "b"], current="b")
+    assert resolve_context("", {"KUBECONFIG": str(config)}) == "b"
+
+
+def test_kubeconfig_list_is_merged_like_kubectl(tmp_path):
+    """Contexts from every file in $KUBECONFIG count; the first file's current-context wins."""
+    first = write_kubeconfig(tmp_path / "one", ["a"], current="a")
+    second = write_kubeconfig(tmp_path / "two", ["gpu"], current="gpu")
+    environ = {"KUBECONFIG": f"{first}{os.pathsep}{second}"}
+    assert resolve_context("gpu", environ) == "gpu"
+    assert resolve_context("", environ) == "a"
+
+
+def test_no_current_context_and_no_kube_context_is_an_error(tmp_path):
+    """Without either, the error tells how to set kubeContext."""
+    config = write_kubeconfig(tmp_path / "config", ["a"])
+    with pytest.raises(KubeconfigError, match="config set kubeContext"):
+        resolve_context("", {"KUBECONFIG": str(config)})
+
+
+def test_default_kubeconfig_is_under_home(tmp_path):
+    """Without $KUBECONFIG, ~/.kube/config is read."""
+    (tmp_path / ".kube").mkdir()
+    write_kubeconfig(tmp_path / ".kube" / "config", ["home-ctx"], current="home-ctx")
+    assert resolve_context("", {"HOME": str(tmp_path)}) == "home-ctx"
+
+
+def test_image_reference_joins_registry_repository_and_tag(tmp_path):
+    """[REGISTRY/]IMAGE_REPOSITORY:IMAGE_TAG, comments ignored, trailing slash of the registry tolerated."""
+    env = tmp_path / "image.env"
+    env.write_text("# the image\nIMAGE_REPOSITORY=clipforge\nIMAGE_TAG=1.2-cu121\n")
+    assert image_reference(env, "") == "clipforge:1.2-cu121"
+    assert image_reference(env, "ghcr.io/team/") == "ghcr.io/team/clipforge:1.2-cu121"
+
+
+def test_image_env_without_tag_is_an_error(tmp_path):
+    """A missing IMAGE_TAG is named."""
+    env = tmp_path / "image.env"
+    env.write_text("IMAGE_REPOSITORY=clipforge\n")
+    with pytest.raises(ImageEnvError, match="IMAGE_TAG"):
+        image_reference(env, "")
+
+
+def test_outputs_file_is_replaced_whole_or_not_at_all(tmp_path):
+    """Unparseable CLI output leaves the previous outputs file as it was, with no temp file behind."""
+    path = tmp_path / "stack-outputs.json"
+    write_outputs('{"namespace": "clipforge"}', path, "gpu")
+    with pytest.raises(ValueError):
+        write_outputs('{"namespace": ', path, "gpu")
+    assert yaml.safe_load(path.read_text()) == {"namespace": "clipforge", "kube_context": "gpu"}
+    assert [p.name for p in tmp_path.iterdir()] == ["stack-outputs.json"]

@@ -1,0 +1,71 @@
+"""Exact resume: a run killed with SIGKILL and rerun ends with the weights of an uninterrupted run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.conftest import subprocess_env, write_params
+
+pytestmark = pytest.mark.slow
+
+
+def _stage_command(root: Path, data: Path) -> list[str]:
+    return [sys.executable, "-m", "clipforge.train", "--params", str(root / "params.yaml"),
+            "--data", str(data), "--checkpoints", str(root / "checkpoints"),
+            "--model-out", str(root / "models" / "clip"), "--logs", str(root / "logs"),
+            "--metrics", str(root / "metrics")]
+
+
+def _logged_steps(root: Path) -> list[int]:
+    tsv = root / "metrics" / "train.tsv"
+    if not tsv.is_file():
+        return []
+    return [int(line.split("\t")[0]) for line in tsv.read_text().splitlines()[1:]]
+
+
+def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(tmp_path, small_data,
+                                                                 reference_run):
+    reference = reference_run
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    write_params(killed / "params.yaml")
+    # Step 7 stalls for a minute, so the kill lands after the step-4 checkpoint and after steps
+    # 5 and 6 have been taken (and logged): work that the resumed run must redo identically.
+    env = {**subprocess_env(), "CLIPFORGE_FAULTS": "stall@7=60"}
+    process = subprocess.Popen(_stage_command(killed, small_data), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while 6 not in _logged_steps(killed):
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "the run never reached step 6"
+        time.sleep(0.5)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    (run_dir,) = (killed / "checkpoints").iterdir()
+    assert (run_dir / "latest").read_text().strip() == "step-00000004"
+    assert not (killed / "models").exists()
+
+    resumed = subprocess.run(_stage_command(killed, small_data), env=subprocess_env(),
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((killed / "metrics" / "train.json").read_text())
+    assert summary["resumed_from_step"] == 4
+
+    expected = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
+    got = load_file(str(killed / "models" / "clip" / "open_clip_model.safetensors"))
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert (expected[name] == got[name]).all(), f"{name} differs from the uninterrupted run"
+    reference_summary = json.loads((reference / "metrics" / "train.json").read_text())
+    assert summary["loss"] == reference_summary["loss"]
+    assert summary["val_loss"] == reference_summary["val_loss"]
+    # the metrics table has each step once: rows after the checkpoint were replaced, not doubled
+    assert _logged_steps(killed) == [2, 4, 6, 8, 10, 12]

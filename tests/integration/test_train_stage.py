@@ -1,0 +1,94 @@
+"""The train stage end to end on CPU: DeepSpeed, checkpoints, TensorBoard, metrics, export."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.conftest import run_train
+
+pytestmark = pytest.mark.slow
+
+
+def test_run_writes_checkpoints_keeping_the_last_k_with_an_atomic_latest(reference_run):
+    (run_dir,) = (reference_run / "checkpoints").iterdir()
+    assert run_dir.name.startswith("run-")
+    tags = sorted(p.name for p in run_dir.iterdir() if p.is_dir())
+    assert tags == ["step-00000008", "step-00000012"]  # keep_checkpoints: 2
+    assert (run_dir / "latest").read_text().strip() == "step-00000012"
+    saved_config = (run_dir / "step-00000012" / "config.yaml").read_text()
+    assert "global_batch_size: 32" in saved_config
+    ds_config = json.loads((run_dir / "deepspeed_config.json").read_text())
+    assert (ds_config["train_batch_size"], ds_config["train_micro_batch_size_per_gpu"],
+            ds_config["gradient_accumulation_steps"]) == (32, 16, 2)
+
+
+def test_tensorboard_events_hold_every_training_scalar(reference_run):
+    """Read back with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (log_dir,) = (reference_run / "logs").iterdir()
+    events = EventAccumulator(str(log_dir)).Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/grad_norm", "train/lr", "train/logit_scale",
+            "perf/samples_per_s", "perf/step_s", "perf/data_wait_s", "val/loss"} <= tags
+    assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8, 10, 12]
+    assert [e.step for e in events.Scalars("val/loss")] == [6, 12]
+    assert "alerts/run_started/text_summary" in events.Tags()["tensors"]
+
+
+def test_metrics_tsv_matches_tensorboard_and_loss_goes_down(reference_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = [line.split("\t") for line in
+            (reference_run / "metrics" / "train.tsv").read_text().splitlines()]
+    header, rows = rows[0], rows[1:]
+    assert header[:3] == ["step", "epoch", "loss"]
+    (log_dir,) = (reference_run / "logs").iterdir()
+    tb = EventAccumulator(str(log_dir)).Reload().Scalars("train/loss")
+    assert [float(r[2]) for r in rows] == pytest.approx([e.value for e in tb], rel=1e-5)
+    assert float(rows[-1][2]) < float(rows[0][2])
+    summary = json.loads((reference_run / "metrics" / "train.json").read_text())
+    assert summary["steps"] == 12 and summary["loss"] == pytest.approx(float(rows[-1][2]), rel=1e-5)
+
+
+def test_export_is_fp32_open_clip_local_dir_with_capped_temperature(reference_run):
+    model_dir = reference_run / "models" / "clip"
+    config = json.loads((model_dir / "open_clip_config.json").read_text())
+    assert config["model_cfg"]["vision_cfg"]["image_size"] == 32
+    assert config["preprocess_cfg"]["size"] == [32, 32]
+    weights = load_file(str(model_dir / "open_clip_model.safetensors"))
+    assert all(t.dtype.is_floating_point and t.dtype.itemsize == 4 for t in weights.values())
+    assert weights["logit_scale"].shape == ()  # open_clip's 0-dim form, not the [1] of training
+    assert (model_dir / "clipforge_config.yaml").is_file()
+
+
+def test_rerun_of_a_finished_run_resumes_at_the_end_and_exports_the_same_model(reference_run,
+                                                                               small_data, tmp_path):
+    shutil.copytree(reference_run, tmp_path / "run")
+    before = load_file(str(reference_run / "models" / "clip" / "open_clip_model.safetensors"))
+    assert run_train(tmp_path / "run", small_data) == 0
+    after = load_file(str(tmp_path / "run" / "models" / "clip" / "open_clip_model.safetensors"))
+    assert all((before[k] == after[k]).all() for k in before)
+    summary = json.loads((tmp_path / "run" / "metrics" / "train.json").read_text())
+    assert summary["resumed_from_step"] == 12
+
+
+def test_changed_params_start_a_run_of_their_own(reference_run, small_data, tmp_path):
+    """A different lr is a different run id: it must not resume the reference run's weights."""
+    root = tmp_path / "other"
+    root.mkdir()
+    shutil.copytree(reference_run / "checkpoints", root / "checkpoints")
+    assert run_train(root, small_data, "train.lr=5e-4", "train.max_steps=2",
+                     "train.warmup_steps=1") == 0
+    runs = sorted(p.name for p in (root / "checkpoints").iterdir())
+    assert len(runs) == 2
+    assert json.loads((root / "metrics" / "train.json").read_text())["resumed_from_step"] == 0
+
+
+def test_missing_data_is_a_clear_error(tmp_path, capsys):
+    assert run_train(tmp_path, tmp_path / "no-data") == 2
+    assert "run the data stage first" in capsys.readouterr().err
