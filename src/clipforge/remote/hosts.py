@@ -1,0 +1,168 @@
+"""Which hosts a task acts on, and SSH connections to them with host keys verified.
+
+Hosts come from Fabric's `-H user@host:port[,...]` (with `-i key`), or else from the stack
+outputs of `make up`. Host keys are checked against known_hosts (~/.ssh/known_hosts, or the
+UserKnownHostsFile of the host's ssh config) and, for stack workers, against the key the stack
+published. Fabric itself would accept any key (paramiko's AutoAddPolicy); every connection made
+here replaces that. The documented opt-out for a fresh host is `--accept-new-host-key` (as
+OpenSSH's StrictHostKeyChecking=accept-new: a new key is recorded, a changed key still refused).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import paramiko
+from fabric import Config, Connection
+
+from clipforge.remote.errors import RemoteError
+from clipforge.remote.stack import StackOutputs
+
+# Outside the cluster, stack workers are reached through a port-forward to the entry worker:
+#   kubectl -n <ns> port-forward pod/clipforge-worker-0 2222:2222
+# This names the jump host (HOST:PORT), or `none` when running inside the cluster.
+GATEWAY_ENV = "CLIPFORGE_SSH_GATEWAY"
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    host: str  # as given: host, user@host, user@host:port
+    user: Optional[str] = None  # stack hosts: the stack's ssh user and port
+    port: Optional[int] = None
+    pinned_key: Optional[str] = None  # "ssh-ed25519 AAAA..." published by the stack
+    gateway: Optional["HostSpec"] = None
+
+
+def targets(cli_hosts: list[str], stack_loader) -> tuple[list[HostSpec], Optional[StackOutputs]]:
+    """-H hosts when given, else the stack's workers; `stack_loader()` raises a clear error."""
+    if cli_hosts:
+        return [HostSpec(host=h) for h in cli_hosts], None
+    stack = stack_loader()
+    gateway = _stack_gateway(stack)
+    return [HostSpec(host=h, user=stack.ssh_user, port=stack.ssh_port,
+                     pinned_key=stack.host_public_key, gateway=gateway)
+            for h in stack.worker_hosts], stack
+
+
+def _stack_gateway(stack: StackOutputs) -> Optional[HostSpec]:
+    value = os.environ.get(GATEWAY_ENV, f"127.0.0.1:{stack.ssh_port}")
+    if value.lower() == "none":
+        return None
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise RemoteError(f"{GATEWAY_ENV}={value!r}: expected HOST:PORT (the local end of "
+                          f"`kubectl port-forward`) or `none`")
+    return HostSpec(host=host, user=stack.ssh_user, port=int(port), pinned_key=stack.host_public_key)
+
+
+class _Reject(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client, hostname, key):
+        raise UnknownHostKey(hostname, key)
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """Record a key never seen for this host in known_hosts; a changed key is still refused
+    (paramiko raises BadHostKeyException before asking a policy)."""
+
+    def __init__(self, known_hosts: Path):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.known_hosts, "a", encoding="utf-8") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class UnknownHostKey(paramiko.SSHException):
+    def __init__(self, hostname: str, key):
+        super().__init__(f"unknown host key for {hostname}")
+        self.hostname = hostname
+        self.key = key
+
+
+def connect(spec: HostSpec, config: Config, accept_new_host_key: bool) -> Connection:
+    """An open, verified connection; RemoteError saying what went wrong and what to do."""
+    gateway = connect(spec.gateway, config, accept_new_host_key) if spec.gateway else None
+    kwargs = {"config": config}
+    if spec.user:
+        kwargs["user"] = spec.user
+    if spec.port:
+        kwargs["port"] = spec.port
+    cxn = Connection(spec.host, gateway=gateway, **kwargs)
+    known_hosts = _known_hosts_file(cxn)
+    client = cxn.client
+    if known_hosts.is_file():
+        client.load_host_keys(str(known_hosts))
+    if spec.pinned_key:
+        _pin(client, cxn, spec.pinned_key)
+    client.set_missing_host_key_policy(_AcceptNew(known_hosts) if accept_new_host_key else _Reject())
+    _open(cxn, known_hosts)
+    return cxn
+
+
+def label(cxn: Connection) -> str:
+    return f"{cxn.user}@{cxn.host}:{cxn.port}"
+
+
+def _known_hosts_file(cxn: Connection) -> Path:
+    configured = cxn.ssh_config.get("userknownhostsfile")
+    first = configured.split()[0] if configured else "~/.ssh/known_hosts"
+    return Path(os.path.expanduser(first))
+
+
+def _pin(client: paramiko.SSHClient, cxn: Connection, public_key: str) -> None:
+    try:
+        kind, blob = public_key.split()[:2]
+        key = paramiko.PKey.from_type_string(kind, base64.b64decode(blob))
+    except (ValueError, paramiko.SSHException) as exc:
+        raise RemoteError(f"the stack's ssh.host_public_key is not a public key ({exc}); rerun "
+                          f"`make up`") from None
+    name = cxn.host if cxn.port == 22 else f"[{cxn.host}]:{cxn.port}"
+    client.get_host_keys().add(name, kind, key)
+
+
+def _open(cxn: Connection, known_hosts: Path) -> None:
+    where = label(cxn)
+    try:
+        cxn.open()
+    except UnknownHostKey as exc:
+        raise RemoteError(
+            f"{where}: host key not known ({exc.key.get_name()} "
+            f"{_sha256_fingerprint(exc.key)}), so the host cannot be verified. Check that "
+            f"fingerprint with the host's owner (`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on "
+            f"the host), then add it to {known_hosts} (`ssh-keyscan -p {cxn.port} {cxn.host} >> "
+            f"{known_hosts}`), or pass --accept-new-host-key once to record it") from None
+    except paramiko.BadHostKeyException as exc:
+        raise RemoteError(
+            f"{where}: host key CHANGED: expected {_sha256_fingerprint(exc.expected_key)}, got "
+            f"{_sha256_fingerprint(exc.key)}. Someone may be intercepting the connection, or the "
+            f"host was reinstalled; if you know it was, remove the old key with `ssh-keygen -f "
+            f"{known_hosts} -R '[{cxn.host}]:{cxn.port}'`") from None
+    except paramiko.AuthenticationException as exc:
+        raise RemoteError(f"{where}: SSH authentication failed ({exc}): is the user right and its "
+                          f"key in the host's authorized_keys? Pass the key with -i PATH") from None
+    except (socket.timeout, TimeoutError):
+        raise RemoteError(f"{where}: connection timed out: is the host up and the port right?") from None
+    except paramiko.ssh_exception.NoValidConnectionsError as exc:
+        raise RemoteError(f"{where}: cannot connect ({_first_error(exc)}): is sshd running there "
+                          f"and the port right (-H user@host:port)?") from None
+    except socket.gaierror as exc:
+        raise RemoteError(f"{where}: unknown host name ({exc.strerror})") from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise RemoteError(f"{where}: SSH failed: {exc or type(exc).__name__}") from None
+
+
+def _sha256_fingerprint(key) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _first_error(exc: paramiko.ssh_exception.NoValidConnectionsError) -> str:
+    errors = list(exc.errors.values())
+    return errors[0].strerror if errors and getattr(errors[0], "strerror", None) else str(exc)

@@ -1,0 +1,66 @@
+"""What the supervisor runs on one node: phases in order, and the restart policy.
+
+Written by the launcher as <node>/plan.json, read by clipforge.remote.supervisor on the host.
+It never holds secrets: those reach the supervisor through its environment only (see
+clipforge.remote.supervisor `launch`). Standard library only (see clipforge.remote).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+# Environment variables passed from the laptop to the run when set there; values are never written
+# to a file, a log or a command line.
+PASSTHROUGH_ENV = ("CLIPFORGE_ALERT_WEBHOOKS",)
+
+
+@dataclass
+class Phase:
+    """One command; restarted on abnormal exit when `restartable`."""
+    name: str
+    argv: List[str]
+    cwd: str
+    env: Dict[str, str] = field(default_factory=dict)
+    restartable: bool = True
+    # How to ask the command to stop (checkpoint, then exit). None: SIGINT to its process group,
+    # which DVC ignores while its stage runs and the train stage treats like SIGTERM. The docker
+    # runtime signals the processes inside the container instead.
+    stop_argv: Optional[List[str]] = None
+    # Run before each attempt and after an abnormal exit, e.g. remove a leftover container.
+    cleanup_argv: Optional[List[str]] = None
+
+
+@dataclass
+class RestartPolicy:
+    max_restarts: int
+    backoff_seconds: float  # first delay; doubled after each restart...
+    backoff_max_seconds: float  # ...up to this
+    stop_timeout_seconds: float  # after a stop request, SIGKILL whatever is left after this long
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts: must be >= 0, got {self.max_restarts}")
+        if self.backoff_seconds < 0 or self.backoff_max_seconds < self.backoff_seconds:
+            raise ValueError(f"backoff: need 0 <= backoff_seconds ({self.backoff_seconds}) <= "
+                             f"backoff_max_seconds ({self.backoff_max_seconds})")
+        if self.stop_timeout_seconds <= 0:
+            raise ValueError(f"stop_timeout_seconds: must be > 0, got {self.stop_timeout_seconds}")
+
+    def delay_before(self, restart: int) -> float:
+        """Seconds to wait before restart number `restart` (1-based)."""
+        return min(self.backoff_seconds * 2 ** (restart - 1), self.backoff_max_seconds)
+
+
+@dataclass
+class Plan:
+    phases: List[Phase]
+    policy: RestartPolicy
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        raw = json.loads(text)
+        return cls(phases=[Phase(**p) for p in raw["phases"]], policy=RestartPolicy(**raw["policy"]))

@@ -1,0 +1,68 @@
+"""The second half of `fab train --smoke`: load the checkpoint just saved back, and check it.
+
+The first half trained a few steps through DVC and saved checkpoints. This runs the train stage
+again with the same params: it must resume from the final checkpoint (`resumed_from_step` equal
+to the steps), train nothing more, and export weights identical to the ones exported before.
+That is the round trip a multi-day run depends on, through the real stage, on the real host.
+
+  python -m clipforge.remote.smoke --workspace CODE --result FILE -- <train command...>
+
+Standard library only (see clipforge.remote); exit 0 when every check passed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def tree_digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def run_smoke_check(workspace: Path, command: list[str]) -> dict:
+    summary_path = workspace / "metrics" / "train.json"
+    model_dir = workspace / "models" / "clip"
+    summary_bytes = summary_path.read_bytes()
+    trained = json.loads(summary_bytes)
+    before = tree_digests(model_dir)
+    code = subprocess.call(command, cwd=workspace)
+    checks = {"resume command exited 0": code == 0}
+    if code == 0:
+        resumed = json.loads(summary_path.read_text(encoding="utf-8"))
+        checks["resumed from the final checkpoint"] = \
+            resumed.get("resumed_from_step") == trained.get("steps") and bool(trained.get("steps"))
+        checks["same run id after reload"] = resumed.get("run_id") == trained.get("run_id")
+        checks["exported weights identical after reload"] = bool(before) and \
+            tree_digests(model_dir) == before
+    # The reload trained nothing, so its summary has no loss: keep the training's summary.
+    tmp = summary_path.with_name(f".{summary_path.name}.smoke")
+    tmp.write_bytes(summary_bytes)
+    os.replace(tmp, summary_path)
+    return {"passed": all(checks.values()), "checks": checks, "trained": trained}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="clipforge.remote.smoke", description=__doc__.split("\n")[0])
+    parser.add_argument("--workspace", required=True, type=Path)
+    parser.add_argument("--result", required=True, type=Path)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    result = run_smoke_check(args.workspace, command)
+    tmp = args.result.with_name(f".{args.result.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, args.result)
+    for name, ok in result["checks"].items():
+        print(f"smoke: {'ok  ' if ok else 'FAIL'} {name}", flush=True)
+    print(f"smoke: {'PASSED' if result['passed'] else 'FAILED'}", flush=True)
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""`fab status`: what a run is doing, read on the host, summarised on the laptop.
+
+Host side (`python -m clipforge.remote.status NODE_DIR` prints JSON): the run record, the
+supervisor's state (and whether it is really alive), the last row of metrics/train.tsv, the latest
+checkpoint, the final summary and smoke result when there are. Laptop side: `summarize` turns that
+into step/total, ETA, elapsed and cost. Standard library only (see clipforge.remote).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Optional
+
+from clipforge.remote.supervisor import TERMINAL_STATES, read_json, supervisor_pid
+
+RECENT_ROWS = 10
+
+
+# -- host side -----------------------------------------------------------------------------------
+def collect(node_dir: Path) -> dict:
+    run_dir = node_dir.parent
+    record = read_json(run_dir / "run.json") or {}
+    state = read_json(node_dir / "state.json") or {}
+    alive = supervisor_pid(node_dir) is not None
+    if state.get("state") not in TERMINAL_STATES and not alive and state:
+        state["state"] = "lost"  # the supervisor died without saying so (host reboot, kill -9)
+    code = node_dir / "code"
+    rows = _tsv_rows(code / "metrics" / "train.tsv")
+    checkpoints = Path(record.get("checkpoints_dir") or code / "checkpoints")
+    return {
+        "record": {k: record.get(k) for k in ("run_id", "commit", "host", "node_rank", "num_nodes",
+                                                "gpus_per_node", "runtime", "smoke", "image",
+                                                "created_at", "executor")},
+        "state": state,
+        "supervisor_alive": alive,
+        "last_row": rows[-1] if rows else None,
+        "recent_step_seconds": [float(r["step_s"]) for r in rows[-RECENT_ROWS:] if r.get("step_s")],
+        "total_steps": _total_steps(record.get("params") or {}, code / "data" / "manifest.json"),
+        "steps_per_epoch": _steps_per_epoch(record.get("params") or {}, code / "data" / "manifest.json"),
+        "latest_checkpoint": _latest_checkpoint(checkpoints),
+        "summary": read_json(code / "metrics" / "train.json"),
+        "smoke": read_json(node_dir / "smoke.json"),
+        "host_time": time.time(),
+    }
+
+
+def _tsv_rows(path: Path) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return list(csv.DictReader(f, delimiter="\t"))
+    except FileNotFoundError:
+        return []
+
+
+def _steps_per_epoch(params: dict, manifest_path: Path) -> Optional[int]:
+    """As clipforge.train.data.steps_per_epoch: full global batches of the training split."""
+    manifest = read_json(manifest_path)
+    train = params.get("train") or {}
+    if not manifest or not train.get("global_batch_size"):
+        return None
+    shards = manifest.get("splits", {}).get("train", {}).get("shards", [])
+    return sum(int(s["count"]) for s in shards) // int(train["global_batch_size"]) or None
+
+
+def _total_steps(params: dict, manifest_path: Path) -> Optional[int]:
+    train = params.get("train") or {}
+    if train.get("max_steps"):
+        return int(train["max_steps"])
+    per_epoch = _steps_per_epoch(params, manifest_path)
+    return per_epoch * int(train["epochs"]) if per_epoch and train.get("epochs") else None
+
+
+def _latest_checkpoint(checkpoints: Path) -> Optional[str]:
+    markers = sorted(checkpoints.glob("run-*/latest"), key=lambda p: p.stat().st_mtime)
+    if not markers:
+        return None
+    return str(markers[-1].parent / markers[-1].read_text(encoding="utf-8").strip())
+
+
+# -- laptop side ---------------------------------------------------------------------------------
+def summarize(info: dict, price_per_gpu_hour: Optional[Decimal]) -> list[tuple[str, str]]:
+    """(label, value) rows for the status table."""
+    record, state, row = info["record"], info["state"], info.get("last_row") or {}
+    total = info.get("total_steps")
+    step = int(row["step"]) if row.get("step") else 0
+    if info.get("summary") and state.get("state") == "finished":
+        step = info["summary"].get("steps", step)
+    started = state.get("started_at")
+    ended = state.get("finished_at") or info["host_time"]
+    elapsed = ended - started if started else None
+    seconds_per_step = _median(info.get("recent_step_seconds") or [])
+    gpus = (record.get("gpus_per_node") or 0) * (record.get("num_nodes") or 1)
+    rows = [
+        ("run", f"{record.get('run_id')} (commit {str(record.get('commit'))[:10]}, "
+                f"{record.get('runtime')} runtime, {_gpus_text(record)})"),
+        ("state", _state_text(state, info)),
+        ("step", f"{step}/{total if total else '?'}" + (f" (epoch {float(row['epoch']):.2f})"
+                                                         if row.get("epoch") else "")),
+        ("loss", _loss_text(row, info.get("summary"))),
+        ("samples/s", f"{float(row['samples_per_s']):.1f}" if row.get("samples_per_s") else "-"),
+        ("ETA", _duration(seconds_per_step * (total - step))
+         if seconds_per_step and total and state.get("state") == "running" else "-"),
+        ("elapsed", _duration(elapsed) if elapsed is not None else "-"),
+        ("restarts", f"{state.get('restarts', 0)}/{state.get('max_restarts', '?')}"),
+        ("checkpoint", info.get("latest_checkpoint") or "none yet"),
+    ]
+    rows.append(("cost", _cost_text(elapsed, gpus, price_per_gpu_hour, seconds_per_step,
+                                    info.get("steps_per_epoch"))))
+    if info.get("smoke"):
+        rows.append(("smoke", "passed" if info["smoke"].get("passed") else
+                     "FAILED: " + ", ".join(k for k, ok in info["smoke"]["checks"].items() if not ok)))
+    return rows
+
+
+def _state_text(state: dict, info: dict) -> str:
+    name = state.get("state", "unknown")
+    if name == "running":
+        return f"running (phase {state.get('phase')}, attempt {state.get('attempt')})"
+    if name == "lost":
+        return "lost: the supervisor is gone without finishing; `fab train --resume RUN` restarts it"
+    return name
+
+
+def _loss_text(row: dict, summary: Optional[dict]) -> str:
+    if summary and summary.get("loss") is not None:
+        val = f", val {summary['val_loss']:.4f}" if summary.get("val_loss") is not None else ""
+        return f"{summary['loss']:.4f}{val} (final)"
+    return f"{float(row['loss']):.4f}" if row.get("loss") else "-"
+
+
+def _gpus_text(record: dict) -> str:
+    gpus, nodes = record.get("gpus_per_node") or 0, record.get("num_nodes") or 1
+    where = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "CPU"
+    return f"{nodes} node{'s' if nodes != 1 else ''} x {where}"
+
+
+def _cost_text(elapsed: Optional[float], gpus: int, price: Optional[Decimal],
+               seconds_per_step: Optional[float], steps_per_epoch: Optional[int]) -> str:
+    if not gpus:
+        return "- (CPU run)"
+    if price is None:
+        return "- (no price: --price-per-gpu-hour, or the stack's cost.price_per_gpu_hour)"
+    per_gpu_second = price / Decimal(3600)
+    so_far = per_gpu_second * Decimal(str(round(elapsed or 0))) * gpus
+    text = f"{so_far:.2f} so far ({gpus} GPUs x {price}/GPU-hour)"
+    if seconds_per_step and steps_per_epoch:
+        per_epoch = per_gpu_second * Decimal(str(round(seconds_per_step * steps_per_epoch))) * gpus
+        text += f", {per_epoch:.2f} per epoch"
+    return text
+
+
+def _median(values: list[float]) -> Optional[float]:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m clipforge.remote.status NODE_DIR", file=sys.stderr)
+        return 2
+    print(json.dumps(collect(Path(args[0]).resolve())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""Keeps one node's run going, detached from the SSH session that started it.
+
+  python -m clipforge.remote.supervisor launch NODE_DIR   start a detached supervisor (secrets on stdin)
+  python -m clipforge.remote.supervisor run NODE_DIR      the supervisor itself (what `launch` starts)
+  python -m clipforge.remote.supervisor stop NODE_DIR     ask it to stop the run gracefully
+
+The supervisor runs the phases of NODE_DIR/plan.json in order. A phase that exits non-zero (a
+crash, a GPU falling off the bus, an OOM kill) is started again after a back-off delay, up to
+`max_restarts` restarts in all; the train stage resumes from its latest checkpoint by itself, so a
+restart is just the same command again. Exit 0 moves on; a stop request (the `stop` file, or
+SIGTERM/SIGINT to the supervisor) asks the phase to checkpoint and exit and restarts nothing.
+
+Detached = a new session (setsid) with no terminal and stdin/stdout away from the SSH channel, so
+closing the connection sends it nothing. It makes itself a child subreaper, so processes orphaned
+by a crashed attempt (ranks, loader workers) are reaped here even where PID 1 does not reap (a
+container running `sleep infinity`), and an attempt is over only when its whole process group is.
+
+Standard library only (see clipforge.remote).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from clipforge.remote.plan import PASSTHROUGH_ENV, Phase, Plan
+
+POLL_SECONDS = 0.5
+REMNANT_GRACE_SECONDS = 30.0  # after an attempt ended, leftovers get this long before SIGKILL
+MAX_EXITS_KEPT = 50
+TERMINAL_STATES = ("finished", "stopped", "failed")
+
+
+def write_json_atomically(path: Path, value: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def supervisor_pid(node_dir: Path) -> Optional[int]:
+    """The pid of this node's live supervisor, or None (a stale pid file is not a live one)."""
+    try:
+        pid = int((node_dir / "supervisor.pid").read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if b"clipforge.remote.supervisor" in cmdline and str(node_dir).encode() in cmdline:
+        return pid
+    return None
+
+
+class Supervisor:
+    def __init__(self, node_dir: Path):
+        self.node_dir = node_dir
+        self.plan = Plan.from_json((node_dir / "plan.json").read_text(encoding="utf-8"))
+        self.state_path = node_dir / "state.json"
+        self.log_path = node_dir / "train.log"
+        self.stop_path = node_dir / "stop"
+        self.signalled = False
+        previous = read_json(self.state_path) or {}
+        # A supervisor started again on the same node (`fab train --resume`) keeps the count.
+        self.state = {
+            "state": "starting", "phase": None, "attempt": 0,
+            "restarts": previous.get("restarts", 0), "max_restarts": self.plan.policy.max_restarts,
+            "supervisor_pid": os.getpid(), "child_pid": None,
+            "started_at": previous.get("started_at", time.time()), "attempt_started_at": None,
+            "finished_at": None, "exits": previous.get("exits", []),
+            "passed_env": sorted(name for name in PASSTHROUGH_ENV if name in os.environ),
+        }
+        self._child_status: Optional[int] = None
+
+    # -- state -------------------------------------------------------------------------------
+    def _set(self, **changes) -> None:
+        self.state.update(changes, updated_at=time.time())
+        write_json_atomically(self.state_path, self.state)
+
+    def _log(self, message: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        line = f"=== clipforge supervisor {stamp}: {message} ==="
+        print(line, flush=True)  # supervisor.log
+        with open(self.log_path, "a", encoding="utf-8") as log:  # and the run's own log
+            log.write(line + "\n")
+
+    def stop_requested(self) -> bool:
+        return self.signalled or self.stop_path.exists()
+
+    # -- main loop ---------------------------------------------------------------------------
+    def run(self) -> int:
+        _become_subreaper()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        (self.node_dir / "supervisor.pid").write_text(f"{os.getpid()}\n")
+        self._set(state="starting")
+        for phase in self.plan.phases:
+            outcome = self._run_phase(phase)
+            if outcome != "done":
+                return 0 if outcome == "stopped" else 1
+        self._log("all phases finished")
+        self._set(state="finished", child_pid=None, finished_at=time.time())
+        return 0
+
+    def _run_phase(self, phase: Phase) -> str:
+        attempt = 0
+        while True:
+            if self.stop_requested():
+                return self._stopped()
+            attempt += 1
+            code = self._attempt(phase, attempt)
+            if self.state["state"] == "stopping":
+                return self._stopped()
+            if code == 0:
+                return "done"
+            exits = (self.state["exits"] + [{"phase": phase.name, "attempt": attempt, "code": code,
+                                              "at": time.time()}])[-MAX_EXITS_KEPT:]
+            self._set(exits=exits)
+            restarts = self.state["restarts"]
+            if not phase.restartable or restarts >= self.plan.policy.max_restarts:
+                why = "not restartable" if not phase.restartable else \
+                    f"{restarts} restarts used of {self.plan.policy.max_restarts}"
+                self._log(f"phase {phase.name} exited with {_describe(code)}; giving up ({why})")
+                self._set(state="failed", child_pid=None, finished_at=time.time())
+                return "failed"
+            delay = self.plan.policy.delay_before(restarts + 1)
+            self._log(f"phase {phase.name} exited with {_describe(code)}; restart "
+                      f"{restarts + 1}/{self.plan.policy.max_restarts} in {delay:g}s, from the "
+                      f"latest checkpoint")
+            self._set(state="backoff", restarts=restarts + 1, child_pid=None)
+            if not self._sleep(delay):
+                return self._stopped()
+
+    def _stopped(self) -> str:
+        self._log("stopped on request")
+        self._set(state="stopped", child_pid=None, finished_at=time.time())
+        return "stopped"
+
+    def _attempt(self, phase: Phase, attempt: int) -> int:
+        """Run the phase once; its exit code (negative: killed by that signal)."""
+        if phase.cleanup_argv:
+            subprocess.run(phase.cleanup_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           check=False)
+        self._log(f"phase {phase.name} attempt {attempt}: {' '.join(phase.argv)}")
+        env = dict(os.environ, **phase.env)
+        self._child_status = None
+        with open(self.log_path, "ab") as log:
+            child = subprocess.Popen(phase.argv, cwd=phase.cwd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._set(state="running", phase=phase.name, attempt=attempt, child_pid=child.pid,
+                  attempt_started_at=time.time())
+        group = child.pid  # a new session: the child leads its own process group
+        stop_deadline = None
+        while self._child_status is None:
+            self._reap(child)
+            if self._child_status is not None:
+                break
+            if stop_deadline is None and self.stop_requested():
+                self._log(f"stop requested: asking phase {phase.name} to checkpoint and exit")
+                self._set(state="stopping")
+                self._ask_to_stop(phase, group)
+                stop_deadline = time.monotonic() + self.plan.policy.stop_timeout_seconds
+            if stop_deadline is not None and time.monotonic() > stop_deadline:
+                self._log("stop timeout: killing what is left")
+                _signal_group(group, signal.SIGKILL)
+                stop_deadline = float("inf")
+            time.sleep(POLL_SECONDS)
+        code = _exit_code(self._child_status)
+        child.returncode = code  # reaped here, not by Popen
+        # Ranks and loader workers of the attempt may outlive its leader: a crashed attempt's are
+        # killed now (they hold GPUs); after a stop they get time to finish writing the checkpoint.
+        if self.state["state"] == "stopping":
+            self._wait_group_gone(group, self.plan.policy.stop_timeout_seconds)
+        else:
+            _signal_group(group, signal.SIGKILL)
+        self._wait_group_gone(group, REMNANT_GRACE_SECONDS)
+        if code != 0 and phase.cleanup_argv:
+            subprocess.run(phase.cleanup_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           check=False)
+        return code
+
+    def _ask_to_stop(self, phase: Phase, group: int) -> None:
+        if phase.stop_argv:
+            subprocess.run(phase.stop_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           check=False)
+        else:
+            _signal_group(group, signal.SIGINT)
+
+    def _reap(self, child: subprocess.Popen) -> None:
+        """Collect every exited child (orphans come to us as subreaper); note the attempt's own."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == child.pid:
+                self._child_status = status
+
+    def _wait_group_gone(self, group: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while _group_alive(group):
+            self._reap_orphans()
+            if time.monotonic() > deadline:
+                _signal_group(group, signal.SIGKILL)
+                deadline = time.monotonic() + REMNANT_GRACE_SECONDS
+            time.sleep(POLL_SECONDS / 5)
+
+    def _reap_orphans(self) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep unless a stop is requested; False when it was."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.stop_requested():
+                return False
+            self._reap_orphans()
+            time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        return not self.stop_requested()
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signalled = True
+
+
+def _exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+def _signal_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _become_subreaper() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER (Linux >= 3.4)
+    except (OSError, AttributeError):
+        pass  # not Linux: orphans go to init, which reaps them on ordinary hosts
+
+
+# -- commands ------------------------------------------------------------------------------------
+def launch(node_dir: Path) -> int:
+    """Start `run` detached; secrets arrive as a JSON object on stdin (never via argv or a file)."""
+    if supervisor_pid(node_dir) is not None:
+        print(f"a supervisor is already running for {node_dir}", file=sys.stderr)
+        return 3
+    secrets = json.loads(sys.stdin.read() or "{}")
+    unknown = sorted(set(secrets) - set(PASSTHROUGH_ENV))
+    if unknown:
+        print(f"refusing to pass unknown environment variables: {unknown}", file=sys.stderr)
+        return 2
+    (node_dir / "stop").unlink(missing_ok=True)
+    env = dict(os.environ, **secrets)
+    with open(node_dir / "supervisor.log", "ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "clipforge.remote.supervisor", "run",
+                                    str(node_dir)], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    (node_dir / "supervisor.pid").write_text(f"{process.pid}\n")
+    print(json.dumps({"supervisor_pid": process.pid}))
+    return 0
+
+
+def stop(node_dir: Path) -> int:
+    """Ask for a graceful stop; prints whether a supervisor was there to hear it."""
+    tmp = node_dir / ".stop.tmp"
+    tmp.write_text(f"{time.time()}\n")
+    os.replace(tmp, node_dir / "stop")
+    pid = supervisor_pid(node_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)  # wakes it now rather than at its next poll
+    print(json.dumps({"supervisor_pid": pid}))
+    return 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] not in ("launch", "run", "stop"):
+        print("usage: python -m clipforge.remote.supervisor launch|run|stop NODE_DIR", file=sys.stderr)
+        return 2
+    node_dir = Path(args[1]).resolve()
+    if args[0] == "launch":
+        return launch(node_dir)
+    if args[0] == "stop":
+        return stop(node_dir)
+    sys.stdout = os.fdopen(sys.stdout.fileno(), "w", buffering=1)
+    return Supervisor(node_dir).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+"""`fab status`, `fab logs`, `fab stop`, `fab tensorboard`, `fab clean`: a run after its launch."""
+from __future__ import annotations
+
+import json
+import posixpath
+import signal
+import time
+from decimal import Decimal
+from typing import Callable, Optional
+
+from clipforge.remote import status as status_mod
+from clipforge.remote.errors import RemoteError
+from clipforge.remote.layout import NodeLayout, current_marker
+from clipforge.remote.session import Host, read_remote_json, remote_python
+from clipforge.remote.settings import Settings
+from clipforge.remote.shell import probe, q, run
+from clipforge.remote.supervisor import TERMINAL_STATES
+
+Say = Callable[[str], None]
+
+
+def collect(host: Host, layout: NodeLayout, settings: Settings) -> dict:
+    result = run(host.cxn, remote_python(host, settings, layout, "status", layout.node_dir),
+                 what="reading the run's status")
+    return json.loads(result.stdout)
+
+
+def show_status(nodes: list[tuple[Host, NodeLayout]], settings: Settings,
+                price: Optional[Decimal], say: Say) -> None:
+    for index, (host, layout) in enumerate(nodes):
+        info = collect(host, layout, settings)
+        if index == 0:
+            rows = status_mod.summarize(info, price)
+            width = max(len(k) for k, _ in rows)
+            say(f"{host.label}  run {layout.run_id}")
+            for key, value in rows:
+                say(f"  {key:<{width}}  {value}")
+        else:
+            state = info["state"]
+            say(f"{host.label}  node {layout.node_rank}: {state.get('state')}, "
+                f"restarts {state.get('restarts', 0)}")
+
+
+def show_logs(host: Host, layout: NodeLayout, settings: Settings, lines: int, follow: bool,
+              say: Say) -> None:
+    info = collect(host, layout, settings)
+    alive = info["supervisor_alive"]
+    if follow and alive:
+        pid = info["state"].get("supervisor_pid")
+        # Ends by itself when the supervisor does (run finished, stopped or failed).
+        host.cxn.run(f"tail -n {lines} -F --pid={int(pid)} {q(layout.train_log)} 2>/dev/null",
+                     warn=True, in_stream=False)
+        return
+    result = run(host.cxn, f"tail -n {lines} {q(layout.train_log)}", what="reading train.log")
+    say(result.stdout.rstrip("\n"))
+    if follow:
+        say(f"(run {layout.run_id} is {info['state'].get('state')}: nothing more to follow)")
+
+
+def stop(nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say) -> None:
+    """Ask every node to checkpoint and exit; wait until they have; show the checkpoint."""
+    for host, layout in nodes:
+        state = read_remote_json(host, layout.state) or {}
+        if state.get("state") in TERMINAL_STATES:
+            say(f"{host.label}: run {layout.run_id} already {state['state']}")
+            continue
+        run(host.cxn, remote_python(host, settings, layout, "supervisor", "stop", layout.node_dir),
+            what="asking the supervisor to stop")
+        say(f"{host.label}: stop requested; waiting for the checkpoint (up to "
+            f"{settings.stop_timeout_seconds:g}s)")
+    deadline = time.monotonic() + settings.stop_timeout_seconds + 60
+    for host, layout in nodes:
+        while True:
+            info = collect(host, layout, settings)
+            if not info["supervisor_alive"]:
+                break
+            if time.monotonic() > deadline:
+                raise RemoteError(f"{host.label}: the run did not stop within "
+                                  f"{settings.stop_timeout_seconds:g}s; see `fab logs`")
+            time.sleep(1)
+        checkpoint = info.get("latest_checkpoint")
+        say(f"{host.label}: {info['state'].get('state')}; latest checkpoint: "
+            f"{checkpoint or 'none (stopped before the first training step)'}")
+    if nodes:
+        say(f"resume with: fab train --resume {nodes[0][1].run_id}")
+
+
+def tensorboard(host: Host, layout: NodeLayout, settings: Settings, local_port: int,
+                say: Say) -> None:
+    """TensorBoard on the host for this run's logs, reached through an SSH port-forward. Blocks
+    until interrupted, then stops that TensorBoard."""
+    record = read_remote_json(host, posixpath.join(layout.run_dir, "run.json")) or {}
+    free = run(host.cxn, f"{q(settings.python)} -c 'import socket; s=socket.socket(); "
+                         f"s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'",
+               what="finding a free port").stdout.strip()
+    remote_port = int(free)
+    logdir = layout.output("logs")
+    name = f"clipforge-{layout.run_id}-tensorboard"
+    if record.get("runtime") == "docker":
+        user = run(host.cxn, "echo $(id -u):$(id -g)", what="id").stdout.strip()
+        start = (f"docker run -d --rm --name {q(name)} --network host --user {q(user)} "
+                 f"--volume {q(layout.run_dir)}:{q(layout.run_dir)}:ro {q(record['image'])} "
+                 f"tensorboard --logdir {q(logdir)} --host 127.0.0.1 --port {remote_port}")
+        stop_cmd = f"docker rm --force {q(name)}"
+    else:
+        pid_file = posixpath.join(layout.node_dir, "tensorboard.pid")
+        start = (f"setsid nohup {q(settings.python)} -m tensorboard.main --logdir {q(logdir)} "
+                 f"--host 127.0.0.1 --port {remote_port} > "
+                 f"{q(posixpath.join(layout.node_dir, 'tensorboard.log'))} 2>&1 < /dev/null & "
+                 f"echo $! > {q(pid_file)}")
+        # setsid made TensorBoard a process group leader: its data server goes with it.
+        stop_cmd = f"kill -- -$(cat {q(pid_file)}) && rm -f {q(pid_file)}"
+    run(host.cxn, f"mkdir -p {q(logdir)}", what="creating the logs directory")
+    run(host.cxn, start, what="starting TensorBoard")
+    try:
+        _wait_http(host, settings, remote_port)
+        with host.cxn.forward_local(local_port, remote_port=remote_port, remote_host="127.0.0.1"):
+            say(f"TensorBoard for {layout.run_id}: http://127.0.0.1:{local_port}/  (Ctrl-C to stop)")
+            _block_until_interrupted()
+    finally:
+        probe(host.cxn, stop_cmd)
+
+
+def _wait_http(host: Host, settings: Settings, port: int, timeout_seconds: int = 120) -> None:
+    script = ("import time, urllib.request\n"
+              f"end = time.time() + {timeout_seconds}\n"
+              "while True:\n"
+              "    try:\n"
+              f"        urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=5); break\n"
+              "    except OSError:\n"
+              "        if time.time() > end: raise SystemExit(1)\n"
+              "        time.sleep(0.5)\n")
+    run(host.cxn, f"{q(settings.python)} -c {q(script)}", what="waiting for TensorBoard to answer")
+
+
+def _block_until_interrupted() -> None:
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def clean(host: Host, settings: Settings, run_ids: list[str], say: Say) -> None:
+    """Remove runs from the host (code, checkpoints, logs); never a running one."""
+    for run_id in run_ids:
+        run_dir = posixpath.join(host.root, "runs", run_id)
+        nodes = probe(host.cxn, f"ls -d {q(run_dir)}/node-* 2>/dev/null").stdout.split()
+        for node_dir in nodes:
+            layout = NodeLayout(root=host.root, run_id=run_id,
+                                node_rank=int(node_dir.rsplit("-", 1)[1]))
+            state = read_remote_json(host, layout.state) or {}
+            pid = state.get("supervisor_pid")
+            if pid and probe(host.cxn, f"grep -qs clipforge.remote.supervisor /proc/{int(pid)}/cmdline "
+                                       f"&& grep -qs {q(node_dir)} /proc/{int(pid)}/cmdline").ok:
+                raise RemoteError(f"{host.label}: run {run_id} is running; `fab stop --run "
+                                  f"{run_id}` first")
+        probe(host.cxn, f"command -v docker >/dev/null && docker ps -aq --filter "
+                        f"name=clipforge-{q(run_id)} | xargs -r docker rm --force")
+        run(host.cxn, f"rm -rf {q(run_dir)}", what=f"removing {run_dir}")
+        marker = current_marker(host.root)
+        probe(host.cxn, f"[ \"$(cat {q(marker)} 2>/dev/null)\" = {q(run_id)} ] && rm -f {q(marker)}")
+        say(f"{host.label}: removed run {run_id}")
+
+
+def all_runs(host: Host) -> list[str]:
+    result = probe(host.cxn, f"ls {q(posixpath.join(host.root, 'runs'))} 2>/dev/null")
+    return sorted(result.stdout.split())

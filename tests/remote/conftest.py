@@ -1,0 +1,162 @@
+"""Fixtures of the launcher tests: a real sshd on 127.0.0.1, a project commit, the real `fab`.
+
+Every test gets its own remote run root. The training runs use the reduced config of
+tests/conftest.py plus a few settings (RUN_SETS); runs shared by several tests are session
+fixtures in tests/remote/runs.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SMALL_PARAMS
+from tests.remote.sshd import FabRunner, start_sshd
+
+# The reduced config as --set overrides (values as YAML, like `dvc exp run -S`), and the run shape
+# every training test shares: 8 steps, a checkpoint every 2, a metrics row every step.
+def _as_sets(params: dict) -> list[str]:
+    return [f"{section}.{key}={json.dumps(value)}" for section in ("data", "model", "train")
+            for key, value in params[section].items()]
+
+
+SMALL_SETS = _as_sets(SMALL_PARAMS)
+RUN_SETS = _as_sets({**SMALL_PARAMS, "train": {**SMALL_PARAMS["train"], "max_steps": 8,
+                                               "save_every_steps": 2, "log_every_steps": 1,
+                                               "warmup_steps": 1}})
+
+
+def set_args(sets: list[str]) -> list[str]:
+    return [arg for item in sets for arg in ("--set", item)]
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def project(tmp_path_factory) -> Path:
+    """The project as it is in this checkout (tracked and new files), committed in a repository
+    of its own: what `fab train` ships is exactly the code under test."""
+    root = tmp_path_factory.mktemp("project")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, (n.decode() for n in listed)):
+        source = REPO / name
+        if source.is_file():
+            target = root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+            target.chmod(source.stat().st_mode & 0o777)
+    git(root, "init", "--quiet")
+    git(root, "add", "--all")
+    git(root, "commit", "--quiet", "-m", "snapshot under test")
+    return root
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.org", *args],
+                          cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def make_fab(project: Path, home: Path, remote_root: Path, sshd) -> FabRunner:
+    """`fab` as a user runs it in the project: HOME with a known_hosts that knows the server."""
+    (home / ".ssh").mkdir(parents=True, exist_ok=True, mode=0o700)
+    known = home / ".ssh" / "known_hosts"
+    if not known.exists():
+        known.write_text(sshd.known_hosts_line)
+    env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "REGISTRY")
+           and not k.startswith("FABRIC_")}
+    env.update({
+        "HOME": str(home),
+        "PYTHONPATH": str(project / "src"),
+        # The host side runs with the interpreter running these tests (this machine is the host).
+        "FABRIC_CLIPFORGE_PYTHON": sys.executable,
+        "FABRIC_CLIPFORGE_REMOTE_ROOT": str(remote_root),
+        "FABRIC_CLIPFORGE_MIN_FREE_GB": "1",
+        "FABRIC_CLIPFORGE_BACKOFF_SECONDS": "1",
+        "FABRIC_CLIPFORGE_BACKOFF_MAX_SECONDS": "2",
+        "FABRIC_CLIPFORGE_STOP_TIMEOUT_SECONDS": "180",
+    })
+    return FabRunner(project=project, home=home, env=env)
+
+
+@pytest.fixture
+def remote_root(tmp_path) -> Path:
+    return tmp_path / "remote"
+
+
+@pytest.fixture
+def fab(project, tmp_path, remote_root, sshd) -> FabRunner:
+    return make_fab(project, tmp_path / "home", remote_root, sshd)
+
+
+# -- runs --------------------------------------------------------------------------------------
+class LaunchedRun:
+    """A run started by `fab train`, observed on the host (this machine) and through `fab`."""
+
+    def __init__(self, fab: FabRunner, sshd, root: Path, launch: subprocess.CompletedProcess):
+        assert launch.returncode == 0, launch.stdout + launch.stderr
+        self.fab, self.sshd, self.root, self.launch = fab, sshd, root, launch
+        self.run_id = next(line.split()[2] for line in launch.stdout.splitlines()
+                           if line.startswith("started run "))
+        self.state_at_return = self.state()
+
+    @property
+    def node_dir(self) -> Path:
+        return self.root / "runs" / self.run_id / "node-0"
+
+    @property
+    def code(self) -> Path:
+        return self.node_dir / "code"
+
+    def state(self) -> dict:
+        return json.loads((self.node_dir / "state.json").read_text())
+
+    def run_fab(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        return self.fab(*args, hosts=self.sshd.address, key=self.sshd.client_key, **kwargs)
+
+    def wait_until(self, predicate, timeout: float = 600, what: str = "the run") -> None:
+        """Poll the host until predicate() holds (a safety limit, not a speed assertion)."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if self.state().get("state") in ("failed", "stopped", "finished") and \
+                    not predicate():
+                raise AssertionError(f"{what}: run ended as {self.state()} first; log:\n"
+                                     + (self.node_dir / "train.log").read_text()[-3000:])
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not reached; state {self.state()}")
+            time.sleep(0.05)
+
+    def wait_finished(self, timeout: float = 600) -> dict:
+        deadline = time.monotonic() + timeout
+        while self.state().get("state") not in ("failed", "stopped", "finished"):
+            assert time.monotonic() < deadline, f"still {self.state()}"
+            time.sleep(0.5)
+        return self.state()
+
+
+def launch_run(fab: FabRunner, sshd, root: Path, *args: str, env: dict | None = None) -> LaunchedRun:
+    result = fab("train", "--gpus", "0", "--runtime", "host", "--data", "build", *args,
+                 hosts=sshd.address, key=sshd.client_key, env=env)
+    return LaunchedRun(fab, sshd, root, result)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(project, sshd, tmp_path_factory) -> LaunchedRun:
+    """`fab train --gpus 0 --smoke --runtime host`, run to its end. Its training part is also the
+    uninterrupted reference of the RUN_SETS shape (--smoke's own settings are overridden)."""
+    base = tmp_path_factory.mktemp("smoke-run")
+    fab = make_fab(project, base / "home", base / "remote", sshd)
+    run = launch_run(fab, sshd, base / "remote", "--smoke", *set_args(RUN_SETS))
+    final = run.wait_finished()
+    assert final["state"] == "finished", (run.node_dir / "train.log").read_text()[-4000:]
+    return run

@@ -1,0 +1,130 @@
+"""A real OpenSSH server on 127.0.0.1 with throwaway keys, and a way to run the real `fab`.
+
+The "remote host" is this machine: sshd runs as the current user (root in CI containers too),
+key-only, with its own config, host key and authorized_keys in a temporary directory.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SSHD = Path("/usr/sbin/sshd")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "clipforge-test",
+                    "-f", str(path)], check=True)
+    return path
+
+
+@dataclass
+class SshServer:
+    port: int
+    user: str
+    client_key: Path  # authorized
+    host_public_key: str  # "ssh-ed25519 AAAA..."
+    process: subprocess.Popen
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@127.0.0.1:{self.port}"
+
+    @property
+    def known_hosts_line(self) -> str:
+        kind, blob = self.host_public_key.split()[:2]
+        return f"[127.0.0.1]:{self.port} {kind} {blob}\n"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def start_sshd(directory: Path) -> SshServer:
+    directory.mkdir(parents=True, exist_ok=True)
+    host_key = keygen(directory / "ssh_host_ed25519_key")
+    client_key = keygen(directory / "client_key")
+    authorized = directory / "authorized_keys"
+    authorized.write_text((directory / "client_key.pub").read_text())
+    for path in (host_key, client_key, authorized):
+        path.chmod(0o600)
+    user = _user()
+    port = free_port()
+    config = directory / "sshd_config"
+    config.write_text(f"""\
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {host_key}
+PidFile {directory / 'sshd.pid'}
+AuthorizedKeysFile {authorized}
+AllowUsers {user}
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+# The temporary directory belongs to the test, not to a hardened home.
+StrictModes no
+PermitRootLogin prohibit-password
+Subsystem sftp internal-sftp
+LogLevel ERROR
+""")
+    if os.geteuid() == 0:
+        # sshd started as root insists on its privilege separation directory; the Debian package
+        # creates it only when the service starts, which no container does.
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    process = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)],
+                               stdout=subprocess.DEVNULL, stderr=open(directory / "sshd.log", "wb"))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"sshd exited: {(directory / 'sshd.log').read_text()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        process.terminate()
+        raise RuntimeError("sshd did not start listening")
+    public = (directory / "ssh_host_ed25519_key.pub").read_text().strip()
+    return SshServer(port=port, user=user, client_key=client_key, host_public_key=public,
+                     process=process)
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+@dataclass
+class FabRunner:
+    """Runs `python -m fabric` (the `fab` CLI) in a project checkout, as a user would."""
+    project: Path
+    home: Path  # HOME of the fab process: its ~/.ssh/known_hosts
+    env: dict
+
+    def __call__(self, *args: str, hosts: str | None = None, key: Path | None = None,
+                 timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "fabric"]
+        if hosts:
+            argv += ["-H", hosts]
+        if key:
+            argv += ["-i", str(key)]
+        return subprocess.run(argv + list(args), cwd=self.project, env={**self.env, **(env or {})},
+                              capture_output=True, text=True, timeout=timeout)
+
+    def popen(self, *args: str, hosts: str, key: Path) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "fabric", "-H", hosts, "-i", str(key), *args]
+        return subprocess.Popen(argv, cwd=self.project, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)

@@ -1,0 +1,166 @@
+"""The commands a run is made of, checked as data; DeepSpeed's own parsers check the launcher's.
+
+The docker runtime cannot run here (no Docker engine): its `docker run` is checked for what it
+must carry (GPU device request, mounts, env, shm size, user), not executed.
+"""
+from __future__ import annotations
+
+import pytest
+
+from clipforge.remote.commands import (DockerSpec, NodeContext, docker_run_argv, docker_stop_argv,
+                                       hostfile_text, multinode_train_argv, node_plan)
+from clipforge.remote.errors import RemoteError
+from clipforge.remote.layout import NodeLayout
+from clipforge.remote.options import make_options
+from clipforge.remote.plan import RestartPolicy
+
+POLICY = RestartPolicy(max_restarts=5, backoff_seconds=1, backoff_max_seconds=2, stop_timeout_seconds=9)
+PY = "/opt/venv/bin/python"
+
+
+def _options(**changes):
+    values = dict(gpus=4, nodes=1, sets=[], smoke=False, runtime="host", allow_dirty=False, data="build")
+    values.update(changes)
+    return make_options(**values)
+
+
+def _node(rank=0, hosts=("a", "b")):
+    return NodeContext(layout=NodeLayout(root="/srv/runs-root", run_id="20260101-000000-abcdef12",
+                                         node_rank=rank),
+                       hosts=list(hosts), master_addr="10.0.0.1", host_python=PY, user="1000:1000",
+                       image="registry.example/clipforge:tag", shm_size="16g")
+
+
+def _spec(**changes):
+    values = dict(image="registry.example/clipforge:tag", name="clipforge-x-n0-train", gpus=4,
+                  user="1000:1000", run_dir="/srv/r/runs/x", workdir="/srv/r/runs/x/node-0/code",
+                  home="/srv/r/runs/x/node-0/home", shm_size="16g")
+    values.update(changes)
+    return DockerSpec(**values)
+
+
+def _pairs(argv, flag):
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_single_node_trains_through_dvc_with_every_set_as_S():
+    """One node, DVC-managed data: `dvc exp run -S ... train`, --gpus as ranks per node, --set last."""
+    plan = node_plan(_options(sets=["train.lr=0.0005"]), _node(), POLICY)
+    assert [p.name for p in plan.phases] == ["train"]
+    argv = plan.phases[0].argv
+    assert argv[:5] == [PY, "-m", "dvc", "exp", "run"] and argv[-1] == "train"
+    assert _pairs(argv, "-S") == ["train.num_nodes=1", "train.ranks_per_node=4", "train.lr=0.0005"]
+
+
+def test_gpus_0_is_a_cpu_run():
+    """--gpus 0: device cpu, one rank, DS_ACCELERATOR=cpu in the phase's environment."""
+    plan = node_plan(_options(gpus=0), _node(), POLICY)
+    assert {"train.device=cpu", "train.ranks_per_node=1"} <= set(_pairs(plan.phases[0].argv, "-S"))
+    assert plan.phases[0].env == {"DS_ACCELERATOR": "cpu"}
+
+
+def test_pull_fetches_the_data_first_and_smoke_reloads_last():
+    """--data pull adds a `dvc pull data` phase; --smoke a final, non-restartable reload check."""
+    plan = node_plan(_options(data="pull", smoke=True), _node(), POLICY)
+    assert [p.name for p in plan.phases] == ["data", "train", "smoke"]
+    assert plan.phases[0].argv == [PY, "-m", "dvc", "pull", "data"]
+    smoke = plan.phases[2]
+    assert not smoke.restartable and smoke.argv[smoke.argv.index("--") + 1:] == [PY, "-m", "clipforge.train"]
+    assert "train.max_steps=4" in _pairs(plan.phases[1].argv, "-S")
+
+
+def test_mounted_data_bypasses_dvc():
+    """--data /path: the stage runs directly on the volume (never inside the DVC workspace)."""
+    plan = node_plan(_options(data="/mnt/datasets/zh"), _node(), POLICY)
+    argv = plan.phases[0].argv
+    assert argv[:3] == [PY, "-m", "clipforge.train"] and _pairs(argv, "--data") == ["/mnt/datasets/zh"]
+
+
+def test_multinode_argv_parses_with_deepspeeds_own_runner():
+    """Each node's launcher command is valid for deepspeed.launcher.runner: no-SSH mode, its node
+    rank, the node count, GPUs per node, node 0 as master, the shared checkpoints."""
+    from deepspeed.launcher.runner import parse_args
+
+    argv = multinode_train_argv(PY, node_rank=1, num_nodes=2, ranks_per_node=8, master_addr="10.0.0.1",
+                                master_port=29511, hostfile="/r/hostfile", overrides=("train.lr=1",),
+                                data_dir="/r/node-1/code/data", checkpoints_dir="/r/checkpoints")
+    assert argv[:3] == [PY, "-m", "deepspeed.launcher.runner"]
+    args = parse_args(argv[3:])
+    assert args.no_ssh and args.node_rank == 1 and args.num_nodes == 2 and args.num_gpus == 8
+    assert args.master_addr == "10.0.0.1" and args.master_port == 29511 and args.module
+    assert args.no_local_rank and args.hostfile == "/r/hostfile"
+    assert args.user_script == "clipforge.train"
+    assert args.user_args == ["--set", "train.lr=1", "--data", "/r/node-1/code/data",
+                              "--checkpoints", "/r/checkpoints"]
+
+
+def test_hostfile_lists_every_node_with_its_slots(tmp_path):
+    """The hostfile parses with DeepSpeed's reader: one entry per node, GPUs per node as slots."""
+    from deepspeed.launcher.runner import fetch_hostfile
+
+    path = tmp_path / "hostfile"
+    path.write_text(hostfile_text(["a", "b", "c"], 4))
+    assert dict(fetch_hostfile(str(path))) == {"node-0": 4, "node-1": 4, "node-2": 4}
+
+
+def test_multinode_plan_builds_data_then_launches_its_rank():
+    """--nodes 2 --data build: each node builds the data stage, then runs its own launcher."""
+    plan = node_plan(_options(nodes=2, gpus=8), _node(rank=1), POLICY)
+    assert [p.name for p in plan.phases] == ["data", "train"]
+    assert plan.phases[0].argv[-1] == "data"
+    train = plan.phases[1].argv
+    assert _pairs(train, "--node_rank") == ["1"] and _pairs(train, "--master_addr") == ["10.0.0.1"]
+    assert _pairs(train, "--checkpoints") == ["/srv/runs-root/runs/20260101-000000-abcdef12/checkpoints"]
+
+
+def test_docker_run_requests_gpus_mounts_env_shm_and_user():
+    """docker run: a device request for the GPUs, the run dir at the same path, the data read-only,
+    /dev/shm size, the SSH user's uid:gid, host network, HOME and PYTHONPATH of the run."""
+    argv = docker_run_argv(_spec(data_dir="/mnt/data"), ["python", "-m", "clipforge.train"])
+    assert argv[:4] == ["docker", "run", "--rm", "--init"]
+    assert _pairs(argv, "--gpus") == ["4"] and _pairs(argv, "--shm-size") == ["16g"]
+    assert _pairs(argv, "--user") == ["1000:1000"] and _pairs(argv, "--network") == ["host"]
+    assert _pairs(argv, "--volume") == ["/srv/r/runs/x:/srv/r/runs/x", "/mnt/data:/mnt/data:ro"]
+    assert "memlock=-1" in _pairs(argv, "--ulimit")
+    env = _pairs(argv, "--env")
+    assert "HOME=/srv/r/runs/x/node-0/home" in env and "PYTHONPATH=/srv/r/runs/x/node-0/code/src" in env
+    image_at = argv.index("registry.example/clipforge:tag")
+    assert argv[image_at + 1:] == ["python", "-m", "clipforge.train"]
+
+
+def test_docker_passes_the_webhook_secret_by_name_only(monkeypatch):
+    """The alert webhooks go in as `--env NAME` (docker copies the value): never on the command line."""
+    monkeypatch.setenv("CLIPFORGE_ALERT_WEBHOOKS", "slack:https://hooks.example/secret")
+    argv = docker_run_argv(_spec(), ["true"])
+    assert "CLIPFORGE_ALERT_WEBHOOKS" in _pairs(argv, "--env")
+    assert not any("secret" in a for a in argv)
+
+
+def test_docker_cpu_run_has_no_device_request():
+    """--gpus 0 under docker: no --gpus, DS_ACCELERATOR=cpu inside."""
+    plan = node_plan(_options(gpus=0, runtime="docker"), _node(), POLICY)
+    argv = plan.phases[0].argv
+    assert "--gpus" not in argv and "DS_ACCELERATOR=cpu" in _pairs(argv, "--env")
+    assert argv[argv.index("registry.example/clipforge:tag") + 1:][:3] == ["python", "-m", "dvc"]
+
+
+def test_docker_phases_stop_and_clean_their_container():
+    """A docker phase is stopped by SIGINT to the processes inside its container, and a leftover
+    container of the same name is removed before each attempt."""
+    plan = node_plan(_options(runtime="docker"), _node(), POLICY)
+    phase = plan.phases[0]
+    name = _pairs(phase.argv, "--name")[0]
+    assert name == "clipforge-20260101-000000-abcdef12-n0-train"
+    assert phase.stop_argv == docker_stop_argv(name) == ["docker", "exec", name, "kill", "-INT", "-1"]
+    assert phase.cleanup_argv == ["docker", "rm", "--force", name]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"gpus": -1}, "--gpus"), ({"nodes": 0}, "--nodes"), ({"runtime": "podman"}, "--runtime"),
+    ({"data": "relative/path"}, "--data"), ({"sets": ["train.num_nodes=2"]}, "--gpus/--nodes"),
+    ({"sets": ["lr"]}, "--set lr"),
+])
+def test_bad_options_are_refused_by_name(changes, message):
+    """Each bad option fails with a message naming it."""
+    with pytest.raises(RemoteError, match=message.replace("/", ".")):
+        _options(**changes)

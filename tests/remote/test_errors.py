@@ -1,0 +1,134 @@
+"""Bad hosts, keys and launches: a clear error, a non-zero exit, nothing left running."""
+from __future__ import annotations
+
+from tests.remote.conftest import SMALL_SETS, git, make_fab, set_args
+from tests.remote.hostprocs import processes_under
+from tests.remote.sshd import free_port, keygen
+
+
+def _train(fab, sshd, *args, **kwargs):
+    return fab("train", "--gpus", "0", "--runtime", "host", "--data", "build",
+               *set_args(SMALL_SETS), *args, hosts=kwargs.pop("hosts", sshd.address),
+               key=kwargs.pop("key", sshd.client_key), **kwargs)
+
+
+def _nothing_started(remote_root) -> bool:
+    return not (remote_root / "runs").exists() and processes_under(remote_root.parent) == []
+
+
+def test_unreachable_host(fab, sshd, remote_root):
+    """A port where no sshd listens: the error names the host and the refused connection."""
+    result = _train(fab, sshd, hosts=f"{sshd.user}@127.0.0.1:{free_port()}")
+    assert result.returncode != 0
+    assert "cannot connect" in result.stderr and "Connection refused" in result.stderr
+    assert _nothing_started(remote_root)
+
+
+def test_wrong_key(fab, sshd, remote_root, tmp_path):
+    """A key the host does not authorize: authentication fails, with what to do."""
+    stranger = keygen(tmp_path / "stranger")
+    result = _train(fab, sshd, key=stranger)
+    assert result.returncode != 0
+    assert "SSH authentication failed" in result.stderr and "-i" in result.stderr
+    assert _nothing_started(remote_root)
+
+
+def test_unknown_host_key_is_refused(project, sshd, tmp_path):
+    """A host whose key is not in known_hosts is refused (Fabric alone would accept it), with its
+    fingerprint and how to add it; known_hosts stays untouched."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text("")
+    fab = make_fab(project, home, tmp_path / "remote", sshd)
+    result = fab("check", "--gpus", "0", "--runtime", "host", hosts=sshd.address, key=sshd.client_key)
+    assert result.returncode != 0
+    assert "host key not known" in result.stdout + result.stderr
+    assert "SHA256:" in result.stdout + result.stderr and "--accept-new-host-key" in result.stdout
+    assert (home / ".ssh" / "known_hosts").read_text() == ""
+
+
+def test_accept_new_host_key_records_it(project, sshd, tmp_path):
+    """--accept-new-host-key (the opt-out for fresh hosts) records the key; later connections then
+    verify against it without the flag."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text("")
+    fab = make_fab(project, home, tmp_path / "remote", sshd)
+    first = fab("check", "--gpus", "0", "--runtime", "host", "--accept-new-host-key",
+                hosts=sshd.address, key=sshd.client_key)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert sshd.host_public_key.split()[1] in (home / ".ssh" / "known_hosts").read_text()
+    again = fab("check", "--gpus", "0", "--runtime", "host", hosts=sshd.address, key=sshd.client_key)
+    assert again.returncode == 0
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(project, sshd, tmp_path):
+    """A known host presenting another key is refused, --accept-new-host-key or not."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    keygen(tmp_path / "other_host_key")
+    kind, blob = (tmp_path / "other_host_key.pub").read_text().split()[:2]
+    (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {kind} {blob}\n")
+    fab = make_fab(project, home, tmp_path / "remote", sshd)
+    result = fab("check", "--gpus", "0", "--accept-new-host-key", hosts=sshd.address,
+                 key=sshd.client_key)
+    assert result.returncode != 0 and "host key CHANGED" in result.stdout
+
+
+def test_gpus_on_a_host_without_gpus(fab, sshd, remote_root):
+    """`fab train --gpus 4` on a host without GPUs fails its preflight; nothing is shipped."""
+    result = fab("train", "--gpus", "4", "--runtime", "host", "--data", "build",
+                 *set_args(SMALL_SETS + ["train.micro_batch_size=8"]),  # 8 x 4 ranks = 32
+                 hosts=sshd.address, key=sshd.client_key)
+    assert result.returncode != 0
+    assert "gpus" in result.stdout and "FAIL" in result.stdout
+    assert "preflight failed" in result.stderr and "nothing was started" in result.stderr
+    assert _nothing_started(remote_root)
+
+
+def test_dirty_tree_is_refused(project, sshd, tmp_path):
+    """Uncommitted changes: refused before connecting, naming the changed file and --allow-dirty."""
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "--quiet", str(project), str(clone))
+    with open(clone / "params.yaml", "a") as f:
+        f.write("\n# an uncommitted edit\n")
+    fab = make_fab(clone, tmp_path / "home", tmp_path / "remote", sshd)
+    result = _train(fab, sshd)
+    assert result.returncode != 0
+    assert "not committed" in result.stderr and "params.yaml" in result.stderr
+    assert "--allow-dirty" in result.stderr
+    assert not (tmp_path / "remote").exists()
+
+
+def test_bad_override_fails_before_connecting(fab, sshd, remote_root):
+    """A --set the stages would reject is rejected on the laptop, naming the key."""
+    result = _train(fab, sshd, "--set", "train.lr=-1")
+    assert result.returncode != 0 and "train.lr" in result.stderr
+    assert not remote_root.exists()
+
+
+def test_launch_keys_come_from_gpus_and_nodes(fab, sshd, remote_root):
+    """--set train.ranks_per_node conflicts with --gpus: refused, pointing at --gpus."""
+    result = _train(fab, sshd, "--set", "train.ranks_per_node=2")
+    assert result.returncode != 0 and "--gpus" in result.stderr
+
+
+def test_nodes_must_match_hosts(fab, sshd, remote_root):
+    """--nodes 2 with one -H host: refused before connecting."""
+    result = _train(fab, sshd, "--nodes", "2")
+    assert result.returncode != 0 and "needs exactly 2 host(s)" in result.stderr
+
+
+def test_no_host_at_all(fab, sshd):
+    """No -H and no stack outputs file: says how to give hosts."""
+    result = fab("status")
+    assert result.returncode != 0
+    assert "no hosts" in result.stderr and "-H" in result.stderr and "make up" in result.stderr
+
+
+def test_data_pull_needs_a_dvc_remote(fab, sshd, remote_root):
+    """--data pull without a DVC remote/lock in the commit: refused with the alternatives."""
+    result = fab("train", "--gpus", "0", "--runtime", "host", "--data", "pull",
+                 hosts=sshd.address, key=sshd.client_key)
+    assert result.returncode != 0 and "--data build" in result.stderr
+    assert not remote_root.exists()

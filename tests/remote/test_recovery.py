@@ -1,0 +1,151 @@
+"""Supervision: a killed training process is restarted from its checkpoint; `fab stop` stops a
+run gracefully and `fab train --resume` carries it on. Compared with the uninterrupted training
+of the smoke run (same params, same data: the same train run id)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import uuid
+
+import pytest
+
+from tests.remote.conftest import RUN_SETS, launch_run, make_fab, set_args
+from tests.remote.hostprocs import (environment_of, files_containing, processes_under,
+                                    train_stage_process)
+
+pytestmark = pytest.mark.slow
+# Nothing listens on port 9 here: alerts the stage sends to it fail at once (and are only logged).
+SECRET = f"http://127.0.0.1:9/hook/{uuid.uuid4().hex}"
+
+
+def _latest_step(run) -> int:
+    markers = list((run.code / "checkpoints").glob("run-*/latest"))
+    return int(markers[0].read_text().strip().split("-")[1]) if markers else 0
+
+
+@pytest.fixture(scope="module")
+def killed_run(project, sshd, tmp_path_factory, smoke_run):
+    """A run whose training process is SIGKILLed once, after its first checkpoint."""
+    base = tmp_path_factory.mktemp("killed-run")
+    fab = make_fab(project, base / "home", base / "remote", sshd)
+    run = launch_run(fab, sshd, base / "remote", *set_args(RUN_SETS),
+                     env={"CLIPFORGE_ALERT_WEBHOOKS": SECRET})
+    run.wait_until(lambda: _latest_step(run) >= 2 and train_stage_process(run.code),
+                   what="first checkpoint")
+    pid = train_stage_process(run.code)
+    run.environment_seen = environment_of(pid)
+    run.killed_after_step = _latest_step(run)
+    os.kill(pid, signal.SIGKILL)
+    run.final_state = run.wait_finished()
+    return run
+
+
+def test_killed_training_process_is_restarted(killed_run):
+    """SIGKILL of the training process: the supervisor records the abnormal exit, restarts once,
+    and the run finishes."""
+    state = killed_run.final_state
+    assert state["state"] == "finished"
+    assert state["restarts"] == 1
+    assert [e["phase"] for e in state["exits"]] == ["train"] and state["exits"][0]["code"] != 0
+
+
+def test_restarted_run_ends_like_an_uninterrupted_one(killed_run, smoke_run):
+    """After the restart the stage resumed from its checkpoint and ended with the same final
+    metrics and the same exported weights as the uninterrupted training."""
+    summary = json.loads((killed_run.code / "metrics" / "train.json").read_text())
+    reference = json.loads((smoke_run.node_dir / "smoke.json").read_text())["trained"]
+    assert summary["resumed_from_step"] >= killed_run.killed_after_step > 0
+    for key in ("run_id", "steps", "loss", "val_loss", "logit_scale"):
+        assert summary[key] == reference[key], key
+    assert _digests(killed_run.code / "models" / "clip") == _digests(smoke_run.code / "models" / "clip")
+
+
+def test_restart_is_logged_and_counted_in_status(killed_run):
+    """The restart shows in `fab logs` (a supervisor line) and in `fab status` (restarts 1/5)."""
+    logs = killed_run.run_fab("logs", "--lines", "1000")
+    assert "restart 1/5" in logs.stdout and "signal SIGKILL" not in logs.stdout  # dvc's exit code
+    status = killed_run.run_fab("status")
+    assert status.returncode == 0 and "1/5" in status.stdout and "finished" in status.stdout
+
+
+def test_alert_webhooks_reach_the_run_but_no_file(killed_run):
+    """CLIPFORGE_ALERT_WEBHOOKS set for `fab train` is in the training process's environment, and
+    in no file on the host (run record, plan, state, logs)."""
+    assert killed_run.environment_seen.get("CLIPFORGE_ALERT_WEBHOOKS") == SECRET
+    assert files_containing(killed_run.root, SECRET) == []
+    record = json.loads((killed_run.root / "runs" / killed_run.run_id / "run.json").read_text())
+    assert record["env_passed_through"] == ["CLIPFORGE_ALERT_WEBHOOKS"]
+
+
+@pytest.fixture(scope="module")
+def stopped_run(project, sshd, tmp_path_factory):
+    """A run stopped with `fab stop` once it has trained a step."""
+    base = tmp_path_factory.mktemp("stopped-run")
+    fab = make_fab(project, base / "home", base / "remote", sshd)
+    run = launch_run(fab, sshd, base / "remote", *set_args(RUN_SETS))
+    tsv = run.code / "metrics" / "train.tsv"
+    run.wait_until(lambda: tsv.is_file() and len(tsv.read_text().splitlines()) >= 2,
+                   what="first metrics row")
+    run.clean_while_running = run.run_fab("clean")
+    follower = run.fab.popen("logs", "--follow", hosts=sshd.address, key=sshd.client_key)
+    run.stop_result = run.run_fab("stop")
+    run.followed = follower.communicate(timeout=120)[0]
+    run.follower_code = follower.returncode
+    run.state_after_stop = run.state()
+    run.processes_after_stop = processes_under(run.root)
+    return run
+
+
+def test_stop_checkpoints_then_ends_the_run(stopped_run):
+    """`fab stop`: the stage saves a checkpoint at the next step boundary and exits; the supervisor
+    restarts nothing and nothing of the run is left running."""
+    result = stopped_run.stop_result
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert stopped_run.state_after_stop["state"] == "stopped"
+    assert stopped_run.state_after_stop["restarts"] == 0
+    step = _latest_step(stopped_run)
+    assert 0 < step < 8
+    assert f"step-{step:08d}" in result.stdout
+    assert stopped_run.processes_after_stop == []
+
+
+def test_resume_after_stop_trains_on_to_the_same_result(stopped_run, smoke_run):
+    """`fab train --resume RUN` starts the supervisor again: the stage resumes from the stop's
+    checkpoint and ends where the uninterrupted training ended."""
+    stopped_at = _latest_step(stopped_run)
+    result = stopped_run.run_fab("train", "--resume", stopped_run.run_id)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert stopped_run.wait_finished()["state"] == "finished"
+    summary = json.loads((stopped_run.code / "metrics" / "train.json").read_text())
+    reference = json.loads((smoke_run.node_dir / "smoke.json").read_text())["trained"]
+    assert summary["resumed_from_step"] == stopped_at
+    assert summary["loss"] == reference["loss"] and summary["val_loss"] == reference["val_loss"]
+
+
+def test_logs_follow_streams_until_the_run_ends(stopped_run):
+    """`fab logs --follow` started during the run returns by itself once the run has ended (here:
+    stopped), having shown the stage's output up to the end."""
+    assert stopped_run.follower_code == 0
+    assert "clipforge.train" in stopped_run.followed and "stopped on request" in stopped_run.followed
+
+
+def test_clean_refuses_a_running_run(stopped_run):
+    """`fab clean` while the run trains: refused, pointing at `fab stop`; the run untouched."""
+    result = stopped_run.clean_while_running
+    assert result.returncode != 0 and "fab stop" in result.stderr
+    assert stopped_run.state_after_stop["restarts"] == 0  # the run went on until the stop
+
+
+def test_clean_removes_an_ended_run(stopped_run):
+    """`fab clean` after the run ended removes it from the host, and the `current` marker."""
+    result = stopped_run.run_fab("clean")
+    assert result.returncode == 0, result.stderr
+    assert not (stopped_run.root / "runs" / stopped_run.run_id).exists()
+    assert not (stopped_run.root / "current").exists()
+
+
+def _digests(directory):
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}

@@ -1,0 +1,111 @@
+"""`fab train --gpus 0 --smoke --runtime host` through a real sshd, and the tasks that watch it."""
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+from tests.remote.sshd import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_launch_returns_while_the_run_goes_on(smoke_run):
+    """`fab train` returns (its SSH session closed) while the run is still going; the run, detached
+    from that session, carries on to its end."""
+    assert smoke_run.state_at_return["state"] in ("starting", "running")
+    assert smoke_run.state()["state"] == "finished"
+
+
+def test_smoke_saves_a_checkpoint_and_loads_it_back(smoke_run):
+    """The smoke run trains, then the stage reloads its final checkpoint and re-exports the same
+    weights."""
+    smoke = json.loads((smoke_run.node_dir / "smoke.json").read_text())
+    assert smoke["passed"], smoke["checks"]
+    assert set(smoke["checks"]) == {"resume command exited 0", "resumed from the final checkpoint",
+                                    "same run id after reload", "exported weights identical after reload"}
+    assert smoke["trained"]["steps"] == 8 and smoke["trained"]["resumed_from_step"] == 0
+
+
+def test_the_run_record_names_commit_params_image_and_host(smoke_run, project, sshd):
+    """run.json on the host: the shipped commit (checked out there), resolved params, image, host."""
+    record = json.loads((smoke_run.root / "runs" / smoke_run.run_id / "run.json").read_text())
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True,
+                          text=True).stdout.strip()
+    assert record["commit"] == head
+    checked_out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=smoke_run.code,
+                                 capture_output=True, text=True).stdout.strip()
+    assert checked_out == head
+    assert record["params"]["train"]["max_steps"] == 8 and record["params"]["train"]["device"] == "cpu"
+    assert record["image"].startswith("clipforge:") and record["hosts"] == [sshd.address]
+    resolved = yaml.safe_load((smoke_run.root / "runs" / smoke_run.run_id /
+                               "params.resolved.yaml").read_text())
+    assert resolved["train"] == record["params"]["train"]
+
+
+def test_status_shows_the_finished_run(smoke_run):
+    """`fab status`: run id, state, step/total, loss, restarts."""
+    result = smoke_run.run_fab("status")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert smoke_run.run_id in out and "finished" in out
+    assert "8/8" in out and "restarts" in out and "0/5" in out
+    assert "(final)" in out  # the final loss from metrics/train.json
+    assert "smoke" in out and "passed" in out
+
+
+def test_logs_show_the_stage_and_supervisor_output(smoke_run):
+    """`fab logs`: the train stage's lines and the supervisor's phase lines."""
+    result = smoke_run.run_fab("logs", "--lines", "400")
+    assert result.returncode == 0, result.stderr
+    assert "clipforge.train" in result.stdout and "phase train attempt 1" in result.stdout
+    assert "smoke: PASSED" in result.stdout
+
+
+def test_fetch_brings_metrics_model_and_logs_home(smoke_run, tmp_path):
+    """`fab fetch`: metrics, the exported model and TensorBoard logs arrive locally, as on the host."""
+    result = smoke_run.run_fab("fetch", "--to", str(tmp_path / "runs"))
+    assert result.returncode == 0, result.stderr
+    home = tmp_path / "runs" / smoke_run.run_id
+    assert json.loads((home / "metrics" / "train.json").read_text()) == \
+        json.loads((smoke_run.code / "metrics" / "train.json").read_text())
+    remote_model = smoke_run.code / "models" / "clip"
+    files = sorted(p.relative_to(remote_model) for p in remote_model.rglob("*") if p.is_file())
+    assert files and all(_sha(home / "models" / "clip" / f) == _sha(remote_model / f) for f in files)
+    assert list((home / "logs").glob("run-*/events.out.tfevents.*"))
+    assert (home / "node-0" / "run.json").is_file() and (home / "node-0" / "train.log").is_file()
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_tensorboard_serves_the_run_through_an_ssh_forward(smoke_run):
+    """`fab tensorboard`: TensorBoard on the host, reached at the printed local URL through the
+    SSH port-forward; interrupting fab stops that TensorBoard."""
+    port = free_port()
+    process = smoke_run.fab.popen("tensorboard", "--port", str(port), hosts=smoke_run.sshd.address,
+                                  key=smoke_run.sshd.client_key)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 300
+    while not any(url in line for line in lines):
+        assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.2)
+    try:
+        with urllib.request.urlopen(url + "data/runs", timeout=60) as response:
+            runs = json.loads(response.read())
+        assert any(name.startswith("run-") for name in runs), runs
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+    assert not (smoke_run.node_dir / "tensorboard.pid").exists()

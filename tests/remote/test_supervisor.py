@@ -1,0 +1,96 @@
+"""The supervisor on its own, with shell commands standing for the train stage (seconds each)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from clipforge.remote.plan import Phase, Plan, RestartPolicy
+from tests.conftest import REPO
+from tests.remote.hostprocs import processes_under
+
+
+def _supervise(node: Path, *phases: Phase, max_restarts: int = 3, wait: bool = True):
+    node.mkdir(parents=True, exist_ok=True)
+    policy = RestartPolicy(max_restarts=max_restarts, backoff_seconds=0.1, backoff_max_seconds=0.2,
+                           stop_timeout_seconds=30)
+    (node / "plan.json").write_text(Plan(phases=list(phases), policy=policy).to_json())
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    process = subprocess.Popen([sys.executable, "-m", "clipforge.remote.supervisor", "run", str(node)],
+                               env=env, cwd=node, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if wait:
+        process.wait(timeout=120)
+    return process
+
+
+def _state(node: Path) -> dict:
+    return json.loads((node / "state.json").read_text())
+
+
+def _sh(name: str, script: str, cwd: Path, restartable: bool = True) -> Phase:
+    return Phase(name=name, argv=["sh", "-c", script], cwd=str(cwd), restartable=restartable)
+
+
+def test_failed_phase_is_restarted_until_it_succeeds(tmp_path):
+    """A phase failing twice is restarted twice, each exit recorded; then the next phase runs."""
+    script = 'n=$(cat count 2>/dev/null || echo 0); echo $((n+1)) > count; [ "$n" -ge 2 ]'
+    process = _supervise(tmp_path, _sh("train", script, tmp_path), _sh("after", "touch done", tmp_path))
+    state = _state(tmp_path)
+    assert process.returncode == 0 and state["state"] == "finished"
+    assert state["restarts"] == 2 and [e["code"] for e in state["exits"]] == [1, 1]
+    assert (tmp_path / "done").exists()
+    log = (tmp_path / "train.log").read_text()
+    assert "restart 1/3" in log and "restart 2/3" in log
+
+
+def test_gives_up_after_max_restarts(tmp_path):
+    """A phase that always fails: max_restarts restarts, then `failed` and a non-zero exit."""
+    process = _supervise(tmp_path, _sh("train", "exit 7", tmp_path), max_restarts=2)
+    state = _state(tmp_path)
+    assert process.returncode == 1 and state["state"] == "failed"
+    assert state["restarts"] == 2 and len(state["exits"]) == 3
+    assert "giving up" in (tmp_path / "train.log").read_text()
+
+
+def test_stop_request_interrupts_the_phase_and_restarts_nothing(tmp_path):
+    """`supervisor stop`: the phase gets SIGINT (it checkpoints and exits 143, like the stage),
+    the run ends `stopped`, and the later phases never run."""
+    script = "trap 'echo saved > checkpoint; exit 143' INT; touch started; while :; do sleep 0.1; done"
+    process = _supervise(tmp_path, _sh("train", script, tmp_path), _sh("after", "touch after", tmp_path),
+                         wait=False)
+    _wait_for(lambda: (tmp_path / "started").exists())
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    subprocess.run([sys.executable, "-m", "clipforge.remote.supervisor", "stop", str(tmp_path)],
+                   env=env, check=True, capture_output=True)
+    process.wait(timeout=60)
+    state = _state(tmp_path)
+    assert process.returncode == 0 and state["state"] == "stopped" and state["restarts"] == 0
+    assert (tmp_path / "checkpoint").read_text() == "saved\n"
+    assert not (tmp_path / "after").exists()
+
+
+def test_leftovers_of_a_crashed_attempt_are_killed_before_the_restart(tmp_path):
+    """A crashed attempt's orphaned children (ranks, loader workers) do not outlive it."""
+    script = ('if [ ! -e crashed ]; then touch crashed; (cd leftover && exec sleep 300) & exit 1; fi; '
+              'true')
+    (tmp_path / "leftover").mkdir()
+    process = _supervise(tmp_path, _sh("train", script, tmp_path))
+    assert process.returncode == 0 and _state(tmp_path)["restarts"] == 1
+    assert processes_under(tmp_path / "leftover") == []
+
+
+def test_backoff_doubles_up_to_its_cap():
+    """Delays before restarts 1, 2, 3, 4: 30 s doubling each time, never above the cap."""
+    policy = RestartPolicy(max_restarts=5, backoff_seconds=30, backoff_max_seconds=100,
+                           stop_timeout_seconds=1)
+    assert [policy.delay_before(n) for n in (1, 2, 3, 4)] == [30, 60, 100, 100]
+
+
+def _wait_for(predicate, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
