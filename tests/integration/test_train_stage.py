@@ -74,7 +74,9 @@ def test_rerun_of_a_finished_run_resumes_at_the_end_and_exports_the_same_model(r
     after = load_file(str(tmp_path / "run" / "models" / "clip" / "open_clip_model.safetensors"))
     assert all((before[k] == after[k]).all() for k in before)
     summary = json.loads((tmp_path / "run" / "metrics" / "train.json").read_text())
+    reference = json.loads((reference_run / "metrics" / "train.json").read_text())
     assert summary["resumed_from_step"] == 12
+    assert (summary["loss"], summary["val_loss"]) == (reference["loss"], reference["val_loss"])
 
 
 def test_changed_params_start_a_run_of_their_own(reference_run, small_data, tmp_path):

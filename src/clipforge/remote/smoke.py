@@ -40,7 +40,7 @@ def run_smoke_check(workspace: Path, command: list[str]) -> dict:
         checks["same run id after reload"] = resumed.get("run_id") == trained.get("run_id")
         checks["exported weights identical after reload"] = bool(before) and \
             tree_digests(model_dir) == before
-    # The reload trained nothing, so its summary has no loss: keep the training's summary.
+    # The reload rewrote the summary (resumed_from_step, wall time): keep the training's own.
     tmp = summary_path.with_name(f".{summary_path.name}.smoke")
     tmp.write_bytes(summary_bytes)
     os.replace(tmp, summary_path)

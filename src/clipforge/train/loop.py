@@ -56,7 +56,7 @@ class LoopParts:
     to_device: Callable
     monitor: object | None  # None on ranks other than 0
     alerts: AlertMonitor  # every rank has one; it knows which rules its rank watches
-    save: Callable[[int], None]  # save(step): checkpoint after `step` optimizer steps
+    save: Callable[[int, dict], None]  # save(step, scalars): checkpoint after `step` steps
     validate: Callable[[int], float | None]  # validate(step) -> val loss (None: no val split)
     device: str
     stop: StopFlag
@@ -104,11 +104,11 @@ def train_clip(parts: LoopParts, train: TrainConfig, plan: BatchPlan, start_step
             alerts.heartbeat(done)
         saved = done % train.save_every_steps == 0 or done == total_steps
         if saved:
-            parts.save(done)
+            parts.save(done, last)
             alerts.heartbeat(done)
         if done < total_steps and parts.stop.agreed(parts.device):
             if not saved:
-                parts.save(done)
+                parts.save(done, last)
             raise StopRequested(done)
     return last
 

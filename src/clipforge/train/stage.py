@@ -137,9 +137,10 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
     except ValueError as exc:  # a malformed CLIPFORGE_ALERT_WEBHOOKS entry (never echoed)
         raise StageError(str(exc)) from None
 
-    def save(step: int) -> None:
+    def save(step: int, scalars: dict) -> None:
         checkpointer.save(engine, step, {"step": step, "run_id": identity, "resumes": resumes,
-                                         "config": config.to_dict()}, config_yaml)
+                                         "scalars": scalars, "config": config.to_dict()},
+                          config_yaml)
 
     def validate(step: int) -> float | None:
         value = validation_loss(engine, val_loss_fn, val_loader(), to_device, device)
@@ -160,6 +161,8 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
                 alerts.run_restarted(resumes, from_step=start_step)
             try:
                 final = train_clip(parts, train, plan, start_step, total_steps, steps_per_epoch)
+                # a rerun of a finished run takes no step: its results are the checkpoint's
+                final = final or (state or {}).get("scalars", {})
             except StopRequested as stopped:
                 alerts.run_stopped(stopped.step)
                 raise
