@@ -67,12 +67,11 @@ def samples(url: str) -> Iterator[tuple[str, dict[str, bytes]]]:
             directory, _, base = name.rpartition("/")
             stem, _, ext = base.partition(".")
             member_key = f"{directory}/{stem}" if directory else stem
-            data = archive.extractfile(info).read()
-            if member_key != key:
+            if member_key != key:  # the previous sample is complete before this one is read
                 if key is not None:
                     yield key, members
                 key, members = member_key, {}
-            members[ext.lower()] = data
+            members[ext.lower()] = archive.extractfile(info).read()
         if key is not None:
             yield key, members
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from clipforge.config import BatchPlan, TrainConfig
 from clipforge.train.loss import contrastive_step
+from clipforge.train.validation import validation_due
 
 
 class StopRequested(Exception):
@@ -79,7 +80,7 @@ def train_clip(parts: LoopParts, train: TrainConfig, plan: BatchPlan, start_step
                 "step_s": elapsed, "data_wait_s": data_wait}
         if parts.monitor and (done % train.log_every_steps == 0 or done == total_steps):
             parts.monitor.step(done, last)
-        if done % steps_per_epoch == 0 or done == total_steps:
+        if validation_due(done, steps_per_epoch, total_steps, train.val_every_steps):
             last["val_loss"] = parts.validate(done)
         saved = done % train.save_every_steps == 0 or done == total_steps
         if saved:

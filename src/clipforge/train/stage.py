@@ -64,7 +64,7 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
     from clipforge.train.ds_config import deepspeed_config, resolve_precision
     from clipforge.train.engine import create_engine, fp32_state_dict
     from clipforge.train.export import export_model
-    from clipforge.train.loop import LoopParts, StopFlag, train_clip, validation_loss
+    from clipforge.train.loop import LoopParts, StopFlag, train_clip
     from clipforge.train.loss import make_clip_loss
     from clipforge.train.monitor import TrainMonitor
     from clipforge.train.optim import WarmupCosine
@@ -134,10 +134,14 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
                                          "config": config.to_dict()}, config_yaml)
 
     def validate(step: int) -> float:
-        value = validation_loss(engine, val_loss_fn, val_loader(), to_device, device)
+        from clipforge.train.validation import validation_metrics
+
+        metrics = validation_metrics(engine, val_loss_fn, val_loader(), to_device, device,
+                                     train.val_retrieval_samples)
         if monitor:
-            monitor.scalar("val/loss", value, step)
-        return value
+            for name, value in metrics.items():  # val/loss, val/t2i_r1, ..., val/mean_recall
+                monitor.scalar(f"val/{name}", value, step)
+        return metrics["loss"]
 
     parts = LoopParts(engine=engine, loss_fn=make_clip_loss(dist_info.rank, dist_info.world_size),
                       batches=iter(loader), to_device=to_device, monitor=monitor, save=save,
@@ -151,7 +155,8 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
         stop.uninstall()
     if dist_info.is_main:
         state_dict = fp32_state_dict(run_dir, checkpointer.latest_tag(), train.max_logit_scale)
-        export_model(state_dict, bundle.model_cfg, bundle.preprocess_cfg, config_yaml, paths["model"])
+        export_model(state_dict, bundle.model_cfg, bundle.preprocess_cfg, config_yaml, paths["model"],
+                     tokenizer=bundle.tokenizer)
         summary = {"run_id": identity, "steps": total_steps, "resumed_from_step": start_step,
                    "samples_seen": total_steps * plan.global_batch_size,
                    "wall_seconds": round(time.monotonic() - began, 1),
