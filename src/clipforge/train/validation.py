@@ -34,7 +34,7 @@ def validation_due(done: int, steps_per_epoch: int, total_steps: int,
 def validation_metrics(model, loss_fn: Callable, batches: Iterable, to_device: Callable,
                        device: str, retrieval_samples: int) -> dict[str, float]:
     """{"loss", "t2i_r1", ..., "mean_recall"}, the same on every rank."""
-    world = dist.get_world_size()
+    world = _world_size()
     keep_per_rank = math.ceil(retrieval_samples / world)
     total = torch.zeros(2, device=device)
     kept: dict[str, list[torch.Tensor]] = {"image": [], "text": [], "tokens": []}
@@ -51,7 +51,8 @@ def validation_metrics(model, loss_fn: Callable, batches: Iterable, to_device: C
             kept["text"].append(text_features[:take])
             kept["tokens"].append(tokens[:take])
             num_kept += take
-    dist.all_reduce(total)
+    if world > 1:
+        dist.all_reduce(total)
     metrics = {"loss": (total[0] / total[1].clamp(min=1)).item()}
     image_features, text_features, tokens = (_gather(torch.cat(kept[k]))[:retrieval_samples]
                                              for k in ("image", "text", "tokens"))
@@ -62,10 +63,15 @@ def validation_metrics(model, loss_fn: Callable, batches: Iterable, to_device: C
     return metrics
 
 
+def _world_size() -> int:
+    """Ranks in the process group; a world of one without one (e.g. a notebook, a unit test)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def _gather(local: torch.Tensor) -> torch.Tensor:
     """Rank 0's rows, then rank 1's, ...: the same tensor on every rank."""
-    if dist.get_world_size() == 1:
+    if _world_size() == 1:
         return local
-    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    parts = [torch.empty_like(local) for _ in range(_world_size())]
     dist.all_gather(parts, local.contiguous())
     return torch.cat(parts)
