@@ -111,13 +111,13 @@ def write_test_dir(path: Path) -> None:
 def laion_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("laion")
     env = subprocess_env() | {"CLIPFORGE_IMG2DATASET": img2dataset_command()}
-    with ImageServer(slow_seconds=3.0, huge_size=(1500, 1000)) as server:
+    with ImageServer(slow_seconds=8.0, huge_size=(1500, 1000)) as server:
         scenario = build_scenario(server, root)
         write_test_dir(root / "flickr-cn")
         params = {"data": {"source": "laion-parquet", "paths": [f"file://{root}/meta/*.parquet"],
                            "test_dir": str(root / "flickr-cn"), "val_fraction": 0.4,
                            "max_caption_chars": MAX_CAPTION_CHARS, "max_image_pixels": 1_000_000,
-                           "download_timeout_seconds": 1, "download_retries": 1,
+                           "download_timeout_seconds": 3, "download_retries": 1,
                            "download_processes": 1, "download_threads": 8,
                            "download_samples_per_shard": ROWS_PER_SHARD}}
         (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
@@ -170,7 +170,7 @@ def test_download_failures_are_counted_by_reason(laion_run):
     expected: dict[str, int] = {}
     for reason in laion_run["scenario"]["failing"].values():
         expected[reason] = expected.get(reason, 0) + 1
-    assert laion_run["manifest"]["skipped"]["counts"] == expected
+    assert laion_run["manifest"]["skipped"]["counts"] == expected, laion_run["manifest"]["skipped"]
 
 
 def test_every_downloaded_image_lands_once_in_train_or_val(laion_run):

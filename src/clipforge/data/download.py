@@ -15,6 +15,7 @@ so a sample is never written twice and keys stay the same.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -54,14 +56,16 @@ def find_img2dataset() -> str:
 
 
 def tool_version(executable: str) -> str:
-    python = Path(executable).parent / "python"
-    if not python.is_file():
-        return "unknown"
-    result = subprocess.run([str(python), "-c", "import importlib.metadata as m; "
-                             "print(m.version('img2dataset'), m.version('webdataset'))"],
-                            capture_output=True, text=True, env=tool_env())
-    parts = result.stdout.split()
-    return f"img2dataset {parts[0]} (webdataset {parts[1]})" if len(parts) == 2 else "unknown"
+    """From the tool environment's package metadata (no interpreter start-up)."""
+    versions = {}
+    for name in ("img2dataset", "webdataset"):
+        found = sorted(Path(executable).resolve().parent.parent.glob(
+            f"lib/python*/site-packages/{name}-*.dist-info"))
+        if found:
+            versions[name] = found[-1].name[len(name) + 1:].removesuffix(".dist-info")
+    if "img2dataset" not in versions:
+        return "img2dataset (version unknown)"
+    return f"img2dataset {versions['img2dataset']} (webdataset {versions.get('webdataset', '?')})"
 
 
 def tool_env() -> dict:
@@ -80,6 +84,10 @@ def command(executable: str, input_file: Path, output_dir: Path, data: DataConfi
         "number_sample_per_shard": data.download_samples_per_shard,
         "image_size": data.download_image_size, "resize_mode": data.resize_mode,
         "resize_only_if_bigger": data.resize_only_if_bigger, "encode_format": "jpg",
+        # a JPEG that needs no resizing keeps its bytes: no second lossy encoding, less CPU
+        "skip_reencode": True,
+        # neither EXIF nor a hash of the original is used downstream: CPU spent for nothing
+        "compute_hash": None,
         "timeout": data.download_timeout_seconds, "retries": data.download_retries,
         "min_image_size": data.min_image_side, "max_image_area": data.max_image_pixels,
         "max_aspect_ratio": data.max_aspect_ratio, "extract_exif": False,
@@ -88,23 +96,52 @@ def command(executable: str, input_file: Path, output_dir: Path, data: DataConfi
     return [executable, *(f"--{name}={value}" for name, value in options.items())]
 
 
-def run(argv: list[str], log_file: Path) -> None:
-    """Run img2dataset in its own process group; SIGTERM/SIGINT stop the whole group (its pool
-    and logger processes too) and end the stage with 128 + signal, ready to be rerun."""
+class Running:
+    """img2dataset at work in its own process group; shards can be taken as they finish."""
+
+    def __init__(self, process: subprocess.Popen, output_dir: Path, log_file: Path):
+        self.process = process
+        self.output_dir = output_dir
+        self.log_file = log_file
+
+    def wait_for_shard(self, shard: str, poll_seconds: float = 0.2) -> None:
+        """Return once the shard's stats file exists: img2dataset closes the .tar and .parquet
+        before it writes the stats, so both are complete then."""
+        stats = self.output_dir / f"{shard}_stats.json"
+        while not stats.exists():
+            if self.process.poll() is not None:
+                if stats.exists():
+                    return
+                self.check_exit()
+                raise StageError(f"img2dataset ended without finishing shard {shard} (see "
+                                 f"{self.log_file}); rerun the data stage to retry it")
+            time.sleep(poll_seconds)
+
+    def check_exit(self) -> None:
+        code = self.process.wait()
+        if code != 0:
+            tail = self.log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            raise StageError(f"img2dataset exited with code {code}; the end of {self.log_file}:\n"
+                             + "\n".join(tail))
+
+
+@contextlib.contextmanager
+def running(argv: list[str], output_dir: Path, log_file: Path) -> Iterator[Running]:
+    """Start img2dataset; the body consumes shards while it downloads the next ones. On leaving,
+    wait for it to end; on an error or SIGTERM/SIGINT (which end the stage with 128 + signal,
+    ready to be rerun), stop its whole process group, pool and logger processes included."""
     with open(log_file, "ab") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=tool_env(),
                                    start_new_session=True)
-        previous = _install_stop_handlers()
-        try:
-            code = process.wait()
-        finally:
-            _restore_handlers(previous)
-            if process.poll() is None:
-                _stop_group(process)
-    if code != 0:
-        tail = log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-        raise StageError(f"img2dataset exited with code {code}; the end of {log_file}:\n" +
-                         "\n".join(tail))
+    previous = _install_stop_handlers()
+    try:
+        job = Running(process, output_dir, log_file)
+        yield job
+        job.check_exit()
+    finally:
+        _restore_handlers(previous)
+        if process.poll() is None:
+            _stop_group(process)
 
 
 def _install_stop_handlers() -> dict:

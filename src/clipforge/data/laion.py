@@ -13,6 +13,7 @@ same shards, whatever order the threads finished in.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -61,20 +62,27 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
 
     shards_dir = work / "img2dataset"
     expected = math.ceil(report.kept / data.download_samples_per_shard)
-    done = len(download.finished_shards(shards_dir)) if shards_dir.is_dir() else 0
-    tool = "not run (all shards were already downloaded)"
-    if done < expected:
-        executable = download.find_img2dataset()
-        tool = download.tool_version(executable)
-        log.info("downloading %d rows in %d shards with %s into %s (%d shards already done)",
-                 report.kept, expected, tool, shards_dir, done)
-        download.run(download.command(executable, input_file, shards_dir, data),
-                     work / "img2dataset.log")
+    shard_names = [f"{i:05d}" for i in range(expected)]  # img2dataset's names (5 digits)
+    done = set(download.finished_shards(shards_dir)) if shards_dir.is_dir() else set()
+    with contextlib.ExitStack() as stack:
+        job = None
+        tool = "not run (all shards were already downloaded)"
+        if len(done & set(shard_names)) < expected:
+            executable = download.find_img2dataset()
+            tool = download.tool_version(executable)
+            log.info("downloading %d rows in %d shards with %s into %s (%d shards already done)",
+                     report.kept, expected, tool, shards_dir, len(done))
+            job = stack.enter_context(download.running(
+                download.command(executable, input_file, shards_dir, data), shards_dir,
+                work / "img2dataset.log"))
+        # Shards are re-written in order as soon as each is finished, while img2dataset fetches
+        # the next ones: the copy costs no wall time but the last shard's.
+        writer = SplitWriter(out, data)
+        for name in shard_names:
+            if job is not None and name not in done:
+                job.wait_for_shard(name)
+            write_shard_samples(shards_dir, name, writer, skips)
     stats = download.shard_stats(shards_dir, expected)
-
-    writer = SplitWriter(out, data)
-    for shard in stats:
-        write_shard_samples(shards_dir, shard.shard, writer, skips)
     splits = writer.close()
     successes = sum(s.successes for s in stats)
     log.info("downloaded %d of %d images (%.1f%%) in %d shards", successes, report.kept,
