@@ -50,7 +50,12 @@ class ImageServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            # the default listen backlog of 5 drops connections when img2dataset opens dozens at
+            # once; the retransmitted SYNs would show up as timeouts that are not the client's
+            request_queue_size = 512
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True  # a blocked gate or slow answer never holds shutdown
         self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

@@ -135,6 +135,7 @@ def laion_run(tmp_path_factory):
         first.send_signal(signal.SIGTERM)
         first_code = first.wait(timeout=60)
         first_stderr = first.stderr.read()
+        left_after_stop = sorted(p.name for p in root.glob("*data*"))
         server.release()
         second = subprocess.run([sys.executable, "-m", "clipforge.data"], cwd=root, env=env,
                                 capture_output=True, text=True, timeout=300)
@@ -142,7 +143,8 @@ def laion_run(tmp_path_factory):
         requests = {url: server.count(url) for url in scenario["kept"]}
     manifest = json.loads((root / "data" / "manifest.json").read_text(encoding="utf-8"))
     return {"root": root, "scenario": scenario, "manifest": manifest, "first_code": first_code,
-            "first_stderr": first_stderr, "finished_before": finished_before,
+            "first_stderr": first_stderr, "left_after_stop": left_after_stop,
+            "finished_before": finished_before,
             "stats_before": stats_before, "requests": requests, "second_stderr": second.stderr}
 
 
@@ -202,6 +204,7 @@ def test_per_shard_download_stats_add_up(laion_run):
 def test_sigterm_stops_the_stage_and_its_img2dataset_processes(laion_run):
     """SIGTERM mid-download: exit 143, no data/ yet from that run, img2dataset's group gone."""
     assert laion_run["first_code"] == 128 + signal.SIGTERM
+    assert laion_run["left_after_stop"] == []  # neither data/ nor a half-written .data.partial-*
     match = re.search(r"stopping img2dataset \(process group (\d+)\)", laion_run["first_stderr"])
     assert match, laion_run["first_stderr"]
     with pytest.raises(ProcessLookupError):

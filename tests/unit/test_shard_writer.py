@@ -13,8 +13,8 @@ def test_shards_are_byte_identical_to_webdatasets_tarwriter(tmp_path):
     """Same samples through ShardWriter and webdataset.TarWriter(mtime=0): identical files."""
     import webdataset as wds
 
-    samples = [(f"train-{i:08d}", jpeg_for(str(i)), f"第{i}张图片") for i in range(5)]
-    writer = ShardWriter(tmp_path, "ours", samples_per_shard=10)
+    samples = [(f"train-{i:08d}", jpeg_for(str(i)), f"第{i}张图片" * (i + 1)) for i in range(40)]
+    writer = ShardWriter(tmp_path, "ours", samples_per_shard=40)
     for sample in samples:
         writer.write(*sample)
     (info,) = writer.close()
@@ -23,7 +23,7 @@ def test_shards_are_byte_identical_to_webdatasets_tarwriter(tmp_path):
         for key, jpeg, caption in samples:
             tar.write({"__key__": key, "jpg": jpeg, "txt": caption})
     assert (tmp_path / info.name).read_bytes() == reference.read_bytes()
-    assert [sorted(s) for s in index_shard(tmp_path / info.name)] == [["jpg", "txt"]] * 5
+    assert [sorted(s) for s in index_shard(tmp_path / info.name)] == [["jpg", "txt"]] * 40
 
 
 def test_writing_shards_does_not_import_torch(tmp_path):
