@@ -8,9 +8,12 @@ PY := $(VENV)/bin/python
 # The local CPU stack. The training image pins its own (docker/); code must run on both.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 ENV_STAMP := $(VENV)/.clipforge-env
+# img2dataset (the laion-parquet downloader) lives in its own environment: see scripts/setup-img2dataset.sh
+IMG2DATASET_VENV ?= .venv-img2dataset
+IMG2DATASET_STAMP := $(IMG2DATASET_VENV)/.clipforge-tool
 PYTEST_ARGS ?=
 
-.PHONY: help env demo test clean-outputs
+.PHONY: help env img2dataset-env demo test clean-outputs
 
 # make up / down / preview (Pulumi, infra/)
 include infra/infra.mk
@@ -19,6 +22,7 @@ help:
 	@echo "make demo   - create .venv, run the pipeline (dvc repro) on the built-in dataset, show metrics"
 	@echo "make test   - create .venv and run the test suite"
 	@echo "make env    - only create/refresh .venv"
+	@echo "make img2dataset-env - create .venv-img2dataset, the downloader of data.source: laion-parquet"
 
 $(ENV_STAMP): pyproject.toml scripts/setup-system.sh
 	scripts/setup-system.sh
@@ -33,10 +37,16 @@ $(ENV_STAMP): pyproject.toml scripts/setup-system.sh
 
 env: $(ENV_STAMP)
 
+$(IMG2DATASET_STAMP): scripts/setup-img2dataset.sh
+	scripts/setup-img2dataset.sh $(IMG2DATASET_VENV)
+	touch $@
+
+img2dataset-env: $(IMG2DATASET_STAMP)
+
 demo: env
 	source $(VENV)/bin/activate && dvc repro && dvc metrics show
 
-test: env
+test: env img2dataset-env
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean-outputs:

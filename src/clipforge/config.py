@@ -46,11 +46,16 @@ def load_yaml(text: str) -> Any:
 class DataConfig(Section):
     SECTION = "data"
 
-    source: Literal["builtin", "local"] = knob(
-        "builtin", "Where pairs come from: `builtin` (generated shapes scenes, no download) or "
-        "`local` (a folder, .csv or .jsonl of image path + caption, see `path`).")
+    source: Literal["builtin", "local", "laion-parquet", "webdataset"] = knob(
+        "builtin", "Where pairs come from: `builtin` (generated shapes scenes, no download), "
+        "`local` (a folder, .csv or .jsonl of image path + caption, see `path`), `laion-parquet` "
+        "(LAION-style metadata filtered, then downloaded with img2dataset, see `paths`) or "
+        "`webdataset` (existing tar shards, see `paths`).")
     path: Optional[str] = knob(None, "Input for the `local` source: a folder of images with "
                                "same-named .txt captions, a .csv (columns image,caption) or a .jsonl.")
+    paths: list[str] = knob([], "Inputs of the `laion-parquet` source (metadata .parquet files) or "
+                            "of the `webdataset` source (.tar shards): local paths, globs, "
+                            "`{000..099}` ranges or fsspec URLs such as s3://bucket/laion-zh/*.parquet.")
     test_dir: Optional[str] = knob(None, "A test set already in Chinese-CLIP layout (test_imgs.tsv + "
                                    "test_texts.jsonl), e.g. Flickr30K-CN; copied to data/test instead of "
                                    "splitting one off the source.")
@@ -59,14 +64,52 @@ class DataConfig(Section):
     num_val: int = knob(256, "builtin: number of validation pairs.", ge=1)
     num_test_images: int = knob(300, "builtin: number of test images (two captions each).", ge=10)
     image_size: int = knob(64, "builtin: rendered image size in pixels.", ge=32, le=1024)
-    val_fraction: float = knob(0.02, "local: share of images held out for validation.", ge=0.0, lt=0.5)
-    test_fraction: float = knob(0.02, "local: share of images held out for the test set "
-                                "(ignored when test_dir is set).", ge=0.0, lt=0.5)
+    val_fraction: float = knob(0.02, "local, laion-parquet, webdataset: share of images held out "
+                               "for validation.", ge=0.0, lt=0.5)
+    test_fraction: float = knob(0.02, "local, laion-parquet, webdataset: share of images held out "
+                                "for the test set (ignored when test_dir is set).", ge=0.0, lt=0.5)
     samples_per_shard: int = knob(2000, "Samples per webdataset tar shard.", ge=1)
     max_image_pixels: int = knob(50_000_000, "Images with more pixels are skipped as `too_large` "
                                  "(protects against decompression bombs).", ge=1)
     max_caption_chars: int = knob(512, "Captions longer than this are skipped as `caption_too_long`.",
                                   ge=1)
+    # laion-parquet: filters on the metadata, applied in this order before anything is downloaded
+    min_similarity: float = knob(0.32, "laion-parquet: keep rows whose CLIP image-text `similarity` "
+                                 "is at least this (0: off).", ge=0.0, le=1.0)
+    language: Optional[str] = knob("zh", "laion-parquet: keep captions in this language: the "
+                                   "`LANGUAGE` column when present, else script detection (only "
+                                   "`zh`); null: off.", nonempty=True)
+    max_punsafe: float = knob(0.5, "laion-parquet: drop rows whose NSFW probability `punsafe` is "
+                              "above this (1: off).", ge=0.0, le=1.0)
+    max_pwatermark: float = knob(0.8, "laion-parquet: drop rows whose watermark probability "
+                                 "`pwatermark` is above this (1: off).", ge=0.0, le=1.0)
+    min_image_side: int = knob(64, "laion-parquet: drop images whose shorter side is below this "
+                               "many pixels (metadata WIDTH/HEIGHT, then again once downloaded).", ge=0)
+    max_aspect_ratio: float = knob(3.0, "laion-parquet: drop images whose longer side is more than "
+                                   "this many times the shorter (metadata, then once downloaded).",
+                                   ge=1.0)
+    dedup_urls: bool = knob(True, "laion-parquet: keep only the first row of each URL.")
+    dedup_captions: bool = knob(True, "laion-parquet: keep only the first row of each caption "
+                                "(after whitespace clean-up).")
+    # laion-parquet: the download (img2dataset, run as a separate tool; see docs/real-data.md)
+    download_dir: str = knob("downloads", "laion-parquet: where the filtered metadata and "
+                             "img2dataset's shards are kept between runs, so a rerun continues an "
+                             "interrupted download (outside data/, which is replaced whole).",
+                             nonempty=True)
+    download_image_size: int = knob(256, "laion-parquet: img2dataset resizes images to this size.",
+                                    ge=16, le=4096)
+    resize_mode: Literal["no", "border", "keep_ratio", "keep_ratio_largest", "center_crop"] = knob(
+        "keep_ratio", "laion-parquet: img2dataset's resize mode (`keep_ratio`: shorter side to "
+        "download_image_size, aspect kept; `center_crop`: square crop; `border`: pad; `no`).")
+    resize_only_if_bigger: bool = knob(True, "laion-parquet: never upscale small images.")
+    download_timeout_seconds: int = knob(10, "laion-parquet: per-request timeout; a slower server "
+                                         "counts as `timeout`.", ge=1)
+    download_retries: int = knob(2, "laion-parquet: extra attempts for a failed download.", ge=0)
+    download_processes: int = knob(1, "laion-parquet: img2dataset processes (one shard each at a "
+                                   "time).", ge=1)
+    download_threads: int = knob(32, "laion-parquet: download threads per process.", ge=1)
+    download_samples_per_shard: int = knob(10000, "laion-parquet: rows per img2dataset shard, the "
+                                           "unit of resumption.", ge=1)
 
 
 @dataclass(kw_only=True)
@@ -123,6 +166,12 @@ class TrainConfig(Section):
                                  "saved).", ge=1)
     keep_checkpoints: int = knob(2, "Checkpoints kept per run (older ones are deleted).", ge=1)
     log_every_steps: int = knob(10, "Interval of log lines, TensorBoard and metrics rows.", ge=1)
+    val_every_steps: Optional[int] = knob(None, "Validation (loss and retrieval recall, TensorBoard "
+                                          "`val/*`) every this many steps, besides epoch ends "
+                                          "(null: epoch ends only).", ge=1)
+    val_retrieval_samples: int = knob(1000, "Validation pairs ranked for `val/t2i_r1`... (the "
+                                      "gallery size: recall falls as it grows, so keep it fixed "
+                                      "to compare runs).", ge=2)
 
 
 @dataclass(kw_only=True)
@@ -140,8 +189,9 @@ class EvalConfig(Section):
 
 @dataclass(kw_only=True)
 class Config:
-    recipe: str = knob("default", "Preset of defaults: `default` (tiny, CPU, minutes) or "
-                       "`production` (ViT-B-32, LAION zh, ZeRO-3, 4 GPUs); see clipforge/recipes.py.")
+    recipe: str = knob("default", "Preset of defaults: `default` (tiny, CPU, minutes), "
+                       "`production` (ViT-B-32, LAION zh, ZeRO-3, 4 GPUs), `production-zh-roberta` "
+                       "or `production-xlm-roberta` (Chinese text towers); see clipforge/recipes.py.")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -259,13 +309,15 @@ def _read_params(path: str | Path) -> dict:
     return raw or {}
 
 
-# ---------------------------------------------------------------------------------------------
-# Type and range checks
 def check_consistency(config: Config) -> None:
     """Checks that involve several keys."""
     data, train = config.data, config.train
     if data.source == "local" and not data.path:
         raise ConfigError("data.path: required when data.source is `local` (a folder, .csv or .jsonl)")
+    if data.source in ("laion-parquet", "webdataset") and not data.paths:
+        kind = "metadata .parquet files" if data.source == "laion-parquet" else ".tar shards"
+        raise ConfigError(f"data.paths: required when data.source is `{data.source}` ({kind}: "
+                          f"paths, globs or fsspec URLs)")
     batch_plan(train)  # raises on inconsistent batch arithmetic
     if train.warmup_steps and train.max_steps and train.warmup_steps >= train.max_steps:
         raise ConfigError(f"train.warmup_steps: got {train.warmup_steps}; must be < train.max_steps "

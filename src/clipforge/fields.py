@@ -53,6 +53,10 @@ def _check_value(key: str, value: Any, hint: Any, limits: Any) -> Any:
             except ConfigError as exc:
                 errors.append(str(exc).split("; ", 1)[-1])
         raise ConfigError(f"{key}: got {value!r}; " + "; or ".join(errors))
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: got {value!r}; must be a list, e.g. [a, b]")
+        return [_check_value(f"{key}[{i}]", item, args[0], {}) for i, item in enumerate(value)]
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{key}: got {value!r}; allowed: {', '.join(map(str, args))}")

@@ -41,18 +41,26 @@ class ClipBundle:
 
 
 def resolve_model_name(cfg: ModelConfig) -> str:
-    """The open_clip name to build: the configured one, or a derived one with an HF text tower."""
+    """The open_clip name to build: the configured one, or a derived one with an HF text tower.
+    An HF tower (model.text_tower, or one in the named config such as xlm-roberta-base-ViT-B-32)
+    is checked to be loadable first, with an error that says how to get it (text_towers.py)."""
+    from clipforge.text_towers import resolve_tower
+
     register_bundled_configs()
     base = open_clip.get_model_config(cfg.name)
     if base is None:
         raise ValueError(f"model.name: unknown model {cfg.name!r}; open_clip knows "
                          f"{len(open_clip.list_models())} models, e.g. ViT-B-32, clipforge-tiny")
     if not cfg.text_tower:
+        builtin_tower = base.get("text_cfg", {}).get("hf_model_name")
+        if builtin_tower:
+            resolve_tower(builtin_tower, "model.name")
         return cfg.name
+    tower = resolve_tower(cfg.text_tower, "model.text_tower")
     derived = copy.deepcopy(base)
     derived["text_cfg"] = {
-        "hf_model_name": cfg.text_tower,
-        "hf_tokenizer_name": cfg.text_tower,
+        "hf_model_name": tower,
+        "hf_tokenizer_name": tower,
         "hf_proj_type": "mlp",
         "hf_pooler_type": "cls_last_hidden_state_pooler",
         "context_length": base.get("text_cfg", {}).get("context_length", 77),

@@ -130,7 +130,13 @@ def load_image(path: Path, max_pixels: int) -> tuple[bytes | None, str | None]:
     """(JPEG bytes, None) for a readable image within limits, else (None, skip reason)."""
     if not path.is_file():
         return None, "missing_file"
-    raw = path.read_bytes()
+    return decode_image(path.read_bytes(), max_pixels)
+
+
+def decode_image(raw: bytes, max_pixels: int,
+                 keep_jpeg: bool = False) -> tuple[bytes | None, str | None]:
+    """(JPEG bytes, None) for a decodable image within limits, else (None, skip reason).
+    keep_jpeg: an RGB JPEG that decodes is returned as it came (no second lossy encoding)."""
     if not raw:
         return None, "empty_file"
     try:
@@ -141,6 +147,8 @@ def load_image(path: Path, max_pixels: int) -> tuple[bytes | None, str | None]:
                 if width * height > max_pixels:
                     return None, "too_large"
                 image.load()
+                if keep_jpeg and image.format == "JPEG" and image.mode == "RGB":
+                    return raw, None
                 rgb = image.convert("RGB")
     except Image.DecompressionBombError:
         return None, "too_large"
@@ -151,7 +159,12 @@ def load_image(path: Path, max_pixels: int) -> tuple[bytes | None, str | None]:
 
 def split_of(image: Path, seed: int, val_fraction: float, test_fraction: float) -> str:
     """Deterministic split by image path, so all captions of an image land in the same split."""
-    digest = hashlib.sha256(f"{seed}:{image.as_posix()}".encode()).digest()
+    return split_of_identity(image.as_posix(), seed, val_fraction, test_fraction)
+
+
+def split_of_identity(identity: str, seed: int, val_fraction: float, test_fraction: float) -> str:
+    """`train`, `val` or `test` from a hash of what identifies an image (a path, a URL)."""
+    digest = hashlib.sha256(f"{seed}:{identity}".encode()).digest()
     u = int.from_bytes(digest[:8], "big") / 2**64
     if u < test_fraction:
         return "test"

@@ -22,30 +22,51 @@ class ShardInfo:
     sha256: str
 
 
+class ShardWriter:
+    """Writes samples one at a time into root/split/shard-NNNNNN.tar, samples_per_shard each, so
+    several splits can be filled from one pass over a stream too large to hold in memory."""
+
+    def __init__(self, root: Path, split: str, samples_per_shard: int):
+        import webdataset as wds  # imports torch (~3 s): only once params have been validated
+
+        self._tar_writer = wds.TarWriter
+        self.root = root
+        self.split = split
+        self.samples_per_shard = samples_per_shard
+        self.shards: list[ShardInfo] = []
+        self._writer = None
+        self._name = ""
+        self._count = 0
+        (root / split).mkdir(parents=True, exist_ok=True)
+
+    def write(self, key: str, jpeg: bytes, caption: str) -> None:
+        if self._writer is None or self._count == self.samples_per_shard:
+            self._finish_shard()
+            self._name, self._count = f"{self.split}/shard-{len(self.shards):06d}.tar", 0
+            # a fixed mtime makes the shards byte-for-byte reproducible, so DVC sees no change
+            self._writer = self._tar_writer(str(self.root / self._name), mtime=0)
+        self._writer.write({"__key__": key, "jpg": jpeg, "txt": caption})
+        self._count += 1
+
+    def close(self) -> list[ShardInfo]:
+        self._finish_shard()
+        return self.shards
+
+    def _finish_shard(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self.shards.append(ShardInfo(self._name, self._count,
+                                         sha256_file(self.root / self._name)))
+
+
 def write_shards(pairs: Iterable[tuple[str, bytes, str]], root: Path, split: str,
                  samples_per_shard: int) -> list[ShardInfo]:
     """Write (key, jpeg bytes, caption) triples into root/split/shard-NNNNNN.tar files."""
-    import webdataset as wds  # imports torch (~3 s): only once params have been validated
-
-    (root / split).mkdir(parents=True, exist_ok=True)
-    shards: list[ShardInfo] = []
-    writer, name, count = None, "", 0
-
-    def close() -> None:
-        if writer is not None:
-            writer.close()
-            shards.append(ShardInfo(name, count, sha256_file(root / name)))
-
+    writer = ShardWriter(root, split, samples_per_shard)
     for key, jpeg, caption in pairs:
-        if writer is None or count == samples_per_shard:
-            close()
-            name, count = f"{split}/shard-{len(shards):06d}.tar", 0
-            # a fixed mtime makes the shards byte-for-byte reproducible, so DVC sees no change
-            writer = wds.TarWriter(str(root / name), mtime=0)
-        writer.write({"__key__": key, "jpg": jpeg, "txt": caption})
-        count += 1
-    close()
-    return shards
+        writer.write(key, jpeg, caption)
+    return writer.close()
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ from typing import Iterator, Sequence
 
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
 from clipforge.config import Config, DataConfig
-from clipforge.data import builtin, testset
+from clipforge.data import builtin, laion, testset, wds_source
+from clipforge.data.layout import shard_summary as _shard_summary, test_hashes as _test_hashes
 from clipforge.data.local import SkipLog, clean_caption, load_image, read_records, split_of
 from clipforge.data.shards import write_shards
-from clipforge.fsutil import replace_dir_atomically, sha256_file
+from clipforge.fsutil import replace_dir_atomically
 
 log = logging.getLogger("clipforge.data")
 
@@ -35,6 +36,10 @@ def build_dataset(config: Config, out: Path) -> dict:
     skips = SkipLog()
     if data.source == "builtin":
         splits, source = _builtin_splits(data, out)
+    elif data.source == "laion-parquet":
+        splits, source = laion.build_splits(data, out, skips)
+    elif data.source == "webdataset":
+        splits, source = wds_source.build_splits(data, out, skips)
     else:
         splits, source = _local_splits(data, out, skips)
     if data.test_dir:
@@ -42,7 +47,7 @@ def build_dataset(config: Config, out: Path) -> dict:
         source["test_set"] = str(data.test_dir)
     if splits["train"]["count"] == 0:
         raise StageError(f"the train split is empty after filtering ({_skip_text(skips)}); "
-                         f"check data.path and the skip reasons in the log")
+                         f"check data.path(s) and the skip reasons in the log")
     manifest = {"source": source, "splits": splits, "skipped": skips.to_dict()}
     (out / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8")
     (out / "config.yaml").write_text(config.to_yaml(), "utf-8")
@@ -120,16 +125,6 @@ def _copy_test_set(source: Path, target: Path) -> dict:
     for name in (testset.IMAGES_FILE, testset.TEXTS_FILE):
         shutil.copyfile(source / name, target / name)
     return {**counts, **_test_hashes(target)}
-
-
-def _shard_summary(shards) -> dict:
-    return {"count": sum(s.count for s in shards),
-            "shards": [{"name": s.name, "count": s.count, "sha256": s.sha256} for s in shards]}
-
-
-def _test_hashes(directory: Path) -> dict:
-    return {"sha256": {name: sha256_file(directory / name)
-                       for name in (testset.IMAGES_FILE, testset.TEXTS_FILE)}}
 
 
 def _skip_text(skips: SkipLog) -> str:

@@ -29,7 +29,8 @@ log = logging.getLogger("clipforge.train")
 LATEST = "latest"
 _TAG = re.compile(r"^step-(\d{8})$")
 # Knobs that change how often things are written or how fast data loads, never the weights.
-_NOT_IN_FINGERPRINT = {"num_workers", "save_every_steps", "keep_checkpoints", "log_every_steps"}
+_NOT_IN_FINGERPRINT = {"num_workers", "save_every_steps", "keep_checkpoints", "log_every_steps",
+                       "val_every_steps", "val_retrieval_samples"}
 
 
 def tag_for(step: int) -> str:

@@ -13,6 +13,7 @@ from clipforge.alerts import AlertMonitor, NonFiniteTrainingError
 from clipforge.config import BatchPlan, TrainConfig
 from clipforge.train.faults import Faults
 from clipforge.train.loss import contrastive_step
+from clipforge.train.validation import validation_due
 
 
 class StopRequested(Exception):
@@ -99,7 +100,7 @@ def train_clip(parts: LoopParts, train: TrainConfig, plan: BatchPlan, start_step
         if parts.monitor and (done % train.log_every_steps == 0 or done == total_steps):
             parts.monitor.step(done, last)
             parts.monitor.texts(alerts.drain_events())
-        if done % steps_per_epoch == 0 or done == total_steps:
+        if validation_due(done, steps_per_epoch, total_steps, train.val_every_steps):
             last["val_loss"] = parts.validate(done)
             alerts.heartbeat(done)
         saved = done % train.save_every_steps == 0 or done == total_steps
@@ -125,18 +126,3 @@ def _mean_over_ranks(value: float, device: str) -> float:
     tensor = torch.tensor([value], device=device)
     dist.all_reduce(tensor)
     return tensor.item() / dist.get_world_size()
-
-
-@torch.no_grad()
-def validation_loss(engine, loss_fn: Callable, batches, to_device: Callable,
-                    device: str) -> float | None:
-    """Mean contrastive loss over the validation batches (each rank its share, all ranks agree)."""
-    total = torch.zeros(2, device=device)
-    for batch in batches:
-        images, texts = to_device(batch)
-        out = engine(image=images, text=texts)
-        loss = loss_fn(out["image_features"].float(), out["text_features"].float(),
-                       out["logit_scale"].float())
-        total += torch.stack([loss.detach().float(), torch.ones((), device=device)])
-    dist.all_reduce(total)
-    return None if total[1] == 0 else (total[0] / total[1]).item()

@@ -65,7 +65,7 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
     from clipforge.train.ds_config import deepspeed_config, resolve_precision
     from clipforge.train.engine import create_engine, replicas_in_sync
     from clipforge.train.faults import faults_from_env
-    from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip, validation_loss
+    from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip
     from clipforge.train.loss import make_clip_loss
     from clipforge.train.monitor import TrainMonitor
     from clipforge.train.optim import WarmupCosine
@@ -143,10 +143,14 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
                           config_yaml)
 
     def validate(step: int) -> float | None:
-        value = validation_loss(engine, val_loss_fn, val_loader(), to_device, device)
-        if monitor and value is not None:
-            monitor.scalar("val/loss", value, step)
-        return value
+        from clipforge.train.validation import validation_metrics
+
+        metrics = validation_metrics(engine, val_loss_fn, val_loader(), to_device, device,
+                                     train.val_retrieval_samples)
+        if monitor:
+            for name, value in metrics.items():  # val/loss, val/t2i_r1, ..., val/mean_recall
+                monitor.scalar(f"val/{name}", value, step)
+        return metrics.get("loss")
 
     parts = LoopParts(engine=engine, loss_fn=make_clip_loss(dist_info.rank, dist_info.world_size),
                       batches=iter(loader), to_device=to_device, monitor=monitor, alerts=alerts,
@@ -192,7 +196,8 @@ def _export(run_dir, checkpointer, train, bundle, config_yaml, paths, summary, f
     from clipforge.train.export import export_model
 
     state_dict = fp32_state_dict(run_dir, checkpointer.latest_tag(), train.max_logit_scale)
-    export_model(state_dict, bundle.model_cfg, bundle.preprocess_cfg, config_yaml, paths["model"])
+    export_model(state_dict, bundle.model_cfg, bundle.preprocess_cfg, config_yaml, paths["model"],
+                 tokenizer=bundle.tokenizer)
     summary.update({k: final.get(k) for k in ("loss", "val_loss", "logit_scale", "lr")})
     atomic_write_text(paths["metrics"] / "train.json", json.dumps(summary, indent=2) + "\n")
     log.info("exported %s; final loss %s", paths["model"], final.get("loss"))

@@ -1,0 +1,198 @@
+"""The `laion-parquet` source: LAION-style metadata -> filters -> img2dataset -> the data/ layout.
+
+  <data.download_dir>/laion-<key>/   key: hash of the kept rows and of the knobs that change images
+    input.parquet                    the kept rows (url, caption): img2dataset's input
+    img2dataset/                     its shards, per-row results and per-shard stats
+    img2dataset.log
+The download lives outside data/ (which is replaced whole on success) so it survives an
+interruption: a rerun filters again (streaming; cheap next to downloading), finds the same key,
+and img2dataset continues with the shards it has not finished. Changing a filter or the resize
+policy gives another key, hence a fresh download. Successful samples are then re-written into
+data/train and data/val (and a test set) in key order, so the same downloads always give the
+same shards, whatever order the threads finished in.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+from clipforge.cli import StageError
+from clipforge.config import DataConfig
+from clipforge.data import download
+from clipforge.data.inputs import expand_paths
+from clipforge.data.laion_filter import FilterReport, filtered_tables
+from clipforge.data.layout import SplitWriter
+from clipforge.data.local import SkipLog
+from clipforge.data.shards import Member
+
+log = logging.getLogger("clipforge.data")
+
+# Knobs that change which images end up in the shards, or their pixels. Timeout, retries and
+# parallelism are left out: raising the retries continues the same download.
+_DOWNLOAD_KEYS = ("download_image_size", "resize_mode", "resize_only_if_bigger", "min_image_side",
+                  "max_aspect_ratio", "max_image_pixels", "download_samples_per_shard")
+
+
+def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dict]:
+    files = expand_paths(data.paths, "LAION metadata .parquet files")
+    report = FilterReport(files)
+    root = Path(data.download_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    kept_file, rows_digest = write_kept_rows(filtered_tables(files, data, report), root)
+    log.info("filters kept %d of %d rows (%s)", report.kept, report.rows_read,
+             ", ".join(f"{k} -{v}" for k, v in report.removed.items() if v) or "none removed")
+    if report.kept == 0:
+        kept_file.unlink()
+        raise StageError(f"no metadata row passed the filters: {json.dumps(report.removed)}; "
+                         f"check data.min_similarity, data.language and the other filters")
+    work = root / f"laion-{download_key(rows_digest, data)}"
+    work.mkdir(exist_ok=True)
+    input_file = work / "input.parquet"
+    if input_file.exists():
+        kept_file.unlink()  # same rows, same key: keep the file img2dataset already sharded
+    else:
+        os.replace(kept_file, input_file)
+
+    shards_dir = work / "img2dataset"
+    expected = math.ceil(report.kept / data.download_samples_per_shard)
+    shard_names = [f"{i:05d}" for i in range(expected)]  # img2dataset's names (5 digits)
+    done = set(download.finished_shards(shards_dir)) if shards_dir.is_dir() else set()
+    with contextlib.ExitStack() as stack:
+        job = None
+        tool = "not run (all shards were already downloaded)"
+        if len(done & set(shard_names)) < expected:
+            executable = download.find_img2dataset()
+            tool = download.tool_version(executable)
+            log.info("downloading %d rows in %d shards with %s into %s (%d shards already done)",
+                     report.kept, expected, tool, shards_dir, len(done))
+            job = stack.enter_context(download.running(
+                download.command(executable, input_file, shards_dir, data), shards_dir,
+                work / "img2dataset.log"))
+        # Shards are re-written in order as soon as each is finished, while img2dataset fetches
+        # the next ones: the copy costs no wall time but the last shard's.
+        writer = SplitWriter(out, data)
+        for name in shard_names:
+            if job is not None and name not in done:
+                job.wait_for_shard(name)
+            write_shard_samples(shards_dir, name, writer, skips)
+    stats = download.shard_stats(shards_dir, expected)
+    splits = writer.close()
+    successes = sum(s.successes for s in stats)
+    log.info("downloaded %d of %d images (%.1f%%) in %d shards", successes, report.kept,
+             100.0 * successes / report.kept, len(stats))
+    source = {"type": "laion-parquet", "paths": list(data.paths), "files": files,
+              "filters": report.to_dict(),
+              "download": {"dir": str(work), "tool": tool, "rows": report.kept,
+                           "successes": successes,
+                           # durations stay in the stats files: the manifest must not change
+                           # when nothing but timing did (the train stage's run id hashes it)
+                           "shards": [{k: v for k, v in s.to_dict().items()
+                                       if k != "duration_seconds"} for s in stats]}}
+    return splits, source
+
+
+def write_kept_rows(tables: Iterable, root: Path) -> tuple[Path, str]:
+    """Stream the kept rows into a temporary parquet file; returns it and a digest of the rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("url", pa.string()), ("caption", pa.string())])
+    fd, name = tempfile.mkstemp(prefix=".kept-rows-", suffix=".parquet", dir=root)
+    os.close(fd)
+    digest = hashlib.sha256()
+    try:
+        with pq.ParquetWriter(name, schema) as writer:
+            for table in tables:
+                if table.num_rows:
+                    writer.write_table(table)
+                    for url, caption in zip(table.column("url").to_pylist(),
+                                            table.column("caption").to_pylist()):
+                        digest.update(f"{url}\t{caption}\n".encode("utf-8", "surrogatepass"))
+    except BaseException:
+        os.unlink(name)
+        raise
+    return Path(name), digest.hexdigest()
+
+
+def download_key(rows_digest: str, data: DataConfig) -> str:
+    knobs = {key: getattr(data, key) for key in _DOWNLOAD_KEYS}
+    text = json.dumps({"rows": rows_digest, **knobs}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_shard_samples(shards_dir: Path, shard: str, writer: SplitWriter, skips: SkipLog) -> None:
+    """Successes of one img2dataset shard into the splits (in key order); failures into skips."""
+    tar = shards_dir / f"{shard}.tar"
+    members = members_by_key(tar)
+    with open(tar, "rb") as f:
+        for row in download.sample_statuses(shards_dir, shard):
+            if row.status != "success":
+                skips.add(download.skip_reason(row.status, row.error_message), row.url)
+                continue
+            sample = members.get(row.key, {})
+            if "jpg" not in sample or "txt" not in sample:
+                raise StageError(f"{tar}: img2dataset reports {row.key} ({row.url}) as downloaded "
+                                 f"but the shard does not hold it; delete {shards_dir} and rerun")
+            jpeg, caption = (_read(f, sample[ext]) for ext in ("jpg", "txt"))
+            writer.add(row.url, jpeg, caption.decode("utf-8"))
+
+
+_BLOCK = 512
+
+
+def members_by_key(tar: Path) -> dict[str, dict[str, Member]]:
+    """key -> {extension: where its bytes are}, from the tar headers, payloads unread.
+
+    img2dataset's tars are plain ustar members with short names, each after a pax header (its
+    float mtime), which Python's tarfile parses at ~0.5 ms per sample: on a CPU-bound download
+    host that copy would slow the download down. So the 512-byte headers are read directly;
+    anything this fast path does not expect (long names, pax path/size overrides, links,
+    sparse or huge members) falls back to tarfile.
+    """
+    index: dict[str, dict[str, Member]] = {}
+    with open(tar, "rb") as f:
+        offset = 0
+        while True:
+            f.seek(offset)
+            header = f.read(_BLOCK)
+            if len(header) < _BLOCK or header == bytes(_BLOCK):
+                return index
+            kind = header[156:157]
+            if header[257:262] != b"ustar" or header[345:500].strip(b"\0") or header[124] & 0x80:
+                return _members_by_key_tarfile(tar)
+            size = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
+            data = offset + _BLOCK
+            if kind in (b"0", b"\0"):
+                key, _, ext = header[:100].rstrip(b"\0").decode("utf-8").partition(".")
+                index.setdefault(key, {})[ext] = Member(data, size)
+            elif kind == b"x":
+                records = f.read(size)
+                if b" path=" in records or b" size=" in records:
+                    return _members_by_key_tarfile(tar)
+            elif kind not in (b"g", b"5"):
+                return _members_by_key_tarfile(tar)
+            offset = data + (size + _BLOCK - 1) // _BLOCK * _BLOCK
+
+
+def _members_by_key_tarfile(tar: Path) -> dict[str, dict[str, Member]]:
+    import tarfile
+
+    index: dict[str, dict[str, Member]] = {}
+    with tarfile.open(tar, "r:") as archive:
+        for info in archive:
+            if info.isfile():
+                key, _, ext = info.name.partition(".")
+                index.setdefault(key, {})[ext] = Member(info.offset_data, info.size)
+    return index
+
+
+def _read(f, member: Member) -> bytes:
+    f.seek(member.offset)
+    return f.read(member.size)

@@ -1,0 +1,97 @@
+"""The `webdataset` source: shards a user already has, checked and re-written into data/.
+
+data.paths lists the shards: paths, globs, `{000000..000099}` ranges or fsspec URLs (s3://...);
+each is streamed once (tarfile in stream mode over fsspec: no local copy of remote shards).
+A sample is the run of consecutive members sharing a key (`<key>.<ext>`, webdataset's
+convention); it needs an image (jpg, jpeg, png or webp) and a caption (txt). Every problem is a
+skip with a reason, as in the `local` source: missing_image, missing_caption, corrupt_image,
+too_large, empty_caption, caption_not_utf8, caption_too_long; a shard that is not a readable
+tar, or ends early, counts once as corrupt_shard, keeping the complete samples before the
+damage. The manifest lists, per input shard, how many samples were read and kept.
+
+The shards are re-written rather than used in place: training reads samples by (shard, offset)
+from local files, train and val must be split off, and JPEGs pass through unchanged (other
+formats are converted), so the cost is one sequential copy.
+"""
+from __future__ import annotations
+
+import tarfile
+from pathlib import PurePosixPath
+from typing import Iterator
+
+from clipforge.config import DataConfig
+from clipforge.data.inputs import expand_paths, open_input
+from clipforge.data.layout import SplitWriter
+from clipforge.data.local import SkipLog, clean_caption, decode_image
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+
+
+def build_splits(data: DataConfig, out, skips: SkipLog) -> tuple[dict, dict]:
+    files = expand_paths(data.paths, "webdataset .tar shards")
+    writer = SplitWriter(out, data)
+    inputs = []
+    for url in files:
+        name = PurePosixPath(url).name
+        read = kept = 0
+        error = None
+        try:
+            for key, members in samples(url):
+                read += 1
+                pair, reason = usable_pair(members, data)
+                if reason:
+                    skips.add(reason, f"{url}:{key}")
+                    continue
+                # the shard's file name, not its location: moving shards keeps the split
+                writer.add(f"{name}/{key}", *pair)
+                kept += 1
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            skips.add("corrupt_shard", f"{url} ({error})")
+        inputs.append({"shard": url, "samples": read, "kept": kept, "error": error})
+    splits = writer.close()
+    source = {"type": "webdataset", "paths": list(data.paths), "seed": data.seed,
+              "shards": inputs}
+    return splits, source
+
+
+def samples(url: str) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """(key, {extension: bytes}) per sample, streaming; raises on a damaged tar after yielding
+    the samples completed before the damage."""
+    with open_input(url) as handle, tarfile.open(fileobj=handle, mode="r|*") as archive:
+        key, members = None, {}
+        for info in archive:
+            if not info.isfile():
+                continue
+            name = info.name
+            directory, _, base = name.rpartition("/")
+            stem, _, ext = base.partition(".")
+            member_key = f"{directory}/{stem}" if directory else stem
+            if member_key != key:  # the previous sample is complete before this one is read
+                if key is not None:
+                    yield key, members
+                key, members = member_key, {}
+            members[ext.lower()] = archive.extractfile(info).read()
+        if key is not None:
+            yield key, members
+
+
+def usable_pair(members: dict[str, bytes], data: DataConfig) -> tuple[tuple[bytes, str] | None,
+                                                                       str | None]:
+    """((jpeg, caption), None) or (None, skip reason)."""
+    ext = next((e for e in IMAGE_EXTENSIONS if e in members), None)
+    if ext is None:
+        return None, "missing_image"
+    if "txt" not in members:
+        return None, "missing_caption"
+    try:
+        text: str | bytes = members["txt"].decode("utf-8")
+    except UnicodeDecodeError:
+        text = members["txt"]
+    caption, reason = clean_caption(text, data.max_caption_chars)
+    if reason:
+        return None, reason
+    jpeg, reason = decode_image(members[ext], data.max_image_pixels, keep_jpeg=True)
+    if reason:
+        return None, reason
+    return (jpeg, caption), None

@@ -1,0 +1,132 @@
+"""The webdataset source: shards made here (one good, one with bad samples, one cut short, one
+that is not a tar), read through an fsspec URL with a `{..}` range, re-written into data/."""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+
+from clipforge.data import testset
+from clipforge.data.shards import ShardReader
+from clipforge.data.stage import main
+from clipforge.train.data import split_files
+from tests.imageserver import jpeg_for
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+
+
+def _png(name: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.open(io.BytesIO(jpeg_for(name))).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _sample(key: str, caption: str) -> list[tuple[str, bytes]]:
+    return [(f"{key}.jpg", jpeg_for(key)), (f"{key}.txt", caption.encode("utf-8"))]
+
+
+def make_shards(directory: Path) -> dict:
+    directory.mkdir()
+    good = [f"s0-{i:03d}" for i in range(12)]
+    _tar(directory / "shard-0000.tar", [m for k in good for m in _sample(k, f"好图片 {k}")])
+    bad = [
+        ("missing_caption", [("s1-000.jpg", jpeg_for("s1-000"))]),
+        ("missing_image", [("s1-001.txt", "没有图片".encode())]),
+        ("corrupt_image", [("s1-002.jpg", b"\xff\xd8 not a jpeg"), ("s1-002.txt", "坏图".encode())]),
+        ("caption_not_utf8", [("s1-003.jpg", jpeg_for("s1-003")), ("s1-003.txt", b"\xff\xfe\xfa")]),
+        ("empty_caption", [("s1-004.jpg", jpeg_for("s1-004")), ("s1-004.txt", b" \n ")]),
+    ]
+    png_sample = [("s1-005.png", _png("s1-005")), ("s1-005.txt", "PNG 图片".encode())]
+    _tar(directory / "shard-0001.tar", [m for _, ms in bad for m in ms] + png_sample)
+    cut = [f"s2-{i:03d}" for i in range(4)]
+    full = directory / "full.tmp"
+    _tar(full, [m for k in cut for m in _sample(k, f"截断 {k}")])
+    with tarfile.open(full) as tar:
+        third_image = next(i for i in tar.getmembers() if i.name == "s2-002.jpg")
+    raw = full.read_bytes()
+    (directory / "shard-0002.tar").write_bytes(raw[:third_image.offset_data + third_image.size // 2])
+    full.unlink()
+    (directory / "shard-0003.tar").write_bytes(b"this is not a tar file at all" * 40)
+    return {"good": good, "bad": dict((reason, 1) for reason, _ in bad), "cut_kept": cut[:2],
+            "png_key": "s1-005"}
+
+
+@pytest.fixture(scope="module")
+def wds_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wds")
+    expected = make_shards(root / "shards")
+    testset.write_test_set(root / "flickr", [(0, jpeg_for("t0"), ["测试"])])
+    params = {"data": {"source": "webdataset",
+                       "paths": [f"file://{root}/shards/shard-{{0000..0003}}.tar"],
+                       "val_fraction": 0.25, "test_fraction": 0.2, "samples_per_shard": 4}}
+    (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    assert main(["--params", str(root / "params.yaml"), "--out", str(root / "data")]) == 0
+    manifest = json.loads((root / "data" / "manifest.json").read_text(encoding="utf-8"))
+    return {"root": root, "expected": expected, "manifest": manifest}
+
+
+def _written_captions(data: Path) -> list[str]:
+    captions = []
+    for split in ("train", "val"):
+        files = split_files(data, split)
+        reader = ShardReader(files.paths)
+        captions += [reader.read(s, i)["txt"].decode() for s, n in enumerate(files.counts)
+                     for i in range(n)]
+    captions += [t.text for t in testset.read_texts(data / "test")]
+    return captions
+
+
+def test_bad_samples_and_damaged_shards_are_skipped_by_reason(wds_run):
+    """Each malformed sample gets its reason; the cut and the non-tar shard count as corrupt."""
+    counts = wds_run["manifest"]["skipped"]["counts"]
+    assert counts == {**wds_run["expected"]["bad"], "corrupt_shard": 2}
+
+
+def test_per_input_shard_counts_are_in_the_manifest(wds_run):
+    """The manifest says, per input shard, how many samples were read and kept, and the error."""
+    shards = {Path(s["shard"]).name: s for s in wds_run["manifest"]["source"]["shards"]}
+    assert (shards["shard-0000.tar"]["samples"], shards["shard-0000.tar"]["kept"]) == (12, 12)
+    assert (shards["shard-0001.tar"]["samples"], shards["shard-0001.tar"]["kept"]) == (6, 1)
+    assert shards["shard-0002.tar"]["kept"] == 2 and shards["shard-0002.tar"]["error"]
+    assert shards["shard-0003.tar"]["samples"] == 0 and shards["shard-0003.tar"]["error"]
+
+
+def test_kept_samples_land_once_across_train_val_and_test(wds_run):
+    """Every usable sample (complete ones before the damage included) is written exactly once."""
+    expected = wds_run["expected"]
+    wanted = [f"好图片 {k}" for k in expected["good"]] + [f"截断 {k}" for k in expected["cut_kept"]]
+    wanted.append("PNG 图片")
+    assert sorted(_written_captions(wds_run["root"] / "data")) == sorted(wanted)
+    splits = wds_run["manifest"]["splits"]
+    assert splits["train"]["count"] + splits["val"]["count"] + splits["test"]["images"] == len(wanted)
+
+
+def test_jpegs_pass_through_unchanged(wds_run):
+    """A JPEG sample's bytes are copied as they are: no second lossy encoding."""
+    data = wds_run["root"] / "data"
+    originals = {jpeg_for(k) for k in wds_run["expected"]["good"]}
+    files = split_files(data, "train")
+    reader = ShardReader(files.paths)
+    images = [reader.read(s, i) for s, n in enumerate(files.counts) for i in range(n)]
+    good = [s["jpg"] for s in images if s["txt"].decode().startswith("好图片")]
+    assert good and all(jpeg in originals for jpeg in good)
+
+
+def test_missing_shard_is_a_clear_error(tmp_path, capsys):
+    """A path that matches nothing stops the stage with exit 2, naming the path."""
+    params = {"data": {"source": "webdataset", "paths": [str(tmp_path / "nope-*.tar")]}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    assert main(["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "data")]) == 2
+    assert f"data.paths: {tmp_path}/nope-*.tar matches no file" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
