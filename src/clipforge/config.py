@@ -144,7 +144,7 @@ class TrainConfig(Section):
     grad_accum_steps: Union[int, Literal["auto"]] = knob(
         "auto", "Micro-batches per rank per step, with feature caching (`auto`: global batch / "
         "(micro batch x world size)).", ge=1)
-    epochs: int = knob(2, "Passes over the training set.", ge=1)
+    epochs: int = knob(1, "Passes over the training set.", ge=1)
     max_steps: Optional[int] = knob(None, "Stop after this many optimizer steps (null: epochs decide); "
                                     "the schedule still spans max_steps.", ge=1)
     lr: float = knob(1e-3, "Peak learning rate.", gt=0.0)
