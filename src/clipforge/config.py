@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -365,12 +364,3 @@ def field_docs(cls: type = Config, prefix: str = "") -> dict[str, str]:
         else:
             docs[prefix + f.name] = f.metadata["doc"]
     return docs
-
-
-def config_from_dict(saved: dict) -> Config:
-    """Rebuild a Config saved with `to_dict` (e.g. from a checkpoint): every value is explicit."""
-    return resolve({}, saved)
-
-
-def dumps_json(config: Config) -> str:
-    return json.dumps(config.to_dict(), ensure_ascii=False, indent=2, sort_keys=False)

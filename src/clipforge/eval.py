@@ -26,8 +26,6 @@ METRIC_KEYS = tuple(f"{d}_r{k}" for d in ("t2i", "i2t") for k in KS) + ("mean_re
 
 def recall_at_k(similarity, relevant, ks: Sequence[int] = KS) -> dict[int, float]:
     """Percent of query rows with a relevant column among their top k (rows: queries)."""
-    import torch
-
     top = similarity.topk(min(max(ks), similarity.shape[1]), dim=1).indices
     hits = relevant.gather(1, top)  # [queries, k]: is the i-th best a relevant item?
     return {k: 100.0 * hits[:, :k].any(dim=1).float().mean().item() for k in ks}
@@ -43,7 +41,8 @@ def retrieval_metrics(image_features, text_features, relevant) -> dict[str, floa
     return metrics
 
 
-def relevance_matrix(image_ids: list[int], texts) -> "torch.Tensor":
+def relevance_matrix(image_ids: list[int], texts):
+    """Boolean [texts, images]: does text t describe image i."""
     import torch
 
     column = {image_id: i for i, image_id in enumerate(image_ids)}
