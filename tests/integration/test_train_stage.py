@@ -93,3 +93,4 @@ def test_changed_params_start_a_run_of_their_own(reference_run, small_data, tmp_
 def test_missing_data_is_a_clear_error(tmp_path, capsys):
     assert run_train(tmp_path, tmp_path / "no-data") == 2
     assert "run the data stage first" in capsys.readouterr().err
+

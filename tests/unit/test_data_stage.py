@@ -160,3 +160,48 @@ def test_test_dir_is_validated_and_copied(tmp_path, small_data):
     params = write_params(tmp_path / "params.yaml", {"data": {"test_dir": str(broken)}})
     assert main(["--params", str(params), "--out", str(tmp_path / "data2")]) == 2
     assert not (tmp_path / "data2").exists()
+
+
+def test_folder_and_csv_sources_read_the_same_pairs(tmp_path):
+    """A folder of images with same-named .txt captions, and a CSV of image,caption, give the
+    same training data; a folder image without a caption file is skipped as missing_caption."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    rows = ["image,caption"]
+    for i in range(6):
+        (folder / f"{i}.jpg").write_bytes(_jpeg(colour=(40 * i, 90, 90)))
+        (folder / f"{i}.txt").write_text(f"第{i}只狗在草地上", encoding="utf-8")
+        rows.append(f'{i}.jpg,"第{i}只狗在草地上"')
+    (folder / "orphan.jpg").write_bytes(_jpeg())
+    (folder / "pairs.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    manifests = {}
+    for name, path in (("folder", folder), ("csv", folder / "pairs.csv")):
+        params = write_params(tmp_path / f"{name}.yaml", {"data": {
+            "source": "local", "path": str(path), "val_fraction": 0.0, "test_fraction": 0.0}})
+        assert main(["--params", str(params), "--out", str(tmp_path / f"data-{name}")]) == 0
+        manifests[name] = json.loads((tmp_path / f"data-{name}" / "manifest.json").read_text())
+    assert manifests["folder"]["skipped"]["counts"] == {"missing_caption": 1}
+    assert manifests["csv"]["skipped"]["counts"] == {}
+    assert manifests["folder"]["splits"]["train"]["count"] == 6
+    assert [s["sha256"] for s in manifests["folder"]["splits"]["train"]["shards"]] == \
+        [s["sha256"] for s in manifests["csv"]["splits"]["train"]["shards"]]
+
+
+def test_csv_without_the_expected_columns_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "bad.csv").write_text("path,text\na.jpg,x\n", encoding="utf-8")
+    params = write_params(tmp_path / "params.yaml", {"data": {"source": "local",
+                                                             "path": str(tmp_path / "bad.csv")}})
+    assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 2
+    assert "columns `image` and `caption`" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
+
+
+def test_source_inside_the_output_directory_is_refused(tmp_path, capsys):
+    """The stage replaces its output directory: a source inside it would be destroyed."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "pairs.jsonl").write_text("")
+    params = write_params(tmp_path / "params.yaml", {"data": {
+        "source": "local", "path": str(tmp_path / "data" / "pairs.jsonl")}})
+    assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 2
+    assert "inside the output directory" in capsys.readouterr().err
+    assert (tmp_path / "data" / "pairs.jsonl").exists()

@@ -134,6 +134,10 @@ def _skip_text(skips: SkipLog) -> str:
 def _run(args) -> None:
     config = load_stage_config(args)
     out = Path(args.out)
+    for key, value in (("data.path", config.data.path), ("data.test_dir", config.data.test_dir)):
+        if value and Path(value).resolve().is_relative_to(out.resolve()):
+            raise StageError(f"{key}: {value} is inside the output directory {out}, which the "
+                             f"stage replaces; keep source data elsewhere (e.g. datasets/)")
     with replace_dir_atomically(out) as tmp:
         manifest = build_dataset(config, tmp)
     splits = manifest["splits"]
