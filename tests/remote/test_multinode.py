@@ -7,6 +7,7 @@ so DeepSpeed's process group spans the two launchers (gloo over TCP).
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -31,6 +32,11 @@ def two_node_run(project, sshd, tmp_path_factory):
     run.hosts = hosts
     run.node1 = run.root / "runs" / run.run_id / "node-1"
     run.final_state = run.wait_finished()
+    # node 1's supervisor records its end a moment after node 0's, on its own
+    deadline = time.monotonic() + 120
+    while json.loads((run.node1 / "state.json").read_text())["state"] == "running" \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
     run.node1_state = json.loads((run.node1 / "state.json").read_text())
     return run
 

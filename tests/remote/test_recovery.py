@@ -85,9 +85,11 @@ def stopped_run(project, sshd, tmp_path_factory):
     base = tmp_path_factory.mktemp("stopped-run")
     fab = make_fab(project, base / "home", base / "remote", sshd)
     run = launch_run(fab, sshd, base / "remote", *set_args(RUN_SETS))
+    # metrics/train.tsv is committed (the demo's): wait for this run's own first row
     tsv = run.code / "metrics" / "train.tsv"
-    run.wait_until(lambda: tsv.is_file() and len(tsv.read_text().splitlines()) >= 2,
-                   what="first metrics row")
+    committed = tsv.read_text() if tsv.is_file() else None
+    run.wait_until(lambda: tsv.is_file() and tsv.read_text() != committed
+                   and len(tsv.read_text().splitlines()) >= 2, what="first metrics row")
     run.clean_while_running = run.run_fab("clean")
     follower = run.fab.popen("logs", "--follow", hosts=sshd.address, key=sshd.client_key)
     run.stop_result = run.run_fab("stop")
