@@ -122,7 +122,8 @@ class NonFiniteRule:
         return (
             f"{self.consecutive} consecutive non-finite steps (last at step {step}, "
             f"alerts.max_consecutive_nonfinite={self._max_consecutive}); the run stops. "
-            f"Lower the learning rate or check the data, then resume from the last checkpoint."
+            f"Lower train.lr (or lengthen train.warmup_steps) in params.yaml and rerun, or check "
+            f"the data."
         )
 
 
