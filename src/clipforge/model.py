@@ -66,9 +66,11 @@ def resolve_model_name(cfg: ModelConfig) -> str:
         "context_length": base.get("text_cfg", {}).get("context_length", 77),
     }
     name = f"{cfg.name}--text-{re.sub(r'[^A-Za-z0-9]+', '-', cfg.text_tower).strip('-')}"
-    directory = Path(tempfile.mkdtemp(prefix="clipforge-model-config-"))
-    (directory / f"{name}.json").write_text(json.dumps(derived))
-    open_clip.add_model_config(directory)
+    # open_clip registers configs only from files; it keeps what it read, so the file can go.
+    with tempfile.TemporaryDirectory(prefix="clipforge-model-config-") as directory:
+        config_file = Path(directory) / f"{name}.json"
+        config_file.write_text(json.dumps(derived))
+        open_clip.add_model_config(config_file)
     return name
 
 

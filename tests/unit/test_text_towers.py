@@ -79,3 +79,21 @@ def test_chinese_tower_recipes_change_only_the_model():
     assert (roberta.model.name, roberta.model.text_tower) == ("ViT-B-32", "hfl/chinese-roberta-wwm-ext")
     assert (xlmr.model.name, xlmr.model.text_tower) == ("xlm-roberta-base-ViT-B-32", None)
     assert roberta.data == base.data == xlmr.data and roberta.train == base.train
+
+
+def test_derived_model_config_is_registered_and_leaves_no_temp_files(tmp_path, monkeypatch):
+    """A text tower derives a new open_clip config; open_clip keeps it, no temp folder stays."""
+    import open_clip
+    import tempfile
+
+    from clipforge.model import resolve_model_name
+
+    (tmp_path / "tower").mkdir()
+    (tmp_path / "tower" / "config.json").write_text("{}")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    cfg = load_config(None, ["model.name=clipforge-tiny", f"model.text_tower={tmp_path / 'tower'}"])
+    name = resolve_model_name(cfg.model)
+    assert open_clip.get_model_config(name)["text_cfg"]["hf_model_name"] == str(tmp_path / "tower")
+    assert list(scratch.iterdir()) == []
