@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
 PYTHON="${PYTHON:-python3}"
-venv="${PINNED_VENV:-.venv-pinned}"
+venv="$(realpath -m "${PINNED_VENV:-.venv-pinned}")"  # absolute: the runs below cd elsewhere
 # Bump when install_env changes, so existing environments are rebuilt.
 recipe="recipe-2"
 
@@ -99,10 +99,12 @@ overrides=(
 )
 run() {
   echo "smoke-pinned: $*"
-  PYTHONPATH="$repo/src" DS_ACCELERATOR=cpu "$repo/$venv/bin/python" "$@"
+  PYTHONPATH="$repo/src" DS_ACCELERATOR=cpu "$venv/bin/python" "$@"
 }
 started=$SECONDS
 run "$repo/docker/check_stack.py" "${stack_args[@]}"
+# The locked libraries the stages import only for some params (HF text towers, LAION shards).
+run -c "import transformers, open_clip.hf_model, webdataset, clipforge.text_towers"
 run -m clipforge.data "${overrides[@]}"
 run -m clipforge.train "${overrides[@]}"
 run -m clipforge.eval "${overrides[@]}"

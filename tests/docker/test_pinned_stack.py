@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,10 @@ from tests.docker.conftest import REPO, load_tool
 pytestmark = pytest.mark.skipif(
     os.environ.get("CLIPFORGE_PINNED_SMOKE") != "1",
     reason="installs the image's 2.5 GB stack: run with `make smoke-pinned` (CI does)")
+
+# The smoke script's data settings (its `overrides`): a run's saved config describes its data.
+SMOKE_DATA = ("data.num_train=192", "data.num_val=32", "data.num_test_images=24",
+              "data.image_size=32", "data.samples_per_shard=50")
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +67,28 @@ def test_evaluation_wrote_retrieval_recall(smoke):
     metrics = json.loads((project / "metrics" / "eval.json").read_text())
     assert metrics["num_images"] > 0
     assert 0.0 <= metrics["mean_recall"] <= 100.0
+
+
+def test_a_hugging_face_text_tower_trains_on_the_pinned_stack(smoke, tmp_path):
+    """The locked transformers works with torch 2.1.2: a tiny Chinese BERT tower (built here by
+    the local stack, in the hub's layout) trains two steps on the smoke's data and is exported."""
+    from tests.integration.test_hf_text_tower import make_tiny_chinese_tower
+
+    _, project = smoke
+    tower = make_tiny_chinese_tower(tmp_path / "tower")
+    venv = Path(os.environ.get("PINNED_VENV", REPO / ".venv-pinned")).resolve()
+    command = [str(venv / "bin" / "python"), "-m", "clipforge.train", "--data", "data",
+               "--checkpoints", str(tmp_path / "checkpoints"), "--model-out", str(tmp_path / "clip"),
+               "--logs", str(tmp_path / "logs"), "--metrics", str(tmp_path / "metrics")]
+    for override in (*SMOKE_DATA, "model.image_size=32", "train.device=cpu",
+                     "train.global_batch_size=32", "train.micro_batch_size=16",
+                     "train.max_steps=2", "train.warmup_steps=1", "train.num_workers=0",
+                     f"model.text_tower={tower}"):
+        command += ["--set", override]
+    result = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src"),
+                                 "DS_ACCELERATOR": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "metrics" / "train.json").read_text())["steps"] == 2
+    exported = json.loads((tmp_path / "clip" / "open_clip_config.json").read_text())
+    assert exported["model_cfg"]["text_cfg"]["hf_model_name"] == str(tower)
