@@ -26,9 +26,11 @@ def _as_sets(params: dict) -> list[str]:
 
 
 SMALL_SETS = _as_sets(SMALL_PARAMS)
-RUN_SETS = _as_sets({**SMALL_PARAMS, "train": {**SMALL_PARAMS["train"], "max_steps": 8,
-                                               "save_every_steps": 2, "log_every_steps": 1,
-                                               "warmup_steps": 1}})
+RUN_SETS = [*_as_sets({**SMALL_PARAMS, "train": {**SMALL_PARAMS["train"], "max_steps": 8,
+                                                  "save_every_steps": 2, "log_every_steps": 1,
+                                                  "warmup_steps": 1}}),
+            # a run alerting to a dead webhook waits this long at its end (default 30 s)
+            "alerts.flush_timeout_seconds=1"]
 
 
 def set_args(sets: list[str]) -> list[str]:

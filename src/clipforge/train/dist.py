@@ -79,6 +79,13 @@ def use_environment_extension_cache() -> None:
     cache = os.path.join(sys.prefix, "torch_extensions")
     if "TORCH_EXTENSIONS_DIR" not in os.environ and os.access(sys.prefix, os.W_OK):
         os.environ["TORCH_EXTENSIONS_DIR"] = cache
+    # torch runs the first `ninja` on PATH. The environment's own (a DeepSpeed dependency) and a
+    # system one of another version hash build commands differently, so processes with different
+    # PATHs would each find the op stale and rebuild it (a minute each): always use the former.
+    bindir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if os.path.isfile(os.path.join(bindir, "ninja")) and path.split(os.pathsep)[0] != bindir:
+        os.environ["PATH"] = os.pathsep.join([bindir, path]) if path else bindir
 
 
 def prebuild_cpu_ops() -> None:
