@@ -74,8 +74,8 @@ def init_distributed(device: str, timeout_minutes: int = 30) -> DistInfo:
 
 def use_environment_extension_cache() -> None:
     """Keep DeepSpeed's JIT-built ops inside the running Python environment (a venv) when it is
-    writable: two environments with different DeepSpeed versions sharing ~/.cache/torch_extensions
-    rebuild each other's ops (minutes each), while a venv is built once."""
+    writable, built by its own ninja: two environments with different DeepSpeed versions sharing
+    ~/.cache/torch_extensions rebuild each other's ops (minutes each), while a venv builds once."""
     cache = os.path.join(sys.prefix, "torch_extensions")
     if "TORCH_EXTENSIONS_DIR" not in os.environ and os.access(sys.prefix, os.W_OK):
         os.environ["TORCH_EXTENSIONS_DIR"] = cache
