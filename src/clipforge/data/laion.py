@@ -30,7 +30,7 @@ from clipforge.data.inputs import expand_paths
 from clipforge.data.laion_filter import FilterReport, filtered_tables
 from clipforge.data.layout import SplitWriter
 from clipforge.data.local import SkipLog
-from clipforge.data.shards import Member
+from clipforge.data.shards import index_shard
 
 log = logging.getLogger("clipforge.data")
 
@@ -130,7 +130,7 @@ def download_key(rows_digest: str, data: DataConfig) -> str:
 def write_shard_samples(shards_dir: Path, shard: str, writer: SplitWriter, skips: SkipLog) -> None:
     """Successes of one img2dataset shard into the splits (in key order); failures into skips."""
     tar = shards_dir / f"{shard}.tar"
-    members = members_by_key(tar)
+    members = index_shard(tar)
     with open(tar, "rb") as f:
         for row in download.sample_statuses(shards_dir, shard):
             if row.status != "success":
@@ -140,59 +140,5 @@ def write_shard_samples(shards_dir: Path, shard: str, writer: SplitWriter, skips
             if "jpg" not in sample or "txt" not in sample:
                 raise StageError(f"{tar}: img2dataset reports {row.key} ({row.url}) as downloaded "
                                  f"but the shard does not hold it; delete {shards_dir} and rerun")
-            jpeg, caption = (_read(f, sample[ext]) for ext in ("jpg", "txt"))
+            jpeg, caption = (sample[ext].read(f) for ext in ("jpg", "txt"))
             writer.add(row.url, jpeg, caption.decode("utf-8"))
-
-
-_BLOCK = 512
-
-
-def members_by_key(tar: Path) -> dict[str, dict[str, Member]]:
-    """key -> {extension: where its bytes are}, from the tar headers, payloads unread.
-
-    img2dataset's tars are plain ustar members with short names, each after a pax header (its
-    float mtime), which Python's tarfile parses at ~0.5 ms per sample: on a CPU-bound download
-    host that copy would slow the download down. So the 512-byte headers are read directly;
-    anything this fast path does not expect (long names, pax path/size overrides, links,
-    sparse or huge members) falls back to tarfile.
-    """
-    index: dict[str, dict[str, Member]] = {}
-    with open(tar, "rb") as f:
-        offset = 0
-        while True:
-            f.seek(offset)
-            header = f.read(_BLOCK)
-            if len(header) < _BLOCK or header == bytes(_BLOCK):
-                return index
-            kind = header[156:157]
-            if header[257:262] != b"ustar" or header[345:500].strip(b"\0") or header[124] & 0x80:
-                return _members_by_key_tarfile(tar)
-            size = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
-            data = offset + _BLOCK
-            if kind in (b"0", b"\0"):
-                key, _, ext = header[:100].rstrip(b"\0").decode("utf-8").partition(".")
-                index.setdefault(key, {})[ext] = Member(data, size)
-            elif kind == b"x":
-                records = f.read(size)
-                if b" path=" in records or b" size=" in records:
-                    return _members_by_key_tarfile(tar)
-            elif kind not in (b"g", b"5"):
-                return _members_by_key_tarfile(tar)
-            offset = data + (size + _BLOCK - 1) // _BLOCK * _BLOCK
-
-
-def _members_by_key_tarfile(tar: Path) -> dict[str, dict[str, Member]]:
-    import tarfile
-
-    index: dict[str, dict[str, Member]] = {}
-    with tarfile.open(tar, "r:") as archive:
-        for info in archive:
-            if info.isfile():
-                key, _, ext = info.name.partition(".")
-                index.setdefault(key, {})[ext] = Member(info.offset_data, info.size)
-    return index
-
-
-def _read(f, member: Member) -> bytes:
-    f.seek(member.offset)
-    return f.read(member.size)

@@ -74,20 +74,19 @@ class Member:
     offset: int
     size: int
 
+    def read(self, f: BinaryIO) -> bytes:
+        f.seek(self.offset)
+        return f.read(self.size)
 
-def index_shard(path: Path) -> list[dict[str, Member]]:
-    """Samples of a shard in file order, each {extension: where its bytes are}."""
-    samples: list[dict[str, Member]] = []
-    keys: dict[str, int] = {}
+
+def index_shard(path: Path) -> dict[str, dict[str, Member]]:
+    """key -> {extension: where its bytes are}, in file order, from the tar headers only."""
+    samples: dict[str, dict[str, Member]] = {}
     with tarfile.open(path, "r:") as tar:
         for info in tar:
-            if not info.isfile():
-                continue
-            key, _, ext = info.name.partition(".")
-            if key not in keys:
-                keys[key] = len(samples)
-                samples.append({})
-            samples[keys[key]][ext] = Member(info.offset_data, info.size)
+            if info.isfile():
+                key, _, ext = info.name.partition(".")
+                samples.setdefault(key, {})[ext] = Member(info.offset_data, info.size)
     return samples
 
 
@@ -98,18 +97,14 @@ class ShardReader:
     def __init__(self, paths: list[Path], max_open_files: int = 16):
         self.paths = paths
         self.max_open_files = max_open_files
-        self._indexes: dict[int, list[dict[str, Member]]] = {}
+        self._indexes: dict[int, list[dict[str, Member]]] = {}  # per shard, samples by position
         self._files: dict[int, BinaryIO] = {}
 
     def read(self, shard: int, index: int) -> dict[str, bytes]:
         if shard not in self._indexes:
-            self._indexes[shard] = index_shard(self.paths[shard])
+            self._indexes[shard] = list(index_shard(self.paths[shard]).values())
         f = self._file(shard)
-        out = {}
-        for ext, member in self._indexes[shard][index].items():
-            f.seek(member.offset)
-            out[ext] = f.read(member.size)
-        return out
+        return {ext: member.read(f) for ext, member in self._indexes[shard][index].items()}
 
     def _file(self, shard: int) -> BinaryIO:
         if shard not in self._files:
