@@ -28,9 +28,9 @@ from clipforge.config import DataConfig
 from clipforge.data import download
 from clipforge.data.inputs import expand_paths
 from clipforge.data.laion_filter import FilterReport, filtered_tables
-from clipforge.data.layout import SplitWriter
-from clipforge.data.local import SkipLog
+from clipforge.data.samples import SkipLog
 from clipforge.data.shards import index_shard
+from clipforge.data.splits import SplitWriter
 
 log = logging.getLogger("clipforge.data")
 

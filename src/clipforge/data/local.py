@@ -7,18 +7,13 @@ empty_caption, caption_not_utf8, caption_too_long, missing_caption, bad_record.
 from __future__ import annotations
 
 import csv
-import hashlib
-import io
 import json
-import warnings
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from PIL import Image
-
-from clipforge.data.builtin import encode_jpeg
+from clipforge.data.samples import SkipLog, decode_image
+from clipforge.data.splits import split_of_identity
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"}
 
@@ -28,23 +23,6 @@ class Record:
     image: Path
     caption: str | bytes  # bytes when the caption could not be decoded as UTF-8
     origin: str  # where the record came from, for skip reports
-
-
-@dataclass
-class SkipLog:
-    """Counts of skipped items by reason, and the first few examples of each."""
-    counts: Counter = field(default_factory=Counter)
-    examples: dict[str, list[str]] = field(default_factory=dict)
-    max_examples: int = 20
-
-    def add(self, reason: str, item: str) -> None:
-        self.counts[reason] += 1
-        bucket = self.examples.setdefault(reason, [])
-        if len(bucket) < self.max_examples:
-            bucket.append(item)
-
-    def to_dict(self) -> dict:
-        return {"counts": dict(sorted(self.counts.items())), "examples": self.examples}
 
 
 def read_records(path: Path, skips: SkipLog) -> Iterator[Record]:
@@ -114,18 +92,6 @@ def _decode(raw: bytes) -> str | bytes:
         return raw
 
 
-def clean_caption(caption: str | bytes, max_chars: int) -> tuple[str | None, str | None]:
-    """(caption, None) when usable, else (None, skip reason)."""
-    if isinstance(caption, bytes):
-        return None, "caption_not_utf8"
-    text = " ".join(caption.split())
-    if not text:
-        return None, "empty_caption"
-    if len(text) > max_chars:
-        return None, "caption_too_long"
-    return text, None
-
-
 def load_image(path: Path, max_pixels: int) -> tuple[bytes | None, str | None]:
     """(JPEG bytes, None) for a readable image within limits, else (None, skip reason)."""
     if not path.is_file():
@@ -133,41 +99,6 @@ def load_image(path: Path, max_pixels: int) -> tuple[bytes | None, str | None]:
     return decode_image(path.read_bytes(), max_pixels)
 
 
-def decode_image(raw: bytes, max_pixels: int,
-                 keep_jpeg: bool = False) -> tuple[bytes | None, str | None]:
-    """(JPEG bytes, None) for a decodable image within limits, else (None, skip reason).
-    keep_jpeg: an RGB JPEG that decodes is returned as it came (no second lossy encoding)."""
-    if not raw:
-        return None, "empty_file"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(raw)) as image:
-                width, height = image.size  # header only: cheap, before any decoding
-                if width * height > max_pixels:
-                    return None, "too_large"
-                image.load()
-                if keep_jpeg and image.format == "JPEG" and image.mode == "RGB":
-                    return raw, None
-                rgb = image.convert("RGB")
-    except Image.DecompressionBombError:
-        return None, "too_large"
-    except Exception:  # PIL raises many types for broken files: all mean the same here
-        return None, "corrupt_image"
-    return encode_jpeg(rgb), None
-
-
 def split_of(image: Path, seed: int, val_fraction: float, test_fraction: float) -> str:
     """Deterministic split by image path, so all captions of an image land in the same split."""
     return split_of_identity(image.as_posix(), seed, val_fraction, test_fraction)
-
-
-def split_of_identity(identity: str, seed: int, val_fraction: float, test_fraction: float) -> str:
-    """`train`, `val` or `test` from a hash of what identifies an image (a path, a URL)."""
-    digest = hashlib.sha256(f"{seed}:{identity}".encode()).digest()
-    u = int.from_bytes(digest[:8], "big") / 2**64
-    if u < test_fraction:
-        return "test"
-    if u < test_fraction + val_fraction:
-        return "val"
-    return "train"

@@ -20,9 +20,10 @@ from typing import Iterator, Sequence
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
 from clipforge.config import Config, DataConfig
 from clipforge.data import builtin, laion, testset, wds_source
-from clipforge.data.layout import shard_summary as _shard_summary, test_hashes as _test_hashes
-from clipforge.data.local import SkipLog, clean_caption, load_image, read_records, split_of
+from clipforge.data.local import load_image, read_records, split_of
+from clipforge.data.samples import SkipLog, clean_caption
 from clipforge.data.shards import write_shards
+from clipforge.data.splits import shard_summary as _shard_summary, test_hashes as _test_hashes
 from clipforge.fsutil import replace_dir_atomically
 
 log = logging.getLogger("clipforge.data")

@@ -21,8 +21,8 @@ from typing import Iterator
 
 from clipforge.config import DataConfig
 from clipforge.data.inputs import expand_paths, open_input
-from clipforge.data.layout import SplitWriter
-from clipforge.data.local import SkipLog, clean_caption, decode_image
+from clipforge.data.samples import SkipLog, clean_caption, decode_image
+from clipforge.data.splits import SplitWriter
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 

@@ -1,22 +1,35 @@
-"""The data/ layout written from a stream of pairs too large to hold in memory.
+"""Train, val and test splits: which split an image lands in, and the data/ layout written from a
+stream of pairs too large to hold in memory.
 
-Sources that stream (laion-parquet, webdataset) hand every usable pair to a SplitWriter once:
-it picks the split from a hash of what identifies the image (its URL, its shard key), writes
-train and val shards as it goes, and parks test images in a temporary shard that becomes the
-Chinese-CLIP test set at the end (unless data.test_dir supplies the test set).
+The split is a hash of what identifies an image (its path, URL or shard key), so every caption
+of an image lands in the same split and a rerun splits the same way. Sources that stream
+(laion-parquet, webdataset) hand every usable pair to a SplitWriter once: it writes train and
+val shards as it goes, and parks test images in a temporary shard that becomes the Chinese-CLIP
+test set at the end (unless data.test_dir supplies the test set).
 """
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
 from clipforge.config import DataConfig
 from clipforge.data import testset
-from clipforge.data.local import split_of_identity
 from clipforge.data.shards import ShardInfo, ShardReader, ShardWriter
 from clipforge.fsutil import sha256_file
 
 _PENDING_TEST = ".test-pending"
+
+
+def split_of_identity(identity: str, seed: int, val_fraction: float, test_fraction: float) -> str:
+    """`train`, `val` or `test` from a hash of what identifies an image (a path, a URL)."""
+    digest = hashlib.sha256(f"{seed}:{identity}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    if u < test_fraction:
+        return "test"
+    if u < test_fraction + val_fraction:
+        return "val"
+    return "train"
 
 
 def shard_summary(shards: list[ShardInfo]) -> dict:

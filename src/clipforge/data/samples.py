@@ -1,0 +1,65 @@
+"""What every source does with a candidate pair: clean the caption, decode and check the image,
+and log a skip with its reason when either is unusable (never a crash)."""
+from __future__ import annotations
+
+import io
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+
+from PIL import Image
+
+from clipforge.data.builtin import encode_jpeg
+
+
+@dataclass
+class SkipLog:
+    """Counts of skipped items by reason, and the first few examples of each."""
+    counts: Counter = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    max_examples: int = 20
+
+    def add(self, reason: str, item: str) -> None:
+        self.counts[reason] += 1
+        bucket = self.examples.setdefault(reason, [])
+        if len(bucket) < self.max_examples:
+            bucket.append(item)
+
+    def to_dict(self) -> dict:
+        return {"counts": dict(sorted(self.counts.items())), "examples": self.examples}
+
+
+def clean_caption(caption: str | bytes, max_chars: int) -> tuple[str | None, str | None]:
+    """(caption, None) when usable, else (None, skip reason)."""
+    if isinstance(caption, bytes):
+        return None, "caption_not_utf8"
+    text = " ".join(caption.split())
+    if not text:
+        return None, "empty_caption"
+    if len(text) > max_chars:
+        return None, "caption_too_long"
+    return text, None
+
+
+def decode_image(raw: bytes, max_pixels: int,
+                 keep_jpeg: bool = False) -> tuple[bytes | None, str | None]:
+    """(JPEG bytes, None) for a decodable image within limits, else (None, skip reason).
+    keep_jpeg: an RGB JPEG that decodes is returned as it came (no second lossy encoding)."""
+    if not raw:
+        return None, "empty_file"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw)) as image:
+                width, height = image.size  # header only: cheap, before any decoding
+                if width * height > max_pixels:
+                    return None, "too_large"
+                image.load()
+                if keep_jpeg and image.format == "JPEG" and image.mode == "RGB":
+                    return raw, None
+                rgb = image.convert("RGB")
+    except Image.DecompressionBombError:
+        return None, "too_large"
+    except Exception:  # PIL raises many types for broken files: all mean the same here
+        return None, "corrupt_image"
+    return encode_jpeg(rgb), None
