@@ -11,8 +11,8 @@ from clipforge_infra.components.secrets import SecretsArgs, StackSecrets
 from clipforge_infra.components.storage import RetainedStorage, StorageArgs
 from clipforge_infra.components.tensorboard import TensorBoard, TensorBoardArgs
 from clipforge_infra.components.workers import GpuWorkers, WorkersArgs
-from clipforge_infra.layout import PROJECT
-from clipforge_infra.settings import CONFIG_KEYS, ConfigError, parse_settings
+from clipforge_infra.contract import PROJECT
+from clipforge_infra.settings import CONFIG_KEYS, StackConfigError, parse_settings
 from clipforge_infra.stack_outputs import describe_stack
 
 config = pulumi.Config()
@@ -20,7 +20,7 @@ raw_config = {key: config.get(key) for key in CONFIG_KEYS}
 secret_keys = {key for key in CONFIG_KEYS if pulumi.runtime.is_config_secret(f"{PROJECT}:{key}")}
 try:
     settings = parse_settings(raw_config, secret_keys)
-except ConfigError as error:
+except StackConfigError as error:
     # RunError: reported as a plain message, without a Python traceback.
     raise pulumi.RunError(str(error)) from None
 

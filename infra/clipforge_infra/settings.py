@@ -1,7 +1,7 @@
 """Typed, validated stack configuration.
 
 ``parse_settings`` is pure: it takes the raw string values Pulumi hands the program (arrays arrive as
-JSON text) and returns frozen dataclasses, or raises ``ConfigError`` naming the key, the problem and
+JSON text) and returns frozen dataclasses, or raises ``StackConfigError`` naming the key, the problem and
 the command that fixes it. Defaults live only in ``Pulumi.yaml``; a key that reaches this module
 without a value means the program runs outside the Pulumi CLI, and that is an error too.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Mapping, Optional
 
-from .layout import PROJECT, VOLUMES
+from .contract import PROJECT, VOLUMES
 from .quantities import QuantityError, parse_bytes, parse_cpu_millicores
 
 # Every key Pulumi.yaml declares; tests keep the two in step.
@@ -62,7 +62,7 @@ _IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._\-/:]*[a-z0-9](:[\w][\w.\-]{0,127}|@s
 _CURRENCY_RE = re.compile(r"^[A-Z]{3}$")
 
 
-class ConfigError(ValueError):
+class StackConfigError(ValueError):
     """A stack configuration value that cannot be used; the message names the key."""
 
     def __init__(self, key: str, problem: str):
@@ -111,7 +111,7 @@ class TensorBoardSettings:
 
 
 @dataclass(frozen=True)
-class StackSecrets:
+class SecretSettings:
     """Plain secret values, held only long enough to wrap them in ``pulumi.Output.secret``."""
 
     ssh_authorized_keys: str = field(repr=False)
@@ -130,7 +130,7 @@ class StackSettings:
     tensorboard: TensorBoardSettings
     price_per_gpu_hour: Decimal
     price_currency: str
-    secrets: StackSecrets
+    secrets: SecretSettings
 
     @property
     def total_gpus(self) -> int:
@@ -149,8 +149,8 @@ def parse_settings(raw: Mapping[str, Optional[str]], secret_keys: frozenset[str]
     # A memory-backed emptyDir is charged to the container's memory limit: /dev/shm as large as the
     # limit would leave nothing for the trainer itself.
     if parse_bytes(shm_size) >= parse_bytes(memory):
-        raise ConfigError("shmSize", f"{shm_size} must be smaller than memoryPerWorker ({memory}): "
-                          "/dev/shm is memory-backed and counts against the worker's memory limit")
+        raise StackConfigError("shmSize", f"{shm_size} must be smaller than memoryPerWorker ({memory}): "
+                               "/dev/shm is memory-backed and counts against the worker's memory limit")
     workers = WorkerSettings(
         num_workers=values.positive_int("numWorkers"),
         gpus_per_worker=values.positive_int("gpusPerWorker"),
@@ -174,7 +174,7 @@ def parse_settings(raw: Mapping[str, Optional[str]], secret_keys: frozenset[str]
         tensorboard=TensorBoardSettings(cpu=values.cpu("tensorboardCpu"), memory=values.size("tensorboardMemory")),
         price_per_gpu_hour=values.price("pricePerGpuHour"),
         price_currency=values.currency("priceCurrency"),
-        secrets=StackSecrets(
+        secrets=SecretSettings(
             ssh_authorized_keys=values.ssh_authorized_keys("sshAuthorizedKeys"),
             alert_webhooks=values.alert_webhooks("alertWebhooks"),
             registry_auth=values.registry_auth("registryAuth"),
@@ -183,12 +183,12 @@ def parse_settings(raw: Mapping[str, Optional[str]], secret_keys: frozenset[str]
 
 
 class _Values:
-    """Typed accessors over the raw config; each raises ConfigError naming its key."""
+    """Typed accessors over the raw config; each raises StackConfigError naming its key."""
 
     def __init__(self, raw: Mapping[str, Optional[str]], secret_keys: frozenset[str] | set[str]):
         unknown = sorted(set(raw) - set(CONFIG_KEYS))
         if unknown:
-            raise ConfigError(unknown[0], f"unknown key; Pulumi.yaml declares: {', '.join(CONFIG_KEYS)}")
+            raise StackConfigError(unknown[0], f"unknown key; Pulumi.yaml declares: {', '.join(CONFIG_KEYS)}")
         self._raw = raw
         self._secret_keys = secret_keys
 
@@ -196,48 +196,48 @@ class _Values:
         value = self._raw.get(key)
         if value is None:
             if key == "image":
-                raise ConfigError(key, "no image set: `make up` sets it from docker/image.env "
-                                  "(plus $REGISTRY); to pin another, `pulumi config set image REPO:TAG`")
+                raise StackConfigError(key, "no image set: `make up` sets it from docker/image.env "
+                                       "(plus $REGISTRY); to pin another, `pulumi config set image REPO:TAG`")
             if key in SECRET_KEYS:
-                raise ConfigError(key, f"not set: `pulumi config set --secret {key} ...` (see infra/README.md)")
-            raise ConfigError(key, "no value: Pulumi.yaml declares its default, so the program must be run "
-                              "by the Pulumi CLI (make up / make preview), not on its own")
+                raise StackConfigError(key, f"not set: `pulumi config set --secret {key} ...` (see infra/README.md)")
+            raise StackConfigError(key, "no value: Pulumi.yaml declares its default, so the program must be run "
+                                   "by the Pulumi CLI (make up / make preview), not on its own")
         return value
 
     def positive_int(self, key: str) -> int:
         text = self.text(key).strip()
         if not re.fullmatch(r"[+-]?[0-9]+", text):
-            raise ConfigError(key, f"{text!r} is not a whole number")
+            raise StackConfigError(key, f"{text!r} is not a whole number")
         if int(text) < 1:
-            raise ConfigError(key, f"must be at least 1, got {int(text)}")
+            raise StackConfigError(key, f"must be at least 1, got {int(text)}")
         return int(text)
 
     def boolean(self, key: str) -> bool:
         text = self.text(key)
         if text not in ("true", "false"):
-            raise ConfigError(key, f"{text!r} is not true or false")
+            raise StackConfigError(key, f"{text!r} is not true or false")
         return text == "true"
 
     def dns_label(self, key: str) -> str:
         text = self.text(key)
         if len(text) > 63 or not _DNS_LABEL_RE.match(text):
-            raise ConfigError(key, f"{text!r} is not a Kubernetes name (lower-case letters, digits, '-'; "
-                              "at most 63 characters)")
+            raise StackConfigError(key, f"{text!r} is not a Kubernetes name (lower-case letters, digits, '-'; "
+                                   "at most 63 characters)")
         return text
 
     def storage_class(self, key: str) -> str:
         text = self.text(key)
         if text and (len(text) > 253 or not _DNS_SUBDOMAIN_RE.match(text)):
-            raise ConfigError(key, f"{text!r} is not a StorageClass name")
+            raise StackConfigError(key, f"{text!r} is not a StorageClass name")
         return text
 
     def image(self, key: str) -> str:
         text = self.text(key)
         if not text:
-            raise ConfigError(key, "empty; `make up` sets it from docker/image.env")
+            raise StackConfigError(key, "empty; `make up` sets it from docker/image.env")
         if not _IMAGE_RE.match(text) or text.endswith(":latest"):
-            raise ConfigError(key, f"{text!r} is not a pinned image reference: use REPOSITORY:TAG "
-                              "(not :latest) or REPOSITORY@sha256:DIGEST")
+            raise StackConfigError(key, f"{text!r} is not a pinned image reference: use REPOSITORY:TAG "
+                                   "(not :latest) or REPOSITORY@sha256:DIGEST")
         return text
 
     def size(self, key: str) -> str:
@@ -245,7 +245,7 @@ class _Values:
         try:
             parse_bytes(text)
         except QuantityError as error:
-            raise ConfigError(key, str(error)) from None
+            raise StackConfigError(key, str(error)) from None
         return text.strip()
 
     def cpu(self, key: str) -> str:
@@ -253,7 +253,7 @@ class _Values:
         try:
             parse_cpu_millicores(text)
         except QuantityError as error:
-            raise ConfigError(key, str(error)) from None
+            raise StackConfigError(key, str(error)) from None
         return text.strip()
 
     def price(self, key: str) -> Decimal:
@@ -261,15 +261,15 @@ class _Values:
         try:
             price = Decimal(text)
         except InvalidOperation:
-            raise ConfigError(key, f"{text!r} is not a number (price per GPU-hour, e.g. 2.50)") from None
+            raise StackConfigError(key, f"{text!r} is not a number (price per GPU-hour, e.g. 2.50)") from None
         if not price.is_finite() or price < 0:
-            raise ConfigError(key, f"{text!r} must be a number >= 0")
+            raise StackConfigError(key, f"{text!r} must be a number >= 0")
         return price
 
     def currency(self, key: str) -> str:
         text = self.text(key)
         if not _CURRENCY_RE.match(text):
-            raise ConfigError(key, f"{text!r} is not a three-letter currency code such as USD or CNY")
+            raise StackConfigError(key, f"{text!r} is not a three-letter currency code such as USD or CNY")
         return text
 
     def gpu_resource_name(self, key: str) -> str:
@@ -278,10 +278,10 @@ class _Values:
             return text
         vendor = text.split("/", 1)[0]
         if vendor in KNOWN_UNSUPPORTED_GPU_VENDORS:
-            raise ConfigError(key, f"{text!r}: vendor {vendor} is not supported, the training image is "
-                              "built for CUDA; use nvidia.com/gpu (or nvidia.com/mig-<profile>)")
-        raise ConfigError(key, f"{text!r}: unknown GPU vendor or resource; use nvidia.com/gpu "
-                          "(or nvidia.com/mig-<profile>)")
+            raise StackConfigError(key, f"{text!r}: vendor {vendor} is not supported, the training image is "
+                                   "built for CUDA; use nvidia.com/gpu (or nvidia.com/mig-<profile>)")
+        raise StackConfigError(key, f"{text!r}: unknown GPU vendor or resource; use nvidia.com/gpu "
+                               "(or nvidia.com/mig-<profile>)")
 
     def string_list(self, key: str) -> list[str]:
         text = self.text(key)
@@ -290,7 +290,7 @@ class _Values:
         except json.JSONDecodeError:
             items = None
         if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-            raise ConfigError(key, f"{text!r} is not a list of strings")
+            raise StackConfigError(key, f"{text!r} is not a list of strings")
         return items
 
     def node_selector(self, key: str) -> dict[str, str]:
@@ -298,7 +298,7 @@ class _Values:
         for item in self.string_list(key):
             label, sep, value = item.partition("=")
             if not sep or not _label_key_ok(label) or len(value) > 63 or not _LABEL_VALUE_RE.match(value):
-                raise ConfigError(key, f"{item!r} is not LABEL=VALUE (e.g. nvidia.com/gpu.present=true)")
+                raise StackConfigError(key, f"{item!r} is not LABEL=VALUE (e.g. nvidia.com/gpu.present=true)")
             selector[label] = value
         return selector
 
@@ -308,9 +308,9 @@ class _Values:
             taint, _, effect = item.partition(":")
             label, sep, value = taint.partition("=")
             if not _label_key_ok(label) or (sep and not _LABEL_VALUE_RE.match(value)):
-                raise ConfigError(key, f"{item!r} is not KEY[=VALUE][:EFFECT] (e.g. nvidia.com/gpu:NoSchedule)")
+                raise StackConfigError(key, f"{item!r} is not KEY[=VALUE][:EFFECT] (e.g. nvidia.com/gpu:NoSchedule)")
             if effect and effect not in TAINT_EFFECTS:
-                raise ConfigError(key, f"{item!r}: effect must be one of {', '.join(TAINT_EFFECTS)}")
+                raise StackConfigError(key, f"{item!r}: effect must be one of {', '.join(TAINT_EFFECTS)}")
             tolerations.append(Toleration(key=label, value=value if sep else None, effect=effect or None))
         return tuple(tolerations)
 
@@ -318,21 +318,21 @@ class _Values:
         text = self.text(key)
         if text and key not in self._secret_keys:
             # The value is already in the stack file in clear; say so without repeating it.
-            raise ConfigError(key, f"stored in plain text; remove it (`pulumi config rm {key}`) and set it "
-                              f"encrypted with `pulumi config set --secret {key} ...`")
+            raise StackConfigError(key, f"stored in plain text; remove it (`pulumi config rm {key}`) and set it "
+                                   f"encrypted with `pulumi config set --secret {key} ...`")
         return text
 
     def ssh_authorized_keys(self, key: str) -> str:
         text = self._secret_text(key)
         lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
         if any("PRIVATE KEY" in line for line in lines):
-            raise ConfigError(key, "holds a private key; set the PUBLIC key (the .pub file) instead")
+            raise StackConfigError(key, "holds a private key; set the PUBLIC key (the .pub file) instead")
         if not lines:
-            raise ConfigError(key, "empty; set your public key: "
-                              f"`pulumi config set --secret {key} < ~/.ssh/id_ed25519.pub`")
+            raise StackConfigError(key, "empty; set your public key: "
+                                   f"`pulumi config set --secret {key} < ~/.ssh/id_ed25519.pub`")
         for number, line in enumerate(lines, start=1):
             if not line.startswith(SSH_PUBLIC_KEY_TYPES) or len(line.split()) < 2:
-                raise ConfigError(key, f"line {number} is not an OpenSSH public key (ssh-ed25519 AAAA... comment)")
+                raise StackConfigError(key, f"line {number} is not an OpenSSH public key (ssh-ed25519 AAAA... comment)")
         return "\n".join(lines) + "\n"
 
     def alert_webhooks(self, key: str) -> str:
@@ -343,7 +343,7 @@ class _Values:
             url = rest if kind in WEBHOOK_KINDS else entry
             if not re.match(r"^https?://[^\s/]+", url):
                 # The entry is a secret: name its position, never its text.
-                raise ConfigError(key, f"entry {number} is not feishu:URL, slack:URL or an http(s) URL")
+                raise StackConfigError(key, f"entry {number} is not feishu:URL, slack:URL or an http(s) URL")
         return ",".join(entries)
 
     def registry_auth(self, key: str) -> str:
@@ -358,10 +358,10 @@ class _Values:
         if not isinstance(auths, dict) or not any(isinstance(entry, dict) and entry.get("auth")
                                                   for entry in auths.values()):
             # A credential helper (credsStore) keeps the credentials out of config.json.
-            raise ConfigError(key, "is not a Docker config.json holding credentials (\"auths\" with an "
-                              "\"auth\" entry); write one with `kubectl create secret docker-registry x "
-                              "--docker-server=... --docker-username=... --docker-password=... --dry-run=client "
-                              "-o jsonpath='{.data.\\.dockerconfigjson}' | base64 -d`")
+            raise StackConfigError(key, "is not a Docker config.json holding credentials (\"auths\" with an "
+                                   "\"auth\" entry); write one with `kubectl create secret docker-registry x "
+                                   "--docker-server=... --docker-username=... --docker-password=... --dry-run=client "
+                                   "-o jsonpath='{.data.\\.dockerconfigjson}' | base64 -d`")
         return text
 
 

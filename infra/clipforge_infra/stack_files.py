@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from .layout import PROJECT
+from .contract import PROJECT
 
 _NO_DEFAULT = object()
 

@@ -1,14 +1,14 @@
 """The stack outputs: what `make up` writes to infra/stack-outputs.json for the launcher.
 
-Built from the validated settings and the fixed layout, so the shape is known without a cluster; the
-keys are documented in infra/README.md and the launcher (fabfile) depends on them.
+Built from the validated settings and the fixed contract (contract.py), so the shape is known without a
+cluster; the keys are documented in infra/README.md and the launcher (fabfile) depends on them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .layout import (
+from .contract import (
     SSH_PORT,
     SSH_USER,
     TENSORBOARD_NAME,

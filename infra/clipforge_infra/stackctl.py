@@ -47,8 +47,9 @@ class StackctlError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What one `make up/down/preview` will do, decided before touching anything."""
+class PulumiInvocation:
+    """The Pulumi CLI run of one `make up/down/preview`: which stack, cluster and transient config,
+    decided (and every precondition checked) before touching anything."""
 
     stack: str
     project_dir: Path
@@ -57,7 +58,7 @@ class Plan:
     pulumi: str
 
 
-def plan(args: argparse.Namespace, environ: Mapping[str, str]) -> Plan:
+def prepare_invocation(args: argparse.Namespace, environ: Mapping[str, str]) -> PulumiInvocation:
     if not args.stack:
         raise StackctlError("no stack: run `make up STACK=<name>` (stack files: infra/Pulumi.<name>.yaml)")
     declarations = load_declarations(args.project_dir)
@@ -86,18 +87,19 @@ def plan(args: argparse.Namespace, environ: Mapping[str, str]) -> Plan:
     transient = {"released": "true" if args.command == "down" else "false"}
     if "image" not in stack_values:
         transient["image"] = image_reference(args.image_env, args.registry)
-    return Plan(stack=args.stack, project_dir=args.project_dir, context=context,
-                transient_config=transient, pulumi=pulumi)
+    return PulumiInvocation(stack=args.stack, project_dir=args.project_dir, context=context,
+                            transient_config=transient, pulumi=pulumi)
 
 
 class Pulumi:
     """The Pulumi CLI, run in the project directory against one stack."""
 
-    def __init__(self, plan: Plan):
-        self.plan = plan
+    def __init__(self, invocation: PulumiInvocation):
+        self.invocation = invocation
 
     def run(self, *arguments: str, capture: bool = False) -> str:
-        command = [self.plan.pulumi, *arguments, "--stack", self.plan.stack, "--cwd", str(self.plan.project_dir)]
+        command = [self.invocation.pulumi, *arguments, "--stack", self.invocation.stack,
+                   "--cwd", str(self.invocation.project_dir)]
         done = subprocess.run(command, stdout=subprocess.PIPE if capture else None, text=True, check=False)
         if done.returncode != 0:
             raise StackctlError(f"`pulumi {' '.join(arguments)}` failed (exit {done.returncode})")
@@ -108,7 +110,7 @@ class Pulumi:
         """Set the keys for one command, then remove them even if the command fails."""
         applied = []
         try:
-            for key, value in self.plan.transient_config.items():
+            for key, value in self.invocation.transient_config.items():
                 self.run("config", "set", key, value)
                 applied.append(key)
             yield
@@ -171,17 +173,17 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         # Before anything else: a refused guard must leave the cluster exactly as it was.
         if teardown_guard.main(guard_args(args)) != 0:
             return teardown_guard.EXIT_REFUSED
-    steps = plan(args, environ)
-    print(f"stack {steps.stack}: context {steps.context}; " +
-          ", ".join(f"{key}={value}" for key, value in steps.transient_config.items()))
-    pulumi = Pulumi(steps)
+    invocation = prepare_invocation(args, environ)
+    print(f"stack {invocation.stack}: context {invocation.context}; " +
+          ", ".join(f"{key}={value}" for key, value in invocation.transient_config.items()))
+    pulumi = Pulumi(invocation)
     pulumi.run("stack", "select", "--create")
     with pulumi.transient_config():
         if args.command == "preview":
             pulumi.run("preview", "--diff")
             return 0
         pulumi.run("up", "--yes", "--skip-preview")
-    outputs = write_outputs(pulumi.run("stack", "output", "--json", capture=True), args.outputs, steps.context)
+    outputs = write_outputs(pulumi.run("stack", "output", "--json", capture=True), args.outputs, invocation.context)
     print(f"wrote {args.outputs}")
     print(cost_line(outputs))
     for line in access_lines(outputs):

@@ -26,7 +26,7 @@ from pulumi.runtime.stack import run_pulumi_func  # noqa: E402
 from pulumi.runtime.sync_await import _sync_await  # noqa: E402
 
 from clipforge_infra.image_ref import image_reference  # noqa: E402
-from clipforge_infra.layout import PROJECT  # noqa: E402
+from clipforge_infra.contract import PROJECT  # noqa: E402
 from clipforge_infra.stack_files import load_declarations, load_stack_values, program_config  # noqa: E402
 
 SECRET_SIG = rpc._special_secret_sig  # the marker Pulumi puts on secret values on the wire

@@ -10,7 +10,7 @@ import json
 
 from infra_harness import REGISTRY_AUTH, is_secret, run_program, stack_config
 
-from clipforge_infra.layout import (
+from clipforge_infra.contract import (
     ALERT_WEBHOOKS_ENV,
     CHECKPOINTS_MOUNT_PATH,
     DATASETS_MOUNT_PATH,

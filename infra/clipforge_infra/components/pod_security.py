@@ -12,7 +12,7 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ..layout import RUN_AS_GID, RUN_AS_UID
+from ..contract import RUN_AS_GID, RUN_AS_UID
 
 
 def pod_security_context() -> k8s.core.v1.PodSecurityContextArgs:

@@ -23,7 +23,7 @@ import pulumi_kubernetes as k8s
 import pulumi_tls as tls
 
 from ..labels import labels
-from ..layout import (
+from ..contract import (
     ALERT_WEBHOOKS_ENV,
     ALERTS_SECRET,
     REGISTRY_SECRET,

@@ -19,7 +19,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from ..labels import labels
-from ..layout import VOLUMES
+from ..contract import VOLUMES
 from ..settings import StorageSettings
 
 

@@ -13,7 +13,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from ..labels import labels, selector
-from ..layout import LOGS_MOUNT_PATH, TENSORBOARD_NAME, TENSORBOARD_PORT, VOLUMES
+from ..contract import LOGS_MOUNT_PATH, TENSORBOARD_NAME, TENSORBOARD_PORT, VOLUMES
 from ..settings import TensorBoardSettings, Toleration
 from .pod_security import container_security_context, pod_security_context, pull_secrets
 

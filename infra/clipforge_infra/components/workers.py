@@ -15,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from ..labels import labels, selector
-from ..layout import (
+from ..contract import (
     ALERT_WEBHOOKS_ENV,
     SHM_MOUNT_PATH,
     SSH_KEYS_MOUNT_PATH,
