@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Mapping, Optional
 
+from clipforge.alerts.targets import parse_targets
+
 from .contract import PROJECT, VOLUMES
 from .quantities import QuantityError, parse_bytes, parse_cpu_millicores
 
@@ -51,7 +53,6 @@ SECRET_KEYS = ("sshAuthorizedKeys", "alertWebhooks", "registryAuth")
 SUPPORTED_GPU_RESOURCE_RE = re.compile(r"^nvidia\.com/(gpu|mig-[0-9]+g\.[0-9]+gb)$")
 KNOWN_UNSUPPORTED_GPU_VENDORS = ("amd.com", "gpu.intel.com", "habana.ai", "aws.amazon.com")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-WEBHOOK_KINDS = ("feishu", "slack")
 SSH_PUBLIC_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-", "sk-ssh-ed25519", "sk-ecdsa-sha2-")
 
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -337,14 +338,12 @@ class _Values:
 
     def alert_webhooks(self, key: str) -> str:
         text = self._secret_text(key)
-        entries = [entry.strip() for entry in text.split(",") if entry.strip()]
-        for number, entry in enumerate(entries, start=1):
-            kind, _, rest = entry.partition(":")
-            url = rest if kind in WEBHOOK_KINDS else entry
-            if not re.match(r"^https?://[^\s/]+", url):
-                # The entry is a secret: name its position, never its text.
-                raise StackConfigError(key, f"entry {number} is not feishu:URL, slack:URL or an http(s) URL")
-        return ",".join(entries)
+        entries = text.split(",")
+        try:
+            parse_targets(entries, source=None)  # the grammar the workers' alerts read it with
+        except ValueError as error:
+            raise StackConfigError(key, str(error)) from None
+        return ",".join(entry.strip() for entry in entries if entry.strip())
 
     def registry_auth(self, key: str) -> str:
         text = self._secret_text(key).strip()

@@ -69,11 +69,13 @@ def load_targets(environ: Mapping[str, str] = os.environ) -> list[WebhookTarget]
     return list(dict.fromkeys(targets))
 
 
-def parse_targets(entries: Iterable[str], *, source: str) -> list[WebhookTarget]:
-    """Parse `kind:URL` / bare-URL entries; blank entries are skipped.
+def parse_targets(entries: Iterable[str], *, source: str | None) -> list[WebhookTarget]:
+    """Parse `kind:URL` / bare-URL entries; blank entries are skipped. The one grammar of an
+    entry: the stack's alertWebhooks (infra/) is checked with it too.
 
     Errors name the entry's position and what is wrong, never the entry itself: a slightly
-    mistyped secret is still a secret.
+    mistyped secret is still a secret. `source` (where the entries came from) leads the message;
+    None leaves it to the caller.
     """
     targets = []
     for position, raw in enumerate(entries, start=1):
@@ -84,7 +86,8 @@ def parse_targets(entries: Iterable[str], *, source: str) -> list[WebhookTarget]
         parts = urllib.parse.urlsplit(url)
         if kind is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
-                f"{source}: entry {position} is not `feishu:URL`, `lark:URL`, `slack:URL` or "
+                (f"{source}: " if source else "")
+                + f"entry {position} is not `feishu:URL`, `lark:URL`, `slack:URL` or "
                 f"an http(s) URL (the entry is not shown because it may be a secret)"
             )
         targets.append(WebhookTarget(kind=kind, url=url))
