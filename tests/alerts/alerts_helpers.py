@@ -27,7 +27,8 @@ class Received:
 
 
 class WebhookServer:
-    """Records every POST; answers with scripted statuses (default 200) after an optional hold."""
+    """Records every POST; answers with scripted statuses (default 200) after an optional hold,
+    and with `retry_after` as the Retry-After header of every error reply when it is set."""
 
     def __init__(self) -> None:
         self.received: list[Received] = []
@@ -35,6 +36,7 @@ class WebhookServer:
         self.statuses: deque[int] = deque()
         self.reply = b'{"code":0,"msg":"success","data":{}}'
         self.hold_seconds = 0.0
+        self.retry_after: str | None = None
         self.release = threading.Event()
         self._cond = threading.Condition()
         server = self
@@ -52,6 +54,8 @@ class WebhookServer:
                     server.release.wait(server.hold_seconds)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
+                if status >= 400 and server.retry_after is not None:
+                    self.send_header("Retry-After", server.retry_after)
                 self.end_headers()
                 self.wfile.write(server.reply)
                 with server._cond:

@@ -3,8 +3,12 @@ receivers, the bounded queue, and the flush at shutdown."""
 
 from __future__ import annotations
 
+import email.utils
 import logging
+import re
+import time
 
+import pytest
 from alerts_helpers import SECRET, eventually, fast_config
 
 from clipforge.alerts.delivery import WebhookDispatcher
@@ -80,6 +84,25 @@ def test_retry_succeeds_after_a_transient_error(webhook_server):
     eventually(lambda: d.outcomes, "the delivery outcome")
     d.close()
     assert d.outcomes[0].ok and d.outcomes[0].attempts == 2
+
+
+@pytest.mark.parametrize("form", ["seconds", "HTTP date"])
+def test_retry_waits_as_long_as_retry_after_says_in_either_form(webhook_server, caplog, form):
+    """A 503 with Retry-After 30 s ahead (as `30` or as an HTTP date) puts the retry 30 s away,
+    not at the 0.01 s back-off; closing the dispatcher then ends the wait."""
+    caplog.set_level(logging.INFO, logger="clipforge.alerts")
+    webhook_server.statuses.append(503)
+    webhook_server.retry_after = (
+        "30" if form == "seconds" else email.utils.formatdate(time.time() + 30, usegmt=True)
+    )
+    d = Dispatch([webhook_server.url()])
+    d.dispatcher.submit(alert())
+    eventually(lambda: "retrying in" in caplog.text, "the first retry to be scheduled")
+    d.close(timeout=0.0)
+    delay = float(re.search(r"retrying in (\S+) s", caplog.text).group(1))
+    assert 25.0 < delay <= 30.0  # an HTTP date has whole seconds, and is read a moment later
+    eventually(lambda: d.outcomes, "the abandoned delivery's outcome")
+    assert not d.outcomes[0].ok and "abandoned at shutdown" in d.outcomes[0].detail
 
 
 def test_client_errors_are_not_retried(webhook_server):

@@ -9,6 +9,8 @@ timeout cannot keep a finished run's process alive.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import http.client
 import logging
 import threading
@@ -233,8 +235,18 @@ class _TargetWorker:
 
 
 def _retry_after(error: urllib.error.HTTPError) -> float | None:
+    """Seconds the server asks us to wait: Retry-After holds either seconds or an HTTP date."""
     value = error.headers.get("Retry-After") if error.headers else None
+    if value is None:
+        return None
     try:
-        return float(value) if value is not None else None
+        return float(value)
     except ValueError:
-        return None  # an HTTP date; the exponential back-off will do
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None  # neither form: the exponential back-off will do
+    if when.tzinfo is None:  # "-0000": a time in UTC from a sender that did not say its zone
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
