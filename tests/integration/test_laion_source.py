@@ -201,6 +201,18 @@ def test_per_shard_download_stats_add_up(laion_run):
     assert download["successes"] == len(laion_run["scenario"]["kept"]) - len(laion_run["scenario"]["failing"])
 
 
+def test_manifest_names_the_versions_the_tool_environment_holds(laion_run):
+    """The tool versions in the manifest are the ones img2dataset's own Python reports (read from
+    that environment's package metadata, not from clipforge's, whose webdataset differs)."""
+    python = Path(img2dataset_command()).with_name("python")
+    reported = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; "
+         "print(m.version('img2dataset'), m.version('webdataset'))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    tool = laion_run["manifest"]["source"]["download"]["tool"]
+    assert tool == f"img2dataset {reported[0]} (webdataset {reported[1]})"
+
+
 def test_sigterm_stops_the_stage_and_its_img2dataset_processes(laion_run):
     """SIGTERM mid-download: exit 143, no data/ yet from that run, img2dataset's group gone."""
     assert laion_run["first_code"] == 128 + signal.SIGTERM

@@ -16,6 +16,7 @@ so a sample is never written twice and keys stay the same.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -57,12 +58,13 @@ def find_img2dataset() -> str:
 
 def tool_version(executable: str) -> str:
     """From the tool environment's package metadata (no interpreter start-up)."""
+    site_packages = [str(path) for path in Path(executable).resolve().parent.parent.glob(
+        "lib/python*/site-packages")]
     versions = {}
     for name in ("img2dataset", "webdataset"):
-        found = sorted(Path(executable).resolve().parent.parent.glob(
-            f"lib/python*/site-packages/{name}-*.dist-info"))
-        if found:
-            versions[name] = found[-1].name[len(name) + 1:].removesuffix(".dist-info")
+        found = next(importlib.metadata.distributions(name=name, path=site_packages), None)
+        if found is not None:
+            versions[name] = found.version
     if "img2dataset" not in versions:
         return "img2dataset (version unknown)"
     return f"img2dataset {versions['img2dataset']} (webdataset {versions.get('webdataset', '?')})"
