@@ -7,16 +7,17 @@ modified ``run-<12 hex>`` directory (the train stage's layout). It counts as saf
   (default /workspace/checkpoints, the mount path of the stack's protected checkpoints volume), or
 - every file of it is in the DVC remote: DVC 3 stores content by MD5 at
   ``<remote>/files/md5/<2 hex>/<30 hex>``, so the check needs no dvc.lock entry and also covers a
-  checkpoint written after the last `dvc commit`.
+  checkpoint written after the last `dvc commit`. The default remote is asked of DVC itself
+  (`dvc config`), so a remote set in the global or system config counts as DVC would count it.
 
 Otherwise it exits non-zero, saying what to do, unless ``--force`` (FORCE=1). No checkpoint at all
-means nothing to lose. Standard library only: it also runs inside the worker image.
+means nothing to lose. Standard library only (DVC is run as a command): it also runs inside the
+worker image.
 """
 
 from __future__ import annotations
 
 import argparse
-import configparser
 import hashlib
 import re
 import subprocess
@@ -61,6 +62,13 @@ class RemoteStore(Protocol):
     def has(self, md5: str) -> bool: ...
 
 
+def dvc_command() -> str:
+    """The dvc next to this interpreter (`make down` runs the venv's Python without activating
+    the venv, so its bin/ may not be on PATH), else the one on PATH."""
+    beside = Path(sys.executable).with_name("dvc")
+    return str(beside) if beside.is_file() else "dvc"
+
+
 class LocalDvcRemote:
     """A DVC remote that is a directory here (local disk, NFS mount)."""
 
@@ -75,9 +83,9 @@ class LocalDvcRemote:
 class ListedDvcRemote:
     """A DVC remote behind a URL (s3://, gs://, ssh://...), listed with `dvc ls-url` per hash prefix."""
 
-    def __init__(self, url: str, dvc: str = "dvc"):
+    def __init__(self, url: str, dvc: Optional[str] = None):
         self.url = url.rstrip("/")
-        self.dvc = dvc
+        self.dvc = dvc or dvc_command()
         self.description = f"DVC remote {url}"
         self._listed: dict[str, set[str]] = {}
 
@@ -158,25 +166,54 @@ def assess(checkpoints_dir: Path, retained: Sequence[Path], remote: Optional[Rem
                           f"({shown}) and {where}")
 
 
-def dvc_remote_url(repo: Path) -> Optional[str]:
-    """The default remote's URL from .dvc/config, overridden by .dvc/config.local like DVC does."""
-    parser = configparser.ConfigParser()
-    read = parser.read([repo / ".dvc" / "config", repo / ".dvc" / "config.local"])
-    if not read or not parser.has_option("core", "remote"):
-        return None
-    section = f"'remote \"{parser.get('core', 'remote')}\"'"
-    return parser.get(section, "url", fallback=None)
+class UnknownRemote:
+    """Stands for a remote that could not be looked up; consulted (the checkpoint is not on retained
+    storage), it makes the guard refuse with the reason."""
+
+    def __init__(self, reason: str):
+        self.description = "DVC remote"
+        self.reason = reason
+
+    def has(self, md5: str) -> bool:
+        raise GuardError(self.reason)
 
 
-def open_remote(url: str, repo: Path) -> RemoteStore:
+def dvc_remote_url(repo: Path, dvc: Optional[str] = None) -> Optional[str]:
+    """The default remote's URL as DVC resolves it from the repository's, local, global and system
+    config (a relative path comes back absolute); None when no default remote is set."""
+    dvc = dvc or dvc_command()
+    name = _dvc_config(repo, dvc, "core.remote")
+    return _dvc_config(repo, dvc, f"remote.{name}.url") if name else None
+
+
+def _dvc_config(repo: Path, dvc: str, key: str) -> Optional[str]:
+    try:
+        done = subprocess.run([dvc, "config", key], cwd=repo, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise GuardError(f"cannot look up the DVC remote: the dvc command ({dvc}) is not installed") from None
+    if done.returncode != 0:
+        first_line = (done.stderr.strip().splitlines() or ["no message"])[0]
+        raise GuardError(f"cannot read the DVC config of {repo}: {first_line}")
+    return done.stdout.strip() or None
+
+
+def open_remote(url: str) -> RemoteStore:
     """A local directory remote is checked on disk; any other URL through `dvc ls-url`."""
     if url.startswith("file://"):
         return LocalDvcRemote(Path(url[len("file://"):]))
     if "://" in url or re.match(r"^[\w.-]+@[\w.-]+:", url):
         return ListedDvcRemote(url)
-    path = Path(url).expanduser()
-    # DVC resolves a relative remote path against the directory of the config file holding it.
-    return LocalDvcRemote(path if path.is_absolute() else (repo / ".dvc" / path).resolve())
+    return LocalDvcRemote(Path(url).expanduser())
+
+
+def find_remote(args: argparse.Namespace) -> Optional[RemoteStore]:
+    """--dvc-remote, else the repository's default remote; a failed look-up counts only if the
+    remote is needed."""
+    try:
+        url = args.dvc_remote if args.dvc_remote else dvc_remote_url(args.dvc_repo)
+    except GuardError as error:
+        return UnknownRemote(str(error))
+    return open_remote(url) if url else None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -192,10 +229,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     retained = args.retained if args.retained is not None else [Path(DEFAULT_RETAINED)]
-    url = args.dvc_remote if args.dvc_remote else dvc_remote_url(args.dvc_repo)
-    remote = open_remote(url, args.dvc_repo) if url else None
     try:
-        verdict = assess(args.checkpoints, retained, remote)
+        verdict = assess(args.checkpoints, retained, find_remote(args))
     except GuardError as error:
         verdict = Verdict(False, str(error))
     if verdict.safe:

@@ -173,3 +173,44 @@ def test_guard_runs_without_third_party_packages(tmp_path):
     done = subprocess.run([sys.executable, "-I", "-S", str(script), "--checkpoints", str(tmp_path / "scratch"),
                            "--dvc-repo", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == EXIT_REFUSED, done.stderr
+
+
+@pytest.fixture
+def dvc_config_dirs(tmp_path, monkeypatch) -> dict[str, Path]:
+    """DVC's global and system config directories, sandboxed in tmp_path for this test."""
+    dirs = {level: tmp_path / f"dvc-{level}-config" for level in ("global", "system")}
+    for level, path in dirs.items():
+        path.mkdir()
+        monkeypatch.setenv(f"DVC_{level.upper()}_CONFIG_DIR", str(path))
+    return dirs
+
+
+@needs_dvc
+@pytest.mark.parametrize("level", ["global", "system"])
+def test_default_remote_set_only_outside_the_repository_counts(dvc_repo, dvc_config_dirs, level, capsys):
+    """A default remote set in DVC's global or system config (none in the repository) is the one
+    the guard checks, as DVC itself would use it for `dvc push`."""
+    repo, _, _, run = dvc_repo
+    outside = repo.parent / f"{level}-remote"
+    run(str(DVC), "remote", "default", "--unset")
+    run(str(DVC), "remote", "add", f"--{level}", "-d", "outside", str(outside))
+    args = ("--checkpoints", str(repo / "checkpoints"), "--retained", str(repo.parent / "volume"),
+            "--dvc-repo", str(repo))
+    assert guard(*args) == EXIT_REFUSED
+    assert f"not in the DVC remote {outside}" in capsys.readouterr().err
+    run(str(DVC), "push", "-q")
+    assert guard(*args) == 0
+    assert f"DVC remote {outside}" in capsys.readouterr().out
+
+
+@needs_dvc
+def test_unreadable_dvc_config_refuses_only_when_the_remote_is_needed(dvc_repo, dvc_config_dirs, capsys):
+    """A DVC config DVC cannot parse refuses a checkpoint only a remote could vouch for, saying
+    so; a checkpoint on retained storage is still safe."""
+    repo, _, _, _ = dvc_repo
+    (dvc_config_dirs["global"] / "config").write_text("[core\n")
+    checkpoints = repo / "checkpoints"
+    assert guard("--checkpoints", str(checkpoints), "--retained", str(repo.parent / "volume"),
+                 "--dvc-repo", str(repo)) == EXIT_REFUSED
+    assert "cannot read the DVC config" in capsys.readouterr().err
+    assert guard("--checkpoints", str(checkpoints), "--retained", str(checkpoints), "--dvc-repo", str(repo)) == 0
