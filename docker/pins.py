@@ -14,10 +14,8 @@ Python and CUDA versions, the base images with their digests, the GPU architectu
 """
 from __future__ import annotations
 
-import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +24,12 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lockfile  # noqa: E402  (the sibling module, not an installed package)
+# lockfile is the sibling module; clipforge.fsutil (standard library only) is taken from the
+# source tree, so the script runs with any Python >= 3.10, the project's venv or docker.mk's python3.
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE), str(_HERE.parent / "src")]
+import lockfile  # noqa: E402
+from clipforge.fsutil import atomic_write_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = REPO / "pyproject.toml"
@@ -225,14 +227,6 @@ def with_digests(pyproject_text: str, dockerfile_text: str, pins: ImagePins, dev
     return pyproject_text, dockerfile_text
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, path.stat().st_mode & 0o777)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "check"
     pins = load_pins()
@@ -269,8 +263,8 @@ def main(argv: list[str]) -> int:
         except ValueError as exc:
             print(f"pins.py: error: {exc}", file=sys.stderr)
             return 2
-        _write_atomically(PYPROJECT, pyproject_text)
-        _write_atomically(DOCKERFILE, dockerfile_text)
+        atomic_write_text(PYPROJECT, pyproject_text)
+        atomic_write_text(DOCKERFILE, dockerfile_text)
         return 0
     print(__doc__, file=sys.stderr)
     return 2

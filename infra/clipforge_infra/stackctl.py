@@ -19,11 +19,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
+
+from clipforge.fsutil import atomic_write_text
 
 from . import teardown_guard
 from .image_ref import ImageEnvError, image_reference
@@ -126,16 +127,7 @@ def write_outputs(outputs_json: str, path: Path, kube_context: str) -> dict:
     so the launcher keeps targeting this cluster even if kubectl's current-context changes later.
     """
     data = {**json.loads(outputs_json), "kube_context": kube_context}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(data, out, indent=2, sort_keys=True)
-            out.write("\n")
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
     return data
 
 

@@ -5,25 +5,54 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
 
+class AtomicFile:
+    """A temporary file that `commit` renames over its destination (see `atomic_file`)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.committed = False
+
+    def commit(self, target: str | Path) -> None:
+        with contextlib.suppress(FileNotFoundError):  # mkstemp made it private: keep the old mode
+            os.chmod(self.path, stat.S_IMODE(os.stat(target).st_mode))
+        os.replace(self.path, target)
+        self.committed = True
+
+
+@contextlib.contextmanager
+def atomic_file(directory: str | Path, prefix: str = ".tmp-",
+                suffix: str = "") -> Iterator[AtomicFile]:
+    """A temporary file in `directory` for any writer, a streaming one included, whose destination
+    may be known only once it is written. `commit(path)` (a path on the same file system) renames
+    it over `path` in one step, so a reader sees the old file or the whole new one; a file not
+    committed is removed when the block ends, error or not."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
+    os.close(fd)
+    staged = AtomicFile(Path(name))
+    try:
+        yield staged
+    finally:
+        if not staged.committed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
+    with atomic_file(path.parent, prefix=f".{path.name}.") as staged:
+        with open(staged.path, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        staged.commit(path)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -18,8 +18,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -31,6 +29,7 @@ from clipforge.data.laion_filter import FilterReport, filtered_tables
 from clipforge.data.samples import SkipLog
 from clipforge.data.shards import index_shard
 from clipforge.data.splits import SplitWriter
+from clipforge.fsutil import atomic_file
 
 log = logging.getLogger("clipforge.data")
 
@@ -43,23 +42,7 @@ _DOWNLOAD_KEYS = ("download_image_size", "resize_mode", "resize_only_if_bigger",
 def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dict]:
     files = expand_paths(data.paths, "LAION metadata .parquet files")
     report = FilterReport(files)
-    root = Path(data.download_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    kept_file, rows_digest = write_kept_rows(filtered_tables(files, data, report), root)
-    log.info("filters kept %d of %d rows (%s)", report.kept, report.rows_read,
-             ", ".join(f"{k} -{v}" for k, v in report.removed.items() if v) or "none removed")
-    if report.kept == 0:
-        kept_file.unlink()
-        raise StageError(f"no metadata row passed the filters: {json.dumps(report.removed)}; "
-                         f"check data.min_similarity, data.language and the other filters")
-    work = root / f"laion-{download_key(rows_digest, data)}"
-    work.mkdir(exist_ok=True)
-    input_file = work / "input.parquet"
-    if input_file.exists():
-        kept_file.unlink()  # same rows, same key: keep the file img2dataset already sharded
-    else:
-        os.replace(kept_file, input_file)
-
+    work = filter_into_work_dir(files, data, report, Path(data.download_dir))
     shards_dir = work / "img2dataset"
     expected = math.ceil(report.kept / data.download_samples_per_shard)
     shard_names = [f"{i:05d}" for i in range(expected)]  # img2dataset's names (5 digits)
@@ -73,7 +56,7 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
             log.info("downloading %d rows in %d shards with %s into %s (%d shards already done)",
                      report.kept, expected, tool, shards_dir, len(done))
             job = stack.enter_context(download.running(
-                download.command(executable, input_file, shards_dir, data), shards_dir,
+                download.command(executable, work / "input.parquet", shards_dir, data), shards_dir,
                 work / "img2dataset.log"))
         # Shards are re-written in order as soon as each is finished, while img2dataset fetches
         # the next ones: the copy costs no wall time but the last shard's.
@@ -98,27 +81,39 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
     return splits, source
 
 
-def write_kept_rows(tables: Iterable, root: Path) -> tuple[Path, str]:
-    """Stream the kept rows into a temporary parquet file; returns it and a digest of the rows."""
+def filter_into_work_dir(files: list[str], data: DataConfig, report: FilterReport,
+                         root: Path) -> Path:
+    """Filter the metadata into <root>/laion-<key>/input.parquet, img2dataset's input; returns
+    that work directory (the key is a hash of the kept rows and of the download knobs)."""
+    with atomic_file(root, prefix=".kept-rows-", suffix=".parquet") as kept_rows:
+        rows_digest = write_kept_rows(filtered_tables(files, data, report), kept_rows.path)
+        log.info("filters kept %d of %d rows (%s)", report.kept, report.rows_read,
+                 ", ".join(f"{k} -{v}" for k, v in report.removed.items() if v) or "none removed")
+        if report.kept == 0:
+            raise StageError(f"no metadata row passed the filters: {json.dumps(report.removed)}; "
+                             f"check data.min_similarity, data.language and the other filters")
+        work = root / f"laion-{download_key(rows_digest, data)}"
+        work.mkdir(exist_ok=True)
+        if not (work / "input.parquet").exists():  # else same rows: keep what img2dataset sharded
+            kept_rows.commit(work / "input.parquet")
+    return work
+
+
+def write_kept_rows(tables: Iterable, path: Path) -> str:
+    """Stream the kept rows into a parquet file; returns a digest of the rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = pa.schema([("url", pa.string()), ("caption", pa.string())])
-    fd, name = tempfile.mkstemp(prefix=".kept-rows-", suffix=".parquet", dir=root)
-    os.close(fd)
     digest = hashlib.sha256()
-    try:
-        with pq.ParquetWriter(name, schema) as writer:
-            for table in tables:
-                if table.num_rows:
-                    writer.write_table(table)
-                    for url, caption in zip(table.column("url").to_pylist(),
-                                            table.column("caption").to_pylist()):
-                        digest.update(f"{url}\t{caption}\n".encode("utf-8", "surrogatepass"))
-    except BaseException:
-        os.unlink(name)
-        raise
-    return Path(name), digest.hexdigest()
+    with pq.ParquetWriter(str(path), schema) as writer:
+        for table in tables:
+            if table.num_rows:
+                writer.write_table(table)
+                for url, caption in zip(table.column("url").to_pylist(),
+                                        table.column("caption").to_pylist()):
+                    digest.update(f"{url}\t{caption}\n".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 
 
 def download_key(rows_digest: str, data: DataConfig) -> str:

@@ -1,0 +1,42 @@
+"""Atomic writes: a reader sees the old file or the whole new one, never a part, and nothing is
+left behind."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from clipforge.fsutil import atomic_file, atomic_write_text
+
+
+def test_replacing_a_file_keeps_its_mode(tmp_path):
+    """A rewritten pyproject.toml or Dockerfile stays readable by all (the temporary file is
+    created private)."""
+    target = tmp_path / "pyproject.toml"
+    target.write_text("old\n")
+    target.chmod(0o644)
+    atomic_write_text(target, "new\n")
+    assert target.read_text() == "new\n"
+    assert target.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_streamed_file_is_committed_where_its_content_says(tmp_path):
+    """atomic_file: written first, named afterwards; only the committed name exists at the end."""
+    with atomic_file(tmp_path, suffix=".parquet") as staged:
+        staged.path.write_text("rows\n")
+        staged.commit(tmp_path / "key-1234.parquet")
+    assert sorted(os.listdir(tmp_path)) == ["key-1234.parquet"]
+
+
+def test_an_error_or_no_commit_leaves_no_trace_and_the_old_file(tmp_path):
+    """An interrupted write, or one whose result is not needed (the same rows already there),
+    leaves the old file as it was and no temporary file beside it."""
+    target = tmp_path / "input.parquet"
+    target.write_text("old\n")
+    with pytest.raises(RuntimeError):
+        with atomic_file(tmp_path) as staged:
+            staged.path.write_text("half")
+            raise RuntimeError("interrupted")
+    with atomic_file(tmp_path) as staged:
+        staged.path.write_text("not needed")
+    assert os.listdir(tmp_path) == ["input.parquet"] and target.read_text() == "old\n"
