@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from clipforge.alerts import AlertsConfig
+from clipforge.alerts.config import AlertsConfig
 
 # The secret part of every test URL: it must never show up in a log, event or repr.
 SECRET = "SECRET-9f3a61c2-token"

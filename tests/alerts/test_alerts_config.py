@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from clipforge.alerts import AlertsConfig
+from clipforge.alerts.config import AlertsConfig
 
 
 def test_defaults_are_valid_and_follow_the_seed():

@@ -13,7 +13,8 @@ import logging
 import pytest
 from alerts_helpers import SECRET, eventually, fast_config
 
-from clipforge.alerts import AlertMonitor, NonFiniteTrainingError
+from clipforge.alerts.monitor import AlertMonitor
+from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.alerts.targets import ENV_WEBHOOKS, parse_targets
 
 NAN = float("nan")

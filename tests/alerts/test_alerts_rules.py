@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from clipforge.alerts import AlertsConfig
+from clipforge.alerts.config import AlertsConfig
 from clipforge.alerts.rules import StepRules
 
 NAN, INF = float("nan"), float("inf")

@@ -9,7 +9,8 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from clipforge.alerts import AlertMonitor, NonFiniteTrainingError
+from clipforge.alerts.monitor import AlertMonitor
+from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.config import BatchPlan, TrainConfig
 from clipforge.train.faults import Faults
 from clipforge.train.loss import contrastive_step

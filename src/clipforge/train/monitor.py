@@ -55,7 +55,7 @@ class TrainMonitor:
                      scalars["lr"], scalars["samples_per_s"], self.eta(step))
 
     def texts(self, events) -> None:
-        """Alerts and webhook outcomes as TensorBoard text (events: clipforge.alerts.TextEvent)."""
+        """Alerts and webhook outcomes as TensorBoard text (events: clipforge.alerts.events.TextEvent)."""
         for event in events:
             self.writer.add_text(event.tag, event.text, event.step)
 

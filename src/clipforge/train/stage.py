@@ -57,7 +57,7 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
     """Set up everything, train to the end (or resume to it), export. Returns final scalars."""
     import torch
 
-    from clipforge.alerts import AlertMonitor
+    from clipforge.alerts.monitor import AlertMonitor
     from clipforge.model import build_model
     from clipforge.train import data as train_data
     from clipforge.train.checkpoint import Checkpointer, run_id
@@ -243,7 +243,7 @@ def _run(args) -> None:
         if code:
             raise SystemExit(code)
         return
-    from clipforge.alerts import NonFiniteTrainingError
+    from clipforge.alerts.rules import NonFiniteTrainingError
     from clipforge.train.loop import StopRequested
 
     try:
