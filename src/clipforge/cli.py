@@ -37,8 +37,9 @@ def run_stage(prog: str, body: Callable[[argparse.Namespace], None], argv: Seque
     return 0
 
 
-def load_stage_config(args: argparse.Namespace) -> Config:
-    return load_config(args.params, args.overrides)
+def load_stage_config(args: argparse.Namespace, sections: Sequence[str]) -> Config:
+    """The params of a stage: the sections it reads, checked; the others only for unknown keys."""
+    return load_config(args.params, args.overrides, sections)
 
 
 def configure_logging() -> None:

@@ -2,7 +2,9 @@
 
 Every knob is a field of one of the section dataclasses below, with its documentation, its
 default (the embedded CPU default) and its allowed range. `load_config` is the only way stages
-get their configuration, so every check here runs before any heavy import or file write.
+get their configuration, so every check here runs before any heavy import or file write. A stage
+loads only the sections it reads: a bad `train.*` value stops the train stage, not the data
+stage; unknown keys and YAML errors stop every stage.
 
 Layering, lowest first:
   1. the embedded default (the field defaults below: a tiny model that trains in minutes on CPU);
@@ -19,7 +21,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 import yaml
 
@@ -110,6 +112,16 @@ class DataConfig(Section):
     download_samples_per_shard: int = knob(10000, "laion-parquet: rows per img2dataset shard, the "
                                            "unit of resumption.", ge=1)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.source == "local" and not self.path:
+            raise ConfigError("data.path: required when data.source is `local` (a folder, .csv or "
+                              ".jsonl)")
+        if self.source in ("laion-parquet", "webdataset") and not self.paths:
+            kind = "metadata .parquet files" if self.source == "laion-parquet" else ".tar shards"
+            raise ConfigError(f"data.paths: required when data.source is `{self.source}` ({kind}: "
+                              f"paths, globs or fsspec URLs)")
+
 
 @dataclass(kw_only=True)
 class ModelConfig(Section):
@@ -172,6 +184,13 @@ class TrainConfig(Section):
                                       "gallery size: recall falls as it grows, so keep it fixed "
                                       "to compare runs).", ge=2)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        batch_plan(self)  # raises on inconsistent batch arithmetic
+        if self.warmup_steps and self.max_steps and self.warmup_steps >= self.max_steps:
+            raise ConfigError(f"train.warmup_steps: got {self.warmup_steps}; must be < "
+                              f"train.max_steps ({self.max_steps})")
+
 
 @dataclass(kw_only=True)
 class EvalConfig(Section):
@@ -185,20 +204,28 @@ class EvalConfig(Section):
     baseline_pretrained: Optional[str] = knob(None, "open_clip pretrained tag or file for "
                                               "baseline_model.")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.baseline_pretrained and not self.baseline_model:
+            raise ConfigError("eval.baseline_pretrained: set only together with eval.baseline_model")
+
 
 @dataclass(kw_only=True)
 class Config:
+    """The resolved params. A config loaded for one stage holds the sections that stage reads; the
+    others are None (and left out of to_dict and to_yaml)."""
+
     recipe: str = knob("default", "Preset of defaults: `default` (tiny, CPU, minutes), "
                        "`production` (ViT-B-32, LAION zh, ZeRO-3, 4 GPUs), `production-zh-roberta` "
                        "or `production-xlm-roberta` (Chinese text towers); see clipforge/recipes.py.")
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    data: Optional[DataConfig] = field(default_factory=DataConfig)
+    model: Optional[ModelConfig] = field(default_factory=ModelConfig)
+    train: Optional[TrainConfig] = field(default_factory=TrainConfig)
+    eval: Optional[EvalConfig] = field(default_factory=EvalConfig)
+    alerts: Optional[AlertsConfig] = field(default_factory=AlertsConfig)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
@@ -213,17 +240,20 @@ _SECTION_TYPES = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig
 # Loading
 
 
-def load_config(params_path: str | Path | None = "params.yaml", overrides: list[str] = ()) -> Config:
-    """Read params, apply recipe and overrides, validate; raise ConfigError naming the key."""
+def load_config(params_path: str | Path | None = "params.yaml", overrides: Sequence[str] = (),
+                sections: Sequence[str] = tuple(SECTIONS)) -> Config:
+    """Read params, apply recipe and overrides, validate; raise ConfigError naming the key.
+    Only `sections` are built and checked (the rest are None); unknown keys fail in any section."""
     raw = _read_params(params_path) if params_path is not None else {}
     forced: dict = {}
     for item in overrides:
         key, value = parse_override(item)
         _set_dotted(forced, key, value)
-    return resolve(raw, forced)
+    return resolve(raw, forced, sections)
 
 
-def resolve(raw: dict, forced: dict | None = None) -> Config:
+def resolve(raw: dict, forced: dict | None = None,
+            sections: Sequence[str] = tuple(SECTIONS)) -> Config:
     """params mapping (+ `forced` values that always win, e.g. --set) -> validated Config."""
     from clipforge.recipes import RECIPES
 
@@ -252,10 +282,9 @@ def resolve(raw: dict, forced: dict | None = None) -> Config:
         for key, value in _section_items(forced, section, embedded):
             merged[section][key] = value
 
-    sections = {name: _SECTION_TYPES[name](**merged[name]) for name in SECTIONS}  # checked
-    config = Config(recipe=recipe, **sections)
-    check_consistency(config)
-    return config
+    built = {name: _SECTION_TYPES[name](**merged[name]) if name in sections else None
+             for name in SECTIONS}  # each section checks itself on construction
+    return Config(recipe=recipe, **built)
 
 
 def _section_items(mapping: dict, section: str, embedded: dict) -> list[tuple[str, Any]]:
@@ -306,23 +335,6 @@ def _read_params(path: str | Path) -> dict:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return raw or {}
-
-
-def check_consistency(config: Config) -> None:
-    """Checks that involve several keys."""
-    data, train = config.data, config.train
-    if data.source == "local" and not data.path:
-        raise ConfigError("data.path: required when data.source is `local` (a folder, .csv or .jsonl)")
-    if data.source in ("laion-parquet", "webdataset") and not data.paths:
-        kind = "metadata .parquet files" if data.source == "laion-parquet" else ".tar shards"
-        raise ConfigError(f"data.paths: required when data.source is `{data.source}` ({kind}: "
-                          f"paths, globs or fsspec URLs)")
-    batch_plan(train)  # raises on inconsistent batch arithmetic
-    if train.warmup_steps and train.max_steps and train.warmup_steps >= train.max_steps:
-        raise ConfigError(f"train.warmup_steps: got {train.warmup_steps}; must be < train.max_steps "
-                          f"({train.max_steps})")
-    if config.eval.baseline_pretrained and not config.eval.baseline_model:
-        raise ConfigError("eval.baseline_pretrained: set only together with eval.baseline_model")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from clipforge.fsutil import atomic_write_text
 
 log = logging.getLogger("clipforge.eval")
 
+# The params sections this stage reads (dvc.yaml's params: recipe plus these).
+PARAM_SECTIONS = ("eval",)
 KS = (1, 5, 10)
 METRIC_KEYS = tuple(f"{d}_r{k}" for d in ("t2i", "i2t") for k in KS) + ("mean_recall",)
 
@@ -115,7 +117,7 @@ def format_table(result: dict) -> str:
 
 
 def _run(args) -> None:
-    config = load_stage_config(args)
+    config = load_stage_config(args, PARAM_SECTIONS)
     test_dir = Path(args.data)
     for name in ("test_imgs.tsv", "test_texts.jsonl"):
         if not (test_dir / name).is_file():

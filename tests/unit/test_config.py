@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from clipforge.config import Config, ConfigError, batch_plan, field_docs, load_config
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import REPO, subprocess_env, write_params
 
 
 def _error(tmp_path, params: dict, overrides=()) -> str:
@@ -108,3 +108,46 @@ def test_stage_reports_config_error_with_exit_code_2_and_writes_nothing(tmp_path
     assert "data.num_train: got -5; must be >= 1" in result.stderr
     assert "Traceback" not in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+TRAIN_STAGE_SECTIONS = ("model", "train", "alerts")
+
+
+def test_a_stage_loads_only_the_sections_it_reads(tmp_path):
+    """A bad train value is no error for a loader of the data section; the train stage's sections
+    fail on it, naming the key."""
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"train": {"lr": -1.0}, "data": {"seed": 3}}))
+    config = load_config(path, sections=("data",))
+    assert config.data.seed == 3 and config.train is None
+    assert "train" not in config.to_dict() and "lr" not in config.to_yaml()
+    with pytest.raises(ConfigError, match=r"^train\.lr: got -1\.0; must be > 0\.0$"):
+        load_config(path, sections=TRAIN_STAGE_SECTIONS)
+
+
+def test_unknown_keys_and_broken_yaml_stop_every_stage(tmp_path):
+    """A typo in a section a stage does not read still stops it: the check is shared."""
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"train": {"learning_rate": 0.1}}))
+    with pytest.raises(ConfigError, match="train.learning_rate: unknown key"):
+        load_config(path, sections=("eval",))
+    path.write_text("data: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path, sections=("eval",))
+
+
+def test_bad_train_value_stops_the_train_stage_but_not_the_data_stage(tmp_path, capsys):
+    """`dvc repro data` runs with a broken train.lr; `python -m clipforge.train` stops on it with
+    one line and exit code 2, before writing anything."""
+    from clipforge.data.stage import main as data_main
+    from clipforge.train.stage import main as train_main
+
+    params = write_params(tmp_path / "params.yaml", {"train": {"lr": -1.0}})
+    assert data_main(["--params", str(params), "--out", str(tmp_path / "data")]) == 0
+    assert "lr" not in (tmp_path / "data" / "config.yaml").read_text()
+    capsys.readouterr()
+    code = train_main(["--params", str(params), "--data", str(tmp_path / "data"),
+                       "--checkpoints", str(tmp_path / "checkpoints")])
+    assert code == 2
+    assert capsys.readouterr().err == "clipforge.train: error: train.lr: got -1.0; must be > 0.0\n"
+    assert not (tmp_path / "checkpoints").exists()

@@ -29,6 +29,8 @@ from clipforge.fsutil import replace_dir_atomically
 log = logging.getLogger("clipforge.data")
 
 MANIFEST = "manifest.json"
+# The params sections this stage reads (dvc.yaml's params: recipe plus these).
+PARAM_SECTIONS = ("data",)
 
 
 def build_dataset(config: Config, out: Path) -> dict:
@@ -133,7 +135,7 @@ def _skip_text(skips: SkipLog) -> str:
 
 
 def _run(args) -> None:
-    config = load_stage_config(args)
+    config = load_stage_config(args, PARAM_SECTIONS)
     out = Path(args.out)
     for key, value in (("data.path", config.data.path), ("data.test_dir", config.data.test_dir)):
         if value and Path(value).resolve().is_relative_to(out.resolve()):
