@@ -1,0 +1,119 @@
+"""dvc.yaml names, for each stage, exactly the clipforge source files the stage runs and the
+params sections it reads, so that an edit reruns the stages it affects and no other.
+
+The files are derived here from the code: every module reachable from the stage's entry module
+through its imports (those inside functions too), with the packages above each module (importing
+clipforge.data.shards runs clipforge/__init__.py and clipforge/data/__init__.py first).
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+SRC = REPO / "src"
+PIPELINE = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+# The module holding each stage's main() and PARAM_SECTIONS.
+STAGE_MODULES = {"data": "clipforge.data.stage", "train": "clipforge.train.stage",
+                 "eval": "clipforge.eval"}
+
+
+def module_file(name: str) -> Path | None:
+    base = SRC.joinpath(*name.split("."))
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+
+
+def imported_modules(name: str) -> set[str]:
+    """The clipforge modules that module `name` imports, anywhere in its body."""
+    path = module_file(name)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0]
+                base = f"{parent}.{base}".rstrip(".")
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return {m for m in found if m.split(".")[0] == "clipforge" and module_file(m)}
+
+
+def with_packages(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def reachable_files(entry: str) -> set[Path]:
+    seen: set[str] = set()
+    todo = [entry]
+    while todo:
+        for name in with_packages(todo.pop()):
+            if name not in seen:
+                seen.add(name)
+                todo.extend(imported_modules(name))
+    return {module_file(name) for name in seen}
+
+
+def entry_module(command: str) -> str:
+    """`python -m clipforge.data` runs clipforge/data/__main__.py; `-m clipforge.eval`, eval.py."""
+    name = command.split(" -m ", 1)[1].split()[0]
+    return f"{name}.__main__" if module_file(name).name == "__init__.py" else name
+
+
+def stage_files(stage: str) -> set[Path]:
+    return reachable_files(entry_module(PIPELINE[stage]["cmd"]))
+
+
+def code_deps(stage: str) -> list[Path]:
+    return [REPO / dep for dep in PIPELINE[stage]["deps"] if dep.startswith("src/")]
+
+
+def python_files(dep: Path) -> set[Path]:
+    """The .py files a dep covers: itself, or every one under a directory."""
+    assert dep.exists(), f"dvc.yaml names {dep.relative_to(REPO)}, which does not exist"
+    if dep.is_dir():
+        return set(dep.rglob("*.py"))
+    return {dep} if dep.suffix == ".py" else set()
+
+
+def test_the_import_graph_follows_imports_inside_functions_and_packages():
+    """The train stage imports its run inside a function, and so does the params loader with the
+    recipes: both count, as does the __init__.py of every package on the way."""
+    assert {SRC / "clipforge/train/run.py", SRC / "clipforge/recipes.py",
+            SRC / "clipforge/alerts/__init__.py"} <= stage_files("train")
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_MODULES))
+def test_code_deps_are_exactly_the_modules_the_stage_imports(stage):
+    """A module the stage imports and dvc.yaml misses would not rerun it when edited; a file
+    dvc.yaml names that the stage never imports would rerun it for nothing."""
+    imported = stage_files(stage)
+    assert module_file(STAGE_MODULES[stage]) in imported
+    covered = set().union(*(python_files(dep) for dep in code_deps(stage)))
+    missing = sorted(str(p.relative_to(REPO)) for p in imported - covered)
+    extra = sorted(str(p.relative_to(REPO)) for p in covered - imported)
+    assert (missing, extra) == ([], [])
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_MODULES))
+def test_data_deps_are_read_by_the_stage(stage):
+    """A dep without Python files (bundled model configs) is named by a module the stage runs."""
+    sources = [p.read_text(encoding="utf-8") for p in stage_files(stage)]
+    for dep in code_deps(stage):
+        if not python_files(dep):
+            assert any(f'"{dep.name}"' in text for text in sources), dep
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_MODULES))
+def test_params_are_the_sections_the_stage_reads(stage):
+    """dvc.yaml's params of a stage are `recipe` and the sections the stage loads and checks."""
+    sections = importlib.import_module(STAGE_MODULES[stage]).PARAM_SECTIONS
+    assert PIPELINE[stage]["params"] == ["recipe", *sections]
