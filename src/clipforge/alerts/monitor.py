@@ -2,10 +2,11 @@
 
 It runs the rules, stamps findings into alerts, and sends each one three ways: the run log
 (python logging), TensorBoard text (`drain_events`), and webhooks (rate-limited, on background
-threads). Roles follow the issue: rank 0 watches the loss, the run's lifecycle and stalls;
-each node's local rank 0 watches that node's GPUs. Every rank may call `check_loss` /
-`check_update` and gets the same verdict for the same (globally reduced) numbers; only rank 0
-alerts on them.
+threads). Each fact is watched once, where it is known: rank 0 watches the loss, the run's
+lifecycle and stalls; each node's local rank 0 watches that node's GPUs (NVML sees only the
+local ones, and one watcher per node sends one alert per GPU, not one per rank). Every rank may
+call `check_loss` / `check_update` and gets the same verdict for the same (globally reduced)
+numbers; only rank 0 alerts on them.
 """
 
 from __future__ import annotations
