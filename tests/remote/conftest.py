@@ -139,11 +139,18 @@ class LaunchedRun:
             time.sleep(0.05)
 
     def wait_finished(self, timeout: float = 600) -> dict:
-        deadline = time.monotonic() + timeout
-        while self.state().get("state") not in ("failed", "stopped", "finished"):
-            assert time.monotonic() < deadline, f"still {self.state()}"
-            time.sleep(0.5)
-        return self.state()
+        return wait_for_end(self.node_dir, timeout)
+
+
+def wait_for_end(node_dir: Path, timeout: float = 600) -> dict:
+    """The node's final state, once its supervisor has recorded one (the timeout is a safety
+    limit, not a speed assertion)."""
+    deadline = time.monotonic() + timeout
+    while (state := json.loads((node_dir / "state.json").read_text())).get("state") not in \
+            ("failed", "stopped", "finished"):
+        assert time.monotonic() < deadline, f"{node_dir}: still {state}"
+        time.sleep(0.5)
+    return state
 
 
 def launch_run(fab: FabRunner, sshd, root: Path, *args: str, env: dict | None = None) -> LaunchedRun:

@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
 # Environment variables passed from the laptop to the run when set there; values are never written
-# to a file, a log or a command line.
-PASSTHROUGH_ENV = ("CLIPFORGE_ALERT_WEBHOOKS",)
+# to a file, a log or a command line. The alert webhooks are secrets; the faults
+# (clipforge.train.faults) let a failure path be tried on a real host.
+PASSTHROUGH_ENV = ("CLIPFORGE_ALERT_WEBHOOKS", "CLIPFORGE_FAULTS")
 
 
 @dataclass
