@@ -10,7 +10,7 @@ import pytest
 from clipforge.remote.errors import RemoteError
 from clipforge.remote.hosts import targets
 from clipforge.remote.session import root_setting
-from clipforge.remote.settings import Settings, image_reference
+from clipforge.remote.settings import Settings
 from clipforge.remote.stack import load_stack_outputs
 from clipforge.remote.status import summarize
 
@@ -86,15 +86,6 @@ def test_bad_stack_outputs_say_what_is_wrong(tmp_path, content, message):
         path.write_text(content if isinstance(content, str) else json.dumps(content))
     with pytest.raises(RemoteError, match=message):
         load_stack_outputs(path)
-
-
-def test_image_reference_from_image_env():
-    """[$REGISTRY/]IMAGE_REPOSITORY:IMAGE_TAG, as docker/image.env names it."""
-    text = "# comment\nIMAGE_REPOSITORY=clipforge\nIMAGE_TAG=0.1.0\n"
-    assert image_reference(text, None) == "clipforge:0.1.0"
-    assert image_reference(text, "ghcr.io/org/") == "ghcr.io/org/clipforge:0.1.0"
-    with pytest.raises(RemoteError, match="IMAGE_TAG"):
-        image_reference("IMAGE_REPOSITORY=x\n", None)
 
 
 def _info(**state):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from clipforge.image_env import ImageEnvError, parse_image_env
 from clipforge.remote.errors import RemoteError
 
 
@@ -70,14 +71,7 @@ def image_reference(image_env: Optional[str], registry: Optional[str]) -> str:
     """[$REGISTRY/]IMAGE_REPOSITORY:IMAGE_TAG from docker/image.env (the one place naming it)."""
     if image_env is None:
         raise RemoteError("the commit has no docker/image.env; it names the training image")
-    values = {}
-    for line in image_env.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip().strip("'\"")
-    missing = [k for k in ("IMAGE_REPOSITORY", "IMAGE_TAG") if not values.get(k)]
-    if missing:
-        raise RemoteError(f"docker/image.env: {', '.join(missing)} missing")
-    ref = f"{values['IMAGE_REPOSITORY']}:{values['IMAGE_TAG']}"
-    return f"{registry.rstrip('/')}/{ref}" if registry else ref
+    try:
+        return parse_image_env(image_env).reference(registry)
+    except ImageEnvError as exc:
+        raise RemoteError(str(exc)) from None
