@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 from fabric import Connection
 
-from clipforge.remote.shell import probe, q
+from clipforge.launcher.connection import probe, q
 
 OK, FAIL, SKIP = "ok", "FAIL", "skip"
 

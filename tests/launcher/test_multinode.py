@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from tests.remote.conftest import RUN_SETS, LaunchedRun, make_fab, set_args, wait_for_end
-from tests.remote.sshd import free_port
+from tests.launcher.conftest import RUN_SETS, LaunchedRun, make_fab, set_args, wait_for_end
+from tests.launcher.sshd import free_port
 
 pytestmark = pytest.mark.slow
 

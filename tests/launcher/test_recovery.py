@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from tests.remote.conftest import RUN_SETS, launch_run, make_fab, set_args
-from tests.remote.hostprocs import (environment_of, files_containing, processes_under,
+from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args
+from tests.launcher.hostprocs import (environment_of, files_containing, processes_under,
                                     train_stage_process)
 
 pytestmark = pytest.mark.slow

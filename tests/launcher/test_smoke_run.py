@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 import yaml
 
-from tests.remote.sshd import free_port
+from tests.launcher.sshd import free_port
 
 pytestmark = pytest.mark.slow
 

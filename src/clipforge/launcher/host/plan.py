@@ -1,8 +1,8 @@
 """What the supervisor runs on one node: phases in order, and the restart policy.
 
-Written by the launcher as <node>/plan.json, read by clipforge.remote.supervisor on the host.
-It never holds secrets: those reach the supervisor through its environment only (see
-clipforge.remote.supervisor `launch`). Standard library only (see clipforge.remote).
+Written by the launcher as <node>/plan.json, read by clipforge.launcher.host.supervisor on the
+host. It never holds secrets: those reach the supervisor through its environment only (see the
+supervisor's `launch`).
 """
 from __future__ import annotations
 
