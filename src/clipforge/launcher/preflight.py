@@ -111,8 +111,9 @@ def _image(cxn: Connection, spec: CheckSpec) -> Row:
         return Row("image", OK, f"{spec.image} present")
     if probe(cxn, f"docker manifest inspect {q(spec.image)}").ok:
         return Row("image", OK, f"{spec.image} pullable")
-    return Row("image", FAIL, f"{spec.image} neither present nor pullable: push it (make -C docker "
-                              f"push), `docker login` on the host, or load it with docker load")
+    return Row("image", FAIL, f"{spec.image} neither present nor pullable: push it (`make "
+                              f"image-push REGISTRY=...` in the project), `docker login` on the "
+                              f"host, or load it with `docker load`")
 
 
 def _python_env(cxn: Connection, spec: CheckSpec) -> Row:
