@@ -24,14 +24,15 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-# lockfile is the sibling module; clipforge.fsutil (standard library only) is taken from the
-# source tree, so the script runs with any Python >= 3.10, the project's venv or docker.mk's python3.
-_HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(_HERE), str(_HERE.parent / "src")]
+# lockfile is the sibling module; clipforge.fsutil and clipforge.image_env (standard library only)
+# are taken from the source tree, so the script runs with any Python >= 3.10, the project's venv or
+# docker.mk's python3, before the project is installed.
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "docker"), str(REPO / "src")]
 import lockfile  # noqa: E402
 from clipforge.fsutil import atomic_write_text  # noqa: E402
+from clipforge.image_env import ImageEnvError, parse_image_env  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = REPO / "pyproject.toml"
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 LOCK = REPO / "docker" / "requirements.lock"
@@ -177,18 +178,12 @@ def lock_problems(pins: ImagePins, lock_text: str) -> list[str]:
     return problems
 
 
-def read_env_file(text: str) -> dict[str, str]:
-    values = {}
-    for line in text.splitlines():
-        match = re.match(r"^([A-Z_][A-Z0-9_]*)=(.*)$", line.strip())
-        if match:
-            values[match.group(1)] = match.group(2)
-    return values
-
-
 def image_tag_problems(pins: ImagePins, env_text: str) -> list[str]:
     """The image tag names the stack (…-pt2.1.2-cu121-ds0.14.5), so a pin change needs a new tag."""
-    tag = read_env_file(env_text).get("IMAGE_TAG", "")
+    try:
+        tag = parse_image_env(env_text).values.get("IMAGE_TAG", "")
+    except ImageEnvError as exc:
+        return [str(exc)]
     want = f"-pt{pins.exact('torch')}-cu{pins.cuda.replace('.', '')}-ds{pins.exact('deepspeed')}"
     return [] if tag.endswith(want) else [f"docker/image.env: IMAGE_TAG={tag!r} should end with {want!r}"]
 

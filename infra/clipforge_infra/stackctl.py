@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
 from clipforge.fsutil import atomic_write_text
+from clipforge.image_env import ImageEnvError, read_image_env
 
 from . import teardown_guard
-from .image_ref import ImageEnvError, image_reference
 from .kubeconfig import KubeconfigError, resolve_context
 from .settings import SECRET_KEYS
 from .stack_files import (
@@ -87,7 +87,7 @@ def prepare_invocation(args: argparse.Namespace, environ: Mapping[str, str]) -> 
 
     transient = {"released": "true" if args.command == "down" else "false"}
     if "image" not in stack_values:
-        transient["image"] = image_reference(args.image_env, args.registry)
+        transient["image"] = read_image_env(args.image_env).reference(args.registry)
     return PulumiInvocation(stack=args.stack, project_dir=args.project_dir, context=context,
                             transient_config=transient, pulumi=pulumi)
 

@@ -1,4 +1,8 @@
-"""Writes that are all-or-nothing: a reader never sees a half-written file or directory."""
+"""Writes that are all-or-nothing: a reader never sees a half-written file or directory.
+
+Standard library only: the launcher's host side (clipforge.launcher.host) writes through it, under
+a host's own python3.
+"""
 from __future__ import annotations
 
 import contextlib

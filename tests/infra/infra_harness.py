@@ -25,7 +25,7 @@ from pulumi.runtime.mocks import MockMonitor  # noqa: E402
 from pulumi.runtime.stack import run_pulumi_func  # noqa: E402
 from pulumi.runtime.sync_await import _sync_await  # noqa: E402
 
-from clipforge_infra.image_ref import image_reference  # noqa: E402
+from clipforge.image_env import read_image_env  # noqa: E402
 from clipforge_infra.contract import PROJECT  # noqa: E402
 from clipforge_infra.stack_files import load_declarations, load_stack_values, program_config  # noqa: E402
 
@@ -128,7 +128,7 @@ class _RecordingMonitor(MockMonitor):
 
 def make_up_image() -> str:
     """The image `make up` passes when the stack sets none (no REGISTRY)."""
-    return image_reference(REPO / "docker" / "image.env", "")
+    return read_image_env(REPO / "docker" / "image.env").reference()
 
 
 def stack_config(

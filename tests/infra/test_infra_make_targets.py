@@ -19,7 +19,7 @@ import yaml
 
 from infra_harness import INFRA_DIR, REPO
 
-from clipforge_infra.image_ref import read_image_env
+from clipforge.image_env import read_image_env
 
 MAKE = shutil.which("make")
 pytestmark = pytest.mark.skipif(MAKE is None, reason="make is not installed")
@@ -127,8 +127,7 @@ def test_up_runs_pulumi_with_image_from_image_env_and_writes_outputs(tmp_path):
     done = make("up", tmp_path, "STACK=mine", f"PULUMI_PROJECT_DIR={project}", "REGISTRY=registry.example/team",
                 path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}", KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")))
     assert done.returncode == 0, done.stderr
-    image_env = read_image_env(REPO / "docker" / "image.env")
-    image = f"registry.example/team/{image_env['IMAGE_REPOSITORY']}:{image_env['IMAGE_TAG']}"
+    image = read_image_env(REPO / "docker" / "image.env").reference("registry.example/team")
     commands = [call[:call.index("--stack")] for call in logged(tmp_path / "log")]
     assert commands == [
         ["stack", "select", "--create"],

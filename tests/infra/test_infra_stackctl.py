@@ -1,4 +1,5 @@
-"""Pieces of `make up` that need no CLI: kubeconfig resolution, image reference, outputs file."""
+"""Pieces of `make up` that need no CLI: kubeconfig resolution, outputs file. (The image
+reference, from docker/image.env, is tested with its reader in tests/unit/test_image_env.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import yaml
 
 from infra_harness import REPO  # noqa: F401  (puts infra/ on sys.path)
 
-from clipforge_infra.image_ref import ImageEnvError, image_reference
 from clipforge_infra.kubeconfig import KubeconfigError, resolve_context
 from clipforge_infra.stackctl import write_outputs
 
@@ -46,22 +46,6 @@ def test_default_kubeconfig_is_under_home(tmp_path):
     (tmp_path / ".kube").mkdir()
     write_kubeconfig(tmp_path / ".kube" / "config", ["home-ctx"], current="home-ctx")
     assert resolve_context("", {"HOME": str(tmp_path)}) == "home-ctx"
-
-
-def test_image_reference_joins_registry_repository_and_tag(tmp_path):
-    """[REGISTRY/]IMAGE_REPOSITORY:IMAGE_TAG, comments ignored, trailing slash of the registry tolerated."""
-    env = tmp_path / "image.env"
-    env.write_text("# the image\nIMAGE_REPOSITORY=clipforge\nIMAGE_TAG=1.2-cu121\n")
-    assert image_reference(env, "") == "clipforge:1.2-cu121"
-    assert image_reference(env, "ghcr.io/team/") == "ghcr.io/team/clipforge:1.2-cu121"
-
-
-def test_image_env_without_tag_is_an_error(tmp_path):
-    """A missing IMAGE_TAG is named."""
-    env = tmp_path / "image.env"
-    env.write_text("IMAGE_REPOSITORY=clipforge\n")
-    with pytest.raises(ImageEnvError, match="IMAGE_TAG"):
-        image_reference(env, "")
 
 
 def test_outputs_file_is_replaced_whole_or_not_at_all(tmp_path):

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -37,18 +35,21 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(tmp_path, small
     killed = tmp_path / "killed"
     killed.mkdir()
     write_params(killed / "params.yaml")
-    # Step 7 stalls for a minute, so the kill lands after the step-4 checkpoint and after steps
-    # 5 and 6 have been taken (and logged): work that the resumed run must redo identically.
-    env = {**subprocess_env(), "CLIPFORGE_FAULTS": "stall@7=60"}
+    # Step 7 is held until a stop that never comes, so the kill lands after the step-4 checkpoint
+    # and after steps 5 and 6 have been taken (and logged), however fast this machine trains:
+    # work that the resumed run must redo identically.
+    env = {**subprocess_env(), "CLIPFORGE_FAULTS": "hold@7"}
     process = subprocess.Popen(_stage_command(killed, small_data), env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 240
-    while 6 not in _logged_steps(killed):
-        assert process.poll() is None, process.stderr.read().decode()[-2000:]
-        assert time.monotonic() < deadline, "the run never reached step 6"
-        time.sleep(0.5)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    try:
+        deadline = time.monotonic() + 240
+        while 6 not in _logged_steps(killed):
+            assert process.poll() is None, process.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the run never reached step 6"
+            time.sleep(0.5)
+    finally:
+        process.kill()  # SIGKILL
+        process.wait()
     (run_dir,) = (killed / "checkpoints").iterdir()
     assert (run_dir / "latest").read_text().strip() == "step-00000004"
     assert not (killed / "models").exists()

@@ -1,26 +1,37 @@
 """Fault injection for testing the failure paths on real runs; inert unless CLIPFORGE_FAULTS is set.
 
-CLIPFORGE_FAULTS is a comma-separated list of `nan@STEP` (the images of that step's batch
-become NaN, as a corrupt batch or an overflow would make them) and `stall@STEP=SECONDS` (the
-step sleeps first, as a hung collective would). STEP counts optimizer steps from 1.
+CLIPFORGE_FAULTS is a comma-separated list of:
+- `nan@STEP`: the images of that step's batch become NaN, as a corrupt batch or an overflow
+  would make them;
+- `stall@STEP=SECONDS`: the step sleeps first, as a hung collective would;
+- `hold@STEP`: the step waits until a stop is requested (SIGTERM/SIGINT), then goes on, so the
+  stop path checkpoints after it. A test can then stop a run that cannot have ended first, with
+  no guess at how fast the machine trains. Without a stop the step waits for ever.
+STEP counts optimizer steps from 1.
 """
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 ENV = "CLIPFORGE_FAULTS"
+HOLD_POLL_SECONDS = 0.05  # how often a held step looks at the stop flag a signal handler sets
 
 
 @dataclass(frozen=True)
 class Faults:
     nan_steps: frozenset[int] = frozenset()
     stall_seconds: dict[int, float] = field(default_factory=dict)
+    hold_steps: frozenset[int] = frozenset()
 
-    def apply(self, step: int, micro_batches: list) -> list:
+    def apply(self, step: int, micro_batches: list, stop_requested: Callable[[], bool]) -> list:
+        if step in self.hold_steps:
+            while not stop_requested():
+                time.sleep(HOLD_POLL_SECONDS)
         if step in self.stall_seconds:
             time.sleep(self.stall_seconds[step])
         if step in self.nan_steps:
@@ -32,7 +43,7 @@ def faults_from_env(environ=os.environ) -> Faults:
     spec = environ.get(ENV, "").strip()
     if not spec:
         return Faults()
-    nan_steps, stalls = set(), {}
+    nan_steps, stalls, holds = set(), {}, set()
     for item in spec.split(","):
         kind, _, where = item.strip().partition("@")
         if kind == "nan":
@@ -40,6 +51,9 @@ def faults_from_env(environ=os.environ) -> Faults:
         elif kind == "stall":
             step, _, seconds = where.partition("=")
             stalls[int(step)] = float(seconds)
+        elif kind == "hold":
+            holds.add(int(where))
         else:
-            raise ValueError(f"{ENV}: unknown fault {item!r}; use nan@STEP or stall@STEP=SECONDS")
-    return Faults(frozenset(nan_steps), stalls)
+            raise ValueError(f"{ENV}: unknown fault {item!r}; use nan@STEP, stall@STEP=SECONDS or "
+                             f"hold@STEP")
+    return Faults(frozenset(nan_steps), stalls, frozenset(holds))

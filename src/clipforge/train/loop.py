@@ -75,7 +75,8 @@ def train_clip(parts: LoopParts, train: TrainConfig, plan: BatchPlan, start_step
         began = time.perf_counter()
         micro_batches = [next(parts.batches) for _ in range(plan.grad_accum_steps)]
         data_wait = time.perf_counter() - began
-        micro_batches = parts.faults.apply(done, [parts.to_device(b) for b in micro_batches])
+        micro_batches = parts.faults.apply(done, [parts.to_device(b) for b in micro_batches],
+                                           lambda: parts.stop.requested)
         lr = engine.get_lr()[0]  # the rate this step uses; the scheduler advances inside step()
 
         reduced: dict[str, float] = {}

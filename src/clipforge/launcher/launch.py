@@ -18,17 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from clipforge.remote import preflight
-from clipforge.remote.commands import NodeContext, hostfile_text, node_plan
-from clipforge.remote.errors import RemoteError
-from clipforge.remote.layout import NodeLayout, current_marker
-from clipforge.remote.options import TrainOptions, resolve_params
-from clipforge.remote.plan import PASSTHROUGH_ENV, RestartPolicy
-from clipforge.remote.session import Host, read_remote_json, remote_python
-from clipforge.remote.settings import Settings, image_reference
-from clipforge.remote.shell import probe, q, run
-from clipforge.remote.source import Source, require_clean, write_bundle
-from clipforge.remote.stack import StackOutputs
+from clipforge.image_env import ImageEnvError, parse_image_env
+from clipforge.launcher import LauncherError, preflight
+from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
+from clipforge.launcher.connection import probe, q, run
+from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
+from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
+from clipforge.launcher.options import TrainOptions, resolve_params
+from clipforge.launcher.session import Host, Settings, read_remote_json, remote_python, uid_gid
+from clipforge.launcher.source import Source, require_clean, write_bundle
+from clipforge.launcher.stack import StackOutputs
 
 START_TIMEOUT_SECONDS = 30.0
 
@@ -52,29 +51,36 @@ def prepare(source: Source, options: TrainOptions, settings: Settings) -> Prepar
 
 
 def image_reference_for(source: Source, settings: Settings) -> str:
-    return image_reference(source.show("docker/image.env"), settings.registry)
+    """[$REGISTRY/]IMAGE_REPOSITORY:IMAGE_TAG from the commit's docker/image.env."""
+    text = source.show("docker/image.env")
+    if text is None:
+        raise LauncherError("the commit has no docker/image.env; it names the training image")
+    try:
+        return parse_image_env(text).reference(settings.registry)
+    except ImageEnvError as exc:
+        raise LauncherError(str(exc)) from None
 
 
 def _require_pullable(source: Source) -> None:
     lock = source.show("dvc.lock")
     dvc_config = source.show(".dvc/config") or ""
     if lock is None or "data:" not in lock:
-        raise RemoteError("--data pull: the commit has no dvc.lock entry for the data stage; run "
-                          "`dvc repro data && dvc push` and commit dvc.lock, or use --data build "
-                          "(run the data stage on the host) or --data /mounted/path")
+        raise LauncherError("--data pull: the commit has no dvc.lock entry for the data stage; run "
+                            "`dvc repro data && dvc push` and commit dvc.lock, or use --data build "
+                            "(run the data stage on the host) or --data /mounted/path")
     if "remote" not in dvc_config:
-        raise RemoteError("--data pull: no DVC remote in the commit's .dvc/config (`dvc remote add "
-                          "-d ...`); or use --data build or --data /mounted/path")
+        raise LauncherError("--data pull: no DVC remote in the commit's .dvc/config (`dvc remote add "
+                            "-d ...`); or use --data build or --data /mounted/path")
 
 
 def select_nodes(specs: list, options: TrainOptions, from_stack: bool) -> list:
     if from_stack:
         if len(specs) < options.nodes:
-            raise RemoteError(f"--nodes {options.nodes}: the stack has {len(specs)} workers")
+            raise LauncherError(f"--nodes {options.nodes}: the stack has {len(specs)} workers")
         return specs[:options.nodes]
     if len(specs) != options.nodes:
-        raise RemoteError(f"--nodes {options.nodes} needs exactly {options.nodes} host(s) in -H, "
-                          f"got {len(specs)}")
+        raise LauncherError(f"--nodes {options.nodes} needs exactly {options.nodes} host(s) in -H, "
+                            f"got {len(specs)}")
     return specs
 
 
@@ -93,14 +99,14 @@ def new_run_id(commit: str) -> str:
 
 def launch(hosts: list[Host], prepared: Prepared, options: TrainOptions, settings: Settings,
            stack: Optional[StackOutputs], say: Callable[[str], None]) -> str:
-    """Preflight, ship, start; returns the run id. Raises RemoteError with nothing left running."""
+    """Preflight, ship, start; returns the run id. Raises LauncherError with nothing left running."""
     results = [(h, preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack)))
                for h in hosts]
     for host, rows in results:
         say(preflight.format_table(host.label, rows))
     bad = [h.label for h, rows in results if preflight.failed(rows)]
     if bad:
-        raise RemoteError(f"preflight failed on {', '.join(bad)}; nothing was started")
+        raise LauncherError(f"preflight failed on {', '.join(bad)}; nothing was started")
     run_id = new_run_id(prepared.source.commit)
     layouts = [NodeLayout(root=h.root, run_id=run_id, node_rank=i) for i, h in enumerate(hosts)]
     master_addr = _master_address(hosts[0], stack)
@@ -117,7 +123,7 @@ def launch(hosts: list[Host], prepared: Prepared, options: TrainOptions, setting
                 _ship(host, layout, bundle, prepared.source.commit)
         for host, layout in zip(hosts, layouts):
             node = NodeContext(layout=layout, hosts=[h.label for h in hosts], master_addr=master_addr,
-                               host_python=settings.python, user=_uid_gid(host),
+                               host_python=settings.python, user=uid_gid(host),
                                image=prepared.image, shm_size=settings.shm_size)
             plan = node_plan(options, node, policy,
                              init_dvc=prepared.source.show(".dvc/config") is None)
@@ -129,7 +135,7 @@ def launch(hosts: list[Host], prepared: Prepared, options: TrainOptions, setting
                             f"mv {q(current_marker(host.root))}.tmp {q(current_marker(host.root))}")
     except BaseException:
         for host, layout in started:
-            probe(host.cxn, remote_python(host, settings, layout, "supervisor", "stop", layout.node_dir))
+            probe(host.cxn, remote_python(settings, layout, "supervisor", "stop", layout.node_dir))
         raise
     return run_id
 
@@ -141,10 +147,6 @@ def _master_address(host: Host, stack: Optional[StackOutputs]) -> str:
         return host.cxn.host
     result = probe(host.cxn, "hostname -I 2>/dev/null | awk '{print $1}'")
     return result.stdout.strip() or host.cxn.host
-
-
-def _uid_gid(host: Host) -> str:
-    return run(host.cxn, "echo $(id -u):$(id -g)", what="id").stdout.strip()
 
 
 def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
@@ -199,7 +201,7 @@ def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None
     bin_dir = posixpath.dirname(settings.python)
     path = f"PATH={q(bin_dir)}:\"$PATH\" " if bin_dir else ""
     command = f"cd {q(layout.node_dir)} && {path}" + remote_python(
-        host, settings, layout, "supervisor", "launch", layout.node_dir)
+        settings, layout, "supervisor", "launch", layout.node_dir)
     run(host.cxn, command, what="starting the supervisor",
         in_stream=io.StringIO(json.dumps(secrets)))
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
@@ -211,7 +213,7 @@ def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None
             break
         time.sleep(0.5)
     log = probe(host.cxn, f"tail -n 20 {q(layout.supervisor_log)} {q(layout.train_log)}").stdout
-    raise RemoteError(f"{host.label}: the supervisor did not start:\n{log}")
+    raise LauncherError(f"{host.label}: the supervisor did not start:\n{log}")
 
 
 def resume(hosts: list[Host], layouts: list[NodeLayout], settings: Settings,
@@ -220,7 +222,7 @@ def resume(hosts: list[Host], layouts: list[NodeLayout], settings: Settings,
     for host, layout in zip(hosts, layouts):
         state = read_remote_json(host, layout.state) or {}
         if state.get("state") == "finished":
-            raise RemoteError(f"{host.label}: run {layout.run_id} has finished; nothing to resume")
+            raise LauncherError(f"{host.label}: run {layout.run_id} has finished; nothing to resume")
     for host, layout in zip(hosts, layouts):
         say(f"{host.label}: resuming {layout.run_id} node {layout.node_rank}")
         start_supervisor(host, layout, settings)

@@ -1,8 +1,8 @@
 """Fixtures of the launcher tests: a real sshd on 127.0.0.1, a project commit, the real `fab`.
 
 Every test gets its own remote run root. The training runs use the reduced config of
-tests/conftest.py plus a few settings (RUN_SETS); runs shared by several tests are session
-fixtures in tests/remote/runs.py.
+tests/conftest.py plus a few settings (RUN_SETS); a run shared by several test modules is a
+session fixture here (smoke_run), one shared by a module's tests a fixture of that module.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, SMALL_PARAMS
-from tests.remote.sshd import FabRunner, start_sshd
+from tests.launcher.sshd import FabRunner, start_sshd
 
 # The reduced config as --set overrides (values as YAML, like `dvc exp run -S`), and the run shape
 # every training test shares: 8 steps, a checkpoint every 2, a metrics row every step.
@@ -139,11 +139,18 @@ class LaunchedRun:
             time.sleep(0.05)
 
     def wait_finished(self, timeout: float = 600) -> dict:
-        deadline = time.monotonic() + timeout
-        while self.state().get("state") not in ("failed", "stopped", "finished"):
-            assert time.monotonic() < deadline, f"still {self.state()}"
-            time.sleep(0.5)
-        return self.state()
+        return wait_for_end(self.node_dir, timeout)
+
+
+def wait_for_end(node_dir: Path, timeout: float = 600) -> dict:
+    """The node's final state, once its supervisor has recorded one (the timeout is a safety
+    limit, not a speed assertion)."""
+    deadline = time.monotonic() + timeout
+    while (state := json.loads((node_dir / "state.json").read_text())).get("state") not in \
+            ("failed", "stopped", "finished"):
+        assert time.monotonic() < deadline, f"{node_dir}: still {state}"
+        time.sleep(0.5)
+    return state
 
 
 def launch_run(fab: FabRunner, sshd, root: Path, *args: str, env: dict | None = None) -> LaunchedRun:

@@ -7,12 +7,11 @@ so DeepSpeed's process group spans the two launchers (gloo over TCP).
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from tests.remote.conftest import RUN_SETS, LaunchedRun, make_fab, set_args
-from tests.remote.sshd import free_port
+from tests.launcher.conftest import RUN_SETS, LaunchedRun, make_fab, set_args, wait_for_end
+from tests.launcher.sshd import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +32,7 @@ def two_node_run(project, sshd, tmp_path_factory):
     run.node1 = run.root / "runs" / run.run_id / "node-1"
     run.final_state = run.wait_finished()
     # node 1's supervisor records its end a moment after node 0's, on its own
-    deadline = time.monotonic() + 120
-    while json.loads((run.node1 / "state.json").read_text())["state"] == "running" \
-            and time.monotonic() < deadline:
-        time.sleep(0.5)
-    run.node1_state = json.loads((run.node1 / "state.json").read_text())
+    run.node1_state = wait_for_end(run.node1)
     return run
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from clipforge.config import Config, ConfigError, load_config, parse_override
-from clipforge.remote.errors import RemoteError
+from clipforge.launcher import LauncherError
 
 # A few steps with a checkpoint every two, and a warm-up shorter than the run. User --set win.
 SMOKE_OVERRIDES = ("train.max_steps=4", "train.save_every_steps=2", "train.log_every_steps=1",
@@ -40,25 +40,25 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         if self.gpus < 0:
-            raise RemoteError(f"--gpus: must be >= 0 (0 = CPU), got {self.gpus}")
+            raise LauncherError(f"--gpus: must be >= 0 (0 = CPU), got {self.gpus}")
         if self.nodes < 1:
-            raise RemoteError(f"--nodes: must be >= 1, got {self.nodes}")
+            raise LauncherError(f"--nodes: must be >= 1, got {self.nodes}")
         if self.runtime not in ("docker", "host"):
-            raise RemoteError(f"--runtime: `docker` or `host`, got {self.runtime!r}")
+            raise LauncherError(f"--runtime: `docker` or `host`, got {self.runtime!r}")
         if self.data not in DATA_MODES and not self.data.startswith("/"):
-            raise RemoteError(f"--data: `pull`, `build` or an absolute path on the host, got "
-                              f"{self.data!r}")
+            raise LauncherError(f"--data: `pull`, `build` or an absolute path on the host, got "
+                                f"{self.data!r}")
         if not 0 < self.master_port < 65536:
-            raise RemoteError(f"--master-port: a TCP port, got {self.master_port}")
+            raise LauncherError(f"--master-port: a TCP port, got {self.master_port}")
         if self.max_restarts < 0:
-            raise RemoteError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
+            raise LauncherError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
         for item in self.user_overrides:
             try:
                 key, _ = parse_override(item)
             except ConfigError as exc:
-                raise RemoteError(f"--set {item}: {exc}") from None
+                raise LauncherError(f"--set {item}: {exc}") from None
             if key in LAUNCH_KEYS:
-                raise RemoteError(f"--set {key}: set by --gpus/--nodes; use those instead")
+                raise LauncherError(f"--set {key}: set by --gpus/--nodes; use those instead")
 
     @property
     def mounted_data(self) -> bool:
@@ -91,18 +91,18 @@ def make_options(*, gpus: int, nodes: int, sets: list[str], smoke: bool, runtime
 def resolve_params(params_text: Optional[str], overrides: tuple[str, ...]) -> Config:
     """The params the run will train with: the commit's params.yaml + overrides, validated."""
     if params_text is None:
-        raise RemoteError("the commit has no params.yaml; run fab from the clipforge project")
+        raise LauncherError("the commit has no params.yaml; run fab from the clipforge project")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "params.yaml"
         path.write_text(params_text, encoding="utf-8")
         try:
             return load_config(path, list(overrides))
         except ConfigError as exc:
-            raise RemoteError(f"params: {exc}") from None
+            raise LauncherError(f"params: {exc}") from None
 
 
 def parse_count(value, flag: str) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise RemoteError(f"{flag}: expected a whole number, got {value!r}") from None
+        raise LauncherError(f"{flag}: expected a whole number, got {value!r}") from None

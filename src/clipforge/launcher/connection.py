@@ -1,4 +1,5 @@
-"""Which hosts a task acts on, and SSH connections to them with host keys verified.
+"""Which hosts a task acts on, SSH connections to them with host keys verified, and commands run
+over those connections: quiet, never reading the local terminal, failures made clear.
 
 Hosts come from Fabric's `-H user@host:port[,...]` (with `-i key`), or else from the stack
 outputs of `make up`. Host keys are checked against known_hosts (~/.ssh/known_hosts, or the
@@ -12,16 +13,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import paramiko
 from fabric import Config, Connection
 
-from clipforge.remote.errors import RemoteError
-from clipforge.remote.stack import StackOutputs
+from clipforge.launcher import LauncherError
+from clipforge.launcher.stack import StackOutputs
 
 # Outside the cluster, stack workers are reached through a port-forward to the entry worker:
 #   kubectl -n <ns> port-forward pod/clipforge-worker-0 2222:2222
@@ -31,17 +33,22 @@ GATEWAY_ENV = "CLIPFORGE_SSH_GATEWAY"
 
 @dataclass(frozen=True)
 class HostSpec:
-    host: str  # as given: host, user@host, user@host:port
-    user: Optional[str] = None  # stack hosts: the stack's ssh user and port
+    host: str  # a name or address, or an alias of the ssh config
+    user: Optional[str] = None  # None: from the ssh config, else the local user
     port: Optional[int] = None
     pinned_key: Optional[str] = None  # "ssh-ed25519 AAAA..." published by the stack
     gateway: Optional["HostSpec"] = None
 
 
-def targets(cli_hosts: list[str], stack_loader) -> tuple[list[HostSpec], Optional[StackOutputs]]:
+def spec_of(cxn: Connection) -> HostSpec:
+    """The host of a Connection that Fabric made for one -H entry (not opened)."""
+    return HostSpec(host=cxn.original_host, user=cxn.user, port=cxn.port)
+
+
+def targets(cli_hosts: list[HostSpec], stack_loader) -> tuple[list[HostSpec], Optional[StackOutputs]]:
     """-H hosts when given, else the stack's workers; `stack_loader()` raises a clear error."""
     if cli_hosts:
-        return [HostSpec(host=h) for h in cli_hosts], None
+        return list(cli_hosts), None
     stack = stack_loader()
     gateway = _stack_gateway(stack)
     return [HostSpec(host=h, user=stack.ssh_user, port=stack.ssh_port,
@@ -55,8 +62,8 @@ def _stack_gateway(stack: StackOutputs) -> Optional[HostSpec]:
         return None
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit():
-        raise RemoteError(f"{GATEWAY_ENV}={value!r}: expected HOST:PORT (the local end of "
-                          f"`kubectl port-forward`) or `none`")
+        raise LauncherError(f"{GATEWAY_ENV}={value!r}: expected HOST:PORT (the local end of "
+                            f"`kubectl port-forward`) or `none`")
     return HostSpec(host=host, user=stack.ssh_user, port=int(port), pinned_key=stack.host_public_key)
 
 
@@ -87,7 +94,7 @@ class UnknownHostKey(paramiko.SSHException):
 
 
 def connect(spec: HostSpec, config: Config, accept_new_host_key: bool) -> Connection:
-    """An open, verified connection; RemoteError saying what went wrong and what to do."""
+    """An open, verified connection; LauncherError saying what went wrong and what to do."""
     gateway = connect(spec.gateway, config, accept_new_host_key) if spec.gateway else None
     kwargs = {"config": config}
     if spec.user:
@@ -121,8 +128,8 @@ def _pin(client: paramiko.SSHClient, cxn: Connection, public_key: str) -> None:
         kind, blob = public_key.split()[:2]
         key = paramiko.PKey.from_type_string(kind, base64.b64decode(blob))
     except (ValueError, paramiko.SSHException) as exc:
-        raise RemoteError(f"the stack's ssh.host_public_key is not a public key ({exc}); rerun "
-                          f"`make up`") from None
+        raise LauncherError(f"the stack's ssh.host_public_key is not a public key ({exc}); rerun "
+                            f"`make up`") from None
     name = cxn.host if cxn.port == 22 else f"[{cxn.host}]:{cxn.port}"
     client.get_host_keys().add(name, kind, key)
 
@@ -132,30 +139,30 @@ def _open(cxn: Connection, known_hosts: Path) -> None:
     try:
         cxn.open()
     except UnknownHostKey as exc:
-        raise RemoteError(
+        raise LauncherError(
             f"{where}: host key not known ({exc.key.get_name()} "
             f"{_sha256_fingerprint(exc.key)}), so the host cannot be verified. Check that "
             f"fingerprint with the host's owner (`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on "
             f"the host), then add it to {known_hosts} (`ssh-keyscan -p {cxn.port} {cxn.host} >> "
             f"{known_hosts}`), or pass --accept-new-host-key once to record it") from None
     except paramiko.BadHostKeyException as exc:
-        raise RemoteError(
+        raise LauncherError(
             f"{where}: host key CHANGED: expected {_sha256_fingerprint(exc.expected_key)}, got "
             f"{_sha256_fingerprint(exc.key)}. Someone may be intercepting the connection, or the "
             f"host was reinstalled; if you know it was, remove the old key with `ssh-keygen -f "
             f"{known_hosts} -R '[{cxn.host}]:{cxn.port}'`") from None
     except paramiko.AuthenticationException as exc:
-        raise RemoteError(f"{where}: SSH authentication failed ({exc}): is the user right and its "
-                          f"key in the host's authorized_keys? Pass the key with -i PATH") from None
+        raise LauncherError(f"{where}: SSH authentication failed ({exc}): is the user right and its "
+                            f"key in the host's authorized_keys? Pass the key with -i PATH") from None
     except (socket.timeout, TimeoutError):
-        raise RemoteError(f"{where}: connection timed out: is the host up and the port right?") from None
+        raise LauncherError(f"{where}: connection timed out: is the host up and the port right?") from None
     except paramiko.ssh_exception.NoValidConnectionsError as exc:
-        raise RemoteError(f"{where}: cannot connect ({_first_error(exc)}): is sshd running there "
-                          f"and the port right (-H user@host:port)?") from None
+        raise LauncherError(f"{where}: cannot connect ({_first_error(exc)}): is sshd running there "
+                            f"and the port right (-H user@host:port)?") from None
     except socket.gaierror as exc:
-        raise RemoteError(f"{where}: unknown host name ({exc.strerror})") from None
+        raise LauncherError(f"{where}: unknown host name ({exc.strerror})") from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise RemoteError(f"{where}: SSH failed: {exc or type(exc).__name__}") from None
+        raise LauncherError(f"{where}: SSH failed: {exc or type(exc).__name__}") from None
 
 
 def _sha256_fingerprint(key) -> str:
@@ -166,3 +173,29 @@ def _sha256_fingerprint(key) -> str:
 def _first_error(exc: paramiko.ssh_exception.NoValidConnectionsError) -> str:
     errors = list(exc.errors.values())
     return errors[0].strerror if errors and getattr(errors[0], "strerror", None) else str(exc)
+
+
+# -- commands on a connection ---------------------------------------------------------------------
+def q(value: str) -> str:
+    return shlex.quote(str(value))
+
+
+def join(argv: Iterable[str]) -> str:
+    return " ".join(q(a) for a in argv)
+
+
+def run(cxn: Connection, command: str, *, what: str, **kwargs):
+    """Run `command`; LauncherError naming `what` failed, with the tail of its output."""
+    result = probe(cxn, command, **kwargs)
+    if not result.ok:
+        output = (result.stderr.strip() or result.stdout.strip()).splitlines()[-8:]
+        raise LauncherError(f"{label(cxn)}: {what} failed (exit {result.exited}):\n  "
+                            + "\n  ".join(output or ["(no output)"]))
+    return result
+
+
+def probe(cxn: Connection, command: str, **kwargs):
+    """Run `command` and return its result whatever its exit code."""
+    kwargs.setdefault("hide", True)
+    kwargs.setdefault("in_stream", False)
+    return cxn.run(command, warn=True, **kwargs)

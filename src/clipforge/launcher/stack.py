@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Optional
 
-from clipforge.remote.errors import RemoteError
+from clipforge.launcher import LauncherError
 
 DEFAULT_PATH = Path("infra/stack-outputs.json")
 
@@ -35,28 +35,28 @@ class StackOutputs:
 
 
 def load_stack_outputs(path: Path) -> StackOutputs:
-    """Parse the outputs file; RemoteError naming the key when something is off."""
+    """Parse the outputs file; LauncherError naming the key when something is off."""
     if not path.is_file():
-        raise RemoteError(f"no hosts: give them with -H user@host[:port] (and -i key), or create a "
-                          f"stack with `make up`, which writes {path}")
+        raise LauncherError(f"no hosts: give them with -H user@host[:port] (and -i key), or create a "
+                            f"stack with `make up`, which writes {path}")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise RemoteError(f"{path}: not readable JSON ({exc}); rerun `make up` to rewrite it") from None
+        raise LauncherError(f"{path}: not readable JSON ({exc}); rerun `make up` to rewrite it") from None
     if not isinstance(raw, dict):
-        raise RemoteError(f"{path}: expected a JSON object (pulumi stack output --json); rerun `make up`")
+        raise LauncherError(f"{path}: expected a JSON object (pulumi stack output --json); rerun `make up`")
     if raw.get("released") is True:
-        raise RemoteError(f"{path}: the stack is released (`make down` ran): no workers to use; "
-                          f"`make up` brings them back, or give hosts with -H")
+        raise LauncherError(f"{path}: the stack is released (`make down` ran): no workers to use; "
+                            f"`make up` brings them back, or give hosts with -H")
     workers = _get(raw, path, "workers", list)
     hosts = []
     for index, worker in enumerate(workers):
         host = worker.get("host") if isinstance(worker, dict) else None
         if not isinstance(host, str) or not host:
-            raise RemoteError(f"{path}: workers[{index}].host missing; rerun `make up`")
+            raise LauncherError(f"{path}: workers[{index}].host missing; rerun `make up`")
         hosts.append(host)
     if not hosts:
-        raise RemoteError(f"{path}: the stack has no workers; `make up` with num_workers >= 1, or -H")
+        raise LauncherError(f"{path}: the stack has no workers; `make up` with num_workers >= 1, or -H")
     namespace = raw.get("namespace")
     ssh = _get(raw, path, "ssh", dict)
     volumes = raw.get("volumes") if isinstance(raw.get("volumes"), dict) else {}
@@ -85,8 +85,8 @@ def load_stack_outputs(path: Path) -> StackOutputs:
 def _get(mapping: dict, path: Path, name: str, kind: type, key: str | None = None) -> Any:
     value = mapping.get(key or name)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise RemoteError(f"{path}: `{name}` missing or not a {kind.__name__} (got {value!r}); "
-                          f"rerun `make up` (the launcher and infra/ may be out of step)")
+        raise LauncherError(f"{path}: `{name}` missing or not a {kind.__name__} (got {value!r}); "
+                            f"rerun `make up` (the launcher and infra/ may be out of step)")
     return value
 
 
@@ -97,5 +97,5 @@ def _price(raw: dict, path: Path) -> Optional[Decimal]:
     try:
         return Decimal(str(cost["price_per_gpu_hour"]))
     except InvalidOperation:
-        raise RemoteError(f"{path}: cost.price_per_gpu_hour is not a number: "
-                          f"{cost['price_per_gpu_hour']!r}") from None
+        raise LauncherError(f"{path}: cost.price_per_gpu_hour is not a number: "
+                            f"{cost['price_per_gpu_hour']!r}") from None

@@ -11,13 +11,14 @@ import uuid
 
 import pytest
 
-from tests.remote.conftest import RUN_SETS, launch_run, make_fab, set_args
-from tests.remote.hostprocs import (environment_of, files_containing, processes_under,
+from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args
+from tests.launcher.hostprocs import (environment_of, files_containing, processes_under,
                                     train_stage_process)
 
 pytestmark = pytest.mark.slow
 # Nothing listens on port 9 here: alerts the stage sends to it fail at once (and are only logged).
 SECRET = f"http://127.0.0.1:9/hook/{uuid.uuid4().hex}"
+HELD_STEP = 3  # of the 8 of RUN_SETS: the stopped run waits there for `fab stop`
 
 
 def _latest_step(run) -> int:
@@ -81,10 +82,13 @@ def test_alert_webhooks_reach_the_run_but_no_file(killed_run):
 
 @pytest.fixture(scope="module")
 def stopped_run(project, sshd, tmp_path_factory):
-    """A run stopped with `fab stop` once it has trained a step."""
+    """A run stopped with `fab stop` once it has trained a step. Its step 3 is held until the stop
+    arrives (CLIPFORGE_FAULTS=hold@3), so the run cannot end first however fast this machine is;
+    `fab train --resume` later runs without the hold."""
     base = tmp_path_factory.mktemp("stopped-run")
     fab = make_fab(project, base / "home", base / "remote", sshd)
-    run = launch_run(fab, sshd, base / "remote", *set_args(RUN_SETS))
+    run = launch_run(fab, sshd, base / "remote", *set_args(RUN_SETS),
+                     env={"CLIPFORGE_FAULTS": f"hold@{HELD_STEP}"})
     # metrics/train.tsv is committed (the demo's): wait for this run's own first row
     tsv = run.code / "metrics" / "train.tsv"
     committed = tsv.read_text() if tsv.is_file() else None
@@ -100,6 +104,13 @@ def stopped_run(project, sshd, tmp_path_factory):
     return run
 
 
+def test_launch_returns_while_the_run_goes_on(stopped_run):
+    """`fab train` returns (its SSH session closed) while the run is still going; the run, detached
+    from that session, carries on until it is stopped."""
+    assert stopped_run.state_at_return["state"] in ("starting", "running")
+    assert stopped_run.state_after_stop["state"] == "stopped" and _latest_step(stopped_run) > 0
+
+
 def test_stop_checkpoints_then_ends_the_run(stopped_run):
     """`fab stop`: the stage saves a checkpoint at the next step boundary and exits; the supervisor
     restarts nothing and nothing of the run is left running."""
@@ -108,7 +119,7 @@ def test_stop_checkpoints_then_ends_the_run(stopped_run):
     assert stopped_run.state_after_stop["state"] == "stopped"
     assert stopped_run.state_after_stop["restarts"] == 0
     step = _latest_step(stopped_run)
-    assert 0 < step < 8
+    assert 0 < step <= HELD_STEP
     assert f"step-{step:08d}" in result.stdout
     assert stopped_run.processes_after_stop == []
 

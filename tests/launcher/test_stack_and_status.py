@@ -1,18 +1,18 @@
-"""Reading infra/stack-outputs.json (its shape as infra/README.md documents it), and the status
-summary's arithmetic (cost, ETA)."""
+"""Which hosts a task acts on: -H, or infra/stack-outputs.json (its shape as infra/README.md
+documents it); and the status summary's arithmetic (cost, ETA)."""
 from __future__ import annotations
 
 import json
 from decimal import Decimal
 
 import pytest
+from fabric import Connection
 
-from clipforge.remote.errors import RemoteError
-from clipforge.remote.hosts import targets
-from clipforge.remote.session import root_setting
-from clipforge.remote.settings import Settings, image_reference
-from clipforge.remote.stack import load_stack_outputs
-from clipforge.remote.status import summarize
+from clipforge.launcher import LauncherError
+from clipforge.launcher.connection import spec_of, targets
+from clipforge.launcher.host.status import summarize
+from clipforge.launcher.session import Settings, root_setting
+from clipforge.launcher.stack import load_stack_outputs
 
 OUTPUTS = {
     "namespace": "clipforge", "kube_context": "gpu", "released": False,
@@ -65,9 +65,12 @@ def test_runs_live_on_the_retained_checkpoints_volume(tmp_path):
 
 
 def test_cli_hosts_win_over_the_stack(tmp_path):
-    """-H given: the stack file is not even read."""
-    specs, stack = targets(["me@gpu:2200"], lambda: pytest.fail("stack read"))
-    assert [s.host for s in specs] == ["me@gpu:2200"] and stack is None
+    """-H given: the hosts in their order, user and port as Fabric parsed them; the stack file is
+    not even read."""
+    cli = [spec_of(Connection(host)) for host in ("me@gpu:2200", "you@gpu-2:2201")]
+    specs, stack = targets(cli, lambda: pytest.fail("stack read"))
+    assert [(s.host, s.user, s.port) for s in specs] == [("gpu", "me", 2200), ("gpu-2", "you", 2201)]
+    assert stack is None
 
 
 @pytest.mark.parametrize("content, message", [
@@ -84,17 +87,8 @@ def test_bad_stack_outputs_say_what_is_wrong(tmp_path, content, message):
     path = tmp_path / "stack-outputs.json"
     if content is not None:
         path.write_text(content if isinstance(content, str) else json.dumps(content))
-    with pytest.raises(RemoteError, match=message):
+    with pytest.raises(LauncherError, match=message):
         load_stack_outputs(path)
-
-
-def test_image_reference_from_image_env():
-    """[$REGISTRY/]IMAGE_REPOSITORY:IMAGE_TAG, as docker/image.env names it."""
-    text = "# comment\nIMAGE_REPOSITORY=clipforge\nIMAGE_TAG=0.1.0\n"
-    assert image_reference(text, None) == "clipforge:0.1.0"
-    assert image_reference(text, "ghcr.io/org/") == "ghcr.io/org/clipforge:0.1.0"
-    with pytest.raises(RemoteError, match="IMAGE_TAG"):
-        image_reference("IMAGE_REPOSITORY=x\n", None)
 
 
 def _info(**state):

@@ -10,9 +10,9 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Optional
 
-from clipforge.remote.layout import NodeLayout
-from clipforge.remote.options import TrainOptions
-from clipforge.remote.plan import PASSTHROUGH_ENV, Phase, Plan, RestartPolicy
+from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan, RestartPolicy
+from clipforge.launcher.host.run_dirs import NodeLayout
+from clipforge.launcher.options import TrainOptions
 
 # Inside the training image `python` is the image's interpreter (see docker/).
 IMAGE_PYTHON = "python"
@@ -69,32 +69,47 @@ def multinode_train_argv(python: str, *, node_rank: int, num_nodes: int, ranks_p
 
 
 def smoke_argv(python: str, layout: NodeLayout, resume: list[str]) -> list[str]:
-    return [python, "-m", "clipforge.remote.smoke", "--workspace", layout.code,
-            "--result", posixpath.join(layout.node_dir, "smoke.json"), "--", *resume]
+    return [python, "-m", "clipforge.launcher.host.smoke", "--workspace", layout.code,
+            "--result", layout.smoke_result, "--", *resume]
 
 
 @dataclass(frozen=True)
 class DockerSpec:
-    """How a phase runs inside the pinned image."""
+    """How a command runs inside the pinned image."""
     image: str
-    name: str  # container name: one per node and phase
-    gpus: int  # 0: no device request (CPU)
+    name: str  # container name: one per node and phase (run_container names them)
     user: str  # "uid:gid" of the SSH user, so files in the mounted run dir stay theirs
     run_dir: str  # mounted at the same path, so paths in the run record hold inside and out
     workdir: str
     home: str
     shm_size: str
+    gpus: int = 0  # 0: no device request (CPU)
     data_dir: Optional[str] = None  # a mounted dataset volume, read-only
     env: dict[str, str] = field(default_factory=dict)
+    read_only: bool = False  # the run dir mounted read-only: the command only looks at the run
+    detach: bool = False  # `docker run -d`: returns once the container has started
+
+
+def container_prefix(run_id: str) -> str:
+    """Every container of a run is named with this prefix."""
+    return f"clipforge-{run_id}-"
+
+
+def run_container(image: str, layout: NodeLayout, what: str, **spec) -> DockerSpec:
+    """A container working on this node's run (`what`: its part, e.g. n0-train): the run dir at
+    the same path, the checkout as working directory, the node's own HOME."""
+    return DockerSpec(image=image, name=container_prefix(layout.run_id) + what,
+                      run_dir=layout.run_dir, workdir=layout.code, home=layout.home, **spec)
 
 
 def docker_run_argv(spec: DockerSpec, inner: list[str]) -> list[str]:
-    argv = ["docker", "run", "--rm", "--init", "--name", spec.name,
+    argv = ["docker", "run", "--rm", "--init", *(["--detach"] if spec.detach else []),
+            "--name", spec.name,
             # NCCL between nodes and DeepSpeed's master port need the host's network.
             "--network", "host", "--shm-size", spec.shm_size,
             "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
             "--user", spec.user, "--workdir", spec.workdir,
-            "--volume", f"{spec.run_dir}:{spec.run_dir}"]
+            "--volume", f"{spec.run_dir}:{spec.run_dir}" + (":ro" if spec.read_only else "")]
     if spec.gpus:
         argv += ["--gpus", str(spec.gpus)]  # a device request for that many GPUs
     if spec.data_dir:
@@ -168,14 +183,12 @@ def node_plan(options: TrainOptions, node: NodeContext, policy: RestartPolicy,
     phases = []
     for name, argv, restartable in inner:
         if docker:
-            container = f"clipforge-{layout.run_id}-n{layout.node_rank}-{name}"
-            spec = DockerSpec(image=node.image, name=container, gpus=options.gpus, user=node.user,
-                              run_dir=layout.run_dir, workdir=layout.code, home=layout.home,
-                              shm_size=node.shm_size, env=options.env,
-                              data_dir=options.data if options.mounted_data else None)
+            spec = run_container(node.image, layout, f"n{layout.node_rank}-{name}", gpus=options.gpus,
+                                 user=node.user, shm_size=node.shm_size, env=options.env,
+                                 data_dir=options.data if options.mounted_data else None)
             phases.append(Phase(name=name, argv=docker_run_argv(spec, argv), cwd=layout.code,
-                                restartable=restartable, stop_argv=docker_stop_argv(container),
-                                cleanup_argv=docker_cleanup_argv(container)))
+                                restartable=restartable, stop_argv=docker_stop_argv(spec.name),
+                                cleanup_argv=docker_cleanup_argv(spec.name)))
         else:
             phases.append(Phase(name=name, argv=argv, cwd=layout.code, env=dict(options.env),
                                 restartable=restartable))

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from clipforge.remote.commands import (DockerSpec, NodeContext, docker_run_argv, docker_stop_argv,
-                                       hostfile_text, multinode_train_argv, node_plan)
-from clipforge.remote.errors import RemoteError
-from clipforge.remote.layout import NodeLayout
-from clipforge.remote.options import make_options
-from clipforge.remote.plan import RestartPolicy
+from clipforge.launcher import LauncherError
+from clipforge.launcher.commands import (DockerSpec, NodeContext, docker_run_argv, docker_stop_argv,
+                                         hostfile_text, multinode_train_argv, node_plan)
+from clipforge.launcher.host.plan import RestartPolicy
+from clipforge.launcher.host.run_dirs import NodeLayout
+from clipforge.launcher.options import make_options
 
 POLICY = RestartPolicy(max_restarts=5, backoff_seconds=1, backoff_max_seconds=2, stop_timeout_seconds=9)
 PY = "/opt/venv/bin/python"
@@ -162,5 +162,5 @@ def test_docker_phases_stop_and_clean_their_container():
 ])
 def test_bad_options_are_refused_by_name(changes, message):
     """Each bad option fails with a message naming it."""
-    with pytest.raises(RemoteError, match=message.replace("/", ".")):
+    with pytest.raises(LauncherError, match=message.replace("/", ".")):
         _options(**changes)

@@ -5,19 +5,20 @@ again with the same params: it must resume from the final checkpoint (`resumed_f
 to the steps), train nothing more, and export weights identical to the ones exported before.
 That is the round trip a multi-day run depends on, through the real stage, on the real host.
 
-  python -m clipforge.remote.smoke --workspace CODE --result FILE -- <train command...>
+  python -m clipforge.launcher.host.smoke --workspace CODE --result FILE -- <train command...>
 
-Standard library only (see clipforge.remote); exit 0 when every check passed.
+Exit 0 when every check passed.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from clipforge.fsutil import atomic_write_bytes, atomic_write_text
 
 
 def tree_digests(root: Path) -> dict[str, str]:
@@ -41,23 +42,20 @@ def run_smoke_check(workspace: Path, command: list[str]) -> dict:
         checks["exported weights identical after reload"] = bool(before) and \
             tree_digests(model_dir) == before
     # The reload rewrote the summary (resumed_from_step, wall time): keep the training's own.
-    tmp = summary_path.with_name(f".{summary_path.name}.smoke")
-    tmp.write_bytes(summary_bytes)
-    os.replace(tmp, summary_path)
+    atomic_write_bytes(summary_path, summary_bytes)
     return {"passed": all(checks.values()), "checks": checks, "trained": trained}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="clipforge.remote.smoke", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="clipforge.launcher.host.smoke",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--workspace", required=True, type=Path)
     parser.add_argument("--result", required=True, type=Path)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     result = run_smoke_check(args.workspace, command)
-    tmp = args.result.with_name(f".{args.result.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, args.result)
+    atomic_write_text(args.result, json.dumps(result, indent=2) + "\n")
     for name, ok in result["checks"].items():
         print(f"smoke: {'ok  ' if ok else 'FAIL'} {name}", flush=True)
     print(f"smoke: {'PASSED' if result['passed'] else 'FAILED'}", flush=True)

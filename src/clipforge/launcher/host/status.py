@@ -1,12 +1,13 @@
 """`fab status`: what a run is doing, read on the host, summarised on the laptop.
 
-Host side (`python -m clipforge.remote.status NODE_DIR` prints JSON): the run record, the
+Host side (`python -m clipforge.launcher.host.status NODE_DIR` prints JSON): the run record, the
 supervisor's state (and whether it is really alive), the last row of metrics/train.tsv, the latest
 checkpoint, the final summary and smoke result when there are. Laptop side: `summarize` turns that
-into step/total, ETA, elapsed and cost. Standard library only (see clipforge.remote).
+into step/total, ETA, elapsed and cost.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import sys
@@ -15,22 +16,22 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Optional
 
-from clipforge.remote.supervisor import TERMINAL_STATES, read_json, supervisor_pid
+from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
+from clipforge.launcher.host.supervisor import TERMINAL_STATES, read_json, supervisor_pid
 
 RECENT_ROWS = 10
 
 
 # -- host side -----------------------------------------------------------------------------------
-def collect(node_dir: Path) -> dict:
-    run_dir = node_dir.parent
-    record = read_json(run_dir / "run.json") or {}
-    state = read_json(node_dir / "state.json") or {}
-    alive = supervisor_pid(node_dir) is not None
+def collect(layout: NodeLayout) -> dict:
+    record = read_json(layout.record) or {}
+    state = read_json(layout.state) or {}
+    alive = supervisor_pid(layout) is not None
     if state.get("state") not in TERMINAL_STATES and not alive and state:
         state["state"] = "lost"  # the supervisor died without saying so (host reboot, kill -9)
-    code = node_dir / "code"
-    rows = _tsv_rows(code / "metrics" / "train.tsv")
-    checkpoints = Path(record.get("checkpoints_dir") or code / "checkpoints")
+    rows = _tsv_rows(Path(layout.output("metrics/train.tsv")))
+    manifest = Path(layout.output("data/manifest.json"))
+    checkpoints = Path(record.get("checkpoints_dir") or layout.output("checkpoints"))
     return {
         "record": {k: record.get(k) for k in ("run_id", "commit", "host", "node_rank", "num_nodes",
                                                 "gpus_per_node", "runtime", "smoke", "image",
@@ -39,11 +40,11 @@ def collect(node_dir: Path) -> dict:
         "supervisor_alive": alive,
         "last_row": rows[-1] if rows else None,
         "recent_step_seconds": [float(r["step_s"]) for r in rows[-RECENT_ROWS:] if r.get("step_s")],
-        "total_steps": _total_steps(record.get("params") or {}, code / "data" / "manifest.json"),
-        "steps_per_epoch": _steps_per_epoch(record.get("params") or {}, code / "data" / "manifest.json"),
+        "total_steps": _total_steps(record.get("params") or {}, manifest),
+        "steps_per_epoch": _steps_per_epoch(record.get("params") or {}, manifest),
         "latest_checkpoint": _latest_checkpoint(checkpoints),
-        "summary": read_json(code / "metrics" / "train.json"),
-        "smoke": read_json(node_dir / "smoke.json"),
+        "summary": read_json(layout.output("metrics/train.json")),
+        "smoke": read_json(layout.smoke_result),
         "host_time": time.time(),
     }
 
@@ -168,11 +169,9 @@ def _duration(seconds: float) -> str:
 
 
 def main(argv: Optional[list] = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m clipforge.remote.status NODE_DIR", file=sys.stderr)
-        return 2
-    print(json.dumps(collect(Path(args[0]).resolve())))
+    parser = argparse.ArgumentParser(prog="python -m clipforge.launcher.host.status")
+    parser.add_argument("node_dir", type=node_dir_argument, metavar="NODE_DIR")
+    print(json.dumps(collect(parser.parse_args(argv).node_dir)))
     return 0
 
 

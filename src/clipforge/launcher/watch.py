@@ -8,19 +8,20 @@ import time
 from decimal import Decimal
 from typing import Callable, Optional
 
-from clipforge.remote import status as status_mod
-from clipforge.remote.errors import RemoteError
-from clipforge.remote.layout import NodeLayout, current_marker
-from clipforge.remote.session import Host, read_remote_json, remote_python
-from clipforge.remote.settings import Settings
-from clipforge.remote.shell import probe, q, run
-from clipforge.remote.supervisor import TERMINAL_STATES
+from clipforge.launcher import LauncherError
+from clipforge.launcher.commands import (container_prefix, docker_cleanup_argv, docker_run_argv,
+                                         run_container)
+from clipforge.launcher.connection import join, probe, q, run
+from clipforge.launcher.host import status as status_mod
+from clipforge.launcher.host import supervisor
+from clipforge.launcher.host.run_dirs import NODE_PREFIX, NodeLayout, current_marker, runs_dir
+from clipforge.launcher.session import Host, Settings, read_remote_json, remote_python, uid_gid
 
 Say = Callable[[str], None]
 
 
 def collect(host: Host, layout: NodeLayout, settings: Settings) -> dict:
-    result = run(host.cxn, remote_python(host, settings, layout, "status", layout.node_dir),
+    result = run(host.cxn, remote_python(settings, layout, "status", layout.node_dir),
                  what="reading the run's status")
     return json.loads(result.stdout)
 
@@ -61,10 +62,10 @@ def stop(nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say) -> 
     """Ask every node to checkpoint and exit; wait until they have; show the checkpoint."""
     for host, layout in nodes:
         state = read_remote_json(host, layout.state) or {}
-        if state.get("state") in TERMINAL_STATES:
+        if state.get("state") in supervisor.TERMINAL_STATES:
             say(f"{host.label}: run {layout.run_id} already {state['state']}")
             continue
-        run(host.cxn, remote_python(host, settings, layout, "supervisor", "stop", layout.node_dir),
+        run(host.cxn, remote_python(settings, layout, "supervisor", "stop", layout.node_dir),
             what="asking the supervisor to stop")
         say(f"{host.label}: stop requested; waiting for the checkpoint (up to "
             f"{settings.stop_timeout_seconds:g}s)")
@@ -75,8 +76,8 @@ def stop(nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say) -> 
             if not info["supervisor_alive"]:
                 break
             if time.monotonic() > deadline:
-                raise RemoteError(f"{host.label}: the run did not stop within "
-                                  f"{settings.stop_timeout_seconds:g}s; see `fab logs`")
+                raise LauncherError(f"{host.label}: the run did not stop within "
+                                    f"{settings.stop_timeout_seconds:g}s; see `fab logs`")
             time.sleep(1)
         checkpoint = info.get("latest_checkpoint")
         say(f"{host.label}: {info['state'].get('state')}; latest checkpoint: "
@@ -89,25 +90,22 @@ def tensorboard(host: Host, layout: NodeLayout, settings: Settings, local_port: 
                 say: Say) -> None:
     """TensorBoard on the host for this run's logs, reached through an SSH port-forward. Blocks
     until interrupted, then stops that TensorBoard."""
-    record = read_remote_json(host, posixpath.join(layout.run_dir, "run.json")) or {}
+    record = read_remote_json(host, layout.record) or {}
     free = run(host.cxn, f"{q(settings.python)} -c 'import socket; s=socket.socket(); "
                          f"s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'",
                what="finding a free port").stdout.strip()
     remote_port = int(free)
     logdir = layout.output("logs")
-    name = f"clipforge-{layout.run_id}-tensorboard"
+    serve = ["--logdir", logdir, "--host", "127.0.0.1", "--port", str(remote_port)]
     if record.get("runtime") == "docker":
-        user = run(host.cxn, "echo $(id -u):$(id -g)", what="id").stdout.strip()
-        start = (f"docker run -d --rm --name {q(name)} --network host --user {q(user)} "
-                 f"--volume {q(layout.run_dir)}:{q(layout.run_dir)}:ro {q(record['image'])} "
-                 f"tensorboard --logdir {q(logdir)} --host 127.0.0.1 --port {remote_port}")
-        stop_cmd = f"docker rm --force {q(name)}"
+        spec = run_container(record["image"], layout, "tensorboard", user=uid_gid(host),
+                             shm_size=settings.shm_size, read_only=True, detach=True)
+        start = join(docker_run_argv(spec, ["tensorboard", *serve]))
+        stop_cmd = join(docker_cleanup_argv(spec.name))
     else:
-        pid_file = posixpath.join(layout.node_dir, "tensorboard.pid")
-        start = (f"setsid nohup {q(settings.python)} -m tensorboard.main --logdir {q(logdir)} "
-                 f"--host 127.0.0.1 --port {remote_port} > "
-                 f"{q(posixpath.join(layout.node_dir, 'tensorboard.log'))} 2>&1 < /dev/null & "
-                 f"echo $! > {q(pid_file)}")
+        pid_file = layout.tensorboard_pid
+        start = (f"setsid nohup {join([settings.python, '-m', 'tensorboard.main', *serve])} > "
+                 f"{q(layout.tensorboard_log)} 2>&1 < /dev/null & echo $! > {q(pid_file)}")
         # setsid made TensorBoard a process group leader: its data server goes with it.
         stop_cmd = f"kill -- -$(cat {q(pid_file)}) && rm -f {q(pid_file)}"
     run(host.cxn, f"mkdir -p {q(logdir)}", what="creating the logs directory")
@@ -150,19 +148,18 @@ def _block_until_interrupted() -> None:
 def clean(host: Host, settings: Settings, run_ids: list[str], say: Say) -> None:
     """Remove runs from the host (code, checkpoints, logs); never a running one."""
     for run_id in run_ids:
-        run_dir = posixpath.join(host.root, "runs", run_id)
-        nodes = probe(host.cxn, f"ls -d {q(run_dir)}/node-* 2>/dev/null").stdout.split()
+        run_dir = posixpath.join(runs_dir(host.root), run_id)
+        nodes = probe(host.cxn, f"ls -d {q(run_dir)}/{NODE_PREFIX}* 2>/dev/null").stdout.split()
         for node_dir in nodes:
-            layout = NodeLayout(root=host.root, run_id=run_id,
-                                node_rank=int(node_dir.rsplit("-", 1)[1]))
+            layout = NodeLayout.of_node_dir(node_dir)
             state = read_remote_json(host, layout.state) or {}
             pid = state.get("supervisor_pid")
-            if pid and probe(host.cxn, f"grep -qs clipforge.remote.supervisor /proc/{int(pid)}/cmdline "
+            if pid and probe(host.cxn, f"grep -qs {supervisor.MODULE} /proc/{int(pid)}/cmdline "
                                        f"&& grep -qs {q(node_dir)} /proc/{int(pid)}/cmdline").ok:
-                raise RemoteError(f"{host.label}: run {run_id} is running; `fab stop --run "
-                                  f"{run_id}` first")
+                raise LauncherError(f"{host.label}: run {run_id} is running; `fab stop --run "
+                                    f"{run_id}` first")
         probe(host.cxn, f"command -v docker >/dev/null && docker ps -aq --filter "
-                        f"name=clipforge-{q(run_id)} | xargs -r docker rm --force")
+                        f"name={q(container_prefix(run_id))} | xargs -r docker rm --force")
         run(host.cxn, f"rm -rf {q(run_dir)}", what=f"removing {run_dir}")
         marker = current_marker(host.root)
         probe(host.cxn, f"[ \"$(cat {q(marker)} 2>/dev/null)\" = {q(run_id)} ] && rm -f {q(marker)}")
@@ -170,5 +167,5 @@ def clean(host: Host, settings: Settings, run_ids: list[str], say: Say) -> None:
 
 
 def all_runs(host: Host) -> list[str]:
-    result = probe(host.cxn, f"ls {q(posixpath.join(host.root, 'runs'))} 2>/dev/null")
+    result = probe(host.cxn, f"ls {q(runs_dir(host.root))} 2>/dev/null")
     return sorted(result.stdout.split())

@@ -13,16 +13,19 @@ from pathlib import Path
 from typing import Callable
 
 from clipforge.fsutil import replace_dir_atomically
-from clipforge.remote.commands import IMAGE_PYTHON, DockerSpec, docker_run_argv
-from clipforge.remote.errors import RemoteError
-from clipforge.remote.layout import NodeLayout
-from clipforge.remote.session import Host, read_remote_json
-from clipforge.remote.settings import Settings
-from clipforge.remote.shell import join, probe, q, run
+from clipforge.launcher import LauncherError
+from clipforge.launcher.commands import IMAGE_PYTHON, docker_run_argv, run_container
+from clipforge.launcher.connection import join, probe, q, run
+from clipforge.launcher.host.run_dirs import NodeLayout
+from clipforge.launcher.session import Host, Settings, read_remote_json, uid_gid
 
 RESULTS = ("metrics", "models/clip", "logs")  # inside the DVC workspace, written by rank 0
-NODE_FILES = ("train.log", "supervisor.log", "state.json", "plan.json", "smoke.json")
-RUN_FILES = ("run.json", "params.resolved.yaml")
+
+
+def _node_files(layout: NodeLayout) -> tuple[str, ...]:
+    """The node's record, state and logs, and the run's record and params."""
+    return (layout.train_log, layout.supervisor_log, layout.state, layout.plan, layout.smoke_result,
+            layout.record, layout.resolved_params)
 
 
 def fetch(nodes: list[tuple[Host, NodeLayout]], destination: Path, say: Callable[[str], None]) -> Path:
@@ -30,10 +33,8 @@ def fetch(nodes: list[tuple[Host, NodeLayout]], destination: Path, say: Callable
     target = destination / run_id
     with replace_dir_atomically(target) as tmp:
         for host, layout in nodes:
-            picks = [(posixpath.join(layout.node_dir, f), f"node-{layout.node_rank}/{f}")
-                     for f in NODE_FILES]
-            picks += [(posixpath.join(layout.run_dir, f), f"node-{layout.node_rank}/{f}")
-                      for f in RUN_FILES]
+            picks = [(path, f"node-{layout.node_rank}/{posixpath.basename(path)}")
+                     for path in _node_files(layout)]
             if layout.node_rank == 0:
                 picks += [(layout.output(name), name) for name in RESULTS]
             _copy_home(host, picks, tmp)
@@ -62,7 +63,7 @@ def _copy_home(host: Host, picks: list[tuple[str, str]], into: Path) -> None:
                     for member in archive.getmembers():
                         if member.name.startswith("/") or ".." in Path(member.name).parts or \
                                 member.issym() or member.islnk():
-                            raise RemoteError(f"unsafe path in the results archive: {member.name}")
+                            raise LauncherError(f"unsafe path in the results archive: {member.name}")
                     archive.extractall(into)
     finally:
         probe(host.cxn, f"rm -f {q(remote_tar)}")
@@ -73,10 +74,8 @@ def push(host: Host, layout: NodeLayout, settings: Settings, say: Callable[[str]
     remote configured in the commit, where a later `dvc pull` anywhere finds them."""
     record = read_remote_json(host, layout.record) or {}
     if record.get("runtime") == "docker":
-        user = run(host.cxn, "echo $(id -u):$(id -g)", what="id").stdout.strip()
-        spec = DockerSpec(image=record["image"], name=f"clipforge-{layout.run_id}-push", gpus=0,
-                          user=user, run_dir=layout.run_dir, workdir=layout.code, home=layout.home,
-                          shm_size="1g")
+        spec = run_container(record["image"], layout, "push", user=uid_gid(host),
+                             shm_size=settings.shm_size)
         command = join(docker_run_argv(spec, [IMAGE_PYTHON, "-m", "dvc", "push"]))
     else:
         bin_dir = posixpath.dirname(settings.python)

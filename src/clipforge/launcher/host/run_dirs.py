@@ -7,16 +7,22 @@
   <root>/runs/<run>/checkpoints/       multi-node only: every node's shards (root on shared storage)
   <root>/runs/<run>/node-<rank>/code/  the git checkout at the run's commit: the DVC workspace,
                                        with data/ checkpoints/ logs/ metrics/ models/ inside
-  <root>/runs/<run>/node-<rank>/{plan.json,state.json,supervisor.pid,train.log,supervisor.log,stop}
+  <root>/runs/<run>/node-<rank>/{plan.json,state.json,supervisor.pid,train.log,supervisor.log,stop,
+                                smoke.json,tensorboard.pid,tensorboard.log}
+  <root>/runs/<run>/node-<rank>/home/  HOME inside the container (docker runtime)
 
-Standard library only (see clipforge.remote).
+Every path of a node is a property of its NodeLayout: nothing else spells these names.
 """
 from __future__ import annotations
 
+import argparse
+import os
 import posixpath
 from dataclasses import dataclass
 
 CURRENT = "current"
+RUNS = "runs"
+NODE_PREFIX = "node-"
 
 
 @dataclass(frozen=True)
@@ -25,13 +31,25 @@ class NodeLayout:
     run_id: str
     node_rank: int
 
+    @classmethod
+    def of_node_dir(cls, node_dir: str) -> "NodeLayout":
+        """The layout whose node_dir this is; ValueError unless it reads <root>/runs/<run>/node-<rank>."""
+        run_dir, node = posixpath.split(posixpath.normpath(node_dir))
+        runs_dir, run_id = posixpath.split(run_dir)
+        root, runs = posixpath.split(runs_dir)
+        rank = node[len(NODE_PREFIX):]
+        if runs != RUNS or not run_id or not node.startswith(NODE_PREFIX) or not rank.isdigit():
+            raise ValueError(f"{node_dir}: not a node directory of a run "
+                             f"(<root>/{RUNS}/<run>/{NODE_PREFIX}<rank>)")
+        return cls(root=root, run_id=run_id, node_rank=int(rank))
+
     @property
     def run_dir(self) -> str:
-        return posixpath.join(self.root, "runs", self.run_id)
+        return posixpath.join(runs_dir(self.root), self.run_id)
 
     @property
     def node_dir(self) -> str:
-        return posixpath.join(self.run_dir, f"node-{self.node_rank}")
+        return posixpath.join(self.run_dir, f"{NODE_PREFIX}{self.node_rank}")
 
     @property
     def code(self) -> str:
@@ -78,6 +96,18 @@ class NodeLayout:
         return posixpath.join(self.node_dir, "stop")
 
     @property
+    def smoke_result(self) -> str:
+        return posixpath.join(self.node_dir, "smoke.json")
+
+    @property
+    def tensorboard_pid(self) -> str:
+        return posixpath.join(self.node_dir, "tensorboard.pid")
+
+    @property
+    def tensorboard_log(self) -> str:
+        return posixpath.join(self.node_dir, "tensorboard.log")
+
+    @property
     def home(self) -> str:
         """HOME inside the container (docker runtime): caches survive restarts of the run."""
         return posixpath.join(self.node_dir, "home")
@@ -89,3 +119,16 @@ class NodeLayout:
 
 def current_marker(root: str) -> str:
     return posixpath.join(root, CURRENT)
+
+
+def runs_dir(root: str) -> str:
+    """One directory per run launched on the host, named by the run's id."""
+    return posixpath.join(root, RUNS)
+
+
+def node_dir_argument(value: str) -> NodeLayout:
+    """The NODE_DIR argument of the host-side commands (argparse `type`), the path resolved."""
+    try:
+        return NodeLayout.of_node_dir(os.path.realpath(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -1,8 +1,12 @@
 """Keeps one node's run going, detached from the SSH session that started it.
 
-  python -m clipforge.remote.supervisor launch NODE_DIR   start a detached supervisor (secrets on stdin)
-  python -m clipforge.remote.supervisor run NODE_DIR      the supervisor itself (what `launch` starts)
-  python -m clipforge.remote.supervisor stop NODE_DIR     ask it to stop the run gracefully
+  python -m clipforge.launcher.host.supervisor launch|run|stop NODE_DIR
+
+  launch  start a detached supervisor (secrets on stdin)
+  run     the supervisor itself (what `launch` starts)
+  stop    ask it to stop the run gracefully
+
+NODE_DIR is <root>/runs/<run>/node-<rank>, as clipforge.launcher.host.run_dirs lays it out.
 
 The supervisor runs the phases of NODE_DIR/plan.json in order. A phase that exits non-zero (a
 crash, a GPU falling off the bus, an OOM kill) is started again after a back-off delay, up to
@@ -14,11 +18,10 @@ Detached = a new session (setsid) with no terminal and stdin/stdout away from th
 closing the connection sends it nothing. It makes itself a child subreaper, so processes orphaned
 by a crashed attempt (ranks, loader workers) are reaped here even where PID 1 does not reap (a
 container running `sleep infinity`), and an attempt is over only when its whole process group is.
-
-Standard library only (see clipforge.remote).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -28,51 +31,45 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from clipforge.remote.plan import PASSTHROUGH_ENV, Phase, Plan
+from clipforge.fsutil import atomic_write_text
+from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
+from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 
+MODULE = "clipforge.launcher.host.supervisor"  # as `python -m` runs it: how its process is found
 POLL_SECONDS = 0.5
 REMNANT_GRACE_SECONDS = 30.0  # after an attempt ended, leftovers get this long before SIGKILL
 MAX_EXITS_KEPT = 50
 TERMINAL_STATES = ("finished", "stopped", "failed")
 
 
-def write_json_atomically(path: Path, value: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Optional[dict]:
+def read_json(path: str | Path) -> Optional[dict]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 
 
-def supervisor_pid(node_dir: Path) -> Optional[int]:
+def supervisor_pid(layout: NodeLayout) -> Optional[int]:
     """The pid of this node's live supervisor, or None (a stale pid file is not a live one)."""
     try:
-        pid = int((node_dir / "supervisor.pid").read_text().strip())
+        pid = int(Path(layout.pid_file).read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return None
-    if b"clipforge.remote.supervisor" in cmdline and str(node_dir).encode() in cmdline:
+    if MODULE.encode() in cmdline and layout.node_dir.encode() in cmdline:
         return pid
     return None
 
 
 class Supervisor:
-    def __init__(self, node_dir: Path):
-        self.node_dir = node_dir
-        self.plan = Plan.from_json((node_dir / "plan.json").read_text(encoding="utf-8"))
-        self.state_path = node_dir / "state.json"
-        self.log_path = node_dir / "train.log"
-        self.stop_path = node_dir / "stop"
+    def __init__(self, layout: NodeLayout):
+        self.layout = layout
+        self.plan = Plan.from_json(Path(layout.plan).read_text(encoding="utf-8"))
         self.signalled = False
-        previous = read_json(self.state_path) or {}
+        previous = read_json(layout.state) or {}
         # A supervisor started again on the same node (`fab train --resume`) keeps the count.
         self.state = {
             "state": "starting", "phase": None, "attempt": 0,
@@ -87,17 +84,17 @@ class Supervisor:
     # -- state -------------------------------------------------------------------------------
     def _set(self, **changes) -> None:
         self.state.update(changes, updated_at=time.time())
-        write_json_atomically(self.state_path, self.state)
+        atomic_write_text(self.layout.state, json.dumps(self.state, indent=2) + "\n")
 
     def _log(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         line = f"=== clipforge supervisor {stamp}: {message} ==="
         print(line, flush=True)  # supervisor.log
-        with open(self.log_path, "a", encoding="utf-8") as log:  # and the run's own log
+        with open(self.layout.train_log, "a", encoding="utf-8") as log:  # and the run's own log
             log.write(line + "\n")
 
     def stop_requested(self) -> bool:
-        return self.signalled or self.stop_path.exists()
+        return self.signalled or os.path.exists(self.layout.stop_request)
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -105,7 +102,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        (self.node_dir / "supervisor.pid").write_text(f"{os.getpid()}\n")
+        atomic_write_text(self.layout.pid_file, f"{os.getpid()}\n")
         self._set(state="starting")
         for phase in self.plan.phases:
             outcome = self._run_phase(phase)
@@ -157,7 +154,7 @@ class Supervisor:
         self._log(f"phase {phase.name} attempt {attempt}: {' '.join(phase.argv)}")
         env = dict(os.environ, **phase.env)
         self._child_status = None
-        with open(self.log_path, "ab") as log:
+        with open(self.layout.train_log, "ab") as log:
             child = subprocess.Popen(phase.argv, cwd=phase.cwd, env=env, stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._set(state="running", phase=phase.name, attempt=attempt, child_pid=child.pid,
@@ -165,7 +162,7 @@ class Supervisor:
         group = child.pid  # a new session: the child leads its own process group
         stop_deadline = None
         while self._child_status is None:
-            self._reap(child)
+            self._reap(child.pid)
             if self._child_status is not None:
                 break
             if stop_deadline is None and self.stop_requested():
@@ -199,7 +196,7 @@ class Supervisor:
         else:
             _signal_group(group, signal.SIGINT)
 
-    def _reap(self, child: subprocess.Popen) -> None:
+    def _reap(self, attempt_pid: Optional[int] = None) -> None:
         """Collect every exited child (orphans come to us as subreaper); note the attempt's own."""
         while True:
             try:
@@ -208,26 +205,17 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            if pid == child.pid:
+            if pid == attempt_pid:
                 self._child_status = status
 
     def _wait_group_gone(self, group: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while _group_alive(group):
-            self._reap_orphans()
+            self._reap()
             if time.monotonic() > deadline:
                 _signal_group(group, signal.SIGKILL)
                 deadline = time.monotonic() + REMNANT_GRACE_SECONDS
             time.sleep(POLL_SECONDS / 5)
-
-    def _reap_orphans(self) -> None:
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
 
     def _sleep(self, seconds: float) -> bool:
         """Sleep unless a stop is requested; False when it was."""
@@ -235,7 +223,7 @@ class Supervisor:
         while time.monotonic() < deadline:
             if self.stop_requested():
                 return False
-            self._reap_orphans()
+            self._reap()
             time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
         return not self.stop_requested()
 
@@ -286,33 +274,31 @@ def _become_subreaper() -> None:
 
 
 # -- commands ------------------------------------------------------------------------------------
-def launch(node_dir: Path) -> int:
+def launch(layout: NodeLayout) -> int:
     """Start `run` detached; secrets arrive as a JSON object on stdin (never via argv or a file)."""
-    if supervisor_pid(node_dir) is not None:
-        print(f"a supervisor is already running for {node_dir}", file=sys.stderr)
+    if supervisor_pid(layout) is not None:
+        print(f"a supervisor is already running for {layout.node_dir}", file=sys.stderr)
         return 3
     secrets = json.loads(sys.stdin.read() or "{}")
     unknown = sorted(set(secrets) - set(PASSTHROUGH_ENV))
     if unknown:
         print(f"refusing to pass unknown environment variables: {unknown}", file=sys.stderr)
         return 2
-    (node_dir / "stop").unlink(missing_ok=True)
+    Path(layout.stop_request).unlink(missing_ok=True)
     env = dict(os.environ, **secrets)
-    with open(node_dir / "supervisor.log", "ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "clipforge.remote.supervisor", "run",
-                                    str(node_dir)], env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-    (node_dir / "supervisor.pid").write_text(f"{process.pid}\n")
+    with open(layout.supervisor_log, "ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", MODULE, "run", layout.node_dir], env=env,
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True, close_fds=True)
+    atomic_write_text(layout.pid_file, f"{process.pid}\n")
     print(json.dumps({"supervisor_pid": process.pid}))
     return 0
 
 
-def stop(node_dir: Path) -> int:
+def stop(layout: NodeLayout) -> int:
     """Ask for a graceful stop; prints whether a supervisor was there to hear it."""
-    tmp = node_dir / ".stop.tmp"
-    tmp.write_text(f"{time.time()}\n")
-    os.replace(tmp, node_dir / "stop")
-    pid = supervisor_pid(node_dir)
+    atomic_write_text(layout.stop_request, f"{time.time()}\n")
+    pid = supervisor_pid(layout)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)  # wakes it now rather than at its next poll
     print(json.dumps({"supervisor_pid": pid}))
@@ -320,17 +306,16 @@ def stop(node_dir: Path) -> int:
 
 
 def main(argv: Optional[list] = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] not in ("launch", "run", "stop"):
-        print("usage: python -m clipforge.remote.supervisor launch|run|stop NODE_DIR", file=sys.stderr)
-        return 2
-    node_dir = Path(args[1]).resolve()
-    if args[0] == "launch":
-        return launch(node_dir)
-    if args[0] == "stop":
-        return stop(node_dir)
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
+    parser.add_argument("command", choices=("launch", "run", "stop"))
+    parser.add_argument("node_dir", type=node_dir_argument, metavar="NODE_DIR")
+    args = parser.parse_args(argv)
+    if args.command == "launch":
+        return launch(args.node_dir)
+    if args.command == "stop":
+        return stop(args.node_dir)
     sys.stdout = os.fdopen(sys.stdout.fileno(), "w", buffering=1)
-    return Supervisor(node_dir).run()
+    return Supervisor(args.node_dir).run()
 
 
 if __name__ == "__main__":

@@ -8,26 +8,42 @@ import sys
 import time
 from pathlib import Path
 
-from clipforge.remote.plan import Phase, Plan, RestartPolicy
+from clipforge.launcher.host.plan import Phase, Plan, RestartPolicy
+from clipforge.launcher.host.run_dirs import NodeLayout
+from clipforge.launcher.host.supervisor import MODULE
 from tests.conftest import REPO
-from tests.remote.hostprocs import processes_under
+from tests.launcher.hostprocs import processes_under
 
 
-def _supervise(node: Path, *phases: Phase, max_restarts: int = 3, wait: bool = True):
-    node.mkdir(parents=True, exist_ok=True)
+def _node(root: Path) -> NodeLayout:
+    """The one node of a run under `root`; the phases' shell commands work in `root` itself."""
+    return NodeLayout(root=str(root), run_id="run", node_rank=0)
+
+
+def _supervisor(command: str, root: Path, **kwargs):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    return subprocess.Popen([sys.executable, "-m", MODULE, command, _node(root).node_dir], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+
+
+def _supervise(root: Path, *phases: Phase, max_restarts: int = 3, wait: bool = True):
+    node = _node(root)
+    Path(node.node_dir).mkdir(parents=True, exist_ok=True)
     policy = RestartPolicy(max_restarts=max_restarts, backoff_seconds=0.1, backoff_max_seconds=0.2,
                            stop_timeout_seconds=30)
-    (node / "plan.json").write_text(Plan(phases=list(phases), policy=policy).to_json())
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    process = subprocess.Popen([sys.executable, "-m", "clipforge.remote.supervisor", "run", str(node)],
-                               env=env, cwd=node, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    Path(node.plan).write_text(Plan(phases=list(phases), policy=policy).to_json())
+    process = _supervisor("run", root, cwd=node.node_dir)
     if wait:
         process.wait(timeout=120)
     return process
 
 
-def _state(node: Path) -> dict:
-    return json.loads((node / "state.json").read_text())
+def _state(root: Path) -> dict:
+    return json.loads(Path(_node(root).state).read_text())
+
+
+def _log(root: Path) -> str:
+    return Path(_node(root).train_log).read_text()
 
 
 def _sh(name: str, script: str, cwd: Path, restartable: bool = True) -> Phase:
@@ -42,7 +58,7 @@ def test_failed_phase_is_restarted_until_it_succeeds(tmp_path):
     assert process.returncode == 0 and state["state"] == "finished"
     assert state["restarts"] == 2 and [e["code"] for e in state["exits"]] == [1, 1]
     assert (tmp_path / "done").exists()
-    log = (tmp_path / "train.log").read_text()
+    log = _log(tmp_path)
     assert "restart 1/3" in log and "restart 2/3" in log
 
 
@@ -52,7 +68,7 @@ def test_gives_up_after_max_restarts(tmp_path):
     state = _state(tmp_path)
     assert process.returncode == 1 and state["state"] == "failed"
     assert state["restarts"] == 2 and len(state["exits"]) == 3
-    assert "giving up" in (tmp_path / "train.log").read_text()
+    assert "giving up" in _log(tmp_path)
 
 
 def test_stop_request_interrupts_the_phase_and_restarts_nothing(tmp_path):
@@ -62,9 +78,7 @@ def test_stop_request_interrupts_the_phase_and_restarts_nothing(tmp_path):
     process = _supervise(tmp_path, _sh("train", script, tmp_path), _sh("after", "touch after", tmp_path),
                          wait=False)
     _wait_for(lambda: (tmp_path / "started").exists())
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    subprocess.run([sys.executable, "-m", "clipforge.remote.supervisor", "stop", str(tmp_path)],
-                   env=env, check=True, capture_output=True)
+    assert _supervisor("stop", tmp_path).wait(timeout=60) == 0
     process.wait(timeout=60)
     state = _state(tmp_path)
     assert process.returncode == 0 and state["state"] == "stopped" and state["restarts"] == 0
@@ -82,6 +96,15 @@ def test_leftovers_of_a_crashed_attempt_are_killed_before_the_restart(tmp_path):
     assert processes_under(tmp_path / "leftover") == []
 
 
+def test_a_directory_that_is_no_run_node_is_refused(tmp_path):
+    """NODE_DIR must read <root>/runs/<run>/node-<rank>: anything else is refused, saying so."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    result = subprocess.run([sys.executable, "-m", MODULE, "run", str(tmp_path)], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "runs/<run>/node-<rank>" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_backoff_doubles_up_to_its_cap():
     """Delays before restarts 1, 2, 3, 4: 30 s doubling each time, never above the cap."""
     policy = RestartPolicy(max_restarts=5, backoff_seconds=30, backoff_max_seconds=100,
@@ -89,7 +112,8 @@ def test_backoff_doubles_up_to_its_cap():
     assert [policy.delay_before(n) for n in (1, 2, 3, 4)] == [30, 60, 100, 100]
 
 
-def _wait_for(predicate, timeout: float = 30) -> None:
+def _wait_for(predicate, timeout: float = 120) -> None:
+    """Poll until predicate() holds (a safety limit, not a speed assertion)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 from fabric import Connection
 
-from clipforge.remote.shell import probe, q
+from clipforge.launcher.connection import probe, q
 
 OK, FAIL, SKIP = "ok", "FAIL", "skip"
 
@@ -111,8 +111,9 @@ def _image(cxn: Connection, spec: CheckSpec) -> Row:
         return Row("image", OK, f"{spec.image} present")
     if probe(cxn, f"docker manifest inspect {q(spec.image)}").ok:
         return Row("image", OK, f"{spec.image} pullable")
-    return Row("image", FAIL, f"{spec.image} neither present nor pullable: push it (make -C docker "
-                              f"push), `docker login` on the host, or load it with docker load")
+    return Row("image", FAIL, f"{spec.image} neither present nor pullable: push it (`make "
+                              f"image-push REGISTRY=...` in the project), `docker login` on the "
+                              f"host, or load it with `docker load`")
 
 
 def _python_env(cxn: Connection, spec: CheckSpec) -> Row:

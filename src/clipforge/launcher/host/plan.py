@@ -1,8 +1,8 @@
 """What the supervisor runs on one node: phases in order, and the restart policy.
 
-Written by the launcher as <node>/plan.json, read by clipforge.remote.supervisor on the host.
-It never holds secrets: those reach the supervisor through its environment only (see
-clipforge.remote.supervisor `launch`). Standard library only (see clipforge.remote).
+Written by the launcher as <node>/plan.json, read by clipforge.launcher.host.supervisor on the
+host. It never holds secrets: those reach the supervisor through its environment only (see the
+supervisor's `launch`).
 """
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
 # Environment variables passed from the laptop to the run when set there; values are never written
-# to a file, a log or a command line.
-PASSTHROUGH_ENV = ("CLIPFORGE_ALERT_WEBHOOKS",)
+# to a file, a log or a command line. The alert webhooks are secrets; the faults
+# (clipforge.train.faults) let a failure path be tried on a real host.
+PASSTHROUGH_ENV = ("CLIPFORGE_ALERT_WEBHOOKS", "CLIPFORGE_FAULTS")
 
 
 @dataclass

@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from clipforge.remote.errors import RemoteError
+from clipforge.launcher import LauncherError
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,11 @@ class Source:
 def current_source(start: Path) -> Source:
     top = _git(start, "rev-parse", "--show-toplevel", check=False)
     if top.returncode != 0:
-        raise RemoteError(f"{start}: not inside a git repository; run fab from a clone of the project")
+        raise LauncherError(f"{start}: not inside a git repository; run fab from a clone of the project")
     root = Path(top.stdout.strip())
     head = _git(root, "rev-parse", "--verify", "HEAD", check=False)
     if head.returncode != 0:
-        raise RemoteError(f"{root}: no commit yet; commit the code to ship it")
+        raise LauncherError(f"{root}: no commit yet; commit the code to ship it")
     status = _git(root, "status", "--porcelain", "--untracked-files=normal")
     return Source(root=root, commit=head.stdout.strip(), dirty=status.stdout.splitlines())
 
@@ -39,9 +39,9 @@ def current_source(start: Path) -> Source:
 def require_clean(source: Source, allow_dirty: bool) -> None:
     if source.dirty and not allow_dirty:
         shown = "\n  ".join(source.dirty[:10]) + ("\n  ..." if len(source.dirty) > 10 else "")
-        raise RemoteError(f"the working tree has changes that are not committed:\n  {shown}\n"
-                          f"a run ships commit {source.commit[:10]} only: commit (or stash) them, or "
-                          f"pass --allow-dirty to ship the commit without them")
+        raise LauncherError(f"the working tree has changes that are not committed:\n  {shown}\n"
+                            f"a run ships commit {source.commit[:10]} only: commit (or stash) them, or "
+                            f"pass --allow-dirty to ship the commit without them")
 
 
 def write_bundle(source: Source, path: Path) -> None:
@@ -52,7 +52,7 @@ def _git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
     try:
         result = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
     except FileNotFoundError:
-        raise RemoteError("git is not installed here; the launcher ships code with git") from None
+        raise LauncherError("git is not installed here; the launcher ships code with git") from None
     if check and result.returncode != 0:
-        raise RemoteError(f"git {' '.join(args)} failed: {result.stderr.strip()}")
+        raise LauncherError(f"git {' '.join(args)} failed: {result.stderr.strip()}")
     return result

@@ -1,9 +1,9 @@
 """Bad hosts, keys and launches: a clear error, a non-zero exit, nothing left running."""
 from __future__ import annotations
 
-from tests.remote.conftest import SMALL_SETS, git, make_fab, set_args
-from tests.remote.hostprocs import processes_under
-from tests.remote.sshd import free_port, keygen
+from tests.launcher.conftest import SMALL_SETS, git, make_fab, set_args
+from tests.launcher.hostprocs import processes_under
+from tests.launcher.sshd import free_port, keygen
 
 
 def _train(fab, sshd, *args, **kwargs):

@@ -1,0 +1,16 @@
+"""What the Fabric tasks (fabfile.py) call: launch, watch, stop and recover runs on GPU hosts.
+
+Two sides:
+- the laptop side builds commands and drives hosts over SSH (connection, session, preflight,
+  source, launch, watch, fetch); it holds no training logic, it runs `dvc exp run` / DeepSpeed's
+  launcher;
+- clipforge.launcher.host is what runs on the GPU host (plan, run directories, supervisor, status,
+  smoke), standard library only.
+
+Standard library only here too: importing the host side imports this package first.
+"""
+
+
+class LauncherError(RuntimeError):
+    """A problem the user can fix (bad option, unreachable host, dirty tree...); the message says
+    what is wrong and what to do. The tasks print it as one line, without a traceback, and exit 1."""

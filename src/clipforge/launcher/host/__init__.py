@@ -1,0 +1,6 @@
+"""What runs on the GPU host: the plan, the run's directories, the supervisor, status, smoke check.
+
+Standard library only (tests/launcher/test_host_imports.py holds it to that): on a docker-runtime
+host these modules run under the host's own python3, outside the training image, with nothing
+but the run's checkout on PYTHONPATH.
+"""

@@ -1,0 +1,110 @@
+"""The host side (clipforge.launcher.host) imports nothing outside the standard library.
+
+On a docker-runtime host it runs under the host's own python3, outside the training image, with
+only the run's checkout on PYTHONPATH: a third-party import there breaks every run on such hosts,
+and nothing else would notice until then. Checked twice: statically, through every import
+statement of every module the host side reaches (imports inside functions too), and by
+importing each host module in a Python that has no site-packages at all.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+SRC = REPO / "src"
+HOST_PACKAGE = "clipforge.launcher.host"
+# Project modules the host side may use: its own package, the packages that contain it (they run
+# first on import), and the atomic writes (clipforge.fsutil).
+ALLOWED_PROJECT = ("clipforge", "clipforge.fsutil", "clipforge.launcher", HOST_PACKAGE)
+
+
+def _module_file(name: str, src: Path) -> Path | None:
+    path = src.joinpath(*name.split("."))
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(name: str, src: Path) -> set[str]:
+    """Every module an import statement of module `name` names (`from a import b`: a, and a.b
+    when that is a module), plus the packages a module's import runs first."""
+    path = _module_file(name, src)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = {name.rsplit(".", depth)[0] for depth in range(1, name.count(".") + 1)}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names
+                      if _module_file(f"{base}.{alias.name}", src)}
+    return found
+
+
+def outside_imports(roots: list[str], src: Path, allowed: tuple[str, ...]) -> dict[str, set[str]]:
+    """module -> what it imports that is neither standard library nor allowed, over the closure
+    of `roots`' imports within `src`."""
+    problems: dict[str, set[str]] = {}
+    seen, todo = set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for imported in _imports(name, src):
+            top = imported.split(".")[0]
+            if top in sys.stdlib_module_names:
+                continue
+            if imported in allowed or imported.startswith(HOST_PACKAGE + "."):
+                todo.append(imported)
+            else:
+                problems.setdefault(name, set()).add(imported)
+    return problems
+
+
+def _host_modules() -> list[str]:
+    return sorted(f"{HOST_PACKAGE}.{path.stem}".removesuffix(".__init__")
+                  for path in SRC.joinpath(*HOST_PACKAGE.split(".")).glob("*.py"))
+
+
+def test_the_host_side_imports_only_the_standard_library_and_itself():
+    """Every import reachable from a host module is standard library, the host package, the
+    packages above it, or clipforge.fsutil (which holds to the same rule)."""
+    modules = _host_modules()
+    assert f"{HOST_PACKAGE}.supervisor" in modules and f"{HOST_PACKAGE}.status" in modules
+    assert outside_imports(modules, SRC, ALLOWED_PROJECT) == {}
+
+
+def test_the_check_catches_a_third_party_import(tmp_path):
+    """The same check on a host package with one `import yaml` (inside a function) names it, and
+    names a project module outside the allowed ones."""
+    host = tmp_path.joinpath(*HOST_PACKAGE.split("."))
+    host.mkdir(parents=True)
+    for package in (tmp_path / "clipforge", host.parent, host):
+        (package / "__init__.py").touch()
+    (host / "plan.py").write_text("import json\n\n\ndef load():\n    import yaml\n")
+    (host / "status.py").write_text("from clipforge.config import Config\n"
+                                    "from . import plan\n")
+    problems = outside_imports([f"{HOST_PACKAGE}.status"], tmp_path, ALLOWED_PROJECT)
+    assert problems == {f"{HOST_PACKAGE}.plan": {"yaml"},
+                        f"{HOST_PACKAGE}.status": {"clipforge.config"}}
+
+
+def test_every_host_module_imports_without_site_packages():
+    """`python -S` (no site-packages) with only src/ on the path imports every host module, as
+    the host's own python3 would with the run's checkout."""
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(SRC)}
+    script = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+    result = subprocess.run([sys.executable, "-S", "-c", script, *_host_modules()], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
