@@ -4,11 +4,13 @@ A section is a keyword-only dataclass deriving from `Section`; each field is dec
 `knob(default, doc, ge=..., le=...)`. Constructing a section checks every field's type and
 range and raises `ConfigError` naming `section.key` and what is allowed.
 """
+
 from __future__ import annotations
 
 import copy
 import dataclasses
 import math
+import types
 import typing
 from dataclasses import field
 from typing import Any, ClassVar, Literal, Union
@@ -21,7 +23,9 @@ class ConfigError(ValueError):
 def knob(default: Any, doc: str, **limits: Any) -> Any:
     """A documented config field. limits: ge, gt, le, lt (numbers), nonempty (strings/lists)."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc, **limits})
+        return field(
+            default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc, **limits}
+        )
     return field(default=default, metadata={"doc": doc, **limits})
 
 
@@ -35,13 +39,14 @@ class Section:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             key = f"{self.SECTION}.{f.name}"
-            object.__setattr__(self, f.name, _check_value(key, getattr(self, f.name),
-                                                          hints[f.name], f.metadata))
+            object.__setattr__(
+                self, f.name, _check_value(key, getattr(self, f.name), hints[f.name], f.metadata)
+            )
 
 
 def _check_value(key: str, value: Any, hint: Any, limits: Any) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Union:
+    if origin is Union or origin is types.UnionType:  # Optional[X] and X | None alike
         if value is None:
             if type(None) in args:
                 return None
@@ -87,8 +92,12 @@ def _check_value(key: str, value: Any, hint: Any, limits: Any) -> Any:
 
 
 def _check_range(key: str, value: float, limits: Any) -> None:
-    bad = (("ge" in limits and value < limits["ge"]) or ("gt" in limits and value <= limits["gt"])
-           or ("le" in limits and value > limits["le"]) or ("lt" in limits and value >= limits["lt"]))
+    bad = (
+        ("ge" in limits and value < limits["ge"])
+        or ("gt" in limits and value <= limits["gt"])
+        or ("le" in limits and value > limits["le"])
+        or ("lt" in limits and value >= limits["lt"])
+    )
     if bad:
         raise ConfigError(f"{key}: got {value!r}; must be{_range_text(limits)}")
 
