@@ -13,7 +13,7 @@ IMG2DATASET_VENV ?= .venv-img2dataset
 IMG2DATASET_STAMP := $(IMG2DATASET_VENV)/.clipforge-tool
 PYTEST_ARGS ?=
 
-.PHONY: help env img2dataset-env demo test clean-outputs
+.PHONY: help env img2dataset-env demo test lint format clean-outputs
 
 # make up / down / preview (Pulumi, infra/)
 include infra/infra.mk
@@ -21,6 +21,8 @@ include infra/infra.mk
 help:
 	@echo "make demo   - create .venv, run the pipeline (dvc repro) on the built-in dataset, show metrics"
 	@echo "make test   - create .venv and run the test suite"
+	@echo "make lint   - ruff check + ruff format --check (make test runs it first)"
+	@echo "make format - let ruff fix imports and formatting"
 	@echo "make env    - only create/refresh .venv"
 	@echo "make img2dataset-env - create .venv-img2dataset, the downloader of data.source: laion-parquet"
 
@@ -46,8 +48,19 @@ img2dataset-env: $(IMG2DATASET_STAMP)
 demo: env
 	source $(VENV)/bin/activate && dvc repro && dvc metrics show
 
-test: env img2dataset-env
+# Lint first: a style error fails `make test` in seconds, before the suite's minutes.
+test: env img2dataset-env lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+LINTED := src infra tests fabfile.py docker bench scripts
+
+lint: env
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+
+format: env
+	$(VENV)/bin/ruff check --fix $(LINTED)
+	$(VENV)/bin/ruff format $(LINTED)
 
 clean-outputs:
 	rm -rf data checkpoints models logs metrics

@@ -10,6 +10,7 @@ Hosts: `fab -H user@host[:port][,...] -i KEY <task>`, or without -H the workers 
 Settings (defaults below) come from Fabric's config: a fabric.yaml next to this file, or
 FABRIC_CLIPFORGE_<KEY> environment variables, e.g. FABRIC_CLIPFORGE_PYTHON=/opt/venv/bin/python.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,6 +46,7 @@ SETTINGS = {
 @dataclass(frozen=True)
 class Invocation:
     """What every task starts from."""
+
     config: Config  # Fabric's: the -i key, the ssh config, the `clipforge` section
     settings: Settings
     hosts: list[HostSpec]  # -H, in order (position = node rank); empty: the stack's workers
@@ -58,6 +60,7 @@ def all_hosts_task(name: str | None = None, **task_options):
     calls only note their host, and the body runs after them, once, in the task's post-task
     (Fabric runs post-tasks once, not per host). Without -H the one call notes no host.
     """
+
     def decorate(body):
         noted: list[tuple[HostSpec | None, dict]] = []
 
@@ -76,6 +79,7 @@ def all_hosts_task(name: str | None = None, **task_options):
                 raise Exit(f"fab {name or body.__name__}: error: {exc}", code=1) from None
 
         return task(note_host, name=name, post=[Task(act_on_all_hosts)], **task_options)
+
     return decorate
 
 
@@ -93,16 +97,20 @@ def _nodes(c: Invocation, run: str | None):
     return [(h, session.node_layout(h, i, run)) for i, h in enumerate(hosts)], stack
 
 
-@all_hosts_task(help={
-    "gpus": "GPUs the run will use per host (0: a CPU run; default: 1, or the stack's)",
-    "runtime": "docker (default on -H hosts) or host (stack workers: already the image)",
-    "data": "an absolute path on the host that must hold a data stage output",
-    "accept_new_host_key": "record the key of a host never seen before (fresh hosts)"})
+@all_hosts_task(
+    help={
+        "gpus": "GPUs the run will use per host (0: a CPU run; default: 1, or the stack's)",
+        "runtime": "docker (default on -H hosts) or host (stack workers: already the image)",
+        "data": "an absolute path on the host that must hold a data stage output",
+        "accept_new_host_key": "record the key of a host never seen before (fresh hosts)",
+    }
+)
 def check(c: Invocation, gpus=None, runtime="auto", data=None, accept_new_host_key=False):
     """Preflight: SSH, GPUs, disk, Docker + NVIDIA runtime or the image's stack, image, storage."""
     specs, stack = session.host_specs(c.hosts, c.settings)
-    wanted = parse_count(gpus, "--gpus") if gpus is not None else \
-        (stack.gpus_per_worker if stack else 1)
+    wanted = (
+        parse_count(gpus, "--gpus") if gpus is not None else (stack.gpus_per_worker if stack else 1)
+    )
     image = launch_mod.image_reference_for(current_source(Path.cwd()), c.settings)
     any_failed = False
     for spec in specs:
@@ -113,9 +121,15 @@ def check(c: Invocation, gpus=None, runtime="auto", data=None, accept_new_host_k
             any_failed = True
             continue
         check_spec = preflight.CheckSpec(
-            gpus=wanted, runtime=_runtime(runtime, stack is not None), image=image,
-            remote_root=host.root, python=c.settings.python, min_free_gb=c.settings.min_free_gb,
-            data_path=data, mounts=tuple(sorted(stack.mount_paths.items())) if stack else ())
+            gpus=wanted,
+            runtime=_runtime(runtime, stack is not None),
+            image=image,
+            remote_root=host.root,
+            python=c.settings.python,
+            min_free_gb=c.settings.min_free_gb,
+            data_path=data,
+            mounts=tuple(sorted(stack.mount_paths.items())) if stack else (),
+        )
         rows = preflight.run_checks(host.cxn, check_spec)
         _say(preflight.format_table(host.label, rows))
         any_failed |= preflight.failed(rows)
@@ -123,22 +137,38 @@ def check(c: Invocation, gpus=None, runtime="auto", data=None, accept_new_host_k
         raise LauncherError("preflight failed (rows marked FAIL above)")
 
 
-@all_hosts_task(iterable=["set_"], help={
-    "gpus": "GPUs per node: DeepSpeed ranks per node (0: CPU ranks, for testing)",
-    "nodes": "machines: one DeepSpeed launcher per node (no-SSH mode), hosts in -H order",
-    "set_": "override a parameter, as `dvc exp run -S` (repeatable)",
-    "smoke": "a few steps, a checkpoint saved and loaded back: validate a host first",
-    "runtime": "docker: inside the pinned image; host: in place (the host is the image)",
-    "data": "pull (DVC remote, default), build (data stage on the host) or /mounted/path",
-    "allow_dirty": "ship the current commit even with uncommitted changes (not shipped)",
-    "image": "image reference (default: docker/image.env, with $REGISTRY)",
-    "max_restarts": "restarts after crashes before giving up",
-    "master_port": "node 0's rendezvous port (multi-node)",
-    "resume": "start the supervisors of an existing run again (after fab stop)",
-    "accept_new_host_key": "record the key of a host never seen before (fresh hosts)"})
-def train(c: Invocation, gpus=None, nodes=1, set_=None, smoke=False, runtime="auto", data="pull",
-          allow_dirty=False, image=None, max_restarts=5, master_port=29500, resume=None,
-          accept_new_host_key=False):
+@all_hosts_task(
+    iterable=["set_"],
+    help={
+        "gpus": "GPUs per node: DeepSpeed ranks per node (0: CPU ranks, for testing)",
+        "nodes": "machines: one DeepSpeed launcher per node (no-SSH mode), hosts in -H order",
+        "set_": "override a parameter, as `dvc exp run -S` (repeatable)",
+        "smoke": "a few steps, a checkpoint saved and loaded back: validate a host first",
+        "runtime": "docker: inside the pinned image; host: in place (the host is the image)",
+        "data": "pull (DVC remote, default), build (data stage on the host) or /mounted/path",
+        "allow_dirty": "ship the current commit even with uncommitted changes (not shipped)",
+        "image": "image reference (default: docker/image.env, with $REGISTRY)",
+        "max_restarts": "restarts after crashes before giving up",
+        "master_port": "node 0's rendezvous port (multi-node)",
+        "resume": "start the supervisors of an existing run again (after fab stop)",
+        "accept_new_host_key": "record the key of a host never seen before (fresh hosts)",
+    },
+)
+def train(
+    c: Invocation,
+    gpus=None,
+    nodes=1,
+    set_=None,
+    smoke=False,
+    runtime="auto",
+    data="pull",
+    allow_dirty=False,
+    image=None,
+    max_restarts=5,
+    master_port=29500,
+    resume=None,
+    accept_new_host_key=False,
+):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
     if resume:
         pairs, _ = _nodes(c, resume)
@@ -149,22 +179,33 @@ def train(c: Invocation, gpus=None, nodes=1, set_=None, smoke=False, runtime="au
         raise LauncherError("--gpus: how many GPUs per node (0: CPU)")
     options = make_options(
         gpus=parse_count(gpus, "--gpus") if gpus is not None else stack.gpus_per_worker,
-        nodes=parse_count(nodes, "--nodes"), sets=list(set_ or []), smoke=smoke,
-        runtime=_runtime(runtime, stack is not None), allow_dirty=allow_dirty, data=data,
-        image=image, max_restarts=parse_count(max_restarts, "--max-restarts"),
-        master_port=parse_count(master_port, "--master-port"))
+        nodes=parse_count(nodes, "--nodes"),
+        sets=list(set_ or []),
+        smoke=smoke,
+        runtime=_runtime(runtime, stack is not None),
+        allow_dirty=allow_dirty,
+        data=data,
+        image=image,
+        max_restarts=parse_count(max_restarts, "--max-restarts"),
+        master_port=parse_count(master_port, "--master-port"),
+    )
     prepared = launch_mod.prepare(current_source(Path.cwd()), options, c.settings)
     chosen = launch_mod.select_nodes(specs, options, from_stack=stack is not None)
     hosts = [session.open_host(s, c.config, c.settings, stack, accept_new_host_key) for s in chosen]
     run_id = launch_mod.launch(hosts, prepared, options, c.settings, stack, _say)
-    _say(f"started run {run_id} on {', '.join(h.label for h in hosts)}"
-         + (" (smoke)" if smoke else ""))
+    _say(
+        f"started run {run_id} on {', '.join(h.label for h in hosts)}"
+        + (" (smoke)" if smoke else "")
+    )
     _say("watch it: fab status | fab logs --follow | fab tensorboard; stop it: fab stop")
 
 
-@all_hosts_task(help={
-    "run": "run id (default: the newest on the host)",
-    "price_per_gpu_hour": "for the cost (default: the stack's cost.price_per_gpu_hour)"})
+@all_hosts_task(
+    help={
+        "run": "run id (default: the newest on the host)",
+        "price_per_gpu_hour": "for the cost (default: the stack's cost.price_per_gpu_hour)",
+    }
+)
 def status(c: Invocation, run=None, price_per_gpu_hour=None):
     """Run id, state, step/total, loss, samples/s, ETA, elapsed, restarts, cost."""
     pairs, stack = _nodes(c, run)
@@ -173,13 +214,19 @@ def status(c: Invocation, run=None, price_per_gpu_hour=None):
         try:
             price = Decimal(str(price_per_gpu_hour))
         except InvalidOperation:
-            raise LauncherError(f"--price-per-gpu-hour: a number, got {price_per_gpu_hour!r}") from None
+            raise LauncherError(
+                f"--price-per-gpu-hour: a number, got {price_per_gpu_hour!r}"
+            ) from None
     watch.show_status(pairs, c.settings, price, _say)
 
 
-@all_hosts_task(help={"run": "run id (default: the newest)",
-                      "follow": "keep printing until the run ends",
-                      "lines": "lines of history to show first"})
+@all_hosts_task(
+    help={
+        "run": "run id (default: the newest)",
+        "follow": "keep printing until the run ends",
+        "lines": "lines of history to show first",
+    }
+)
 def logs(c: Invocation, run=None, follow=False, lines=50):
     """The run's output (node 0): stage logs, and the supervisor's restart lines."""
     pairs, _ = _nodes(c, run)
@@ -202,8 +249,13 @@ def stop(c: Invocation, run=None):
     watch.stop(pairs, c.settings, _say)
 
 
-@all_hosts_task(help={"run": "run id (default: the newest)", "to": "local folder (default: runs/)",
-                      "push": "instead, `dvc push` the results from the host to the DVC remote"})
+@all_hosts_task(
+    help={
+        "run": "run id (default: the newest)",
+        "to": "local folder (default: runs/)",
+        "push": "instead, `dvc push` the results from the host to the DVC remote",
+    }
+)
 def fetch(c: Invocation, run=None, to="runs", push=False):
     """Bring back metrics, the exported model and logs (or push them to the DVC remote)."""
     pairs, _ = _nodes(c, run)
@@ -213,8 +265,9 @@ def fetch(c: Invocation, run=None, to="runs", push=False):
         fetch_mod.fetch(pairs, Path(to), _say)
 
 
-@all_hosts_task(name="clean", help={"run": "run id (default: the newest)",
-                                    "all_": "every run on the hosts"})
+@all_hosts_task(
+    name="clean", help={"run": "run id (default: the newest)", "all_": "every run on the hosts"}
+)
 def clean_(c: Invocation, run=None, all_=False):
     """Remove finished or stopped runs from the hosts (never a running one)."""
     hosts, _ = session.open_hosts(c.hosts, c.config, c.settings)

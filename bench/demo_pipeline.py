@@ -11,6 +11,7 @@ and reports text->image R@1 against chance (100 / number of test images).
 Targets (issue: core pipeline): end to end <= 5 min on 2 CPU cores, R@1 >= 10x chance; no-op
 repro <= 5 s. Record the printed table in BENCHMARKS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,11 +55,16 @@ def main() -> None:
         ("dvc repro, end to end", f"{full:.0f} s (target <= 300 s)"),
         ("train stage wall time", f"{train['wall_seconds']:.0f} s for {train['steps']} steps"),
         ("no-op dvc repro", f"{noop:.1f} s (target <= 5 s)"),
-        ("t2i R@1", f"{metrics['t2i_r1']:.2f} % = {metrics['t2i_r1'] / chance:.1f}x chance "
-                    f"({chance:.2f} %, {metrics['num_images']} images; target >= 10x)"),
+        (
+            "t2i R@1",
+            f"{metrics['t2i_r1']:.2f} % = {metrics['t2i_r1'] / chance:.1f}x chance "
+            f"({chance:.2f} %, {metrics['num_images']} images; target >= 10x)",
+        ),
         ("t2i R@5 / R@10", f"{metrics['t2i_r5']:.2f} / {metrics['t2i_r10']:.2f} %"),
-        ("i2t R@1 / R@5 / R@10", f"{metrics['i2t_r1']:.2f} / {metrics['i2t_r5']:.2f} / "
-                                 f"{metrics['i2t_r10']:.2f} %"),
+        (
+            "i2t R@1 / R@5 / R@10",
+            f"{metrics['i2t_r1']:.2f} / {metrics['i2t_r5']:.2f} / {metrics['i2t_r10']:.2f} %",
+        ),
         ("mean recall", f"{metrics['mean_recall']:.2f} %"),
     ]
     print("| measure | value |\n|---|---|")

@@ -7,6 +7,7 @@ pinned-stack smoke. Standard library plus the packages it checks.
   python docker/check_stack.py --python 3.10 --torch 2.1.2 --cuda 12.1 --torchvision 0.16.2 \
       [--deepspeed 0.14.5] [--open-clip 3.3.0] [--fused-adam]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ def base_version(version: str) -> str:
 
 def differences(args: argparse.Namespace) -> list[str]:
     found = []
-    python = "%d.%d" % sys.version_info[:2]
+    python = "{}.{}".format(*sys.version_info[:2])
     if python != args.python:
         found.append(f"python {python}, expected {args.python}")
     import torch
@@ -31,8 +32,11 @@ def differences(args: argparse.Namespace) -> list[str]:
         found.append(f"torch {torch.__version__}, expected {args.torch}")
     if torch.version.cuda != args.cuda:
         found.append(f"torch built for CUDA {torch.version.cuda}, expected {args.cuda}")
-    for option, dist in (("torchvision", "torchvision"), ("deepspeed", "deepspeed"),
-                         ("open_clip", "open_clip_torch")):
+    for option, dist in (
+        ("torchvision", "torchvision"),
+        ("deepspeed", "deepspeed"),
+        ("open_clip", "open_clip_torch"),
+    ):
         want = getattr(args, option)
         if want is None:
             continue
@@ -57,7 +61,9 @@ def fused_adam_problems() -> list[str]:
     from deepspeed.ops.op_builder import FusedAdamBuilder
 
     if not installed_ops.get("fused_adam"):
-        return ["deepspeed was installed without the prebuilt fused_adam op (DS_BUILD_FUSED_ADAM=1)"]
+        return [
+            "deepspeed was installed without the prebuilt fused_adam op (DS_BUILD_FUSED_ADAM=1)"
+        ]
     try:
         FusedAdamBuilder().load(verbose=False)
     except Exception as exc:  # any failure to load is the finding itself
@@ -79,13 +85,20 @@ def main(argv: list[str] | None = None) -> int:
     for line in found:
         print(f"check_stack: {line}", file=sys.stderr)
     if found:
-        print("check_stack: this environment is not the pinned stack (see pyproject.toml "
-              "[tool.clipforge.image] and the `image` extra)", file=sys.stderr)
+        print(
+            "check_stack: this environment is not the pinned stack (see pyproject.toml "
+            "[tool.clipforge.image] and the `image` extra)",
+            file=sys.stderr,
+        )
         return 1
-    print(f"check_stack: ok: python {args.python}, torch {args.torch} (CUDA {args.cuda})"
-          + "".join(f", {name} {getattr(args, name)}" for name in ("torchvision", "deepspeed",
-                                                                   "open_clip")
-                    if getattr(args, name)))
+    print(
+        f"check_stack: ok: python {args.python}, torch {args.torch} (CUDA {args.cuda})"
+        + "".join(
+            f", {name} {getattr(args, name)}"
+            for name in ("torchvision", "deepspeed", "open_clip")
+            if getattr(args, name)
+        )
+    )
     return 0
 
 

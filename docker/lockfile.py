@@ -11,6 +11,7 @@ The lock is one resolution of the image's whole Python stack. It is installed in
 
 Standard library only: it runs inside the image build on the base image's Python 3.10.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,9 @@ def matches(name: str, patterns: tuple[str, ...] | list[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, normalize(p)) for p in patterns)
 
 
-def select(entries: list[Entry], *, only: list[str] | None = None,
-           exclude: list[str] | None = None) -> list[Entry]:
+def select(
+    entries: list[Entry], *, only: list[str] | None = None, exclude: list[str] | None = None
+) -> list[Entry]:
     chosen = [e for e in entries if only is None or matches(e.name, only)]
     chosen = [e for e in chosen if not (exclude and matches(e.name, exclude))]
     if only:
@@ -102,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--exclude", nargs="+", metavar="NAME", help="drop these (globs allowed)")
     args = parser.parse_args(argv)
     try:
-        entries = select(parse(args.lock.read_text(encoding="utf-8")), only=args.only,
-                         exclude=args.exclude)
+        entries = select(
+            parse(args.lock.read_text(encoding="utf-8")), only=args.only, exclude=args.exclude
+        )
     except (OSError, ValueError) as exc:
         print(f"lockfile.py: error: {exc}", file=sys.stderr)
         return 2

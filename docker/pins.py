@@ -12,6 +12,7 @@ Python and CUDA versions, the base images with their digests, the GPU architectu
   python docker/pins.py set-digests DEVEL RUNTIME   write sha256:... digests into pyproject.toml
                                             and docker/Dockerfile together (used by `make pin-base`)
 """
+
 from __future__ import annotations
 
 import re
@@ -30,6 +31,7 @@ except ModuleNotFoundError:  # Python 3.10
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "docker"), str(REPO / "src")]
 import lockfile  # noqa: E402
+
 from clipforge.fsutil import atomic_write_text  # noqa: E402
 from clipforge.image_env import ImageEnvError, parse_image_env  # noqa: E402
 
@@ -40,9 +42,14 @@ IMAGE_ENV = REPO / "docker" / "image.env"
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # The lock is resolved for this platform: the base images are Ubuntu (glibc >= 2.28) on x86_64.
-TARGET_MARKERS = {"sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
-                  "platform_machine": "x86_64", "implementation_name": "cpython",
-                  "platform_python_implementation": "CPython"}
+TARGET_MARKERS = {
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "os_name": "posix",
+    "platform_machine": "x86_64",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+}
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,9 @@ class ImagePins:
     cuda_arch_list: str
     extras: tuple[str, ...]
     requirements: tuple[str, ...]  # base dependencies + the listed extras, as written
-    excluded_requirements: tuple[str, ...]  # the other extras (run on the user's machine), minus dev
+    excluded_requirements: tuple[
+        str, ...
+    ]  # the other extras (run on the user's machine), minus dev
 
     def exact(self, name: str) -> str:
         """The `==` version a requirement pins, e.g. exact('torch') -> '2.1.2'."""
@@ -69,12 +78,17 @@ class ImagePins:
                 pins = [s.version for s in req.specifier if s.operator == "=="]
                 if len(pins) == 1:
                     return pins[0]
-        raise KeyError(f"pyproject.toml pins no exact version of {name} for the image "
-                       f"(add {name}==X.Y.Z to the `image` extra)")
+        raise KeyError(
+            f"pyproject.toml pins no exact version of {name} for the image "
+            f"(add {name}==X.Y.Z to the `image` extra)"
+        )
 
     def base_ref(self, stage: str) -> str:
-        tag, digest = ((self.base_devel, self.base_devel_digest) if stage == "devel"
-                       else (self.base_runtime, self.base_runtime_digest))
+        tag, digest = (
+            (self.base_devel, self.base_devel_digest)
+            if stage == "devel"
+            else (self.base_runtime, self.base_runtime_digest)
+        )
         return f"{tag}@{digest}" if digest else tag
 
 
@@ -88,17 +102,29 @@ def load_pins(pyproject: Path = PYPROJECT) -> ImagePins:
     included = [*data["project"]["dependencies"]]
     for name in table["extras"]:
         included += extras[name]
-    excluded = [r for name, reqs in extras.items() if name not in table["extras"] and name != "dev"
-                for r in reqs]
-    return ImagePins(python=table["python"], cuda=table["cuda"], cudnn=table["cudnn"],
-                     base_devel=table["base_devel"], base_devel_digest=table["base_devel_digest"],
-                     base_runtime=table["base_runtime"],
-                     base_runtime_digest=table["base_runtime_digest"],
-                     cuda_arch_list=table["cuda_arch_list"], extras=tuple(table["extras"]),
-                     requirements=tuple(included), excluded_requirements=tuple(excluded))
+    excluded = [
+        r
+        for name, reqs in extras.items()
+        if name not in table["extras"] and name != "dev"
+        for r in reqs
+    ]
+    return ImagePins(
+        python=table["python"],
+        cuda=table["cuda"],
+        cudnn=table["cudnn"],
+        base_devel=table["base_devel"],
+        base_devel_digest=table["base_devel_digest"],
+        base_runtime=table["base_runtime"],
+        base_runtime_digest=table["base_runtime_digest"],
+        cuda_arch_list=table["cuda_arch_list"],
+        extras=tuple(table["extras"]),
+        requirements=tuple(included),
+        excluded_requirements=tuple(excluded),
+    )
 
 
 # --- what each file should say ---------------------------------------------------------------
+
 
 def expected_dockerfile_args(pins: ImagePins) -> dict[str, str]:
     return {
@@ -132,21 +158,32 @@ def dockerfile_args(text: str) -> dict[str, str]:
 
 def dockerfile_problems(pins: ImagePins, text: str) -> list[str]:
     args = dockerfile_args(text)
-    return [f"docker/Dockerfile: ARG {name}={args.get(name, '<missing>')}, pyproject.toml says {want}"
-            for name, want in expected_dockerfile_args(pins).items() if args.get(name) != want]
+    return [
+        f"docker/Dockerfile: ARG {name}={args.get(name, '<missing>')}, pyproject.toml says {want}"
+        for name, want in expected_dockerfile_args(pins).items()
+        if args.get(name) != want
+    ]
 
 
 def base_tag_problems(pins: ImagePins) -> list[str]:
     """The official tags encode the stack: pytorch/pytorch:<torch>-cuda<cuda>-cudnn<cudnn>-<kind>."""
     stem = f"pytorch/pytorch:{pins.exact('torch')}-cuda{pins.cuda}-cudnn{pins.cudnn}"
-    problems = [f"[tool.clipforge.image].{key} = {tag!r}, expected {stem}-{kind}"
-                for key, tag, kind in (("base_devel", pins.base_devel, "devel"),
-                                       ("base_runtime", pins.base_runtime, "runtime"))
-                if tag != f"{stem}-{kind}"]
-    problems += [f"[tool.clipforge.image].{key} = {digest!r} is not sha256:<64 hex>"
-                 for key, digest in (("base_devel_digest", pins.base_devel_digest),
-                                     ("base_runtime_digest", pins.base_runtime_digest))
-                 if digest and not _DIGEST.match(digest)]
+    problems = [
+        f"[tool.clipforge.image].{key} = {tag!r}, expected {stem}-{kind}"
+        for key, tag, kind in (
+            ("base_devel", pins.base_devel, "devel"),
+            ("base_runtime", pins.base_runtime, "runtime"),
+        )
+        if tag != f"{stem}-{kind}"
+    ]
+    problems += [
+        f"[tool.clipforge.image].{key} = {digest!r} is not sha256:<64 hex>"
+        for key, digest in (
+            ("base_devel_digest", pins.base_devel_digest),
+            ("base_runtime_digest", pins.base_runtime_digest),
+        )
+        if digest and not _DIGEST.match(digest)
+    ]
     return problems
 
 
@@ -156,7 +193,11 @@ def lock_problems(pins: ImagePins, lock_text: str) -> list[str]:
     from packaging.requirements import Requirement
 
     locked = {e.name: e.version for e in lockfile.parse(lock_text)}
-    env = {**TARGET_MARKERS, "python_version": pins.python, "python_full_version": pins.python + ".0"}
+    env = {
+        **TARGET_MARKERS,
+        "python_version": pins.python,
+        "python_full_version": pins.python + ".0",
+    }
     problems = []
     declared = set()
     for text in pins.requirements:
@@ -168,13 +209,17 @@ def lock_problems(pins: ImagePins, lock_text: str) -> list[str]:
         if name not in locked:
             problems.append(f"docker/requirements.lock lacks {req} (run `make lock`)")
         elif not req.specifier.contains(locked[name], prereleases=True):
-            problems.append(f"docker/requirements.lock has {name}=={locked[name]}, pyproject.toml "
-                            f"asks {req} (run `make lock`)")
+            problems.append(
+                f"docker/requirements.lock has {name}=={locked[name]}, pyproject.toml "
+                f"asks {req} (run `make lock`)"
+            )
     for text in pins.excluded_requirements:
         name = lockfile.normalize(Requirement(text).name)
         if name in locked and name not in declared:
-            problems.append(f"docker/requirements.lock has {name}, which only a non-image extra "
-                            f"needs (extras in the image: {list(pins.extras)}; run `make lock`)")
+            problems.append(
+                f"docker/requirements.lock has {name}, which only a non-image extra "
+                f"needs (extras in the image: {list(pins.extras)}; run `make lock`)"
+            )
     return problems
 
 
@@ -185,21 +230,29 @@ def image_tag_problems(pins: ImagePins, env_text: str) -> list[str]:
     except ImageEnvError as exc:
         return [str(exc)]
     want = f"-pt{pins.exact('torch')}-cu{pins.cuda.replace('.', '')}-ds{pins.exact('deepspeed')}"
-    return [] if tag.endswith(want) else [f"docker/image.env: IMAGE_TAG={tag!r} should end with {want!r}"]
+    return (
+        []
+        if tag.endswith(want)
+        else [f"docker/image.env: IMAGE_TAG={tag!r} should end with {want!r}"]
+    )
 
 
 def all_problems() -> list[str]:
     pins = load_pins()
-    return (base_tag_problems(pins)
-            + dockerfile_problems(pins, DOCKERFILE.read_text(encoding="utf-8"))
-            + lock_problems(pins, LOCK.read_text(encoding="utf-8"))
-            + image_tag_problems(pins, IMAGE_ENV.read_text(encoding="utf-8")))
+    return (
+        base_tag_problems(pins)
+        + dockerfile_problems(pins, DOCKERFILE.read_text(encoding="utf-8"))
+        + lock_problems(pins, LOCK.read_text(encoding="utf-8"))
+        + image_tag_problems(pins, IMAGE_ENV.read_text(encoding="utf-8"))
+    )
 
 
 # --- rewriting the digests ---------------------------------------------------------------------
 
-def with_digests(pyproject_text: str, dockerfile_text: str, pins: ImagePins, devel: str,
-                 runtime: str) -> tuple[str, str]:
+
+def with_digests(
+    pyproject_text: str, dockerfile_text: str, pins: ImagePins, devel: str, runtime: str
+) -> tuple[str, str]:
     """Both files with new digests (pure). Raises ValueError on a malformed digest or a file whose
     lines are not where they should be."""
     for digest in (devel, runtime):
@@ -213,12 +266,16 @@ def with_digests(pyproject_text: str, dockerfile_text: str, pins: ImagePins, dev
         return new
 
     for key, digest in (("base_devel_digest", devel), ("base_runtime_digest", runtime)):
-        pyproject_text = replace_one(pyproject_text, rf'^{key} = "[^"]*"', f'{key} = "{digest}"',
-                                     "pyproject.toml")
-    for arg, tag, digest in (("BASE_DEVEL", pins.base_devel, devel),
-                             ("BASE_RUNTIME", pins.base_runtime, runtime)):
-        dockerfile_text = replace_one(dockerfile_text, rf"^ARG {arg}=\S*$", f"ARG {arg}={tag}@{digest}",
-                                      "docker/Dockerfile")
+        pyproject_text = replace_one(
+            pyproject_text, rf'^{key} = "[^"]*"', f'{key} = "{digest}"', "pyproject.toml"
+        )
+    for arg, tag, digest in (
+        ("BASE_DEVEL", pins.base_devel, devel),
+        ("BASE_RUNTIME", pins.base_runtime, runtime),
+    ):
+        dockerfile_text = replace_one(
+            dockerfile_text, rf"^ARG {arg}=\S*$", f"ARG {arg}={tag}@{digest}", "docker/Dockerfile"
+        )
     return pyproject_text, dockerfile_text
 
 
@@ -237,24 +294,41 @@ def main(argv: list[str]) -> int:
         return 0
     if command == "stack-args":
         print("--python", pins.python, "--cuda", pins.cuda, sep="\n")
-        for option, dist in (("--torch", "torch"), ("--torchvision", "torchvision"),
-                             ("--deepspeed", "deepspeed"), ("--open-clip", "open_clip_torch")):
+        for option, dist in (
+            ("--torch", "torch"),
+            ("--torchvision", "torchvision"),
+            ("--deepspeed", "deepspeed"),
+            ("--open-clip", "open_clip_torch"),
+        ):
             print(option, pins.exact(dist), sep="\n")
         return 0
     if command == "require-digests":
-        unset = [tag for tag, digest in ((pins.base_devel, pins.base_devel_digest),
-                                         (pins.base_runtime, pins.base_runtime_digest)) if not digest]
+        unset = [
+            tag
+            for tag, digest in (
+                (pins.base_devel, pins.base_devel_digest),
+                (pins.base_runtime, pins.base_runtime_digest),
+            )
+            if not digest
+        ]
         if unset:
-            print(f"the base image digest is not pinned for {', '.join(unset)}: run `make pin-base` "
-                  f"(needs docker buildx and access to Docker Hub), review the diff of pyproject.toml "
-                  f"and docker/Dockerfile, and commit it", file=sys.stderr)
+            print(
+                f"the base image digest is not pinned for {', '.join(unset)}: run `make pin-base` "
+                f"(needs docker buildx and access to Docker Hub), review the diff of pyproject.toml "
+                f"and docker/Dockerfile, and commit it",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if command == "set-digests" and len(argv) == 3:
         try:
             pyproject_text, dockerfile_text = with_digests(
-                PYPROJECT.read_text(encoding="utf-8"), DOCKERFILE.read_text(encoding="utf-8"),
-                pins, argv[1], argv[2])
+                PYPROJECT.read_text(encoding="utf-8"),
+                DOCKERFILE.read_text(encoding="utf-8"),
+                pins,
+                argv[1],
+                argv[2],
+            )
         except ValueError as exc:
             print(f"pins.py: error: {exc}", file=sys.stderr)
             return 2

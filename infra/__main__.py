@@ -29,14 +29,18 @@ except StackConfigError as error:
 provider = k8s.Provider("cluster", context=settings.kube_context if settings.kube_context else None)
 on_cluster = pulumi.ResourceOptions(providers={"kubernetes": provider})
 
-storage = RetainedStorage("storage", StorageArgs(namespace=settings.namespace, storage=settings.storage), on_cluster)
+storage = RetainedStorage(
+    "storage", StorageArgs(namespace=settings.namespace, storage=settings.storage), on_cluster
+)
 secrets = StackSecrets(
     "secrets",
     SecretsArgs(
         namespace=storage.namespace,
         ssh_authorized_keys=pulumi.Output.secret(settings.secrets.ssh_authorized_keys),
         alert_webhooks=pulumi.Output.secret(settings.secrets.alert_webhooks),
-        registry_auth=pulumi.Output.secret(settings.secrets.registry_auth) if settings.secrets.registry_auth else None,
+        registry_auth=pulumi.Output.secret(settings.secrets.registry_auth)
+        if settings.secrets.registry_auth
+        else None,
     ),
     on_cluster,
 )
@@ -52,7 +56,9 @@ if not settings.released:
             alerts_secret_name=secrets.alerts_secret_name,
             pull_secret_name=secrets.pull_secret_name,
         ),
-        pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=list(storage.claims.values()))),
+        pulumi.ResourceOptions.merge(
+            on_cluster, pulumi.ResourceOptions(depends_on=list(storage.claims.values()))
+        ),
     )
     TensorBoard(
         "tensorboard",
@@ -63,7 +69,9 @@ if not settings.released:
             tolerations=settings.workers.tolerations,
             pull_secret_name=secrets.pull_secret_name,
         ),
-        pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[storage.claims["logs"]])),
+        pulumi.ResourceOptions.merge(
+            on_cluster, pulumi.ResourceOptions(depends_on=[storage.claims["logs"]])
+        ),
     )
 
 for name, value in describe_stack(settings, storage.namespace, secrets.host_public_key).items():

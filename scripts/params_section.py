@@ -3,6 +3,7 @@
 
 Use when adding knobs: `python scripts/params_section.py alerts` and paste the keys you added.
 """
+
 import sys
 import textwrap
 
@@ -17,8 +18,12 @@ def render_section(section: str) -> str:
     lines = [f"{section}:"]
     for key, value in values.items():
         lines += ["  # " + line for line in textwrap.wrap(docs[f"{section}.{key}"], 96)]
-        lines.append("  " + yaml.safe_dump({key: value}, allow_unicode=True,
-                                            default_flow_style=True).strip()[1:-1])
+        lines.append(
+            "  "
+            + yaml.safe_dump({key: value}, allow_unicode=True, default_flow_style=True).strip()[
+                1:-1
+            ]
+        )
     return "\n".join(lines)
 
 

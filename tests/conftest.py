@@ -1,4 +1,5 @@
 """Shared fixtures: a reduced params file and a built-in dataset made once per session."""
+
 from __future__ import annotations
 
 import os
@@ -12,11 +13,24 @@ REPO = Path(__file__).resolve().parents[1]
 
 # A reduced config: the same code paths as the demo, sized for seconds per run.
 SMALL_PARAMS = {
-    "data": {"num_train": 192, "num_val": 32, "num_test_images": 24, "image_size": 32,
-             "samples_per_shard": 50},
+    "data": {
+        "num_train": 192,
+        "num_val": 32,
+        "num_test_images": 24,
+        "image_size": 32,
+        "samples_per_shard": 50,
+    },
     "model": {"image_size": 32},
-    "train": {"global_batch_size": 32, "micro_batch_size": 16, "epochs": 2, "warmup_steps": 2,
-              "num_workers": 0, "save_every_steps": 4, "log_every_steps": 2, "device": "cpu"},
+    "train": {
+        "global_batch_size": 32,
+        "micro_batch_size": 16,
+        "epochs": 2,
+        "warmup_steps": 2,
+        "num_workers": 0,
+        "save_every_steps": 4,
+        "log_every_steps": 2,
+        "device": "cpu",
+    },
     "eval": {"batch_size": 64, "device": "cpu"},
 }
 
@@ -73,10 +87,23 @@ def run_train(root: Path, data: Path, *overrides: str) -> int:
     from clipforge.train.stage import main
 
     params = write_params(root / "params.yaml")
-    return main(["--params", str(params), "--data", str(data),
-                 "--checkpoints", str(root / "checkpoints"), "--model-out",
-                 str(root / "models" / "clip"), "--logs", str(root / "logs"),
-                 "--metrics", str(root / "metrics"), *sum((["--set", o] for o in overrides), [])])
+    return main(
+        [
+            "--params",
+            str(params),
+            "--data",
+            str(data),
+            "--checkpoints",
+            str(root / "checkpoints"),
+            "--model-out",
+            str(root / "models" / "clip"),
+            "--logs",
+            str(root / "logs"),
+            "--metrics",
+            str(root / "metrics"),
+            *sum((["--set", o] for o in overrides), []),
+        ]
+    )
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ Each URL path names how it answers (`/<kind>/<name>.<ext>`):
            client timeout, so the client never gives up on it)
 Every request is counted per path, so a test can prove what was (not) downloaded twice.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,7 +61,7 @@ class ImageServer:
         self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "ImageServer":
+    def __enter__(self) -> ImageServer:
         self._thread.start()
         return self
 
@@ -96,8 +97,9 @@ class ImageServer:
         if kind == "flaky" and seen == 1:
             return _send(handler, 503, b"try again", "text/plain")
         if kind == "broken":
-            return _send(handler, 200, b"\xff\xd8\xff\xe0 this is not really a jpeg" * 20,
-                         "image/jpeg")
+            return _send(
+                handler, 200, b"\xff\xd8\xff\xe0 this is not really a jpeg" * 20, "image/jpeg"
+            )
         if kind == "slow":
             threading.Event().wait(self.slow_seconds)
         if kind == "gate":
@@ -108,7 +110,6 @@ class ImageServer:
             return _send(handler, 200, buffer.getvalue(), "image/png")
         _send(handler, 200, self._image(name), "image/jpeg")
 
-
     def _trickle(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
         try:
             handler.send_response(200)
@@ -117,7 +118,7 @@ class ImageServer:
             handler.end_headers()
             sent = 0
             while not self._gate.is_set() and sent < len(body) - 1:
-                handler.wfile.write(body[sent:sent + 1])
+                handler.wfile.write(body[sent : sent + 1])
                 handler.wfile.flush()
                 sent += 1
                 self._gate.wait(0.2)

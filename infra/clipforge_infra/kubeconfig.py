@@ -7,8 +7,8 @@ first current-context wins; without it, ~/.kube/config.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import yaml
 
@@ -29,8 +29,10 @@ def resolve_context(requested: str, environ: Mapping[str, str]) -> str:
     existing = [path for path in paths if path.is_file()]
     if not existing:
         shown = os.pathsep.join(str(path) for path in paths)
-        raise KubeconfigError(f"no kubeconfig at {shown}: get one for your GPU cluster (your cloud's "
-                              "`get-credentials` command or your admin) or point KUBECONFIG at it")
+        raise KubeconfigError(
+            f"no kubeconfig at {shown}: get one for your GPU cluster (your cloud's "
+            "`get-credentials` command or your admin) or point KUBECONFIG at it"
+        )
     contexts: list[str] = []
     current = ""
     for path in existing:
@@ -42,10 +44,14 @@ def resolve_context(requested: str, environ: Mapping[str, str]) -> str:
         current = current or document.get("current-context") or ""
     context = requested if requested else current
     if not context:
-        raise KubeconfigError("the kubeconfig has no current-context and the stack sets no kubeContext: "
-                              "`pulumi -C infra config set kubeContext <context>`")
+        raise KubeconfigError(
+            "the kubeconfig has no current-context and the stack sets no kubeContext: "
+            "`pulumi -C infra config set kubeContext <context>`"
+        )
     if context not in contexts:
         known = ", ".join(sorted(contexts)) or "none"
-        raise KubeconfigError(f"context {context!r} is not in the kubeconfig ({known}); fix kubeContext in "
-                              "the stack file or add the context")
+        raise KubeconfigError(
+            f"context {context!r} is not in the kubeconfig ({known}); fix kubeContext in "
+            "the stack file or add the context"
+        )
     return context

@@ -11,8 +11,18 @@ from decimal import Decimal
 
 _UNIT_FACTORS = {
     None: 1,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
 }
 
 _BYTES_RE = re.compile(r"^(?P<number>[0-9]+(\.[0-9]+)?)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
@@ -41,7 +51,9 @@ def parse_cpu_millicores(text: str) -> int:
     """Millicores in a CPU quantity such as ``8``, ``0.5`` or ``500m``; must be >= 1m."""
     match = _CPU_RE.match(text.strip()) if isinstance(text, str) else None
     if match is None:
-        raise QuantityError(f"{text!r} is not a CPU amount: write cores (8, 0.5) or millicores (500m)")
+        raise QuantityError(
+            f"{text!r} is not a CPU amount: write cores (8, 0.5) or millicores (500m)"
+        )
     number = Decimal(match.group("number"))
     millicores = int(number if match.group("milli") else number * 1000)
     if millicores <= 0:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Mapping, Optional
 
 from clipforge.alerts.targets import parse_targets
 
@@ -59,7 +59,9 @@ _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._\-/:]*[a-z0-9](:[\w][\w.\-]{0,127}|@sha256:[0-9a-f]{64})$")
+_IMAGE_RE = re.compile(
+    r"^[a-z0-9][a-z0-9._\-/:]*[a-z0-9](:[\w][\w.\-]{0,127}|@sha256:[0-9a-f]{64})$"
+)
 _CURRENCY_RE = re.compile(r"^[A-Z]{3}$")
 
 
@@ -74,8 +76,8 @@ class StackConfigError(ValueError):
 @dataclass(frozen=True)
 class Toleration:
     key: str
-    effect: Optional[str]
-    value: Optional[str]
+    effect: str | None
+    value: str | None
 
     def to_kubernetes(self) -> dict:
         """A core/v1 Toleration: ``Equal`` when a value is given, otherwise ``Exists``."""
@@ -142,7 +144,9 @@ class StackSettings:
         return self.price_per_gpu_hour * self.total_gpus
 
 
-def parse_settings(raw: Mapping[str, Optional[str]], secret_keys: frozenset[str] | set[str]) -> StackSettings:
+def parse_settings(
+    raw: Mapping[str, str | None], secret_keys: frozenset[str] | set[str]
+) -> StackSettings:
     """Validate the raw config (key without project prefix -> string or None)."""
     values = _Values(raw, secret_keys)
     memory = values.size("memoryPerWorker")
@@ -150,8 +154,11 @@ def parse_settings(raw: Mapping[str, Optional[str]], secret_keys: frozenset[str]
     # A memory-backed emptyDir is charged to the container's memory limit: /dev/shm as large as the
     # limit would leave nothing for the trainer itself.
     if parse_bytes(shm_size) >= parse_bytes(memory):
-        raise StackConfigError("shmSize", f"{shm_size} must be smaller than memoryPerWorker ({memory}): "
-                               "/dev/shm is memory-backed and counts against the worker's memory limit")
+        raise StackConfigError(
+            "shmSize",
+            f"{shm_size} must be smaller than memoryPerWorker ({memory}): "
+            "/dev/shm is memory-backed and counts against the worker's memory limit",
+        )
     workers = WorkerSettings(
         num_workers=values.positive_int("numWorkers"),
         gpus_per_worker=values.positive_int("gpusPerWorker"),
@@ -172,7 +179,9 @@ def parse_settings(raw: Mapping[str, Optional[str]], secret_keys: frozenset[str]
             storage_class=values.storage_class("storageClass"),
             sizes={volume.role: values.size(volume.size_key) for volume in VOLUMES},
         ),
-        tensorboard=TensorBoardSettings(cpu=values.cpu("tensorboardCpu"), memory=values.size("tensorboardMemory")),
+        tensorboard=TensorBoardSettings(
+            cpu=values.cpu("tensorboardCpu"), memory=values.size("tensorboardMemory")
+        ),
         price_per_gpu_hour=values.price("pricePerGpuHour"),
         price_currency=values.currency("priceCurrency"),
         secrets=SecretSettings(
@@ -186,10 +195,12 @@ def parse_settings(raw: Mapping[str, Optional[str]], secret_keys: frozenset[str]
 class _Values:
     """Typed accessors over the raw config; each raises StackConfigError naming its key."""
 
-    def __init__(self, raw: Mapping[str, Optional[str]], secret_keys: frozenset[str] | set[str]):
+    def __init__(self, raw: Mapping[str, str | None], secret_keys: frozenset[str] | set[str]):
         unknown = sorted(set(raw) - set(CONFIG_KEYS))
         if unknown:
-            raise StackConfigError(unknown[0], f"unknown key; Pulumi.yaml declares: {', '.join(CONFIG_KEYS)}")
+            raise StackConfigError(
+                unknown[0], f"unknown key; Pulumi.yaml declares: {', '.join(CONFIG_KEYS)}"
+            )
         self._raw = raw
         self._secret_keys = secret_keys
 
@@ -197,12 +208,20 @@ class _Values:
         value = self._raw.get(key)
         if value is None:
             if key == "image":
-                raise StackConfigError(key, "no image set: `make up` sets it from docker/image.env "
-                                       "(plus $REGISTRY); to pin another, `pulumi config set image REPO:TAG`")
+                raise StackConfigError(
+                    key,
+                    "no image set: `make up` sets it from docker/image.env "
+                    "(plus $REGISTRY); to pin another, `pulumi config set image REPO:TAG`",
+                )
             if key in SECRET_KEYS:
-                raise StackConfigError(key, f"not set: `pulumi config set --secret {key} ...` (see infra/README.md)")
-            raise StackConfigError(key, "no value: Pulumi.yaml declares its default, so the program must be run "
-                                   "by the Pulumi CLI (make up / make preview), not on its own")
+                raise StackConfigError(
+                    key, f"not set: `pulumi config set --secret {key} ...` (see infra/README.md)"
+                )
+            raise StackConfigError(
+                key,
+                "no value: Pulumi.yaml declares its default, so the program must be run "
+                "by the Pulumi CLI (make up / make preview), not on its own",
+            )
         return value
 
     def positive_int(self, key: str) -> int:
@@ -222,8 +241,11 @@ class _Values:
     def dns_label(self, key: str) -> str:
         text = self.text(key)
         if len(text) > 63 or not _DNS_LABEL_RE.match(text):
-            raise StackConfigError(key, f"{text!r} is not a Kubernetes name (lower-case letters, digits, '-'; "
-                                   "at most 63 characters)")
+            raise StackConfigError(
+                key,
+                f"{text!r} is not a Kubernetes name (lower-case letters, digits, '-'; "
+                "at most 63 characters)",
+            )
         return text
 
     def storage_class(self, key: str) -> str:
@@ -237,8 +259,11 @@ class _Values:
         if not text:
             raise StackConfigError(key, "empty; `make up` sets it from docker/image.env")
         if not _IMAGE_RE.match(text) or text.endswith(":latest"):
-            raise StackConfigError(key, f"{text!r} is not a pinned image reference: use REPOSITORY:TAG "
-                                   "(not :latest) or REPOSITORY@sha256:DIGEST")
+            raise StackConfigError(
+                key,
+                f"{text!r} is not a pinned image reference: use REPOSITORY:TAG "
+                "(not :latest) or REPOSITORY@sha256:DIGEST",
+            )
         return text
 
     def size(self, key: str) -> str:
@@ -262,7 +287,9 @@ class _Values:
         try:
             price = Decimal(text)
         except InvalidOperation:
-            raise StackConfigError(key, f"{text!r} is not a number (price per GPU-hour, e.g. 2.50)") from None
+            raise StackConfigError(
+                key, f"{text!r} is not a number (price per GPU-hour, e.g. 2.50)"
+            ) from None
         if not price.is_finite() or price < 0:
             raise StackConfigError(key, f"{text!r} must be a number >= 0")
         return price
@@ -270,7 +297,9 @@ class _Values:
     def currency(self, key: str) -> str:
         text = self.text(key)
         if not _CURRENCY_RE.match(text):
-            raise StackConfigError(key, f"{text!r} is not a three-letter currency code such as USD or CNY")
+            raise StackConfigError(
+                key, f"{text!r} is not a three-letter currency code such as USD or CNY"
+            )
         return text
 
     def gpu_resource_name(self, key: str) -> str:
@@ -279,10 +308,16 @@ class _Values:
             return text
         vendor = text.split("/", 1)[0]
         if vendor in KNOWN_UNSUPPORTED_GPU_VENDORS:
-            raise StackConfigError(key, f"{text!r}: vendor {vendor} is not supported, the training image is "
-                                   "built for CUDA; use nvidia.com/gpu (or nvidia.com/mig-<profile>)")
-        raise StackConfigError(key, f"{text!r}: unknown GPU vendor or resource; use nvidia.com/gpu "
-                               "(or nvidia.com/mig-<profile>)")
+            raise StackConfigError(
+                key,
+                f"{text!r}: vendor {vendor} is not supported, the training image is "
+                "built for CUDA; use nvidia.com/gpu (or nvidia.com/mig-<profile>)",
+            )
+        raise StackConfigError(
+            key,
+            f"{text!r}: unknown GPU vendor or resource; use nvidia.com/gpu "
+            "(or nvidia.com/mig-<profile>)",
+        )
 
     def string_list(self, key: str) -> list[str]:
         text = self.text(key)
@@ -298,8 +333,15 @@ class _Values:
         selector: dict[str, str] = {}
         for item in self.string_list(key):
             label, sep, value = item.partition("=")
-            if not sep or not _label_key_ok(label) or len(value) > 63 or not _LABEL_VALUE_RE.match(value):
-                raise StackConfigError(key, f"{item!r} is not LABEL=VALUE (e.g. nvidia.com/gpu.present=true)")
+            if (
+                not sep
+                or not _label_key_ok(label)
+                or len(value) > 63
+                or not _LABEL_VALUE_RE.match(value)
+            ):
+                raise StackConfigError(
+                    key, f"{item!r} is not LABEL=VALUE (e.g. nvidia.com/gpu.present=true)"
+                )
             selector[label] = value
         return selector
 
@@ -309,31 +351,49 @@ class _Values:
             taint, _, effect = item.partition(":")
             label, sep, value = taint.partition("=")
             if not _label_key_ok(label) or (sep and not _LABEL_VALUE_RE.match(value)):
-                raise StackConfigError(key, f"{item!r} is not KEY[=VALUE][:EFFECT] (e.g. nvidia.com/gpu:NoSchedule)")
+                raise StackConfigError(
+                    key, f"{item!r} is not KEY[=VALUE][:EFFECT] (e.g. nvidia.com/gpu:NoSchedule)"
+                )
             if effect and effect not in TAINT_EFFECTS:
-                raise StackConfigError(key, f"{item!r}: effect must be one of {', '.join(TAINT_EFFECTS)}")
-            tolerations.append(Toleration(key=label, value=value if sep else None, effect=effect or None))
+                raise StackConfigError(
+                    key, f"{item!r}: effect must be one of {', '.join(TAINT_EFFECTS)}"
+                )
+            tolerations.append(
+                Toleration(key=label, value=value if sep else None, effect=effect or None)
+            )
         return tuple(tolerations)
 
     def _secret_text(self, key: str) -> str:
         text = self.text(key)
         if text and key not in self._secret_keys:
             # The value is already in the stack file in clear; say so without repeating it.
-            raise StackConfigError(key, f"stored in plain text; remove it (`pulumi config rm {key}`) and set it "
-                                   f"encrypted with `pulumi config set --secret {key} ...`")
+            raise StackConfigError(
+                key,
+                f"stored in plain text; remove it (`pulumi config rm {key}`) and set it "
+                f"encrypted with `pulumi config set --secret {key} ...`",
+            )
         return text
 
     def ssh_authorized_keys(self, key: str) -> str:
         text = self._secret_text(key)
-        lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        lines = [
+            line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
+        ]
         if any("PRIVATE KEY" in line for line in lines):
-            raise StackConfigError(key, "holds a private key; set the PUBLIC key (the .pub file) instead")
+            raise StackConfigError(
+                key, "holds a private key; set the PUBLIC key (the .pub file) instead"
+            )
         if not lines:
-            raise StackConfigError(key, "empty; set your public key: "
-                                   f"`pulumi config set --secret {key} < ~/.ssh/id_ed25519.pub`")
+            raise StackConfigError(
+                key,
+                "empty; set your public key: "
+                f"`pulumi config set --secret {key} < ~/.ssh/id_ed25519.pub`",
+            )
         for number, line in enumerate(lines, start=1):
             if not line.startswith(SSH_PUBLIC_KEY_TYPES) or len(line.split()) < 2:
-                raise StackConfigError(key, f"line {number} is not an OpenSSH public key (ssh-ed25519 AAAA... comment)")
+                raise StackConfigError(
+                    key, f"line {number} is not an OpenSSH public key (ssh-ed25519 AAAA... comment)"
+                )
         return "\n".join(lines) + "\n"
 
     def alert_webhooks(self, key: str) -> str:
@@ -354,13 +414,17 @@ class _Values:
         except json.JSONDecodeError:
             document = None
         auths = document.get("auths") if isinstance(document, dict) else None
-        if not isinstance(auths, dict) or not any(isinstance(entry, dict) and entry.get("auth")
-                                                  for entry in auths.values()):
+        if not isinstance(auths, dict) or not any(
+            isinstance(entry, dict) and entry.get("auth") for entry in auths.values()
+        ):
             # A credential helper (credsStore) keeps the credentials out of config.json.
-            raise StackConfigError(key, "is not a Docker config.json holding credentials (\"auths\" with an "
-                                   "\"auth\" entry); write one with `kubectl create secret docker-registry x "
-                                   "--docker-server=... --docker-username=... --docker-password=... --dry-run=client "
-                                   "-o jsonpath='{.data.\\.dockerconfigjson}' | base64 -d`")
+            raise StackConfigError(
+                key,
+                'is not a Docker config.json holding credentials ("auths" with an '
+                '"auth" entry); write one with `kubectl create secret docker-registry x '
+                "--docker-server=... --docker-username=... --docker-password=... --dry-run=client "
+                "-o jsonpath='{.data.\\.dockerconfigjson}' | base64 -d`",
+            )
         return text
 
 

@@ -8,9 +8,10 @@ program: stack value if set, else the declared default, primitives as text, arra
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import yaml
 
@@ -53,7 +54,9 @@ def stack_file(project_dir: Path, stack: str) -> Path:
 
 
 def available_stacks(project_dir: Path) -> list[str]:
-    return sorted(path.name[len("Pulumi."):-len(".yaml")] for path in project_dir.glob("Pulumi.*.yaml"))
+    return sorted(
+        path.name[len("Pulumi.") : -len(".yaml")] for path in project_dir.glob("Pulumi.*.yaml")
+    )
 
 
 def load_stack_values(project_dir: Path, stack: str) -> dict[str, Any]:
@@ -61,21 +64,25 @@ def load_stack_values(project_dir: Path, stack: str) -> dict[str, Any]:
     path = stack_file(project_dir, stack)
     if not path.is_file():
         stacks = ", ".join(available_stacks(project_dir)) or "none"
-        raise StackFileError(f"no stack file {path}: copy an example (stacks here: {stacks}) to "
-                             f"Pulumi.{stack}.yaml and edit it")
+        raise StackFileError(
+            f"no stack file {path}: copy an example (stacks here: {stacks}) to "
+            f"Pulumi.{stack}.yaml and edit it"
+        )
     document = yaml.safe_load(path.read_text()) or {}
     if not isinstance(document, dict):
         raise StackFileError(f"{path}: not a YAML mapping")
     config = document.get("config") or {}
     prefix = f"{PROJECT}:"
-    return {key[len(prefix):]: value for key, value in config.items() if key.startswith(prefix)}
+    return {key[len(prefix) :]: value for key, value in config.items() if key.startswith(prefix)}
 
 
 def is_secure(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {"secure"}
 
 
-def undeclared_keys(declarations: Mapping[str, ConfigDeclaration], stack_values: Mapping[str, Any]) -> list[str]:
+def undeclared_keys(
+    declarations: Mapping[str, ConfigDeclaration], stack_values: Mapping[str, Any]
+) -> list[str]:
     """Keys the stack sets that Pulumi.yaml does not declare: typos that would be silently ignored."""
     return sorted(set(stack_values) - set(declarations))
 
@@ -91,9 +98,9 @@ def as_program_value(value: Any) -> str:
 
 def program_config(
     declarations: Mapping[str, ConfigDeclaration], stack_values: Mapping[str, Any]
-) -> dict[str, Optional[str]]:
+) -> dict[str, str | None]:
     """Key -> value the program would see: the stack's value, else the default, else None (unset)."""
-    config: dict[str, Optional[str]] = {}
+    config: dict[str, str | None] = {}
     for key, declaration in declarations.items():
         if key in stack_values:
             config[key] = as_program_value(stack_values[key])

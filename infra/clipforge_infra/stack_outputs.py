@@ -35,14 +35,20 @@ OUTPUT_KEYS = (
 )
 
 
-def describe_stack(settings: StackSettings, namespace: Any, ssh_host_public_key: Any) -> dict[str, Any]:
+def describe_stack(
+    settings: StackSettings, namespace: Any, ssh_host_public_key: Any
+) -> dict[str, Any]:
     """Output name -> value (``namespace`` and the host key may be Pulumi Outputs)."""
     workers = settings.workers
     running = not settings.released
-    hosts = [
-        {"pod": worker_pod_name(index), "host": worker_host(index, settings.namespace)}
-        for index in range(workers.num_workers)
-    ] if running else []
+    hosts = (
+        [
+            {"pod": worker_pod_name(index), "host": worker_host(index, settings.namespace)}
+            for index in range(workers.num_workers)
+        ]
+        if running
+        else []
+    )
     gpus_running = settings.total_gpus if running else 0
     return {
         "namespace": namespace,
@@ -61,7 +67,11 @@ def describe_stack(settings: StackSettings, namespace: Any, ssh_host_public_key:
             "host_public_key": ssh_host_public_key,
         },
         "volumes": {
-            volume.role: {"claim": volume.claim_name, "mount_path": volume.mount_path, "retained": True}
+            volume.role: {
+                "claim": volume.claim_name,
+                "mount_path": volume.mount_path,
+                "retained": True,
+            }
             for volume in VOLUMES
         },
         "tensorboard": {"service": TENSORBOARD_NAME, "port": TENSORBOARD_PORT} if running else None,

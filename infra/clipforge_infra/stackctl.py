@@ -19,10 +19,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Sequence
 
 from clipforge.fsutil import atomic_write_text
 from clipforge.image_env import ImageEnvError, read_image_env
@@ -61,35 +61,52 @@ class PulumiInvocation:
 
 def prepare_invocation(args: argparse.Namespace, environ: Mapping[str, str]) -> PulumiInvocation:
     if not args.stack:
-        raise StackctlError("no stack: run `make up STACK=<name>` (stack files: infra/Pulumi.<name>.yaml)")
+        raise StackctlError(
+            "no stack: run `make up STACK=<name>` (stack files: infra/Pulumi.<name>.yaml)"
+        )
     declarations = load_declarations(args.project_dir)
     stack_values = load_stack_values(args.project_dir, args.stack)
     undeclared = undeclared_keys(declarations, stack_values)
     if undeclared:
-        raise StackctlError(f"Pulumi.{args.stack}.yaml sets {', '.join(undeclared)}, which Pulumi.yaml does "
-                            "not declare (a typo?)")
+        raise StackctlError(
+            f"Pulumi.{args.stack}.yaml sets {', '.join(undeclared)}, which Pulumi.yaml does "
+            "not declare (a typo?)"
+        )
     for key in OWNED_BY_MAKE:
         if key in stack_values:
-            raise StackctlError(f"Pulumi.{args.stack}.yaml sets {key}, which make up/down set themselves: "
-                                f"`pulumi -C infra config rm {key} -s {args.stack}`")
+            raise StackctlError(
+                f"Pulumi.{args.stack}.yaml sets {key}, which make up/down set themselves: "
+                f"`pulumi -C infra config rm {key} -s {args.stack}`"
+            )
     pulumi = shutil.which("pulumi", path=environ.get("PATH", ""))
     if pulumi is None:
-        raise StackctlError(f"the Pulumi CLI is not on PATH: install it ({INSTALL_PULUMI}), then "
-                            "`pulumi login` (or `pulumi login --local` to keep state on this machine)")
+        raise StackctlError(
+            f"the Pulumi CLI is not on PATH: install it ({INSTALL_PULUMI}), then "
+            "`pulumi login` (or `pulumi login --local` to keep state on this machine)"
+        )
     context = resolve_context(program_config(declarations, stack_values)["kubeContext"], environ)
     if "sshAuthorizedKeys" not in stack_values:
-        raise StackctlError("no SSH key for the workers: `pulumi -C infra config set --secret -s "
-                            f"{args.stack} sshAuthorizedKeys < ~/.ssh/id_ed25519.pub`")
+        raise StackctlError(
+            "no SSH key for the workers: `pulumi -C infra config set --secret -s "
+            f"{args.stack} sshAuthorizedKeys < ~/.ssh/id_ed25519.pub`"
+        )
     for key in SECRET_KEYS:
         if key in stack_values and stack_values[key] != "" and not is_secure(stack_values[key]):
-            raise StackctlError(f"{key} is in plain text in Pulumi.{args.stack}.yaml: remove it and set it "
-                                f"with `pulumi -C infra config set --secret -s {args.stack} {key} ...`")
+            raise StackctlError(
+                f"{key} is in plain text in Pulumi.{args.stack}.yaml: remove it and set it "
+                f"with `pulumi -C infra config set --secret -s {args.stack} {key} ...`"
+            )
 
     transient = {"released": "true" if args.command == "down" else "false"}
     if "image" not in stack_values:
         transient["image"] = read_image_env(args.image_env).reference(args.registry)
-    return PulumiInvocation(stack=args.stack, project_dir=args.project_dir, context=context,
-                            transient_config=transient, pulumi=pulumi)
+    return PulumiInvocation(
+        stack=args.stack,
+        project_dir=args.project_dir,
+        context=context,
+        transient_config=transient,
+        pulumi=pulumi,
+    )
 
 
 class Pulumi:
@@ -99,9 +116,17 @@ class Pulumi:
         self.invocation = invocation
 
     def run(self, *arguments: str, capture: bool = False) -> str:
-        command = [self.invocation.pulumi, *arguments, "--stack", self.invocation.stack,
-                   "--cwd", str(self.invocation.project_dir)]
-        done = subprocess.run(command, stdout=subprocess.PIPE if capture else None, text=True, check=False)
+        command = [
+            self.invocation.pulumi,
+            *arguments,
+            "--stack",
+            self.invocation.stack,
+            "--cwd",
+            str(self.invocation.project_dir),
+        ]
+        done = subprocess.run(
+            command, stdout=subprocess.PIPE if capture else None, text=True, check=False
+        )
         if done.returncode != 0:
             raise StackctlError(f"`pulumi {' '.join(arguments)}` failed (exit {done.returncode})")
         return done.stdout if capture else ""
@@ -135,8 +160,10 @@ def cost_line(outputs: Mapping) -> str:
     cost = outputs.get("cost") or {}
     if not cost or cost.get("price_per_gpu_hour") in (None, "0"):
         return "cost: set pricePerGpuHour in the stack to see what this costs per hour"
-    return (f"cost: {cost['gpus']} GPU(s) x {cost['price_per_gpu_hour']} {cost['currency']}/GPU-hour "
-            f"= {cost['per_hour']} {cost['currency']}/hour")
+    return (
+        f"cost: {cost['gpus']} GPU(s) x {cost['price_per_gpu_hour']} {cost['currency']}/GPU-hour "
+        f"= {cost['per_hour']} {cost['currency']}/hour"
+    )
 
 
 def access_lines(outputs: Mapping) -> list[str]:
@@ -144,12 +171,16 @@ def access_lines(outputs: Mapping) -> list[str]:
     if outputs.get("released") or not outputs.get("workers"):
         return []
     where = f"kubectl --context {outputs['kube_context']} -n {outputs['namespace']}"
-    lines = [f"ssh: {where} port-forward pod/{outputs['ssh']['entry_pod']} {outputs['ssh']['port']}:"
-             f"{outputs['ssh']['port']}, then ssh -p {outputs['ssh']['port']} {outputs['ssh']['user']}@127.0.0.1"]
+    lines = [
+        f"ssh: {where} port-forward pod/{outputs['ssh']['entry_pod']} {outputs['ssh']['port']}:"
+        f"{outputs['ssh']['port']}, then ssh -p {outputs['ssh']['port']} {outputs['ssh']['user']}@127.0.0.1"
+    ]
     if outputs.get("tensorboard"):
         port = outputs["tensorboard"]["port"]
-        lines.append(f"TensorBoard: {where} port-forward svc/{outputs['tensorboard']['service']} {port}:{port}, "
-                     f"then http://127.0.0.1:{port}")
+        lines.append(
+            f"TensorBoard: {where} port-forward svc/{outputs['tensorboard']['service']} {port}:{port}, "
+            f"then http://127.0.0.1:{port}"
+        )
     return lines
 
 
@@ -166,8 +197,10 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         if teardown_guard.main(guard_args(args)) != 0:
             return teardown_guard.EXIT_REFUSED
     invocation = prepare_invocation(args, environ)
-    print(f"stack {invocation.stack}: context {invocation.context}; " +
-          ", ".join(f"{key}={value}" for key, value in invocation.transient_config.items()))
+    print(
+        f"stack {invocation.stack}: context {invocation.context}; "
+        + ", ".join(f"{key}={value}" for key, value in invocation.transient_config.items())
+    )
     pulumi = Pulumi(invocation)
     pulumi.run("stack", "select", "--create")
     with pulumi.transient_config():
@@ -175,18 +208,22 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             pulumi.run("preview", "--diff")
             return 0
         pulumi.run("up", "--yes", "--skip-preview")
-    outputs = write_outputs(pulumi.run("stack", "output", "--json", capture=True), args.outputs, invocation.context)
+    outputs = write_outputs(
+        pulumi.run("stack", "output", "--json", capture=True), args.outputs, invocation.context
+    )
     print(f"wrote {args.outputs}")
     print(cost_line(outputs))
     for line in access_lines(outputs):
         print(line)
     if args.command == "down":
-        print("GPU workers and TensorBoard released; namespace, volumes (datasets, checkpoints, logs) and "
-              "secrets kept. `make up` re-attaches them.")
+        print(
+            "GPU workers and TensorBoard released; namespace, volumes (datasets, checkpoints, logs) and "
+            "secrets kept. `make up` re-attaches them."
+        )
     return 0
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     infra_dir = Path(__file__).resolve().parent.parent
     parser = argparse.ArgumentParser(prog="stackctl", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("up", "down", "preview"))
@@ -195,7 +232,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--project-dir", type=Path, default=infra_dir)
     parser.add_argument("--image-env", type=Path, default=infra_dir.parent / "docker" / "image.env")
     parser.add_argument("--outputs", type=Path, default=infra_dir / "stack-outputs.json")
-    parser.add_argument("--force", action="store_true", help="down: release even if the checkpoint could be lost")
+    parser.add_argument(
+        "--force", action="store_true", help="down: release even if the checkpoint could be lost"
+    )
     parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"))
     parser.add_argument("--retained", type=Path, action="append", default=[])
     args = parser.parse_args(argv)
@@ -204,7 +243,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return run(args, os.environ)

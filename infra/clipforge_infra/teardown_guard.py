@@ -22,9 +22,10 @@ import hashlib
 import re
 import subprocess
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Protocol, Sequence
+from typing import Protocol
 
 RUN_DIR_RE = re.compile(r"^run-[0-9a-f]{12}$")
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -83,7 +84,7 @@ class LocalDvcRemote:
 class ListedDvcRemote:
     """A DVC remote behind a URL (s3://, gs://, ssh://...), listed with `dvc ls-url` per hash prefix."""
 
-    def __init__(self, url: str, dvc: Optional[str] = None):
+    def __init__(self, url: str, dvc: str | None = None):
         self.url = url.rstrip("/")
         self.dvc = dvc or dvc_command()
         self.description = f"DVC remote {url}"
@@ -97,22 +98,29 @@ class ListedDvcRemote:
 
     def _list(self, url: str) -> set[str]:
         try:
-            done = subprocess.run([self.dvc, "ls-url", url], capture_output=True, text=True, check=False)
+            done = subprocess.run(
+                [self.dvc, "ls-url", url], capture_output=True, text=True, check=False
+            )
         except FileNotFoundError:
-            raise GuardError(f"cannot check {self.description}: the dvc command is not installed") from None
+            raise GuardError(
+                f"cannot check {self.description}: the dvc command is not installed"
+            ) from None
         if done.returncode != 0:
             if "does not exist" in done.stderr:
                 return set()
             raise GuardError(f"cannot list {url}: {done.stderr.strip()}")
-        return {line.strip().rsplit("/", 1)[-1] for line in done.stdout.splitlines() if line.strip()}
+        return {
+            line.strip().rsplit("/", 1)[-1] for line in done.stdout.splitlines() if line.strip()
+        }
 
 
-def find_latest_checkpoint(checkpoints_dir: Path) -> Optional[LatestCheckpoint]:
+def find_latest_checkpoint(checkpoints_dir: Path) -> LatestCheckpoint | None:
     """The tag named by ``latest`` in the most recently modified run directory that has one."""
     if not checkpoints_dir.is_dir():
         return None
     runs = [
-        path for path in checkpoints_dir.iterdir()
+        path
+        for path in checkpoints_dir.iterdir()
         if path.is_dir() and RUN_DIR_RE.match(path.name) and (path / "latest").is_file()
     ]
     if not runs:
@@ -124,7 +132,7 @@ def find_latest_checkpoint(checkpoints_dir: Path) -> Optional[LatestCheckpoint]:
     return LatestCheckpoint(run_dir=run_dir, tag=tag)
 
 
-def retained_root(path: Path, retained: Iterable[Path]) -> Optional[Path]:
+def retained_root(path: Path, retained: Iterable[Path]) -> Path | None:
     """The retained root that ``path`` really lies under (after resolving symlinks), if any."""
     real = path.resolve()
     for root in retained:
@@ -141,15 +149,22 @@ def file_md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def assess(checkpoints_dir: Path, retained: Sequence[Path], remote: Optional[RemoteStore]) -> Verdict:
+def assess(checkpoints_dir: Path, retained: Sequence[Path], remote: RemoteStore | None) -> Verdict:
     """Is the latest checkpoint under ``checkpoints_dir`` safe from a release of the workers?"""
     latest = find_latest_checkpoint(checkpoints_dir)
     if latest is None:
         return Verdict(True, f"no checkpoint under {checkpoints_dir}: nothing to lose")
-    files = sorted(path for path in latest.tag_dir.rglob("*") if path.is_file()) if latest.tag_dir.is_dir() else []
+    files = (
+        sorted(path for path in latest.tag_dir.rglob("*") if path.is_file())
+        if latest.tag_dir.is_dir()
+        else []
+    )
     if not files:
-        return Verdict(False, f"{latest.run_dir / 'latest'} names {latest.tag}, but {latest.tag_dir} "
-                              "is missing or empty")
+        return Verdict(
+            False,
+            f"{latest.run_dir / 'latest'} names {latest.tag}, but {latest.tag_dir} "
+            "is missing or empty",
+        )
     root = retained_root(latest.tag_dir, retained)
     if root is not None:
         return Verdict(True, f"latest checkpoint {latest} is on retained storage ({root})")
@@ -162,8 +177,11 @@ def assess(checkpoints_dir: Path, retained: Sequence[Path], remote: Optional[Rem
     else:
         where = "no DVC remote is configured"
     shown = ", ".join(str(root) for root in retained) or "none given"
-    return Verdict(False, f"latest checkpoint {latest} ({latest.tag_dir}) is not on retained storage "
-                          f"({shown}) and {where}")
+    return Verdict(
+        False,
+        f"latest checkpoint {latest} ({latest.tag_dir}) is not on retained storage "
+        f"({shown}) and {where}",
+    )
 
 
 class UnknownRemote:
@@ -178,7 +196,7 @@ class UnknownRemote:
         raise GuardError(self.reason)
 
 
-def dvc_remote_url(repo: Path, dvc: Optional[str] = None) -> Optional[str]:
+def dvc_remote_url(repo: Path, dvc: str | None = None) -> str | None:
     """The default remote's URL as DVC resolves it from the repository's, local, global and system
     config (a relative path comes back absolute); None when no default remote is set."""
     dvc = dvc or dvc_command()
@@ -186,11 +204,15 @@ def dvc_remote_url(repo: Path, dvc: Optional[str] = None) -> Optional[str]:
     return _dvc_config(repo, dvc, f"remote.{name}.url") if name else None
 
 
-def _dvc_config(repo: Path, dvc: str, key: str) -> Optional[str]:
+def _dvc_config(repo: Path, dvc: str, key: str) -> str | None:
     try:
-        done = subprocess.run([dvc, "config", key], cwd=repo, capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [dvc, "config", key], cwd=repo, capture_output=True, text=True, check=False
+        )
     except FileNotFoundError:
-        raise GuardError(f"cannot look up the DVC remote: the dvc command ({dvc}) is not installed") from None
+        raise GuardError(
+            f"cannot look up the DVC remote: the dvc command ({dvc}) is not installed"
+        ) from None
     if done.returncode != 0:
         first_line = (done.stderr.strip().splitlines() or ["no message"])[0]
         raise GuardError(f"cannot read the DVC config of {repo}: {first_line}")
@@ -200,13 +222,13 @@ def _dvc_config(repo: Path, dvc: str, key: str) -> Optional[str]:
 def open_remote(url: str) -> RemoteStore:
     """A local directory remote is checked on disk; any other URL through `dvc ls-url`."""
     if url.startswith("file://"):
-        return LocalDvcRemote(Path(url[len("file://"):]))
+        return LocalDvcRemote(Path(url[len("file://") :]))
     if "://" in url or re.match(r"^[\w.-]+@[\w.-]+:", url):
         return ListedDvcRemote(url)
     return LocalDvcRemote(Path(url).expanduser())
 
 
-def find_remote(args: argparse.Namespace) -> Optional[RemoteStore]:
+def find_remote(args: argparse.Namespace) -> RemoteStore | None:
     """--dvc-remote, else the repository's default remote; a failed look-up counts only if the
     remote is needed."""
     try:
@@ -216,16 +238,32 @@ def find_remote(args: argparse.Namespace) -> Optional[RemoteStore]:
     return open_remote(url) if url else None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="teardown_guard", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"),
-                        help="directory holding run-<12 hex>/ checkpoint runs (default: checkpoints)")
-    parser.add_argument("--retained", type=Path, action="append",
-                        help=f"a directory on retained storage; repeatable (default: {DEFAULT_RETAINED})")
-    parser.add_argument("--dvc-repo", type=Path, default=Path("."),
-                        help="DVC repository whose default remote counts as durable (default: .)")
-    parser.add_argument("--dvc-remote", help="remote URL or directory, instead of the repository's default")
-    parser.add_argument("--force", action="store_true", help="release even when the checkpoint could be lost")
+    parser.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=Path("checkpoints"),
+        help="directory holding run-<12 hex>/ checkpoint runs (default: checkpoints)",
+    )
+    parser.add_argument(
+        "--retained",
+        type=Path,
+        action="append",
+        help=f"a directory on retained storage; repeatable (default: {DEFAULT_RETAINED})",
+    )
+    parser.add_argument(
+        "--dvc-repo",
+        type=Path,
+        default=Path("."),
+        help="DVC repository whose default remote counts as durable (default: .)",
+    )
+    parser.add_argument(
+        "--dvc-remote", help="remote URL or directory, instead of the repository's default"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="release even when the checkpoint could be lost"
+    )
     args = parser.parse_args(argv)
 
     retained = args.retained if args.retained is not None else [Path(DEFAULT_RETAINED)]
@@ -237,11 +275,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"teardown guard: ok, {verdict.reason}")
         return 0
     if args.force:
-        print(f"teardown guard: FORCE=1, releasing anyway although {verdict.reason}", file=sys.stderr)
+        print(
+            f"teardown guard: FORCE=1, releasing anyway although {verdict.reason}", file=sys.stderr
+        )
         return 0
-    print(f"teardown guard: refusing to release the GPUs: {verdict.reason}.\n"
-          "  Push it first (`dvc commit` if needed, then `dvc push`), or keep checkpoints on the retained\n"
-          "  volume, or run `make down FORCE=1` to release anyway and lose it.", file=sys.stderr)
+    print(
+        f"teardown guard: refusing to release the GPUs: {verdict.reason}.\n"
+        "  Push it first (`dvc commit` if needed, then `dvc push`), or keep checkpoints on the retained\n"
+        "  volume, or run `make down FORCE=1` to release anyway and lose it.",
+        file=sys.stderr,
+    )
     return EXIT_REFUSED
 
 

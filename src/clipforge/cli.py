@@ -1,10 +1,11 @@
 """What every `python -m clipforge.<stage>` shares: --params/--set parsing and error exits."""
+
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from clipforge.config import Config, ConfigError, load_config
 
@@ -17,15 +18,27 @@ class StageError(RuntimeError):
 
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a parameter, e.g. --set train.lr=1e-4 (repeatable; the value "
-                             "is YAML, as with `dvc exp run -S`)")
+    parser.add_argument(
+        "--params", default="params.yaml", help="params file (default: params.yaml)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a parameter, e.g. --set train.lr=1e-4 (repeatable; the value "
+        "is YAML, as with `dvc exp run -S`)",
+    )
     return parser
 
 
-def run_stage(prog: str, body: Callable[[argparse.Namespace], None], argv: Sequence[str] | None,
-              parser: argparse.ArgumentParser) -> int:
+def run_stage(
+    prog: str,
+    body: Callable[[argparse.Namespace], None],
+    argv: Sequence[str] | None,
+    parser: argparse.ArgumentParser,
+) -> int:
     """Parse, run, and turn user errors into one clear line and a non-zero exit code."""
     args = parser.parse_args(argv)
     configure_logging()
@@ -45,6 +58,7 @@ def load_stage_config(args: argparse.Namespace, sections: Sequence[str]) -> Conf
 def configure_logging() -> None:
     """clipforge's own messages at INFO; libraries (open_clip logs every step of model creation
     at INFO on the root logger) only from WARNING."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     logging.getLogger("clipforge").setLevel(logging.INFO)

@@ -14,14 +14,16 @@ Layering, lowest first:
      wins over the recipe (so `dvc exp run -S recipe=production -S train.lr=1e-4` does what it says);
   4. `--set section.key=value` (YAML-parsed, like `dvc exp run -S`).
 """
+
 from __future__ import annotations
 
 import copy
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Literal
 
 import yaml
 
@@ -36,7 +38,8 @@ class _YamlLoader(yaml.SafeLoader):
 _YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+    list("-+0123456789"),
+)
 
 
 def load_yaml(text: str) -> Any:
@@ -48,95 +51,167 @@ class DataConfig(Section):
     SECTION = "data"
 
     source: Literal["builtin", "local", "laion-parquet", "webdataset"] = knob(
-        "builtin", "Where pairs come from: `builtin` (generated shapes scenes, no download), "
+        "builtin",
+        "Where pairs come from: `builtin` (generated shapes scenes, no download), "
         "`local` (a folder, .csv or .jsonl of image path + caption, see `path`), `laion-parquet` "
         "(LAION-style metadata filtered, then downloaded with img2dataset, see `paths`) or "
-        "`webdataset` (existing tar shards, see `paths`).")
-    path: Optional[str] = knob(None, "Input for the `local` source: a folder of images with "
-                               "same-named .txt captions, a .csv (columns image,caption) or a .jsonl.")
-    paths: list[str] = knob([], "Inputs of the `laion-parquet` source (metadata .parquet files) or "
-                            "of the `webdataset` source (.tar shards): local paths, globs, "
-                            "`{000..099}` ranges or fsspec URLs such as s3://bucket/laion-zh/*.parquet.")
-    test_dir: Optional[str] = knob(None, "A test set already in Chinese-CLIP layout (test_imgs.tsv + "
-                                   "test_texts.jsonl), e.g. Flickr30K-CN; copied to data/test instead of "
-                                   "splitting one off the source.")
+        "`webdataset` (existing tar shards, see `paths`).",
+    )
+    path: str | None = knob(
+        None,
+        "Input for the `local` source: a folder of images with "
+        "same-named .txt captions, a .csv (columns image,caption) or a .jsonl.",
+    )
+    paths: list[str] = knob(
+        [],
+        "Inputs of the `laion-parquet` source (metadata .parquet files) or "
+        "of the `webdataset` source (.tar shards): local paths, globs, "
+        "`{000..099}` ranges or fsspec URLs such as s3://bucket/laion-zh/*.parquet.",
+    )
+    test_dir: str | None = knob(
+        None,
+        "A test set already in Chinese-CLIP layout (test_imgs.tsv + "
+        "test_texts.jsonl), e.g. Flickr30K-CN; copied to data/test instead of "
+        "splitting one off the source.",
+    )
     seed: int = knob(0, "Seed of the generator and of the split.", ge=0)
     num_train: int = knob(12000, "builtin: number of training pairs.", ge=1)
     num_val: int = knob(256, "builtin: number of validation pairs.", ge=1)
     num_test_images: int = knob(300, "builtin: number of test images (two captions each).", ge=10)
     image_size: int = knob(64, "builtin: rendered image size in pixels.", ge=32, le=1024)
-    val_fraction: float = knob(0.02, "local, laion-parquet, webdataset: share of images held out "
-                               "for validation.", ge=0.0, lt=0.5)
-    test_fraction: float = knob(0.02, "local, laion-parquet, webdataset: share of images held out "
-                                "for the test set (ignored when test_dir is set).", ge=0.0, lt=0.5)
+    val_fraction: float = knob(
+        0.02,
+        "local, laion-parquet, webdataset: share of images held out for validation.",
+        ge=0.0,
+        lt=0.5,
+    )
+    test_fraction: float = knob(
+        0.02,
+        "local, laion-parquet, webdataset: share of images held out "
+        "for the test set (ignored when test_dir is set).",
+        ge=0.0,
+        lt=0.5,
+    )
     samples_per_shard: int = knob(2000, "Samples per webdataset tar shard.", ge=1)
-    max_image_pixels: int = knob(50_000_000, "Images with more pixels are skipped as `too_large` "
-                                 "(protects against decompression bombs).", ge=1)
-    max_caption_chars: int = knob(512, "Captions longer than this are skipped as `caption_too_long`.",
-                                  ge=1)
+    max_image_pixels: int = knob(
+        50_000_000,
+        "Images with more pixels are skipped as `too_large` "
+        "(protects against decompression bombs).",
+        ge=1,
+    )
+    max_caption_chars: int = knob(
+        512, "Captions longer than this are skipped as `caption_too_long`.", ge=1
+    )
     # laion-parquet: filters on the metadata, applied in this order before anything is downloaded
-    min_similarity: float = knob(0.32, "laion-parquet: keep rows whose CLIP image-text `similarity` "
-                                 "is at least this (0: off).", ge=0.0, le=1.0)
-    language: Optional[str] = knob("zh", "laion-parquet: keep captions in this language: the "
-                                   "`LANGUAGE` column when present, else script detection (only "
-                                   "`zh`); null: off.", nonempty=True)
-    max_punsafe: float = knob(0.5, "laion-parquet: drop rows whose NSFW probability `punsafe` is "
-                              "above this (1: off).", ge=0.0, le=1.0)
-    max_pwatermark: float = knob(0.8, "laion-parquet: drop rows whose watermark probability "
-                                 "`pwatermark` is above this (1: off).", ge=0.0, le=1.0)
-    min_image_side: int = knob(64, "laion-parquet: drop images whose shorter side is below this "
-                               "many pixels (metadata WIDTH/HEIGHT, then again once downloaded).", ge=0)
-    max_aspect_ratio: float = knob(3.0, "laion-parquet: drop images whose longer side is more than "
-                                   "this many times the shorter (metadata, then once downloaded).",
-                                   ge=1.0)
+    min_similarity: float = knob(
+        0.32,
+        "laion-parquet: keep rows whose CLIP image-text `similarity` is at least this (0: off).",
+        ge=0.0,
+        le=1.0,
+    )
+    language: str | None = knob(
+        "zh",
+        "laion-parquet: keep captions in this language: the "
+        "`LANGUAGE` column when present, else script detection (only "
+        "`zh`); null: off.",
+        nonempty=True,
+    )
+    max_punsafe: float = knob(
+        0.5,
+        "laion-parquet: drop rows whose NSFW probability `punsafe` is above this (1: off).",
+        ge=0.0,
+        le=1.0,
+    )
+    max_pwatermark: float = knob(
+        0.8,
+        "laion-parquet: drop rows whose watermark probability `pwatermark` is above this (1: off).",
+        ge=0.0,
+        le=1.0,
+    )
+    min_image_side: int = knob(
+        64,
+        "laion-parquet: drop images whose shorter side is below this "
+        "many pixels (metadata WIDTH/HEIGHT, then again once downloaded).",
+        ge=0,
+    )
+    max_aspect_ratio: float = knob(
+        3.0,
+        "laion-parquet: drop images whose longer side is more than "
+        "this many times the shorter (metadata, then once downloaded).",
+        ge=1.0,
+    )
     dedup_urls: bool = knob(True, "laion-parquet: keep only the first row of each URL.")
-    dedup_captions: bool = knob(True, "laion-parquet: keep only the first row of each caption "
-                                "(after whitespace clean-up).")
+    dedup_captions: bool = knob(
+        True, "laion-parquet: keep only the first row of each caption (after whitespace clean-up)."
+    )
     # laion-parquet: the download (img2dataset, run as a separate tool; see docs/real-data.md)
-    download_dir: str = knob("downloads", "laion-parquet: where the filtered metadata and "
-                             "img2dataset's shards are kept between runs, so a rerun continues an "
-                             "interrupted download (outside data/, which is replaced whole).",
-                             nonempty=True)
-    download_image_size: int = knob(256, "laion-parquet: img2dataset resizes images to this size.",
-                                    ge=16, le=4096)
+    download_dir: str = knob(
+        "downloads",
+        "laion-parquet: where the filtered metadata and "
+        "img2dataset's shards are kept between runs, so a rerun continues an "
+        "interrupted download (outside data/, which is replaced whole).",
+        nonempty=True,
+    )
+    download_image_size: int = knob(
+        256, "laion-parquet: img2dataset resizes images to this size.", ge=16, le=4096
+    )
     resize_mode: Literal["no", "border", "keep_ratio", "keep_ratio_largest", "center_crop"] = knob(
-        "keep_ratio", "laion-parquet: img2dataset's resize mode (`keep_ratio`: shorter side to "
-        "download_image_size, aspect kept; `center_crop`: square crop; `border`: pad; `no`).")
+        "keep_ratio",
+        "laion-parquet: img2dataset's resize mode (`keep_ratio`: shorter side to "
+        "download_image_size, aspect kept; `center_crop`: square crop; `border`: pad; `no`).",
+    )
     resize_only_if_bigger: bool = knob(True, "laion-parquet: never upscale small images.")
-    download_timeout_seconds: int = knob(10, "laion-parquet: per-request timeout; a slower server "
-                                         "counts as `timeout`.", ge=1)
+    download_timeout_seconds: int = knob(
+        10, "laion-parquet: per-request timeout; a slower server counts as `timeout`.", ge=1
+    )
     download_retries: int = knob(2, "laion-parquet: extra attempts for a failed download.", ge=0)
-    download_processes: int = knob(1, "laion-parquet: img2dataset processes (one shard each at a "
-                                   "time).", ge=1)
+    download_processes: int = knob(
+        1, "laion-parquet: img2dataset processes (one shard each at a time).", ge=1
+    )
     download_threads: int = knob(32, "laion-parquet: download threads per process.", ge=1)
-    download_samples_per_shard: int = knob(10000, "laion-parquet: rows per img2dataset shard, the "
-                                           "unit of resumption.", ge=1)
+    download_samples_per_shard: int = knob(
+        10000, "laion-parquet: rows per img2dataset shard, the unit of resumption.", ge=1
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.source == "local" and not self.path:
-            raise ConfigError("data.path: required when data.source is `local` (a folder, .csv or "
-                              ".jsonl)")
+            raise ConfigError(
+                "data.path: required when data.source is `local` (a folder, .csv or .jsonl)"
+            )
         if self.source in ("laion-parquet", "webdataset") and not self.paths:
             kind = "metadata .parquet files" if self.source == "laion-parquet" else ".tar shards"
-            raise ConfigError(f"data.paths: required when data.source is `{self.source}` ({kind}: "
-                              f"paths, globs or fsspec URLs)")
+            raise ConfigError(
+                f"data.paths: required when data.source is `{self.source}` ({kind}: "
+                f"paths, globs or fsspec URLs)"
+            )
 
 
 @dataclass(kw_only=True)
 class ModelConfig(Section):
     SECTION = "model"
 
-    name: str = knob("clipforge-tiny", "open_clip model name (`ViT-B-32`, any open_clip config, or a "
-                     "bundled clipforge config such as `clipforge-tiny`).", nonempty=True)
-    pretrained: Optional[str] = knob(None, "Initial weights: an open_clip checkpoint file "
-                                     "(.safetensors, or a .pt/.bin loaded with weights_only) or "
-                                     "`local-dir:PATH` of an exported model.")
-    text_tower: Optional[str] = knob(None, "Replace the text tower with a Hugging Face model (hub id or "
-                                     "local folder), e.g. `hfl/chinese-roberta-wwm-ext`; its tokenizer "
-                                     "is used too.")
-    image_size: Optional[int] = knob(None, "Override the model's input image size (null: the "
-                                     "model's own).", ge=16, le=1024)
+    name: str = knob(
+        "clipforge-tiny",
+        "open_clip model name (`ViT-B-32`, any open_clip config, or a "
+        "bundled clipforge config such as `clipforge-tiny`).",
+        nonempty=True,
+    )
+    pretrained: str | None = knob(
+        None,
+        "Initial weights: an open_clip checkpoint file "
+        "(.safetensors, or a .pt/.bin loaded with weights_only) or "
+        "`local-dir:PATH` of an exported model.",
+    )
+    text_tower: str | None = knob(
+        None,
+        "Replace the text tower with a Hugging Face model (hub id or "
+        "local folder), e.g. `hfl/chinese-roberta-wwm-ext`; its tokenizer "
+        "is used too.",
+    )
+    image_size: int | None = knob(
+        None, "Override the model's input image size (null: the model's own).", ge=16, le=1024
+    )
 
 
 @dataclass(kw_only=True)
@@ -145,51 +220,76 @@ class TrainConfig(Section):
 
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "`auto`: CUDA when available, else CPU.")
     precision: Literal["auto", "bf16", "fp32"] = knob(
-        "auto", "`auto`: bf16 on GPUs that support it, fp32 on CPU.")
+        "auto", "`auto`: bf16 on GPUs that support it, fp32 on CPU."
+    )
     zero_stage: int = knob(1, "DeepSpeed ZeRO stage (production: 3).", ge=0, le=3)
     num_nodes: int = knob(1, "Machines in the run.", ge=1)
     ranks_per_node: int = knob(1, "Processes per machine: GPUs per node, or CPU ranks.", ge=1)
-    global_batch_size: int = knob(128, "Contrastive batch: pairs per optimizer step over all ranks.",
-                                  ge=2)
+    global_batch_size: int = knob(
+        128, "Contrastive batch: pairs per optimizer step over all ranks.", ge=2
+    )
     micro_batch_size: int = knob(128, "Pairs per forward pass on one rank.", ge=1)
-    grad_accum_steps: Union[int, Literal["auto"]] = knob(
-        "auto", "Micro-batches per rank per step, with feature caching (`auto`: global batch / "
-        "(micro batch x world size)).", ge=1)
+    grad_accum_steps: int | Literal["auto"] = knob(
+        "auto",
+        "Micro-batches per rank per step, with feature caching (`auto`: global batch / "
+        "(micro batch x world size)).",
+        ge=1,
+    )
     epochs: int = knob(1, "Passes over the training set.", ge=1)
-    max_steps: Optional[int] = knob(None, "Stop after this many optimizer steps (null: epochs decide); "
-                                    "the schedule still spans max_steps.", ge=1)
+    max_steps: int | None = knob(
+        None,
+        "Stop after this many optimizer steps (null: epochs decide); "
+        "the schedule still spans max_steps.",
+        ge=1,
+    )
     lr: float = knob(1e-3, "Peak learning rate.", gt=0.0)
     warmup_steps: int = knob(20, "Linear warm-up steps before cosine decay.", ge=0)
     min_lr_ratio: float = knob(0.0, "Final lr as a fraction of the peak.", ge=0.0, le=1.0)
     beta1: float = knob(0.9, "AdamW beta1.", ge=0.0, lt=1.0)
     beta2: float = knob(0.98, "AdamW beta2.", ge=0.0, lt=1.0)
     eps: float = knob(1e-6, "AdamW epsilon.", gt=0.0)
-    weight_decay: float = knob(0.2, "AdamW weight decay; not applied to gains, biases, 1-d "
-                               "embeddings or logit_scale.", ge=0.0)
+    weight_decay: float = knob(
+        0.2,
+        "AdamW weight decay; not applied to gains, biases, 1-d embeddings or logit_scale.",
+        ge=0.0,
+    )
     grad_clip_norm: float = knob(1.0, "Clip gradients to this global norm (0: off).", ge=0.0)
     max_logit_scale: float = knob(100.0, "Cap on the learned temperature exp(logit_scale).", gt=1.0)
     optimizer: Literal["auto", "fused", "torch"] = knob(
-        "auto", "AdamW implementation: DeepSpeed's fused kernel (`fused`, GPU), torch's (`torch`), "
-        "`auto`: fused on GPU, torch on CPU.")
+        "auto",
+        "AdamW implementation: DeepSpeed's fused kernel (`fused`, GPU), torch's (`torch`), "
+        "`auto`: fused on GPU, torch on CPU.",
+    )
     seed: int = knob(0, "Seed for initialisation, data order and augmentation.", ge=0)
     num_workers: int = knob(1, "Data-loading processes per rank.", ge=0)
-    save_every_steps: int = knob(50, "Checkpoint interval in optimizer steps (a final one is always "
-                                 "saved).", ge=1)
+    save_every_steps: int = knob(
+        50, "Checkpoint interval in optimizer steps (a final one is always saved).", ge=1
+    )
     keep_checkpoints: int = knob(2, "Checkpoints kept per run (older ones are deleted).", ge=1)
     log_every_steps: int = knob(10, "Interval of log lines, TensorBoard and metrics rows.", ge=1)
-    val_every_steps: Optional[int] = knob(None, "Validation (loss and retrieval recall, TensorBoard "
-                                          "`val/*`) every this many steps, besides epoch ends "
-                                          "(null: epoch ends only).", ge=1)
-    val_retrieval_samples: int = knob(1000, "Validation pairs ranked for `val/t2i_r1`... (the "
-                                      "gallery size: recall falls as it grows, so keep it fixed "
-                                      "to compare runs).", ge=2)
+    val_every_steps: int | None = knob(
+        None,
+        "Validation (loss and retrieval recall, TensorBoard "
+        "`val/*`) every this many steps, besides epoch ends "
+        "(null: epoch ends only).",
+        ge=1,
+    )
+    val_retrieval_samples: int = knob(
+        1000,
+        "Validation pairs ranked for `val/t2i_r1`... (the "
+        "gallery size: recall falls as it grows, so keep it fixed "
+        "to compare runs).",
+        ge=2,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         batch_plan(self)  # raises on inconsistent batch arithmetic
         if self.warmup_steps and self.max_steps and self.warmup_steps >= self.max_steps:
-            raise ConfigError(f"train.warmup_steps: got {self.warmup_steps}; must be < "
-                              f"train.max_steps ({self.max_steps})")
+            raise ConfigError(
+                f"train.warmup_steps: got {self.warmup_steps}; must be < "
+                f"train.max_steps ({self.max_steps})"
+            )
 
 
 @dataclass(kw_only=True)
@@ -198,16 +298,21 @@ class EvalConfig(Section):
 
     batch_size: int = knob(256, "Images or texts per encoding batch.", ge=1)
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "`auto`: CUDA when available, else CPU.")
-    baseline_model: Optional[str] = knob(
-        None, "Also evaluate this model for comparison: `local-dir:PATH`, `hf-hub:ORG/REPO` or an "
-        "open_clip name (with baseline_pretrained).")
-    baseline_pretrained: Optional[str] = knob(None, "open_clip pretrained tag or file for "
-                                              "baseline_model.")
+    baseline_model: str | None = knob(
+        None,
+        "Also evaluate this model for comparison: `local-dir:PATH`, `hf-hub:ORG/REPO` or an "
+        "open_clip name (with baseline_pretrained).",
+    )
+    baseline_pretrained: str | None = knob(
+        None, "open_clip pretrained tag or file for baseline_model."
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.baseline_pretrained and not self.baseline_model:
-            raise ConfigError("eval.baseline_pretrained: set only together with eval.baseline_model")
+            raise ConfigError(
+                "eval.baseline_pretrained: set only together with eval.baseline_model"
+            )
 
 
 @dataclass(kw_only=True)
@@ -215,33 +320,46 @@ class Config:
     """The resolved params. A config loaded for one stage holds the sections that stage reads; the
     others are None (and left out of to_dict and to_yaml)."""
 
-    recipe: str = knob("default", "Preset of defaults: `default` (tiny, CPU, minutes), "
-                       "`production` (ViT-B-32, LAION zh, ZeRO-3, 4 GPUs), `production-zh-roberta` "
-                       "or `production-xlm-roberta` (Chinese text towers); see clipforge/recipes.py.")
-    data: Optional[DataConfig] = field(default_factory=DataConfig)
-    model: Optional[ModelConfig] = field(default_factory=ModelConfig)
-    train: Optional[TrainConfig] = field(default_factory=TrainConfig)
-    eval: Optional[EvalConfig] = field(default_factory=EvalConfig)
-    alerts: Optional[AlertsConfig] = field(default_factory=AlertsConfig)
+    recipe: str = knob(
+        "default",
+        "Preset of defaults: `default` (tiny, CPU, minutes), "
+        "`production` (ViT-B-32, LAION zh, ZeRO-3, 4 GPUs), `production-zh-roberta` "
+        "or `production-xlm-roberta` (Chinese text towers); see clipforge/recipes.py.",
+    )
+    data: DataConfig | None = field(default_factory=DataConfig)
+    model: ModelConfig | None = field(default_factory=ModelConfig)
+    train: TrainConfig | None = field(default_factory=TrainConfig)
+    eval: EvalConfig | None = field(default_factory=EvalConfig)
+    alerts: AlertsConfig | None = field(default_factory=AlertsConfig)
 
     def to_dict(self) -> dict:
-        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
+        return {
+            name: value for name, value in dataclasses.asdict(self).items() if value is not None
+        }
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "recipe"}
-_SECTION_TYPES = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig,
-                  "alerts": AlertsConfig}
+_SECTION_TYPES = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "alerts": AlertsConfig,
+}
 
 
 # ---------------------------------------------------------------------------------------------
 # Loading
 
 
-def load_config(params_path: str | Path | None = "params.yaml", overrides: Sequence[str] = (),
-                sections: Sequence[str] = tuple(SECTIONS)) -> Config:
+def load_config(
+    params_path: str | Path | None = "params.yaml",
+    overrides: Sequence[str] = (),
+    sections: Sequence[str] = tuple(SECTIONS),
+) -> Config:
     """Read params, apply recipe and overrides, validate; raise ConfigError naming the key.
     Only `sections` are built and checked (the rest are None); unknown keys fail in any section."""
     raw = _read_params(params_path) if params_path is not None else {}
@@ -252,8 +370,9 @@ def load_config(params_path: str | Path | None = "params.yaml", overrides: Seque
     return resolve(raw, forced, sections)
 
 
-def resolve(raw: dict, forced: dict | None = None,
-            sections: Sequence[str] = tuple(SECTIONS)) -> Config:
+def resolve(
+    raw: dict, forced: dict | None = None, sections: Sequence[str] = tuple(SECTIONS)
+) -> Config:
     """params mapping (+ `forced` values that always win, e.g. --set) -> validated Config."""
     from clipforge.recipes import RECIPES
 
@@ -282,8 +401,10 @@ def resolve(raw: dict, forced: dict | None = None,
         for key, value in _section_items(forced, section, embedded):
             merged[section][key] = value
 
-    built = {name: _SECTION_TYPES[name](**merged[name]) if name in sections else None
-             for name in SECTIONS}  # each section checks itself on construction
+    built = {
+        name: _SECTION_TYPES[name](**merged[name]) if name in sections else None
+        for name in SECTIONS
+    }  # each section checks itself on construction
     return Config(recipe=recipe, **built)
 
 
@@ -293,8 +414,9 @@ def _section_items(mapping: dict, section: str, embedded: dict) -> list[tuple[st
         raise ConfigError(f"{section}: must be a mapping of keys, got {values!r}")
     for key in values:
         if key not in embedded[section]:
-            raise ConfigError(f"{section}.{key}: unknown key; {section} has: "
-                              f"{', '.join(embedded[section])}")
+            raise ConfigError(
+                f"{section}.{key}: unknown key; {section} has: {', '.join(embedded[section])}"
+            )
     return list(values.items())
 
 
@@ -319,7 +441,9 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
         raise ConfigError(f"--set {key}: expected section.key (sections: {', '.join(SECTIONS)})")
     section, name = parts
     if section not in SECTIONS:
-        raise ConfigError(f"--set {key}: unknown section {section!r}; sections: {', '.join(SECTIONS)}")
+        raise ConfigError(
+            f"--set {key}: unknown section {section!r}; sections: {', '.join(SECTIONS)}"
+        )
     raw.setdefault(section, {})
     if raw[section] is None:
         raw[section] = {}
@@ -329,7 +453,9 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
 def _read_params(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"params file {path} not found: run from the project root or pass --params")
+        raise ConfigError(
+            f"params file {path} not found: run from the project root or pass --params"
+        )
     try:
         raw = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -348,14 +474,17 @@ class BatchPlan:
 def batch_plan(train: TrainConfig, world_size: int | None = None) -> BatchPlan:
     """global batch = micro batch x accumulation x world size, naming every factor when it is not."""
     world = world_size if world_size is not None else train.num_nodes * train.ranks_per_node
-    factors = (f"train.micro_batch_size={train.micro_batch_size} x world size {world} "
-               f"(train.num_nodes={train.num_nodes} x train.ranks_per_node={train.ranks_per_node})")
+    factors = (
+        f"train.micro_batch_size={train.micro_batch_size} x world size {world} "
+        f"(train.num_nodes={train.num_nodes} x train.ranks_per_node={train.ranks_per_node})"
+    )
     per_step = train.micro_batch_size * world
     if train.grad_accum_steps == "auto":
         if train.global_batch_size % per_step:
             raise ConfigError(
                 f"train.global_batch_size: {train.global_batch_size} is not a multiple of "
-                f"{factors} = {per_step}; change one of them")
+                f"{factors} = {per_step}; change one of them"
+            )
         accum = train.global_batch_size // per_step
     else:
         accum = train.grad_accum_steps
@@ -363,7 +492,8 @@ def batch_plan(train: TrainConfig, world_size: int | None = None) -> BatchPlan:
             raise ConfigError(
                 f"train.global_batch_size: {train.global_batch_size} != {factors} x "
                 f"train.grad_accum_steps={accum} = {per_step * accum}; change one of them or set "
-                f"train.grad_accum_steps: auto")
+                f"train.grad_accum_steps: auto"
+            )
     return BatchPlan(train.global_batch_size, train.micro_batch_size, accum, world)
 
 

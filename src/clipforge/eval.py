@@ -7,13 +7,14 @@ A text->image query is a hit at k when any of its ground-truth images is among t
 similar; an image->text query when any caption of the image is. This is how Chinese-CLIP counts
 on Flickr30K-CN, where each image has five captions (open_clip's `get_clip_metrics` assumes one).
 """
+
 from __future__ import annotations
 
 import io
 import json
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
 from clipforge.fsutil import atomic_write_text
@@ -62,8 +63,9 @@ def load_open_clip(spec: str, pretrained: str | None, device: str):
     from clipforge.model import register_bundled_configs
 
     register_bundled_configs()
-    model, _, preprocess = open_clip.create_model_and_transforms(spec, pretrained=pretrained,
-                                                                 device=device)
+    model, _, preprocess = open_clip.create_model_and_transforms(
+        spec, pretrained=pretrained, device=device
+    )
     model.eval()
     return model, preprocess, open_clip.get_tokenizer(spec)
 
@@ -75,8 +77,12 @@ def encode_images(model, preprocess: Callable, images: list[bytes], batch_size: 
     chunks = []
     with torch.no_grad():
         for start in range(0, len(images), batch_size):
-            batch = torch.stack([preprocess(Image.open(io.BytesIO(b)).convert("RGB"))
-                                 for b in images[start:start + batch_size]]).to(device)
+            batch = torch.stack(
+                [
+                    preprocess(Image.open(io.BytesIO(b)).convert("RGB"))
+                    for b in images[start : start + batch_size]
+                ]
+            ).to(device)
             chunks.append(model.encode_image(batch, normalize=True).float().cpu())
     return torch.cat(chunks)
 
@@ -87,13 +93,14 @@ def encode_texts(model, tokenizer: Callable, texts: list[str], batch_size: int, 
     chunks = []
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
-            tokens = tokenizer(texts[start:start + batch_size]).to(device)
+            tokens = tokenizer(texts[start : start + batch_size]).to(device)
             chunks.append(model.encode_text(tokens, normalize=True).float().cpu())
     return torch.cat(chunks)
 
 
-def evaluate(spec: str, pretrained: str | None, test_dir: Path, batch_size: int,
-             device: str) -> dict:
+def evaluate(
+    spec: str, pretrained: str | None, test_dir: Path, batch_size: int, device: str
+) -> dict:
     from clipforge.data import testset
 
     images = list(testset.read_images(test_dir))
@@ -101,8 +108,9 @@ def evaluate(spec: str, pretrained: str | None, test_dir: Path, batch_size: int,
     model, preprocess, tokenizer = load_open_clip(spec, pretrained, device)
     image_features = encode_images(model, preprocess, [b for _, b in images], batch_size, device)
     text_features = encode_texts(model, tokenizer, [t.text for t in texts], batch_size, device)
-    metrics = retrieval_metrics(image_features, text_features,
-                                relevance_matrix([i for i, _ in images], texts))
+    metrics = retrieval_metrics(
+        image_features, text_features, relevance_matrix([i for i, _ in images], texts)
+    )
     return {**metrics, "num_images": len(images), "num_texts": len(texts)}
 
 
@@ -121,21 +129,29 @@ def _run(args) -> None:
     test_dir = Path(args.data)
     for name in ("test_imgs.tsv", "test_texts.jsonl"):
         if not (test_dir / name).is_file():
-            raise StageError(f"{test_dir / name} not found: --data must be a test set in "
-                             f"Chinese-CLIP layout (test_imgs.tsv + test_texts.jsonl)")
+            raise StageError(
+                f"{test_dir / name} not found: --data must be a test set in "
+                f"Chinese-CLIP layout (test_imgs.tsv + test_texts.jsonl)"
+            )
     if args.model.startswith("local-dir:") and not Path(args.model[10:]).is_dir():
         raise StageError(f"--model {args.model}: no such directory; run the train stage first")
     import torch
 
     cfg = config.eval
-    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) \
+    device = (
+        "cuda"
+        if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         else "cpu"
+    )
     try:
-        result = {"model": args.model,
-                  **evaluate(args.model, None, test_dir, cfg.batch_size, device)}
+        result = {
+            "model": args.model,
+            **evaluate(args.model, None, test_dir, cfg.batch_size, device),
+        }
         if cfg.baseline_model:
-            base = evaluate(cfg.baseline_model, cfg.baseline_pretrained, test_dir,
-                            cfg.batch_size, device)
+            base = evaluate(
+                cfg.baseline_model, cfg.baseline_pretrained, test_dir, cfg.batch_size, device
+            )
             result["baseline"] = {"model": cfg.baseline_model, **base}
             result["delta"] = {k: result[k] - base[k] for k in METRIC_KEYS}
     except ValueError as exc:
@@ -148,9 +164,12 @@ def _run(args) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("clipforge.eval", "Retrieval recall (R@1/5/10, both directions).")
-    parser.add_argument("--model", default="local-dir:models/clip",
-                        help="open_clip model: local-dir:PATH, hf-hub:ORG/REPO or a name "
-                             "(default: local-dir:models/clip)")
+    parser.add_argument(
+        "--model",
+        default="local-dir:models/clip",
+        help="open_clip model: local-dir:PATH, hf-hub:ORG/REPO or a name "
+        "(default: local-dir:models/clip)",
+    )
     parser.add_argument("--data", default="data/test", help="test set dir (default: data/test)")
     parser.add_argument("--out", default="metrics/eval.json", help="default: metrics/eval.json")
     return run_stage("clipforge.eval", _run, argv, parser)

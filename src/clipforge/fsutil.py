@@ -3,6 +3,7 @@
 Standard library only: the launcher's host side (clipforge.launcher.host) writes through it, under
 a host's own python3.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -11,8 +12,8 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 class AtomicFile:
@@ -30,8 +31,9 @@ class AtomicFile:
 
 
 @contextlib.contextmanager
-def atomic_file(directory: str | Path, prefix: str = ".tmp-",
-                suffix: str = "") -> Iterator[AtomicFile]:
+def atomic_file(
+    directory: str | Path, prefix: str = ".tmp-", suffix: str = ""
+) -> Iterator[AtomicFile]:
     """A temporary file in `directory` for any writer, a streaming one included, whose destination
     may be known only once it is written. `commit(path)` (a path on the same file system) renames
     it over `path` in one step, so a reader sees the old file or the whole new one; a file not

@@ -11,12 +11,12 @@ Anything else is refused with the line's number and what to write instead.
 
 Standard library only: docker/pins.py runs it with the Makefile's Python.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 ORIGIN = "docker/image.env"
 REQUIRED = ("IMAGE_REPOSITORY", "IMAGE_TAG")
@@ -33,12 +33,14 @@ class ImageEnv:
     values: dict[str, str]
     origin: str  # where it was read, for messages
 
-    def reference(self, registry: Optional[str] = None) -> str:
+    def reference(self, registry: str | None = None) -> str:
         """`[registry/]IMAGE_REPOSITORY:IMAGE_TAG`; no registry (None or "") means a local name."""
         missing = [key for key in REQUIRED if key not in self.values]
         if missing:
-            raise ImageEnvError(f"{self.origin}: {' and '.join(missing)} missing: it names the "
-                                f"training image ({'=..., '.join(REQUIRED)}=...)")
+            raise ImageEnvError(
+                f"{self.origin}: {' and '.join(missing)} missing: it names the "
+                f"training image ({'=..., '.join(REQUIRED)}=...)"
+            )
         ref = f"{self.values['IMAGE_REPOSITORY']}:{self.values['IMAGE_TAG']}"
         return f"{registry.rstrip('/')}/{ref}" if registry else ref
 
@@ -50,8 +52,10 @@ def parse_image_env(text: str, origin: str = ORIGIN) -> ImageEnv:
             continue
         match = _ASSIGNMENT.fullmatch(line)
         if not match:
-            raise ImageEnvError(f"{origin}:{number}: {line!r}: {_problem(line)}; {_FORM} "
-                                f"(make, the shell and Python must read the same value)")
+            raise ImageEnvError(
+                f"{origin}:{number}: {line!r}: {_problem(line)}; {_FORM} "
+                f"(make, the shell and Python must read the same value)"
+            )
         name, value = match.groups()
         if name in values:
             raise ImageEnvError(f"{origin}:{number}: {name} is set twice; keep one line")
@@ -63,8 +67,9 @@ def read_image_env(path: Path) -> ImageEnv:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ImageEnvError(f"{path} not found: it names the training image "
-                            f"({'=..., '.join(REQUIRED)}=...)") from None
+        raise ImageEnvError(
+            f"{path} not found: it names the training image ({'=..., '.join(REQUIRED)}=...)"
+        ) from None
     return parse_image_env(text, origin=str(path))
 
 
@@ -73,13 +78,19 @@ def _problem(line: str) -> str:
     if not sep:
         return "not an assignment"
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        return f"{name.strip()!r} is not a variable name" if name.strip() == name else \
-            "spaces around the name"
+        return (
+            f"{name.strip()!r} is not a variable name"
+            if name.strip() == name
+            else "spaces around the name"
+        )
     if not value:
         return "no value"
-    for chars, what in (("'\"", "quotes (kept by make as part of the value)"),
-                        (" \t", "spaces"), ("#", "a `#` (a comment to make)"),
-                        ("$", "a `$` (expanded by make and the shell)")):
+    for chars, what in (
+        ("'\"", "quotes (kept by make as part of the value)"),
+        (" \t", "spaces"),
+        ("#", "a `#` (a comment to make)"),
+        ("$", "a `$` (expanded by make and the shell)"),
+    ):
         if any(c in value for c in chars):
             return what
     return "a character outside the allowed ones"

@@ -4,15 +4,17 @@ Bundled architectures (model_configs/*.json, e.g. `clipforge-tiny`) are register
 open_clip's own config registry, so every open_clip function accepts their names. A Hugging
 Face text tower is swapped in the same way: a derived config is registered under a new name.
 """
+
 from __future__ import annotations
 
 import copy
 import json
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import open_clip
 import torch
@@ -49,8 +51,10 @@ def resolve_model_name(cfg: ModelConfig) -> str:
     register_bundled_configs()
     base = open_clip.get_model_config(cfg.name)
     if base is None:
-        raise ValueError(f"model.name: unknown model {cfg.name!r}; open_clip knows "
-                         f"{len(open_clip.list_models())} models, e.g. ViT-B-32, clipforge-tiny")
+        raise ValueError(
+            f"model.name: unknown model {cfg.name!r}; open_clip knows "
+            f"{len(open_clip.list_models())} models, e.g. ViT-B-32, clipforge-tiny"
+        )
     if not cfg.text_tower:
         builtin_tower = base.get("text_cfg", {}).get("hf_model_name")
         if builtin_tower:
@@ -87,8 +91,14 @@ def build_model(cfg: ModelConfig) -> ClipBundle:
     if cfg.image_size:
         model_cfg["vision_cfg"]["image_size"] = cfg.image_size
     preprocess_cfg = dict(model.visual.preprocess_cfg)
-    return ClipBundle(model, preprocess_train, preprocess_val, open_clip.get_tokenizer(name),
-                      model_cfg, preprocess_cfg)
+    return ClipBundle(
+        model,
+        preprocess_train,
+        preprocess_val,
+        open_clip.get_tokenizer(name),
+        model_cfg,
+        preprocess_cfg,
+    )
 
 
 def load_pretrained(model: torch.nn.Module, source: str) -> None:
@@ -98,8 +108,9 @@ def load_pretrained(model: torch.nn.Module, source: str) -> None:
         candidates = [path / "open_clip_model.safetensors", path / "open_clip_pytorch_model.bin"]
         found = [c for c in candidates if c.is_file()]
         if not found:
-            raise FileNotFoundError(f"model.pretrained: no open_clip weights in {path} "
-                                    f"(expected {candidates[0].name})")
+            raise FileNotFoundError(
+                f"model.pretrained: no open_clip weights in {path} (expected {candidates[0].name})"
+            )
         path = found[0]
     if not path.is_file():
         raise FileNotFoundError(f"model.pretrained: {path} not found")

@@ -9,6 +9,7 @@ The two `production-*` variants swap the text tower for one that reads Chinese n
 `hfl/chinese-roberta-wwm-ext` with its own tokenizer (as Chinese-CLIP does), or open_clip's
 `xlm-roberta-base-ViT-B-32`. Only keys that differ from the embedded default are listed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -60,8 +61,9 @@ RECIPES: dict[str, dict[str, dict]] = {
     "default": {},
     "production": production(),
     # Chinese-CLIP's text tower: a Chinese RoBERTa (BERT architecture, character-level vocab).
-    "production-zh-roberta": production_with_model(name="ViT-B-32",
-                                                   text_tower="hfl/chinese-roberta-wwm-ext"),
+    "production-zh-roberta": production_with_model(
+        name="ViT-B-32", text_tower="hfl/chinese-roberta-wwm-ext"
+    ),
     # open_clip's multilingual config: XLM-RoBERTa base text tower (hub id `xlm-roberta-base`).
     "production-xlm-roberta": production_with_model(name="xlm-roberta-base-ViT-B-32"),
 }

@@ -6,6 +6,7 @@ AutoTokenizer, which read a local folder or the Hugging Face hub (through its ca
 host without network, a tower that was never downloaded fails deep inside transformers; this
 module checks first and says what to do.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,13 +22,17 @@ def resolve_tower(name: str, key: str) -> str:
     try:
         import transformers  # noqa: F401 - only to fail early with the right advice
     except ImportError:
-        raise ValueError(f"{key}: {name!r} is a Hugging Face text tower, which needs the "
-                         f"`transformers` package: pip install -e '.[hf]'") from None
+        raise ValueError(
+            f"{key}: {name!r} is a Hugging Face text tower, which needs the "
+            f"`transformers` package: pip install -e '.[hf]'"
+        ) from None
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ValueError(f"{key}: {path} has no config.json; expected a Hugging Face model "
-                             f"folder (config.json, weights, tokenizer files)")
+            raise ValueError(
+                f"{key}: {path} has no config.json; expected a Hugging Face model "
+                f"folder (config.json, weights, tokenizer files)"
+            )
         return str(path.resolve())
     if name.startswith(_PATH_PREFIXES):
         raise ValueError(f"{key}: folder {path} not found")
@@ -47,13 +52,17 @@ def check_hub_tower(repo_id: str, key: str) -> None:
 
 
 def unavailable_message(repo_id: str, key: str, exc: Exception) -> str:
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or \
-        os.environ.get("TRANSFORMERS_OFFLINE", "") not in ("", "0")
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
+        "TRANSFORMERS_OFFLINE", ""
+    ) not in ("", "0")
     cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
+        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"
+    )
     why = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached"
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return (f"{key}: Hugging Face model {repo_id!r} is not in the local cache ({cache}) and "
-            f"{why}. Download it once where there is network (`hf download {repo_id}`, then copy "
-            f"the cache or set HF_HOME), or point {key} at a local folder with config.json, the "
-            f"weights and the tokenizer files. ({first_line})")
+    return (
+        f"{key}: Hugging Face model {repo_id!r} is not in the local cache ({cache}) and "
+        f"{why}. Download it once where there is network (`hf download {repo_id}`, then copy "
+        f"the cache or set HF_HOME), or point {key} at a local folder with config.json, the "
+        f"weights and the tokenizer files. ({first_line})"
+    )

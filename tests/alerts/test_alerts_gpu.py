@@ -7,8 +7,14 @@ import logging
 import pytest
 from alerts_helpers import eventually, fast_config
 
-from clipforge.alerts.gpu import (GpuHealthRules, GpuPoller, GpuReading, NvmlReader, open_nvml,
-                                  throttle_reason_names)
+from clipforge.alerts.gpu import (
+    GpuHealthRules,
+    GpuPoller,
+    GpuReading,
+    NvmlReader,
+    open_nvml,
+    throttle_reason_names,
+)
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.alerts.targets import parse_targets
 

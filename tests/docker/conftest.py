@@ -1,4 +1,5 @@
 """Shared helpers for the image tests: the repository's docker/ tools, importable by name."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,5 +1,6 @@
 """What `.dockerignore` lets into the build context, computed with the Docker SDK's
 implementation of Docker's matching rules (docker.utils.build.exclude_paths)."""
+
 from __future__ import annotations
 
 import re
@@ -12,11 +13,18 @@ from docker.utils.build import exclude_paths
 from tests.docker.conftest import DOCKER_DIR, REPO
 
 # Paths that must never reach the build context, each a (directory, file inside it) example.
-FORBIDDEN = ["data/train/shard-000000.tar", "checkpoints/run-0123456789ab/latest",
-             "models/clip/open_clip_model.safetensors", "logs/run-0123456789ab/events.out",
-             "metrics/train.json", ".venv/bin/python", ".venv-pinned/bin/python",
-             ".git/objects/ab/cdef", ".dvc/cache/files/md5/ab/cdef",
-             "src/clipforge/__pycache__/cli.cpython-311.pyc"]
+FORBIDDEN = [
+    "data/train/shard-000000.tar",
+    "checkpoints/run-0123456789ab/latest",
+    "models/clip/open_clip_model.safetensors",
+    "logs/run-0123456789ab/events.out",
+    "metrics/train.json",
+    ".venv/bin/python",
+    ".venv-pinned/bin/python",
+    ".git/objects/ab/cdef",
+    ".dvc/cache/files/md5/ab/cdef",
+    "src/clipforge/__pycache__/cli.cpython-311.pyc",
+]
 MAX_CONTEXT_BYTES = 5 * 1024 * 1024
 
 
@@ -42,8 +50,9 @@ def project_with_outputs(tmp_path) -> Path:
     """A copy of the project's sources plus every kind of output a real checkout accumulates."""
     for name in (".dockerignore", "pyproject.toml", "params.yaml"):
         shutil.copy(REPO / name, tmp_path / name)
-    shutil.copytree(REPO / "src", tmp_path / "src",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(
+        REPO / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
     shutil.copytree(DOCKER_DIR, tmp_path / "docker")
     for relative in FORBIDDEN:
         path = tmp_path / relative
@@ -56,9 +65,12 @@ def test_outputs_environments_and_git_stay_out_of_the_context(project_with_outpu
     """data, checkpoints, models, logs, metrics, .venv*, .git, .dvc/cache and bytecode are excluded."""
     let_through = context_files(project_with_outputs)
     assert [p for p in FORBIDDEN if p in let_through] == []
-    assert not [p for p in let_through
-                if p.split("/")[0] in {"data", "checkpoints", "models", "logs", "metrics", ".git",
-                                       ".dvc"} or p.startswith(".venv")]
+    assert not [
+        p
+        for p in let_through
+        if p.split("/")[0] in {"data", "checkpoints", "models", "logs", "metrics", ".git", ".dvc"}
+        or p.startswith(".venv")
+    ]
 
 
 def test_the_package_named_data_inside_src_is_not_mistaken_for_data(project_with_outputs):
@@ -71,8 +83,11 @@ def test_every_file_the_dockerfile_copies_is_in_the_context():
     let_through = context_files(REPO)
     sources = copy_sources((DOCKER_DIR / "Dockerfile").read_text(encoding="utf-8"))
     assert sources, "no COPY found: the parser no longer matches the Dockerfile"
-    missing = [s for s in sources if not any(p == s or p.startswith(s.rstrip("/") + "/")
-                                             for p in let_through)]
+    missing = [
+        s
+        for s in sources
+        if not any(p == s or p.startswith(s.rstrip("/") + "/") for p in let_through)
+    ]
     assert missing == []
 
 

@@ -1,6 +1,7 @@
 """docker/entrypoint.sh run directly on this machine: the version report, exec of the command,
 and a real OpenSSH server on 127.0.0.1 started the way the image starts it (as a non-root user,
 key-only, port and key paths as in the image)."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -24,14 +25,22 @@ ENTRYPOINT = str(DOCKER_DIR / "entrypoint.sh")
 def base_env(tmp_path: Path, **extra: str) -> dict:
     """This Python first on PATH (as the image's venv is), and a bin/ for stand-in tools."""
     (tmp_path / "bin").mkdir(exist_ok=True)
-    path = os.pathsep.join([str(tmp_path / "bin"), str(Path(sys.executable).parent), "/usr/bin",
-                            "/bin"])
+    path = os.pathsep.join(
+        [str(tmp_path / "bin"), str(Path(sys.executable).parent), "/usr/bin", "/bin"]
+    )
     return {"PATH": path, "HOME": str(tmp_path), **extra}
 
 
 def run(args, env, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([ENTRYPOINT, *args], env=env, capture_output=True, text=True,
-                          timeout=120, check=False, **kwargs)
+    return subprocess.run(
+        [ENTRYPOINT, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        **kwargs,
+    )
 
 
 def test_reports_versions_commit_and_gpus_then_runs_the_command(tmp_path):
@@ -39,18 +48,25 @@ def test_reports_versions_commit_and_gpus_then_runs_the_command(tmp_path):
     what nvidia-smi lists; stdout is the command's alone."""
     nvidia_smi = tmp_path / "bin" / "nvidia-smi"
     env = base_env(tmp_path, CLIPFORGE_GIT_COMMIT="0123abcd")
-    nvidia_smi.write_text("#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA H100 80GB HBM3 "
-                          "(UUID: GPU-1234)'\n")
+    nvidia_smi.write_text(
+        "#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)'\n"
+    )
     nvidia_smi.chmod(0o755)
     result = run(["echo", "the command ran"], env)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "the command ran\n"
     import torch
 
-    for expected in (f"python {sys.version.split()[0]}", f"torch {torch.__version__}",
-                     f"CUDA {torch.version.cuda}", f"deepspeed {importlib.metadata.version('deepspeed')}",
-                     f"open_clip {importlib.metadata.version('open_clip_torch')}",
-                     "git commit 0123abcd", "GPU 0: NVIDIA H100 80GB HBM3", "GPUs visible to torch: 0"):
+    for expected in (
+        f"python {sys.version.split()[0]}",
+        f"torch {torch.__version__}",
+        f"CUDA {torch.version.cuda}",
+        f"deepspeed {importlib.metadata.version('deepspeed')}",
+        f"open_clip {importlib.metadata.version('open_clip_torch')}",
+        "git commit 0123abcd",
+        "GPU 0: NVIDIA H100 80GB HBM3",
+        "GPUs visible to torch: 0",
+    ):
         assert expected in result.stderr, expected
 
 
@@ -64,8 +80,13 @@ def test_without_nvidia_smi_says_so_and_still_runs(tmp_path):
 def test_command_replaces_the_entrypoint_and_keeps_its_exit_code(tmp_path):
     """exec: the command has the entrypoint's PID (so it gets the container's signals) and its exit
     code is the container's."""
-    proc = subprocess.Popen([ENTRYPOINT, "sh", "-c", "echo $$; exit 7"], env=base_env(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [ENTRYPOINT, "sh", "-c", "echo $$; exit 7"],
+        env=base_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 7
     assert int(out.strip()) == proc.pid
@@ -93,6 +114,7 @@ def test_sshd_refuses_to_run_as_root(tmp_path):
 
 
 # --- a real sshd, as a non-root user ---------------------------------------------------------
+
 
 def login_user() -> pwd.struct_passwd | None:
     """A non-root account with a real shell and home, to run sshd as (like uid 1000 in the image)."""
@@ -123,19 +145,39 @@ def sshd_as_user(tmp_path):
     sshd_dir.mkdir()
     secret.mkdir()
     os.chown(sshd_dir, user.pw_uid, user.pw_gid)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "client")],
-                   check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "client")], check=True
+    )
     shutil.copy(root / "client.pub", secret / "authorized_keys")
     port = free_port()
-    env = {**base_env(tmp_path, CLIPFORGE_SSHD="1", CLIPFORGE_SSHD_PORT=str(port),
-                      CLIPFORGE_SSH_AUTHORIZED_KEYS=str(secret / "authorized_keys"),
-                      CLIPFORGE_SSHD_DIR=str(sshd_dir)), "HOME": user.pw_dir}
+    env = {
+        **base_env(
+            tmp_path,
+            CLIPFORGE_SSHD="1",
+            CLIPFORGE_SSHD_PORT=str(port),
+            CLIPFORGE_SSH_AUTHORIZED_KEYS=str(secret / "authorized_keys"),
+            CLIPFORGE_SSHD_DIR=str(sshd_dir),
+        ),
+        "HOME": user.pw_dir,
+    }
     as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups"]
-    result = subprocess.run([*as_user, ENTRYPOINT, "echo", "command ran"], env=env,
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [*as_user, ENTRYPOINT, "echo", "command ran"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     try:
-        yield {"result": result, "user": user, "port": port, "key": root / "client", "env": env,
-               "sshd_dir": sshd_dir}
+        yield {
+            "result": result,
+            "user": user,
+            "port": port,
+            "key": root / "client",
+            "env": env,
+            "sshd_dir": sshd_dir,
+        }
     finally:
         pid_file = sshd_dir / "sshd.pid"
         if pid_file.exists():
@@ -144,14 +186,29 @@ def sshd_as_user(tmp_path):
 
 
 def ssh(server: dict, user: str, command: str, key: bool = True) -> subprocess.CompletedProcess:
-    options = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-               "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10", "-p", str(server["port"])]
+    options = [
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "ConnectTimeout=10",
+        "-p",
+        str(server["port"]),
+    ]
     if key:
         options += ["-i", str(server["key"]), "-o", "IdentitiesOnly=yes"]
     else:
         options += ["-o", "PubkeyAuthentication=no"]
-    return subprocess.run(["ssh", *options, f"{user}@127.0.0.1", command], capture_output=True,
-                          text=True, timeout=60, check=False)
+    return subprocess.run(
+        ["ssh", *options, f"{user}@127.0.0.1", command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def wait_listening(port: int, seconds: float = 10.0) -> None:
@@ -204,11 +261,27 @@ def test_missing_authorized_keys_is_an_error_naming_the_path(sshd_as_user, tmp_p
     """CLIPFORGE_SSHD=1 without the mounted keys: exit non-zero naming the expected file, and the
     command does not run (a node nobody can reach would hang a multi-node launch)."""
     user = sshd_as_user["user"]
-    env = {**sshd_as_user["env"], "CLIPFORGE_SSH_AUTHORIZED_KEYS": "/etc/clipforge/ssh/absent",
-           "CLIPFORGE_SSHD_PORT": str(free_port())}
-    result = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
-                             "--init-groups", ENTRYPOINT, "echo", "ran"], env=env,
-                            capture_output=True, text=True, timeout=60, check=False)
+    env = {
+        **sshd_as_user["env"],
+        "CLIPFORGE_SSH_AUTHORIZED_KEYS": "/etc/clipforge/ssh/absent",
+        "CLIPFORGE_SSHD_PORT": str(free_port()),
+    }
+    result = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={user.pw_uid}",
+            f"--regid={user.pw_gid}",
+            "--init-groups",
+            ENTRYPOINT,
+            "echo",
+            "ran",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode != 0
     assert "/etc/clipforge/ssh/absent is missing or empty" in result.stderr
     assert "ran" not in result.stdout

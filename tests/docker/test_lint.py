@@ -1,4 +1,5 @@
 """Static checks of the image's files: hadolint on the Dockerfile, shellcheck on the scripts."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,13 @@ ALLOWED_IGNORES = {"DL3008"}  # exact apt pins: Ubuntu deletes superseded versio
 
 
 def hadolint(text: str) -> list[dict]:
-    result = subprocess.run([dev_tool("hadolint"), "--format", "json", "-"], input=text,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [dev_tool("hadolint"), "--format", "json", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.stdout.strip(), result.stderr
     return json.loads(result.stdout)
 
@@ -41,6 +47,11 @@ def test_dockerfile_silences_only_the_documented_rule_and_it_is_still_needed():
 def test_shell_scripts_pass_shellcheck():
     """Every docker/*.sh passes shellcheck (sourced files followed)."""
     scripts = sorted(str(p) for p in DOCKER_DIR.glob("*.sh"))
-    result = subprocess.run([dev_tool("shellcheck"), "--external-sources", *scripts],
-                            cwd=DOCKER_DIR.parent, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [dev_tool("shellcheck"), "--external-sources", *scripts],
+        cwd=DOCKER_DIR.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

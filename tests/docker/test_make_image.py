@@ -1,6 +1,7 @@
 """`make image` / `make image-push` refuse clearly when they cannot work; `make pin-base`. This machine has the
 docker CLI but neither buildx nor an engine; a stub CLI stands in only for the engine-missing
 case that cannot be produced here otherwise."""
+
 from __future__ import annotations
 
 import os
@@ -13,9 +14,15 @@ from tests.docker.conftest import REPO, load_tool
 
 
 def make(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO,
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def stub_docker(tmp_path: Path, buildx_works: bool) -> Path:
@@ -85,8 +92,11 @@ def test_make_image_push_without_registry_says_how_to_set_it(tmp_path):
 
 def test_make_image_push_with_registry_goes_on_to_the_docker_checks(tmp_path):
     """With REGISTRY set, the push gets past the registry check and stops at the missing engine."""
-    result = make("image-push", DOCKER=str(stub_docker(tmp_path, buildx_works=True)),
-                  REGISTRY="registry.example.com/team")
+    result = make(
+        "image-push",
+        DOCKER=str(stub_docker(tmp_path, buildx_works=True)),
+        REGISTRY="registry.example.com/team",
+    )
     assert result.returncode != 0
     assert "REGISTRY" not in result.stderr
     assert "make image-push: error: no Docker engine is reachable" in result.stderr
@@ -98,27 +108,42 @@ def test_pin_base_writes_the_reported_digests_into_pyproject_and_dockerfile(tmp_
     project = tmp_path / "project"
     (project / "docker").mkdir(parents=True)
     shutil.copy(REPO / "pyproject.toml", project / "pyproject.toml")
-    for name in ("Dockerfile", "pins.py", "lockfile.py", "pin-base.sh", "requirements.lock",
-                 "image.env"):
+    for name in (
+        "Dockerfile",
+        "pins.py",
+        "lockfile.py",
+        "pin-base.sh",
+        "requirements.lock",
+        "image.env",
+    ):
         shutil.copy2(REPO / "docker" / name, project / "docker" / name)
     digests = {"devel": "sha256:" + "1" * 64, "runtime": "sha256:" + "2" * 64}
     docker = tmp_path / "docker"
     docker.write_text(f"""#!/bin/sh
 case "$*" in
   "buildx version") exit 0 ;;
-  *-devel*) echo '{{"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": "{digests['devel']}", "size": 1}}' ;;
-  *-runtime*) echo '{{"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": "{digests['runtime']}", "size": 1}}' ;;
+  *-devel*) echo '{{"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": "{digests["devel"]}", "size": 1}}' ;;
+  *-runtime*) echo '{{"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": "{digests["runtime"]}", "size": 1}}' ;;
   *) exit 1 ;;
 esac
 """)
     docker.chmod(0o755)
-    result = subprocess.run([str(project / "docker" / "pin-base.sh")], cwd=project,
-                            env={**os.environ, "DOCKER": str(docker), "PYTHON": sys.executable},
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [str(project / "docker" / "pin-base.sh")],
+        cwd=project,
+        env={**os.environ, "DOCKER": str(docker), "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     pins_mod = load_tool("pins")
     pins = pins_mod.load_pins(project / "pyproject.toml")
-    assert (pins.base_devel_digest, pins.base_runtime_digest) == (digests["devel"], digests["runtime"])
+    assert (pins.base_devel_digest, pins.base_runtime_digest) == (
+        digests["devel"],
+        digests["runtime"],
+    )
     dockerfile = (project / "docker" / "Dockerfile").read_text()
     assert pins_mod.dockerfile_problems(pins, dockerfile) == []
     assert f"{pins.base_runtime}@{digests['runtime']}" in dockerfile

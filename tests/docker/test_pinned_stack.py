@@ -4,6 +4,7 @@ default on the CPU, single rank (docker/smoke-pinned-stack.sh).
 
 It downloads about 2.5 GB and takes about 10 minutes on a fresh machine, over the suite's budget,
 so it runs only under `make smoke-pinned` (CLIPFORGE_PINNED_SMOKE=1), which .ci/run calls."""
+
 from __future__ import annotations
 
 import json
@@ -19,19 +20,30 @@ from tests.docker.conftest import REPO, load_tool
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("CLIPFORGE_PINNED_SMOKE") != "1",
-    reason="installs the image's 2.5 GB stack: run with `make smoke-pinned` (CI does)")
+    reason="installs the image's 2.5 GB stack: run with `make smoke-pinned` (CI does)",
+)
 
 # The smoke script's data settings (its `overrides`): a run's saved config describes its data.
-SMOKE_DATA = ("data.num_train=192", "data.num_val=32", "data.num_test_images=24",
-              "data.image_size=32", "data.samples_per_shard=50")
+SMOKE_DATA = (
+    "data.num_train=192",
+    "data.num_val=32",
+    "data.num_test_images=24",
+    "data.image_size=32",
+    "data.samples_per_shard=50",
+)
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("smoke-pinned")
-    result = subprocess.run([str(REPO / "docker" / "smoke-pinned-stack.sh")],
-                            env={**os.environ, "SMOKE_DIR": str(workdir), "PYTHON": sys.executable},
-                            capture_output=True, text=True, timeout=3600, check=False)
+    result = subprocess.run(
+        [str(REPO / "docker" / "smoke-pinned-stack.sh")],
+        env={**os.environ, "SMOKE_DIR": str(workdir), "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
     return result, workdir / "project"
 
 
@@ -46,9 +58,11 @@ def test_it_ran_on_exactly_the_pinned_versions(smoke):
     DeepSpeed and open_clip are the versions pyproject.toml pins for the image."""
     result, _ = smoke
     pins = load_tool("pins").load_pins(REPO / "pyproject.toml")
-    expected = (f"check_stack: ok: python {pins.python}, torch {pins.exact('torch')} "
-                f"(CUDA {pins.cuda}), torchvision {pins.exact('torchvision')}, "
-                f"deepspeed {pins.exact('deepspeed')}, open_clip {pins.exact('open_clip_torch')}")
+    expected = (
+        f"check_stack: ok: python {pins.python}, torch {pins.exact('torch')} "
+        f"(CUDA {pins.cuda}), torchvision {pins.exact('torchvision')}, "
+        f"deepspeed {pins.exact('deepspeed')}, open_clip {pins.exact('open_clip_torch')}"
+    )
     assert expected in result.stdout, result.stdout[-2000:]
 
 
@@ -77,17 +91,41 @@ def test_a_hugging_face_text_tower_trains_on_the_pinned_stack(smoke, tmp_path):
     _, project = smoke
     tower = make_tiny_chinese_tower(tmp_path / "tower")
     venv = Path(os.environ.get("PINNED_VENV", REPO / ".venv-pinned")).resolve()
-    command = [str(venv / "bin" / "python"), "-m", "clipforge.train", "--data", "data",
-               "--checkpoints", str(tmp_path / "checkpoints"), "--model-out", str(tmp_path / "clip"),
-               "--logs", str(tmp_path / "logs"), "--metrics", str(tmp_path / "metrics")]
-    for override in (*SMOKE_DATA, "model.image_size=32", "train.device=cpu",
-                     "train.global_batch_size=32", "train.micro_batch_size=16",
-                     "train.max_steps=2", "train.warmup_steps=1", "train.num_workers=0",
-                     f"model.text_tower={tower}"):
+    command = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "clipforge.train",
+        "--data",
+        "data",
+        "--checkpoints",
+        str(tmp_path / "checkpoints"),
+        "--model-out",
+        str(tmp_path / "clip"),
+        "--logs",
+        str(tmp_path / "logs"),
+        "--metrics",
+        str(tmp_path / "metrics"),
+    ]
+    for override in (
+        *SMOKE_DATA,
+        "model.image_size=32",
+        "train.device=cpu",
+        "train.global_batch_size=32",
+        "train.micro_batch_size=16",
+        "train.max_steps=2",
+        "train.warmup_steps=1",
+        "train.num_workers=0",
+        f"model.text_tower={tower}",
+    ):
         command += ["--set", override]
-    result = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "src"),
-                                 "DS_ACCELERATOR": "cpu"})
+    result = subprocess.run(
+        command,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "DS_ACCELERATOR": "cpu"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "metrics" / "train.json").read_text())["steps"] == 2
     exported = json.loads((tmp_path / "clip" / "open_clip_config.json").read_text())

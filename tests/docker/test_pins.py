@@ -1,5 +1,6 @@
 """One source of truth for the image's versions: pyproject.toml. The Dockerfile, the lock and the
 image tag must agree with it; the lock must be installable piece by piece with hashes."""
+
 from __future__ import annotations
 
 import pytest
@@ -78,8 +79,9 @@ def test_image_install_parts_partition_the_lock():
     entries = lockfile.parse(LOCK)
     provided = lockfile.select(entries, only=list(lockfile.PROVIDED_BY_BASE_IMAGE))
     built = lockfile.select(entries, only=list(lockfile.BUILT_FROM_SOURCE))
-    wheels = lockfile.select(entries, exclude=[*lockfile.PROVIDED_BY_BASE_IMAGE,
-                                               *lockfile.BUILT_FROM_SOURCE])
+    wheels = lockfile.select(
+        entries, exclude=[*lockfile.PROVIDED_BY_BASE_IMAGE, *lockfile.BUILT_FROM_SOURCE]
+    )
     names = [e.name for part in (provided, built, wheels) for e in part]
     assert sorted(names) == sorted(e.name for e in entries)
     assert {"torch", "torchvision"} <= {e.name for e in provided}
@@ -88,7 +90,9 @@ def test_image_install_parts_partition_the_lock():
 
 def test_dockerfile_excludes_what_the_lockfile_module_says_the_base_provides():
     """The Dockerfile's --exclude list is lockfile.py's PROVIDED_BY_BASE_IMAGE + BUILT_FROM_SOURCE."""
-    line = next(l for l in DOCKERFILE.splitlines() if "lockfile.py requirements.lock --exclude" in l)
+    line = next(
+        row for row in DOCKERFILE.splitlines() if "lockfile.py requirements.lock --exclude" in row
+    )
     excluded = {w.strip("'\"") for w in line.split("--exclude", 1)[1].split() if w not in ("\\",)}
     assert excluded == {*lockfile.PROVIDED_BY_BASE_IMAGE, *lockfile.BUILT_FROM_SOURCE}
 
@@ -97,11 +101,16 @@ def test_set_digests_rewrites_pyproject_and_dockerfile_consistently():
     """`make pin-base` writes both files; the result still passes the Dockerfile check."""
     devel, runtime = "sha256:" + "a" * 64, "sha256:" + "b" * 64
     pyproject_text, dockerfile_text = pins_mod.with_digests(
-        (REPO / "pyproject.toml").read_text(encoding="utf-8"), DOCKERFILE, PINS, devel, runtime)
-    tmp_pins = pins_mod.ImagePins(**{**PINS.__dict__, "base_devel_digest": devel,
-                                     "base_runtime_digest": runtime})
+        (REPO / "pyproject.toml").read_text(encoding="utf-8"), DOCKERFILE, PINS, devel, runtime
+    )
+    tmp_pins = pins_mod.ImagePins(
+        **{**PINS.__dict__, "base_devel_digest": devel, "base_runtime_digest": runtime}
+    )
     assert f'base_devel_digest = "{devel}"' in pyproject_text
-    assert pins_mod.dockerfile_args(dockerfile_text)["BASE_RUNTIME"] == f"{PINS.base_runtime}@{runtime}"
+    assert (
+        pins_mod.dockerfile_args(dockerfile_text)["BASE_RUNTIME"]
+        == f"{PINS.base_runtime}@{runtime}"
+    )
     assert pins_mod.dockerfile_problems(tmp_pins, dockerfile_text) == []
 
 

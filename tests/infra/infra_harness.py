@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import runpy
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA_DIR = REPO / "infra"
@@ -32,7 +33,9 @@ from clipforge_infra.stack_files import load_declarations, load_stack_values, pr
 SECRET_SIG = rpc._special_secret_sig  # the marker Pulumi puts on secret values on the wire
 SIG_KEY = rpc._special_sig_key
 # A syntactically valid OpenSSH public key (not anyone's): what `pulumi config set --secret` would hold.
-USER_PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGd0ZXN0a2V5Zm9yY2xpcGZvcmdlaW5mcmF0ZXN0cw user@laptop"
+USER_PUBLIC_KEY = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGd0ZXN0a2V5Zm9yY2xpcGZvcmdlaW5mcmF0ZXN0cw user@laptop"
+)
 WEBHOOKS = "feishu:https://open.feishu.cn/open-apis/bot/v2/hook/abc,https://hooks.example.org/x"
 # A Docker config.json as `docker login` writes it without a credential helper (user:password, base64).
 REGISTRY_AUTH = '{"auths": {"registry.example": {"auth": "dXNlcjpwYXNzd29yZA=="}}}'
@@ -87,12 +90,20 @@ class ProgramRun:
 
     def kubernetes_objects(self) -> list[dict]:
         """Every Kubernetes object as it would be sent to the API server."""
-        return [reveal(r.inputs) for r in self.resources if r.custom and r.type.startswith("kubernetes:")
-                and not r.type.startswith("pulumi:providers:")]
+        return [
+            reveal(r.inputs)
+            for r in self.resources
+            if r.custom
+            and r.type.startswith("kubernetes:")
+            and not r.type.startswith("pulumi:providers:")
+        ]
 
     def pod_specs(self) -> list[dict]:
-        return [obj["spec"]["template"]["spec"] for obj in self.kubernetes_objects()
-                if obj["kind"] in ("StatefulSet", "Deployment", "DaemonSet", "Job")]
+        return [
+            obj["spec"]["template"]["spec"]
+            for obj in self.kubernetes_objects()
+            if obj["kind"] in ("StatefulSet", "Deployment", "DaemonSet", "Job")
+        ]
 
 
 class _Mocks(pulumi.runtime.Mocks):
@@ -111,18 +122,20 @@ class _RecordingMonitor(MockMonitor):
         super().__init__(mocks)
         self.registered: list[Registered] = []
 
-    def RegisterResource(self, request):
+    def RegisterResource(self, request):  # noqa: N802  (the gRPC servicer's method name)
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
-            self.registered.append(Registered(
-                type=request.type,
-                name=request.name,
-                urn=response.urn,
-                parent=request.parent,
-                protect=bool(request.protect),
-                custom=bool(request.custom),
-                inputs=rpc.deserialize_properties(request.object, keep_unknowns=True),
-            ))
+            self.registered.append(
+                Registered(
+                    type=request.type,
+                    name=request.name,
+                    urn=response.urn,
+                    parent=request.parent,
+                    protect=bool(request.protect),
+                    custom=bool(request.custom),
+                    inputs=rpc.deserialize_properties(request.object, keep_unknowns=True),
+                )
+            )
         return response
 
 
@@ -132,11 +145,11 @@ def make_up_image() -> str:
 
 
 def stack_config(
-    stack: Optional[str] = None,
-    overrides: Optional[Mapping[str, Any]] = None,
+    stack: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
     *,
-    secrets: Optional[Mapping[str, str]] = None,
-) -> tuple[dict[str, Optional[str]], set[str]]:
+    secrets: Mapping[str, str] | None = None,
+) -> tuple[dict[str, str | None], set[str]]:
     """(config, secret keys) as the CLI would hand them to the program for ``make up STACK=stack``.
 
     ``overrides`` set plain keys (None removes one); ``secrets`` set keys with --secret. By default
@@ -157,7 +170,9 @@ def stack_config(
     return config, secret_keys
 
 
-def run_program(config: Mapping[str, Optional[str]], secret_keys: set[str], stack: str = "test") -> ProgramRun:
+def run_program(
+    config: Mapping[str, str | None], secret_keys: set[str], stack: str = "test"
+) -> ProgramRun:
     """Run infra/__main__.py under mocks; raises what the program raises (e.g. pulumi.RunError)."""
     settings.ROOT.set(None)  # a fresh root stack: outputs of earlier runs must not leak
     mocks = _Mocks()

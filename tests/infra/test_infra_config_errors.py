@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pulumi
 import pytest
-
 from infra_harness import WEBHOOKS, run_program, stack_config
 
 KUBERNETES_TYPES = "kubernetes:"
@@ -17,16 +16,36 @@ BAD_CONFIG = {
     "malformed shm size": ({"shmSize": "lots"}, "shmSize", "not a size"),
     "zero dataset volume": ({"datasetsSize": "0Gi"}, "datasetsSize", "not a positive size"),
     "malformed CPU": ({"cpuPerWorker": "8 cores"}, "cpuPerWorker", "not a CPU amount"),
-    "shm as large as memory": ({"shmSize": "64Gi", "memoryPerWorker": "64Gi"}, "shmSize", "smaller than"),
-    "unknown GPU vendor": ({"gpuResourceName": "acme.io/tpu"}, "gpuResourceName", "unknown GPU vendor"),
+    "shm as large as memory": (
+        {"shmSize": "64Gi", "memoryPerWorker": "64Gi"},
+        "shmSize",
+        "smaller than",
+    ),
+    "unknown GPU vendor": (
+        {"gpuResourceName": "acme.io/tpu"},
+        "gpuResourceName",
+        "unknown GPU vendor",
+    ),
     "non-CUDA GPU vendor": ({"gpuResourceName": "amd.com/gpu"}, "gpuResourceName", "not supported"),
     "missing image": ({"image": None}, "image", "docker/image.env"),
     "unpinned image": ({"image": "clipforge:latest"}, "image", "pinned"),
-    "bad toleration effect": ({"gpuTolerations": ["nvidia.com/gpu:Sometimes"]}, "gpuTolerations", "effect"),
-    "bad node selector": ({"gpuNodeSelector": ["no-equals-sign"]}, "gpuNodeSelector", "LABEL=VALUE"),
+    "bad toleration effect": (
+        {"gpuTolerations": ["nvidia.com/gpu:Sometimes"]},
+        "gpuTolerations",
+        "effect",
+    ),
+    "bad node selector": (
+        {"gpuNodeSelector": ["no-equals-sign"]},
+        "gpuNodeSelector",
+        "LABEL=VALUE",
+    ),
     "negative price": ({"pricePerGpuHour": "-1"}, "pricePerGpuHour", ">= 0"),
     "bad namespace": ({"namespace": "Clip_Forge"}, "namespace", "not a Kubernetes name"),
-    "SSH key in plain text": ({"sshAuthorizedKeys": "ssh-ed25519 AAAA x"}, "sshAuthorizedKeys", "plain text"),
+    "SSH key in plain text": (
+        {"sshAuthorizedKeys": "ssh-ed25519 AAAA x"},
+        "sshAuthorizedKeys",
+        "plain text",
+    ),
 }
 
 
@@ -48,13 +67,18 @@ def test_bad_config_creates_no_kubernetes_resource():
     with pytest.raises(pulumi.RunError):
         run_program(config, secret_keys)
     # A fresh run with valid config shows the harness does record Kubernetes resources.
-    assert any(r.type.startswith(KUBERNETES_TYPES) for r in run_program(*stack_config("example-1x4")).resources)
+    assert any(
+        r.type.startswith(KUBERNETES_TYPES)
+        for r in run_program(*stack_config("example-1x4")).resources
+    )
 
 
 def test_malformed_webhook_error_does_not_echo_the_secret():
     """A malformed webhook list is reported by entry number, without printing the secret value."""
     secret = "not-a-url-but-secret-token-123"
-    config, secret_keys = stack_config("example-1x4", secrets={"alertWebhooks": f"{WEBHOOKS},{secret}"})
+    config, secret_keys = stack_config(
+        "example-1x4", secrets={"alertWebhooks": f"{WEBHOOKS},{secret}"}
+    )
     with pytest.raises(pulumi.RunError) as raised:
         run_program(config, secret_keys)
     assert "clipforge-infra:alertWebhooks: entry 3" in str(raised.value)
@@ -65,7 +89,9 @@ def test_private_key_in_place_of_public_key_is_refused():
     """Pasting a private key into sshAuthorizedKeys is caught and explained."""
     private = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEA\n-----END OPENSSH PRIVATE KEY-----"
     config, secret_keys = stack_config("example-1x4", secrets={"sshAuthorizedKeys": private})
-    with pytest.raises(pulumi.RunError, match="clipforge-infra:sshAuthorizedKeys: holds a private key"):
+    with pytest.raises(
+        pulumi.RunError, match="clipforge-infra:sshAuthorizedKeys: holds a private key"
+    ):
         run_program(config, secret_keys)
 
 

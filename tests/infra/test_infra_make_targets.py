@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from infra_harness import INFRA_DIR, REPO
 
 from clipforge.image_env import read_image_env
@@ -24,20 +23,35 @@ from clipforge.image_env import read_image_env
 MAKE = shutil.which("make")
 pytestmark = pytest.mark.skipif(MAKE is None, reason="make is not installed")
 SYSTEM_PATH = "/usr/bin:/bin"  # git, make, sh; never a pulumi binary
-STUB_OUTPUTS = {"namespace": "clipforge", "kube_context": "", "released": False,
-                "workers": [{"pod": "clipforge-worker-0"}],
-                "ssh": {"user": "clipforge", "port": 2222, "entry_pod": "clipforge-worker-0"},
-                "tensorboard": {"service": "clipforge-tensorboard", "port": 6006},
-                "cost": {"currency": "USD", "price_per_gpu_hour": "1.80", "gpus": 4, "per_hour": "7.20"}}
+STUB_OUTPUTS = {
+    "namespace": "clipforge",
+    "kube_context": "",
+    "released": False,
+    "workers": [{"pod": "clipforge-worker-0"}],
+    "ssh": {"user": "clipforge", "port": 2222, "entry_pod": "clipforge-worker-0"},
+    "tensorboard": {"service": "clipforge-tensorboard", "port": 6006},
+    "cost": {"currency": "USD", "price_per_gpu_hour": "1.80", "gpus": 4, "per_hour": "7.20"},
+}
 
 
 def kubeconfig(path: Path, *contexts: str, current: str = "") -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": current,
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name}} for name in contexts],
-        "clusters": [{"name": name, "cluster": {"server": "https://127.0.0.1:6443"}} for name in contexts],
-        "users": [{"name": name, "user": {}} for name in contexts],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": current,
+                "contexts": [
+                    {"name": name, "context": {"cluster": name, "user": name}} for name in contexts
+                ],
+                "clusters": [
+                    {"name": name, "cluster": {"server": "https://127.0.0.1:6443"}}
+                    for name in contexts
+                ],
+                "users": [{"name": name, "user": {}} for name in contexts],
+            }
+        )
+    )
     return path
 
 
@@ -46,7 +60,8 @@ def stub_pulumi(bin_dir: Path, log: Path, fail_on: str = "") -> None:
     for the subcommand ``fail_on``."""
     bin_dir.mkdir(exist_ok=True)
     script = bin_dir / "pulumi"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         #!{sys.executable}
         import json, sys
         args = sys.argv[1:]
@@ -56,7 +71,8 @@ def stub_pulumi(bin_dir: Path, log: Path, fail_on: str = "") -> None:
             sys.exit(1)
         if args[:2] == ["stack", "output"]:
             print(json.dumps({STUB_OUTPUTS!r}))
-        """))
+        """)
+    )
     script.chmod(0o755)
 
 
@@ -70,14 +86,25 @@ def project_with_stack(tmp_path: Path, stack_values: dict) -> Path:
     return project
 
 
-MY_STACK = {"kubeContext": "gpu-cluster", "gpusPerWorker": 4,
-            "sshAuthorizedKeys": {"secure": "v1:c2FsdA==:Y2lwaGVydGV4dA=="}}
+MY_STACK = {
+    "kubeContext": "gpu-cluster",
+    "gpusPerWorker": 4,
+    "sshAuthorizedKeys": {"secure": "v1:c2FsdA==:Y2lwaGVydGV4dA=="},
+}
 
 
 def make(target: str, tmp_path: Path, *variables: str, path: str = SYSTEM_PATH, **env: str):
     environment = {"PATH": path, "HOME": str(tmp_path), **env}
-    command = [MAKE, "-s", "-f", str(INFRA_DIR / "infra.mk"), target, f"PYTHON={sys.executable}",
-               f"STACK_OUTPUTS={tmp_path / 'stack-outputs.json'}", *variables]
+    command = [
+        MAKE,
+        "-s",
+        "-f",
+        str(INFRA_DIR / "infra.mk"),
+        target,
+        f"PYTHON={sys.executable}",
+        f"STACK_OUTPUTS={tmp_path / 'stack-outputs.json'}",
+        *variables,
+    ]
     return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True)
 
 
@@ -94,7 +121,12 @@ def test_up_without_stack_names_the_variable(tmp_path):
 
 def test_up_without_pulumi_cli_says_how_to_install_it(tmp_path):
     """With no pulumi on PATH, `make up` fails before anything else, naming the Pulumi CLI."""
-    done = make("up", tmp_path, "STACK=example-1x4", KUBECONFIG=str(kubeconfig(tmp_path / "kc", "my-gpu-cluster")))
+    done = make(
+        "up",
+        tmp_path,
+        "STACK=example-1x4",
+        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "my-gpu-cluster")),
+    )
     assert done.returncode != 0
     assert "Pulumi CLI is not on PATH" in done.stderr and "install" in done.stderr
 
@@ -102,8 +134,13 @@ def test_up_without_pulumi_cli_says_how_to_install_it(tmp_path):
 def test_up_without_kubeconfig_names_it(tmp_path):
     """With the CLI present but no kubeconfig file, the error names the missing kubeconfig path."""
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make("up", tmp_path, "STACK=example-1x4", path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-                KUBECONFIG=str(tmp_path / "nowhere"))
+    done = make(
+        "up",
+        tmp_path,
+        "STACK=example-1x4",
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+        KUBECONFIG=str(tmp_path / "nowhere"),
+    )
     assert done.returncode != 0
     assert f"no kubeconfig at {tmp_path / 'nowhere'}" in done.stderr
     assert logged(tmp_path / "log") == []
@@ -112,8 +149,13 @@ def test_up_without_kubeconfig_names_it(tmp_path):
 def test_up_with_context_missing_from_kubeconfig_lists_the_known_ones(tmp_path):
     """The stack's kubeContext must exist in the kubeconfig; the error lists the contexts there."""
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make("up", tmp_path, "STACK=example-1x4", path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-                KUBECONFIG=str(kubeconfig(tmp_path / "kc", "laptop-kind", current="laptop-kind")))
+    done = make(
+        "up",
+        tmp_path,
+        "STACK=example-1x4",
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "laptop-kind", current="laptop-kind")),
+    )
     assert done.returncode != 0
     assert "'my-gpu-cluster' is not in the kubeconfig (laptop-kind)" in done.stderr
     assert logged(tmp_path / "log") == []
@@ -124,11 +166,18 @@ def test_up_runs_pulumi_with_image_from_image_env_and_writes_outputs(tmp_path):
     for the update only, runs `pulumi up`, then writes the stack outputs file."""
     project = project_with_stack(tmp_path, MY_STACK)
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make("up", tmp_path, "STACK=mine", f"PULUMI_PROJECT_DIR={project}", "REGISTRY=registry.example/team",
-                path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}", KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")))
+    done = make(
+        "up",
+        tmp_path,
+        "STACK=mine",
+        f"PULUMI_PROJECT_DIR={project}",
+        "REGISTRY=registry.example/team",
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
+    )
     assert done.returncode == 0, done.stderr
     image = read_image_env(REPO / "docker" / "image.env").reference("registry.example/team")
-    commands = [call[:call.index("--stack")] for call in logged(tmp_path / "log")]
+    commands = [call[: call.index("--stack")] for call in logged(tmp_path / "log")]
     assert commands == [
         ["stack", "select", "--create"],
         ["config", "set", "released", "false"],
@@ -148,8 +197,14 @@ def test_up_keeps_an_image_the_stack_sets(tmp_path):
     """A stack that sets `image` keeps it: make up does not pass docker/image.env's."""
     project = project_with_stack(tmp_path, {**MY_STACK, "image": "mirror.example/clipforge:custom"})
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make("up", tmp_path, "STACK=mine", f"PULUMI_PROJECT_DIR={project}", path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-                KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")))
+    done = make(
+        "up",
+        tmp_path,
+        "STACK=mine",
+        f"PULUMI_PROJECT_DIR={project}",
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
+    )
     assert done.returncode == 0, done.stderr
     assert not any(call[:3] == ["config", "set", "image"] for call in logged(tmp_path / "log"))
 
@@ -158,12 +213,20 @@ def test_failed_update_still_removes_transient_config_and_writes_no_outputs(tmp_
     """When `pulumi up` fails, the keys set for it are removed and no outputs file appears."""
     project = project_with_stack(tmp_path, MY_STACK)
     stub_pulumi(tmp_path / "bin", tmp_path / "log", fail_on="up")
-    done = make("up", tmp_path, "STACK=mine", f"PULUMI_PROJECT_DIR={project}", path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-                KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")))
+    done = make(
+        "up",
+        tmp_path,
+        "STACK=mine",
+        f"PULUMI_PROJECT_DIR={project}",
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
+    )
     assert done.returncode != 0
     calls = logged(tmp_path / "log")
-    assert [c[:3] for c in calls if c[:2] == ["config", "rm"]] == [["config", "rm", "released"],
-                                                                    ["config", "rm", "image"]]
+    assert [c[:3] for c in calls if c[:2] == ["config", "rm"]] == [
+        ["config", "rm", "released"],
+        ["config", "rm", "image"],
+    ]
     assert not (tmp_path / "stack-outputs.json").exists()
 
 
@@ -171,8 +234,14 @@ def test_stack_without_ssh_key_is_refused_with_the_command_to_set_it(tmp_path):
     """A stack lacking sshAuthorizedKeys fails before Pulumi runs, showing the `config set --secret` command."""
     project = project_with_stack(tmp_path, {"kubeContext": "gpu-cluster"})
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make("up", tmp_path, "STACK=mine", f"PULUMI_PROJECT_DIR={project}", path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-                KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")))
+    done = make(
+        "up",
+        tmp_path,
+        "STACK=mine",
+        f"PULUMI_PROJECT_DIR={project}",
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
+    )
     assert done.returncode != 0
     assert "config set --secret" in done.stderr and "sshAuthorizedKeys" in done.stderr
     assert logged(tmp_path / "log") == []
@@ -194,8 +263,14 @@ def test_down_refuses_when_the_latest_checkpoint_is_unprotected(tmp_path):
     (run / "step-00000100" / "model.pt").write_bytes(b"weights")
     (run / "latest").write_text("step-00000100")
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make("down", tmp_path, "STACK=example-1x4", f"CHECKPOINTS_DIR={tmp_path / 'scratch'}",
-                f"RETAINED_DIRS={tmp_path / 'volume'}", path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}")
+    done = make(
+        "down",
+        tmp_path,
+        "STACK=example-1x4",
+        f"CHECKPOINTS_DIR={tmp_path / 'scratch'}",
+        f"RETAINED_DIRS={tmp_path / 'volume'}",
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+    )
     assert done.returncode != 0
     assert "refusing to release the GPUs" in done.stderr
     assert logged(tmp_path / "log") == []
@@ -210,9 +285,17 @@ def test_down_with_force_proceeds_to_release(tmp_path):
     (run / "latest").write_text("step-00000100")
     project = project_with_stack(tmp_path, MY_STACK)
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make("down", tmp_path, "STACK=mine", "FORCE=1", f"PULUMI_PROJECT_DIR={project}",
-                f"CHECKPOINTS_DIR={tmp_path / 'scratch'}", f"RETAINED_DIRS={tmp_path / 'volume'}",
-                path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}", KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")))
+    done = make(
+        "down",
+        tmp_path,
+        "STACK=mine",
+        "FORCE=1",
+        f"PULUMI_PROJECT_DIR={project}",
+        f"CHECKPOINTS_DIR={tmp_path / 'scratch'}",
+        f"RETAINED_DIRS={tmp_path / 'volume'}",
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
+    )
     assert done.returncode == 0, done.stderr
     assert "releasing anyway" in done.stderr
     calls = logged(tmp_path / "log")
@@ -225,8 +308,14 @@ def test_preview_previews_without_updating(tmp_path):
     """`make preview` runs `pulumi preview` and never `pulumi up`, writing no outputs file."""
     project = project_with_stack(tmp_path, MY_STACK)
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make("preview", tmp_path, "STACK=mine", f"PULUMI_PROJECT_DIR={project}",
-                path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}", KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")))
+    done = make(
+        "preview",
+        tmp_path,
+        "STACK=mine",
+        f"PULUMI_PROJECT_DIR={project}",
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
+    )
     assert done.returncode == 0, done.stderr
     subcommands = [call[0] for call in logged(tmp_path / "log")]
     assert "preview" in subcommands and "up" not in subcommands
@@ -235,17 +324,29 @@ def test_preview_previews_without_updating(tmp_path):
 
 def test_infra_mk_defines_no_targets_the_top_level_makefile_owns():
     """infra.mk adds up/down/preview only, so `include infra/infra.mk` cannot clash with test/demo/env/all."""
-    done = subprocess.run([MAKE, "-pn", "-f", str(INFRA_DIR / "infra.mk")], cwd=REPO, capture_output=True,
-                          text=True, env={"PATH": SYSTEM_PATH})
-    targets = {line.split(":")[0] for line in done.stdout.splitlines()
-               if line and not line.startswith(("#", "\t", " ", ".")) and ":" in line and "=" not in line}
+    done = subprocess.run(
+        [MAKE, "-pn", "-f", str(INFRA_DIR / "infra.mk")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PATH": SYSTEM_PATH},
+    )
+    targets = {
+        line.split(":")[0]
+        for line in done.stdout.splitlines()
+        if line and not line.startswith(("#", "\t", " ", ".")) and ":" in line and "=" not in line
+    }
     assert {"up", "down", "preview"} <= targets
     assert not targets & {"test", "demo", "env", "all"}
 
 
 def test_including_infra_mk_first_does_not_change_the_default_goal(tmp_path):
     """A Makefile that includes infra.mk before its own first target keeps that target as default."""
-    (tmp_path / "Makefile").write_text(f"include {INFRA_DIR / 'infra.mk'}\nall:\n\t@echo top-level-all\n")
-    done = subprocess.run([MAKE, "-s", "-C", str(tmp_path)], capture_output=True, text=True, env={"PATH": SYSTEM_PATH})
+    (tmp_path / "Makefile").write_text(
+        f"include {INFRA_DIR / 'infra.mk'}\nall:\n\t@echo top-level-all\n"
+    )
+    done = subprocess.run(
+        [MAKE, "-s", "-C", str(tmp_path)], capture_output=True, text=True, env={"PATH": SYSTEM_PATH}
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "top-level-all"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from infra_harness import INFRA_DIR
 
 from clipforge_infra.settings import CONFIG_KEYS, SECRET_KEYS, parse_settings
@@ -37,16 +36,26 @@ def test_every_key_has_type_description_and_default_where_one_makes_sense():
 
 def test_defaults_parse_into_valid_settings():
     """Pulumi.yaml's defaults alone (plus image and key) pass validation: the defaults are usable."""
-    config = program_config(load_declarations(INFRA_DIR), {
-        "image": "registry.example/clipforge:1.0", "sshAuthorizedKeys": "ssh-ed25519 AAAAC3Nza user@host"})
+    config = program_config(
+        load_declarations(INFRA_DIR),
+        {
+            "image": "registry.example/clipforge:1.0",
+            "sshAuthorizedKeys": "ssh-ed25519 AAAAC3Nza user@host",
+        },
+    )
     settings = parse_settings(config, secret_keys=set(SECRET_KEYS))
     assert settings.workers.num_workers >= 1 and not settings.released
 
 
 def test_there_are_one_node_and_multi_node_examples():
     """The examples cover a 1x4-GPU and a 2x8-GPU setup."""
-    shapes = {(load_stack_values(INFRA_DIR, s)["numWorkers"], load_stack_values(INFRA_DIR, s)["gpusPerWorker"])
-              for s in EXAMPLES}
+    shapes = {
+        (
+            load_stack_values(INFRA_DIR, s)["numWorkers"],
+            load_stack_values(INFRA_DIR, s)["gpusPerWorker"],
+        )
+        for s in EXAMPLES
+    }
     assert {(1, 4), (2, 8)} <= shapes
 
 

@@ -6,7 +6,6 @@ import copy
 
 import kubernetes_validate
 import pytest
-
 from infra_harness import REGISTRY_AUTH, run_program, stack_config
 
 # A current Kubernetes release, as run by managed clusters today; strict = unknown fields are errors.
@@ -15,7 +14,10 @@ SCENARIOS = {
     "example-1x4": ("example-1x4", {}),
     "example-2x8": ("example-2x8", {}),
     "defaults": (None, {}),
-    "mig-and-cluster-default-storage": (None, {"gpuResourceName": "nvidia.com/mig-3g.40gb", "storageClass": ""}),
+    "mig-and-cluster-default-storage": (
+        None,
+        {"gpuResourceName": "nvidia.com/mig-3g.40gb", "storageClass": ""},
+    ),
     "private-registry": ("example-2x8", {}),
 }
 SECRETS = {"private-registry": {"registryAuth": REGISTRY_AUTH}}
@@ -24,7 +26,9 @@ SECRETS = {"private-registry": {"registryAuth": REGISTRY_AUTH}}
 @pytest.fixture(scope="module", params=sorted(SCENARIOS))
 def objects(request):
     stack, overrides = SCENARIOS[request.param]
-    return run_program(*stack_config(stack, overrides, secrets=SECRETS.get(request.param))).kubernetes_objects()
+    return run_program(
+        *stack_config(stack, overrides, secrets=SECRETS.get(request.param))
+    ).kubernetes_objects()
 
 
 def validate(obj: dict) -> None:
@@ -47,7 +51,11 @@ def test_schema_validation_rejects_a_misspelt_field(objects):
 
 
 def pod_specs(objects):
-    specs = [obj["spec"]["template"]["spec"] for obj in objects if obj["kind"] in ("StatefulSet", "Deployment")]
+    specs = [
+        obj["spec"]["template"]["spec"]
+        for obj in objects
+        if obj["kind"] in ("StatefulSet", "Deployment")
+    ]
     assert specs, "no pod templates rendered"
     return specs
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 
 import pytest
-
-import json
-
 from infra_harness import REGISTRY_AUTH, is_secret, run_program, stack_config
 
 from clipforge_infra.contract import (
@@ -94,8 +92,11 @@ def test_storage_is_mounted_at_the_fixed_paths(example):
     """Datasets, checkpoints and logs claims are mounted where the train stage expects them."""
     _, _, run = example
     spec, container = worker_container(run)
-    claim_of_volume = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]
-                       if "persistentVolumeClaim" in v}
+    claim_of_volume = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in spec["volumes"]
+        if "persistentVolumeClaim" in v
+    }
     mounted = {m["mountPath"]: claim_of_volume.get(m["name"]) for m in container["volumeMounts"]}
     claims = {pvc.inputs["metadata"]["name"] for pvc in run.of_type(PVC)}
     for path in (DATASETS_MOUNT_PATH, CHECKPOINTS_MOUNT_PATH, LOGS_MOUNT_PATH):
@@ -132,7 +133,9 @@ def test_headless_service_and_disruption_budget_cover_the_workers(example):
     _, _, run = example
     statefulset = run.one(STATEFULSET).inputs
     pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
-    services = {s.inputs["metadata"]["name"]: s.inputs for s in run.of_type("kubernetes:core/v1:Service")}
+    services = {
+        s.inputs["metadata"]["name"]: s.inputs for s in run.of_type("kubernetes:core/v1:Service")
+    }
     headless = services[statefulset["spec"]["serviceName"]]
     assert headless["spec"]["clusterIP"] == "None"
     assert headless["spec"]["selector"].items() <= pod_labels.items()
@@ -176,13 +179,19 @@ def test_outputs_describe_workers_volumes_and_cost(example):
     outputs = run.outputs
     assert set(OUTPUT_KEYS) <= set(outputs)
     assert len(outputs["workers"]) == int(values["numWorkers"])
-    assert all(w["host"].endswith(f".{values['namespace']}.svc.cluster.local") for w in outputs["workers"])
+    assert all(
+        w["host"].endswith(f".{values['namespace']}.svc.cluster.local") for w in outputs["workers"]
+    )
     assert {v["mount_path"] for v in outputs["volumes"].values()} == {
-        DATASETS_MOUNT_PATH, CHECKPOINTS_MOUNT_PATH, LOGS_MOUNT_PATH}
+        DATASETS_MOUNT_PATH,
+        CHECKPOINTS_MOUNT_PATH,
+        LOGS_MOUNT_PATH,
+    }
     gpus = int(values["numWorkers"]) * int(values["gpusPerWorker"])
     assert Decimal(outputs["cost"]["per_hour"]) == Decimal(values["pricePerGpuHour"]) * gpus
     assert outputs["tensorboard"]["service"] in {
-        s.inputs["metadata"]["name"] for s in run.of_type("kubernetes:core/v1:Service")}
+        s.inputs["metadata"]["name"] for s in run.of_type("kubernetes:core/v1:Service")
+    }
 
 
 def test_released_stack_keeps_storage_and_drops_compute():
@@ -207,7 +216,9 @@ def test_default_config_gives_one_worker_with_one_gpu():
 def test_private_registry_credentials_become_a_pull_secret_for_every_pod():
     """registryAuth yields a secret dockerconfigjson Secret that workers and TensorBoard pull with."""
     run = run_program(*stack_config("example-1x4", secrets={"registryAuth": REGISTRY_AUTH}))
-    (pull,) = [s for s in run.of_type(SECRET) if s.inputs["type"] == "kubernetes.io/dockerconfigjson"]
+    (pull,) = [
+        s for s in run.of_type(SECRET) if s.inputs["type"] == "kubernetes.io/dockerconfigjson"
+    ]
     assert is_secret(pull.inputs["stringData"])
     for obj in (run.one(STATEFULSET), run.one(DEPLOYMENT)):
         pulls = obj.inputs["spec"]["template"]["spec"]["imagePullSecrets"]
@@ -217,5 +228,7 @@ def test_private_registry_credentials_become_a_pull_secret_for_every_pod():
 def test_public_image_needs_no_pull_secret(example):
     """Without registryAuth no pull Secret exists and no pod references one."""
     _, _, run = example
-    assert not [s for s in run.of_type(SECRET) if s.inputs["type"] == "kubernetes.io/dockerconfigjson"]
+    assert not [
+        s for s in run.of_type(SECRET) if s.inputs["type"] == "kubernetes.io/dockerconfigjson"
+    ]
     assert all("imagePullSecrets" not in spec for spec in run.pod_specs())

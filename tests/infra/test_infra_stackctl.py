@@ -7,7 +7,6 @@ import os
 
 import pytest
 import yaml
-
 from infra_harness import REPO  # noqa: F401  (puts infra/ on sys.path)
 
 from clipforge_infra.kubeconfig import KubeconfigError, resolve_context
@@ -15,7 +14,9 @@ from clipforge_infra.stackctl import write_outputs
 
 
 def write_kubeconfig(path, contexts, current=""):
-    path.write_text(yaml.safe_dump({"current-context": current, "contexts": [{"name": c} for c in contexts]}))
+    path.write_text(
+        yaml.safe_dump({"current-context": current, "contexts": [{"name": c} for c in contexts]})
+    )
     return path
 
 

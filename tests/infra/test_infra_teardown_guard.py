@@ -10,15 +10,21 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from infra_harness import INFRA_DIR  # noqa: F401  (puts infra/ on sys.path)
 
 from clipforge_infra import teardown_guard
-from clipforge_infra.teardown_guard import EXIT_REFUSED, ListedDvcRemote, LocalDvcRemote, assess, find_latest_checkpoint
+from clipforge_infra.teardown_guard import (
+    EXIT_REFUSED,
+    ListedDvcRemote,
+    LocalDvcRemote,
+    assess,
+    find_latest_checkpoint,
+)
 
 DVC = Path(sys.executable).with_name("dvc")
-needs_dvc = pytest.mark.skipif(not DVC.exists(),
-                               reason="dvc is not installed next to this Python (pyproject extra `infra`)")
+needs_dvc = pytest.mark.skipif(
+    not DVC.exists(), reason="dvc is not installed next to this Python (pyproject extra `infra`)"
+)
 
 
 def write_checkpoint(checkpoints: Path, run: str, step: int, mtime: float | None = None) -> Path:
@@ -41,8 +47,14 @@ def guard(*args: str) -> int:
 def test_refuses_when_the_latest_checkpoint_is_only_on_scratch_disk(tmp_path, capsys):
     """A checkpoint on a non-retained directory with no DVC remote makes the guard refuse."""
     write_checkpoint(tmp_path / "scratch", "run-0123456789ab", 100)
-    code = guard("--checkpoints", str(tmp_path / "scratch"), "--retained", str(tmp_path / "volume"),
-                 "--dvc-repo", str(tmp_path))
+    code = guard(
+        "--checkpoints",
+        str(tmp_path / "scratch"),
+        "--retained",
+        str(tmp_path / "volume"),
+        "--dvc-repo",
+        str(tmp_path),
+    )
     assert code == EXIT_REFUSED
     err = capsys.readouterr().err
     assert "refusing" in err and "run-0123456789ab/step-00000100" in err and "FORCE=1" in err
@@ -51,8 +63,15 @@ def test_refuses_when_the_latest_checkpoint_is_only_on_scratch_disk(tmp_path, ca
 def test_force_proceeds_despite_an_unsafe_checkpoint(tmp_path, capsys):
     """--force (FORCE=1) exits 0 and still warns what may be lost."""
     write_checkpoint(tmp_path / "scratch", "run-0123456789ab", 100)
-    code = guard("--checkpoints", str(tmp_path / "scratch"), "--retained", str(tmp_path / "volume"),
-                 "--dvc-repo", str(tmp_path), "--force")
+    code = guard(
+        "--checkpoints",
+        str(tmp_path / "scratch"),
+        "--retained",
+        str(tmp_path / "volume"),
+        "--dvc-repo",
+        str(tmp_path),
+        "--force",
+    )
     assert code == 0
     assert "releasing anyway" in capsys.readouterr().err
 
@@ -63,8 +82,14 @@ def test_checkpoint_on_retained_volume_through_a_symlink_is_safe(tmp_path, capsy
     write_checkpoint(volume, "run-0123456789ab", 200)
     (tmp_path / "repo").mkdir()
     (tmp_path / "repo" / "checkpoints").symlink_to(volume)
-    code = guard("--checkpoints", str(tmp_path / "repo" / "checkpoints"), "--retained", str(volume),
-                 "--dvc-repo", str(tmp_path / "repo"))
+    code = guard(
+        "--checkpoints",
+        str(tmp_path / "repo" / "checkpoints"),
+        "--retained",
+        str(volume),
+        "--dvc-repo",
+        str(tmp_path / "repo"),
+    )
     assert code == 0
     assert "retained storage" in capsys.readouterr().out
 
@@ -105,8 +130,11 @@ def dvc_template(tmp_path_factory):
         pytest.skip("dvc is not installed next to this Python")
     template = tmp_path_factory.mktemp("dvc-template") / "repo"
     template.mkdir()
-    for command in (["git", "init", "-q"], [str(DVC), "init", "-q"],
-                    [str(DVC), "remote", "add", "-d", "store", "../remote"]):
+    for command in (
+        ["git", "init", "-q"],
+        [str(DVC), "init", "-q"],
+        [str(DVC), "remote", "add", "-d", "store", "../remote"],
+    ):
         subprocess.run(command, cwd=template, env=dvc_env(), check=True, capture_output=True)
     return template
 
@@ -130,8 +158,14 @@ def test_checkpoint_pushed_to_the_dvc_remote_is_safe(dvc_repo, capsys):
     """After a real `dvc push`, the repository's default remote holds the checkpoint: release is allowed."""
     repo, remote, _, run = dvc_repo
     run(str(DVC), "push", "-q")
-    code = guard("--checkpoints", str(repo / "checkpoints"), "--retained", str(remote.parent / "volume"),
-                 "--dvc-repo", str(repo))
+    code = guard(
+        "--checkpoints",
+        str(repo / "checkpoints"),
+        "--retained",
+        str(remote.parent / "volume"),
+        "--dvc-repo",
+        str(repo),
+    )
     assert code == 0
     assert "DVC remote" in capsys.readouterr().out
 
@@ -149,8 +183,11 @@ def test_partially_pushed_checkpoint_is_refused(dvc_repo):
     """A remote missing one file of the checkpoint (an interrupted push) does not count."""
     repo, remote, _, run = dvc_repo
     run(str(DVC), "push", "-q")
-    objects = sorted(path for path in (remote / "files" / "md5").rglob("*")
-                     if path.is_file() and not path.name.endswith(".dir"))
+    objects = sorted(
+        path
+        for path in (remote / "files" / "md5").rglob("*")
+        if path.is_file() and not path.name.endswith(".dir")
+    )
     objects[0].unlink()
     verdict = assess(repo / "checkpoints", [], LocalDvcRemote(remote))
     assert not verdict.safe and "1 of its 2 files" in verdict.reason
@@ -170,8 +207,20 @@ def test_guard_runs_without_third_party_packages(tmp_path):
     """The guard imports only the standard library, so it also runs inside the worker image."""
     write_checkpoint(tmp_path / "scratch", "run-0123456789ab", 100)
     script = INFRA_DIR / "clipforge_infra" / "teardown_guard.py"
-    done = subprocess.run([sys.executable, "-I", "-S", str(script), "--checkpoints", str(tmp_path / "scratch"),
-                           "--dvc-repo", str(tmp_path)], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(script),
+            "--checkpoints",
+            str(tmp_path / "scratch"),
+            "--dvc-repo",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == EXIT_REFUSED, done.stderr
 
 
@@ -187,15 +236,23 @@ def dvc_config_dirs(tmp_path, monkeypatch) -> dict[str, Path]:
 
 @needs_dvc
 @pytest.mark.parametrize("level", ["global", "system"])
-def test_default_remote_set_only_outside_the_repository_counts(dvc_repo, dvc_config_dirs, level, capsys):
+def test_default_remote_set_only_outside_the_repository_counts(
+    dvc_repo, dvc_config_dirs, level, capsys
+):
     """A default remote set in DVC's global or system config (none in the repository) is the one
     the guard checks, as DVC itself would use it for `dvc push`."""
     repo, _, _, run = dvc_repo
     outside = repo.parent / f"{level}-remote"
     run(str(DVC), "remote", "default", "--unset")
     run(str(DVC), "remote", "add", f"--{level}", "-d", "outside", str(outside))
-    args = ("--checkpoints", str(repo / "checkpoints"), "--retained", str(repo.parent / "volume"),
-            "--dvc-repo", str(repo))
+    args = (
+        "--checkpoints",
+        str(repo / "checkpoints"),
+        "--retained",
+        str(repo.parent / "volume"),
+        "--dvc-repo",
+        str(repo),
+    )
     assert guard(*args) == EXIT_REFUSED
     assert f"not in the DVC remote {outside}" in capsys.readouterr().err
     run(str(DVC), "push", "-q")
@@ -204,13 +261,34 @@ def test_default_remote_set_only_outside_the_repository_counts(dvc_repo, dvc_con
 
 
 @needs_dvc
-def test_unreadable_dvc_config_refuses_only_when_the_remote_is_needed(dvc_repo, dvc_config_dirs, capsys):
+def test_unreadable_dvc_config_refuses_only_when_the_remote_is_needed(
+    dvc_repo, dvc_config_dirs, capsys
+):
     """A DVC config DVC cannot parse refuses a checkpoint only a remote could vouch for, saying
     so; a checkpoint on retained storage is still safe."""
     repo, _, _, _ = dvc_repo
     (dvc_config_dirs["global"] / "config").write_text("[core\n")
     checkpoints = repo / "checkpoints"
-    assert guard("--checkpoints", str(checkpoints), "--retained", str(repo.parent / "volume"),
-                 "--dvc-repo", str(repo)) == EXIT_REFUSED
+    assert (
+        guard(
+            "--checkpoints",
+            str(checkpoints),
+            "--retained",
+            str(repo.parent / "volume"),
+            "--dvc-repo",
+            str(repo),
+        )
+        == EXIT_REFUSED
+    )
     assert "cannot read the DVC config" in capsys.readouterr().err
-    assert guard("--checkpoints", str(checkpoints), "--retained", str(checkpoints), "--dvc-repo", str(repo)) == 0
+    assert (
+        guard(
+            "--checkpoints",
+            str(checkpoints),
+            "--retained",
+            str(checkpoints),
+            "--dvc-repo",
+            str(repo),
+        )
+        == 0
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pulumi
 import pytest
-
 from infra_harness import reveal, run_program, stack_config
 
 from clipforge.alerts.targets import parse_targets
@@ -70,7 +69,9 @@ def test_make_up_passes_a_lark_webhook_to_the_workers():
 
 def test_a_malformed_lark_entry_is_still_refused():
     """`lark:` with no http(s) URL behind it stops the program, naming the entry's position only."""
-    config, secret_keys = stack_config("example-1x4", secrets={"alertWebhooks": "lark:secret-token-9"})
+    config, secret_keys = stack_config(
+        "example-1x4", secrets={"alertWebhooks": "lark:secret-token-9"}
+    )
     with pytest.raises(pulumi.RunError) as raised:
         run_program(config, secret_keys)
     assert "clipforge-infra:alertWebhooks: entry 1" in str(raised.value)

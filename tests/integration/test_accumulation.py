@@ -3,6 +3,7 @@
 Each comparison runs in a fresh interpreter: a ZeRO-3 engine patches torch.nn.functional.linear
 for the whole process, which would change the numerics of every later in-process run.
 """
+
 from __future__ import annotations
 
 import json
@@ -87,8 +88,14 @@ print(json.dumps({"big_loss": big_loss, "cached_loss": cached_loss, "mismatched"
 def test_cached_accumulation_matches_one_big_batch(zero_stage):
     """4 micro-batches of 8 with feature caching == one batch of 32: same loss, same update;
     and the temperature is capped at 100 (ZeRO-3 included, where an in-place clamp is a no-op)."""
-    result = subprocess.run([sys.executable, "-c", COMPARE, str(zero_stage)], cwd=REPO,
-                            env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", COMPARE, str(zero_stage)],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome["cached_loss"] == pytest.approx(outcome["big_loss"], rel=1e-5)
@@ -109,6 +116,11 @@ def test_plain_accumulation_would_change_the_objective():
     with torch.no_grad():
         out = model(images, texts)
         full = loss_fn(out["image_features"], out["text_features"], out["logit_scale"]).item()
-        plain = sum(loss_fn(i, t, out["logit_scale"]).item() for i, t in
-                    zip(out["image_features"].split(8), out["text_features"].split(8))) / 4
+        plain = (
+            sum(
+                loss_fn(i, t, out["logit_scale"]).item()
+                for i, t in zip(out["image_features"].split(8), out["text_features"].split(8))
+            )
+            / 4
+        )
     assert plain < full - 0.1  # fewer negatives per image: an easier, different objective

@@ -1,4 +1,5 @@
 """Alerts on real training runs, delivered to a real HTTP server on 127.0.0.1."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,11 @@ from tests.conftest import run_train
 pytestmark = pytest.mark.slow
 
 # Delivery scaled down so retries and the final flush take a second, not minutes.
-FAST = ["alerts.retry_backoff_seconds=0.05", "alerts.http_timeout_seconds=1",
-        "alerts.flush_timeout_seconds=2"]
+FAST = [
+    "alerts.retry_backoff_seconds=0.05",
+    "alerts.http_timeout_seconds=1",
+    "alerts.flush_timeout_seconds=2",
+]
 
 
 @pytest.fixture
@@ -32,8 +36,9 @@ def _rules(server: WebhookServer) -> list[str]:
     return [r.body["rule"] for r in server.received]
 
 
-def test_absurd_learning_rate_raises_real_non_finite_alerts_then_stops(tmp_path, small_data,
-                                                                       server, monkeypatch, capsys):
+def test_absurd_learning_rate_raises_real_non_finite_alerts_then_stops(
+    tmp_path, small_data, server, monkeypatch, capsys
+):
     """lr=100 overflows the gradients (not injected): non_finite alerts arrive as generic JSON
     with the documented fields, then the run stops with a clear error and a non-zero exit."""
     monkeypatch.setenv("CLIPFORGE_ALERT_WEBHOOKS", server.url())
@@ -49,7 +54,8 @@ def test_absurd_learning_rate_raises_real_non_finite_alerts_then_stops(tmp_path,
 
 
 def test_nan_batches_are_skipped_counted_alerted_rate_limited_and_training_recovers(
-        tmp_path, small_data, server, monkeypatch, caplog):
+    tmp_path, small_data, server, monkeypatch, caplog
+):
     """Two poisoned batches: both steps skipped and counted; the second alert is held back by the
     rate limit (2 messages per window: GPU monitor notice + first non_finite); training ends."""
     monkeypatch.setenv("CLIPFORGE_ALERT_WEBHOOKS", server.url())
@@ -68,8 +74,16 @@ def test_nan_batches_are_skipped_counted_alerted_rate_limited_and_training_recov
 def test_a_blocked_step_produces_a_stall_alert(tmp_path, small_data, server, monkeypatch):
     monkeypatch.setenv("CLIPFORGE_ALERT_WEBHOOKS", server.url())
     monkeypatch.setenv("CLIPFORGE_FAULTS", "stall@3=4")
-    assert run_train(tmp_path, small_data, "alerts.stall_timeout_seconds=1.5",
-                     "alerts.min_seconds_between_repeats=0", *FAST) == 0
+    assert (
+        run_train(
+            tmp_path,
+            small_data,
+            "alerts.stall_timeout_seconds=1.5",
+            "alerts.min_seconds_between_repeats=0",
+            *FAST,
+        )
+        == 0
+    )
     stalls = [r.body for r in server.received if r.body["rule"] == "stall"]
     # step 2 is the last one completed before the blocked step 3 (a slow machine may add others)
     assert any(s["step"] == 2 and s["severity"] == "critical" for s in stalls), stalls
@@ -77,7 +91,8 @@ def test_a_blocked_step_produces_a_stall_alert(tmp_path, small_data, server, mon
 
 
 def test_dead_slow_and_failing_webhooks_change_nothing_and_leak_no_secret(
-        tmp_path, small_data, reference_run, monkeypatch, caplog):
+    tmp_path, small_data, reference_run, monkeypatch, caplog
+):
     """Three broken targets at once: refused connections, a server slower than a step, HTTP 500.
     Training ends with the exact weights of the reference run (no alerts configured); retries
     show in the log; the secret URL appears nowhere in the run's outputs or log."""
@@ -89,8 +104,9 @@ def test_dead_slow_and_failing_webhooks_change_nothing_and_leak_no_secret(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}/hook/{SECRET}"
-    monkeypatch.setenv("CLIPFORGE_ALERT_WEBHOOKS", ",".join([dead, slow.url("slack"),
-                                                            failing.url("feishu")]))
+    monkeypatch.setenv(
+        "CLIPFORGE_ALERT_WEBHOOKS", ",".join([dead, slow.url("slack"), failing.url("feishu")])
+    )
     caplog.set_level(logging.INFO, logger="clipforge")
     try:
         assert run_train(tmp_path, small_data, *FAST) == 0

@@ -1,4 +1,5 @@
 """The real DVC pipeline in a temporary git repository: repro, no-op repro, metrics, plots, exps."""
+
 from __future__ import annotations
 
 import json
@@ -14,17 +15,22 @@ from tests.conftest import REPO, subprocess_env, write_params
 
 pytestmark = pytest.mark.slow
 
-TINY = {"data": {"num_train": 96, "num_val": 16, "num_test_images": 12},
-        "train": {"epochs": 1, "save_every_steps": 2}}
+TINY = {
+    "data": {"num_train": 96, "num_val": 16, "num_test_images": 12},
+    "train": {"epochs": 1, "save_every_steps": 2},
+}
 
 
 def _dvc(repo: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = subprocess_env()
     env["PYTHONPATH"] = str(repo / "src")  # the copied code, as in a fresh clone
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
-    result = subprocess.run(["dvc", *args], cwd=repo, env=env, capture_output=True, text=True,
-                            timeout=timeout)
-    assert result.returncode == 0, f"dvc {' '.join(args)}:\n{result.stdout}\n{result.stderr}"[-4000:]
+    result = subprocess.run(
+        ["dvc", *args], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, f"dvc {' '.join(args)}:\n{result.stdout}\n{result.stderr}"[
+        -4000:
+    ]
     return result
 
 
@@ -38,18 +44,30 @@ def pipeline_repo(tmp_path_factory) -> Path:
     shutil.copytree(REPO / "src", repo / "src", ignore=shutil.ignore_patterns("__pycache__"))
     write_params(repo / "params.yaml", TINY)
     (repo / ".gitignore").write_text((REPO / ".gitignore").read_text())
-    for command in (["git", "init", "-q"], ["git", "add", "-A"],
-                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
+    for command in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
+    ):
         subprocess.run(command, cwd=repo, check=True)
     _dvc(repo, "repro")
     return repo
 
 
 def test_repro_runs_data_train_eval_and_writes_the_documented_layout(pipeline_repo):
-    for path in ("data/manifest.json", "data/train", "data/val", "data/test/test_imgs.tsv",
-                 "data/test/test_texts.jsonl", "models/clip/open_clip_config.json",
-                 "models/clip/open_clip_model.safetensors", "metrics/train.tsv",
-                 "metrics/train.json", "metrics/eval.json", "dvc.lock"):
+    for path in (
+        "data/manifest.json",
+        "data/train",
+        "data/val",
+        "data/test/test_imgs.tsv",
+        "data/test/test_texts.jsonl",
+        "models/clip/open_clip_config.json",
+        "models/clip/open_clip_model.safetensors",
+        "metrics/train.tsv",
+        "metrics/train.json",
+        "metrics/eval.json",
+        "dvc.lock",
+    ):
         assert (pipeline_repo / path).exists(), path
     assert any((pipeline_repo / "checkpoints").iterdir())
     assert any((pipeline_repo / "logs").iterdir())

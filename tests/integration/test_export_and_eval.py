@@ -1,4 +1,5 @@
 """The exported model works in plain open_clip, and the eval stage measures it."""
+
 from __future__ import annotations
 
 import json
@@ -37,31 +38,58 @@ json.dump(result, open(out, "w"))
 """
 
 
-def test_export_loads_in_plain_open_clip_with_the_embeddings_eval_uses(reference_run, small_data,
-                                                                       tmp_path):
+def test_export_loads_in_plain_open_clip_with_the_embeddings_eval_uses(
+    reference_run, small_data, tmp_path
+):
     model_dir = reference_run / "models" / "clip"
     out = tmp_path / "plain.json"
-    result = subprocess.run([sys.executable, "-c", PLAIN_OPEN_CLIP, str(model_dir),
-                             str(small_data / "test"), str(out)], env=subprocess_env(),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", PLAIN_OPEN_CLIP, str(model_dir), str(small_data / "test"), str(out)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     plain = json.loads(out.read_text())
 
     model, preprocess, tokenizer = load_open_clip(f"local-dir:{model_dir}", None, "cpu")
     images = [b for _, b in testset.read_images(small_data / "test")][:8]
     texts = [t.text for t in testset.read_texts(small_data / "test")][:8]
-    torch.testing.assert_close(encode_images(model, preprocess, images, 4, "cpu"),
-                               torch.tensor(plain["image"]), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(encode_texts(model, tokenizer, texts, 4, "cpu"),
-                               torch.tensor(plain["text"]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        encode_images(model, preprocess, images, 4, "cpu"),
+        torch.tensor(plain["image"]),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    torch.testing.assert_close(
+        encode_texts(model, tokenizer, texts, 4, "cpu"),
+        torch.tensor(plain["text"]),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
-def test_eval_stage_writes_metrics_with_the_documented_keys(reference_run, small_data, tmp_path,
-                                                            capsys):
+def test_eval_stage_writes_metrics_with_the_documented_keys(
+    reference_run, small_data, tmp_path, capsys
+):
     params = write_params(tmp_path / "params.yaml")
     out = tmp_path / "metrics" / "eval.json"
-    assert eval_main(["--params", str(params), "--model", f"local-dir:{reference_run / 'models/clip'}",
-                      "--data", str(small_data / "test"), "--out", str(out)]) == 0
+    assert (
+        eval_main(
+            [
+                "--params",
+                str(params),
+                "--model",
+                f"local-dir:{reference_run / 'models/clip'}",
+                "--data",
+                str(small_data / "test"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     metrics = json.loads(out.read_text())
     for key in ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "mean_recall"):
         assert 0.0 <= metrics[key] <= 100.0
@@ -75,8 +103,21 @@ def test_baseline_model_adds_its_numbers_and_the_delta(reference_run, small_data
     model = f"local-dir:{reference_run / 'models/clip'}"
     params = write_params(tmp_path / "params.yaml", {"eval": {"baseline_model": model}})
     out = tmp_path / "eval.json"
-    assert eval_main(["--params", str(params), "--model", model, "--data", str(small_data / "test"),
-                      "--out", str(out)]) == 0
+    assert (
+        eval_main(
+            [
+                "--params",
+                str(params),
+                "--model",
+                model,
+                "--data",
+                str(small_data / "test"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     metrics = json.loads(out.read_text())
     assert metrics["baseline"]["t2i_r1"] == metrics["t2i_r1"]  # the same model twice
     assert metrics["delta"]["mean_recall"] == 0.0
@@ -84,8 +125,21 @@ def test_baseline_model_adds_its_numbers_and_the_delta(reference_run, small_data
 
 def test_eval_on_a_missing_model_or_test_set_is_a_clear_error(tmp_path, small_data, capsys):
     params = write_params(tmp_path / "params.yaml")
-    assert eval_main(["--params", str(params), "--model", f"local-dir:{tmp_path / 'none'}",
-                      "--data", str(small_data / "test"), "--out", str(tmp_path / "e.json")]) == 2
+    assert (
+        eval_main(
+            [
+                "--params",
+                str(params),
+                "--model",
+                f"local-dir:{tmp_path / 'none'}",
+                "--data",
+                str(small_data / "test"),
+                "--out",
+                str(tmp_path / "e.json"),
+            ]
+        )
+        == 2
+    )
     assert "run the train stage first" in capsys.readouterr().err
     assert eval_main(["--params", str(params), "--data", str(tmp_path)]) == 2
     assert "test_imgs.tsv not found" in capsys.readouterr().err

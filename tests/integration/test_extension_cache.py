@@ -1,5 +1,6 @@
 """DeepSpeed's CPU op is compiled once per environment, whatever PATH a later process has (a
 stage run by DVC, by the launcher or by hand): no process finds it stale and compiles it again."""
+
 from __future__ import annotations
 
 import os
@@ -9,15 +10,18 @@ from pathlib import Path
 
 from tests.conftest import subprocess_env
 
-PREBUILD = ("from clipforge.train.dist import prebuild_cpu_ops; prebuild_cpu_ops(); "
-            "import os; print(os.environ['TORCH_EXTENSIONS_DIR'])")
+PREBUILD = (
+    "from clipforge.train.dist import prebuild_cpu_ops; prebuild_cpu_ops(); "
+    "import os; print(os.environ['TORCH_EXTENSIONS_DIR'])"
+)
 
 
 def _prebuild(path: str) -> Path:
     env = subprocess_env() | {"PATH": path, "DS_ACCELERATOR": "cpu"}
     env.pop("TORCH_EXTENSIONS_DIR", None)
-    result = subprocess.run([sys.executable, "-c", PREBUILD], env=env, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", PREBUILD], env=env, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return Path(result.stdout.strip().splitlines()[-1]) / "deepspeed_shm_comm"
 

@@ -1,6 +1,7 @@
 """A Hugging Face text tower end to end: a tiny Chinese BERT-style tokenizer and model built here
 (the layout of hfl/chinese-roberta-wwm-ext: config.json, weights, vocab.txt), trained for a few
 steps by the real train stage with periodic validation, exported, and loaded by plain open_clip."""
+
 from __future__ import annotations
 
 import json
@@ -46,11 +47,24 @@ def make_tiny_chinese_tower(directory: Path) -> Path:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars
     directory.mkdir(parents=True)
     (directory / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "tokenize_chinese_chars": True}))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "BertTokenizer",
+                "do_lower_case": True,
+                "tokenize_chinese_chars": True,
+            }
+        )
+    )
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=80)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=80,
+    )
     BertModel(config, add_pooling_layer=False).save_pretrained(directory)
     return directory
 
@@ -60,13 +74,32 @@ def hf_run(tmp_path_factory, small_data):
     root = tmp_path_factory.mktemp("hf-tower")
     tower = make_tiny_chinese_tower(root / "tiny-chinese-bert")
     params = write_params(root / "params.yaml")
-    command = [sys.executable, "-m", "clipforge.train", "--params", str(params),
-               "--data", str(small_data), "--checkpoints", str(root / "checkpoints"),
-               "--model-out", str(root / "models" / "clip"), "--logs", str(root / "logs"),
-               "--metrics", str(root / "metrics"), "--set", f"model.text_tower={tower}",
-               "--set", f"train.max_steps={STEPS}", "--set", f"train.val_every_steps={VAL_EVERY}"]
-    result = subprocess.run(command, cwd=root, env=subprocess_env(), capture_output=True,
-                            text=True, timeout=600)
+    command = [
+        sys.executable,
+        "-m",
+        "clipforge.train",
+        "--params",
+        str(params),
+        "--data",
+        str(small_data),
+        "--checkpoints",
+        str(root / "checkpoints"),
+        "--model-out",
+        str(root / "models" / "clip"),
+        "--logs",
+        str(root / "logs"),
+        "--metrics",
+        str(root / "metrics"),
+        "--set",
+        f"model.text_tower={tower}",
+        "--set",
+        f"train.max_steps={STEPS}",
+        "--set",
+        f"train.val_every_steps={VAL_EVERY}",
+    ]
+    result = subprocess.run(
+        command, cwd=root, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return {"root": root, "tower": tower, "model": root / "models" / "clip"}
 
@@ -75,13 +108,18 @@ def test_plain_open_clip_loads_the_export_with_its_chinese_tokenizer(hf_run):
     """local-dir: export -> open_clip builds the HF tower and the tokenizer knows the characters."""
     from transformers import AutoTokenizer
 
-    result = subprocess.run([sys.executable, "-c", PLAIN_OPEN_CLIP, str(hf_run["model"]), CAPTION],
-                            env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", PLAIN_OPEN_CLIP, str(hf_run["model"]), CAPTION],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     expected = AutoTokenizer.from_pretrained(str(hf_run["tower"]))(CAPTION)["input_ids"]
     assert loaded["tower"] == "HFTextEncoder"
-    assert loaded["tokens"][:len(expected)] == expected and 1 not in expected  # 1 = [UNK]
+    assert loaded["tokens"][: len(expected)] == expected and 1 not in expected  # 1 = [UNK]
     assert abs(loaded["text_norm"] - 1.0) < 1e-5
 
 

@@ -6,6 +6,7 @@ without, so script detection decides) holding rows that each filter must remove,
 are broken, missing, slow, huge or flaky. The first run is stopped with SIGTERM while shard
 00001 is in flight; the second run resumes. Each test checks one consequence.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,14 @@ def img2dataset_command() -> str:
 
 
 def _row(url, text, similarity=0.4, width=96, height=80, **extra):
-    return {"URL": url, "TEXT": text, "similarity": similarity, "WIDTH": width, "HEIGHT": height,
-            **extra}
+    return {
+        "URL": url,
+        "TEXT": text,
+        "similarity": similarity,
+        "WIDTH": width,
+        "HEIGHT": height,
+        **extra,
+    }
 
 
 def build_scenario(server: ImageServer, root: Path) -> dict:
@@ -49,35 +56,46 @@ def build_scenario(server: ImageServer, root: Path) -> dict:
     good = [server.url("img", f"good{i}") for i in range(22)]
     captions = {url: f"第{i}张图片里有一只猫" for i, url in enumerate(good)}
     failing = {  # url -> the skip reason its download must get
-        server.url("broken", "b1"): "corrupt_image", server.url("missing", "m1"): "not_found",
-        server.url("slow", "s1"): "timeout", server.url("huge", "h1", "png"): "too_large",
-        server.url("broken", "b2"): "corrupt_image", server.url("missing", "m2"): "not_found",
+        server.url("broken", "b1"): "corrupt_image",
+        server.url("missing", "m1"): "not_found",
+        server.url("slow", "s1"): "timeout",
+        server.url("huge", "h1", "png"): "too_large",
+        server.url("broken", "b2"): "corrupt_image",
+        server.url("missing", "m2"): "not_found",
     }
     flaky, gate = server.url("flaky", "f1"), server.url("gate", "g1")
     captions.update({url: f"下载会失败的图片{i}" for i, url in enumerate(failing)})
     captions.update({flaky: "第一次请求失败的图片", gate: "下载到一半被打断的图片"})
     # kept rows in download order; img2dataset cuts them into shards of ROWS_PER_SHARD
-    shard0 = good[:4] + list(failing)[:4] + [flaky] + good[4:5]          # finished before the stop
-    shard1 = good[5:14] + [gate]                                           # in flight at the stop
-    shard2 = good[14:22] + list(failing)[4:]                               # not started
+    shard0 = good[:4] + list(failing)[:4] + [flaky] + good[4:5]  # finished before the stop
+    shard1 = good[5:14] + [gate]  # in flight at the stop
+    shard2 = good[14:22] + list(failing)[4:]  # not started
     kept = shard0 + shard1 + shard2
     in_a, in_b = kept[:15], kept[15:]
     removed_a = [  # (expected filter, row) with a LANGUAGE column
         ("bad_url", _row("ftp://example.org/a.jpg", "文件传输协议的图片", LANGUAGE="zh")),
         ("empty_caption", _row(server.url("img", "x1"), " \t ", LANGUAGE="zh")),
-        ("caption_too_long", _row(server.url("img", "x2"), "长" * (MAX_CAPTION_CHARS + 1),
-                                  LANGUAGE="zh")),
+        (
+            "caption_too_long",
+            _row(server.url("img", "x2"), "长" * (MAX_CAPTION_CHARS + 1), LANGUAGE="zh"),
+        ),
         ("low_similarity", _row(server.url("img", "x3"), "相似度太低的图片", 0.31, LANGUAGE="zh")),
         # fails two filters: counted once, against the first (similarity)
         ("low_similarity", _row(server.url("img", "x4"), "a photo of a dog", 0.1, LANGUAGE="en")),
         ("not_language", _row(server.url("img", "x5"), "a photo of a cat", LANGUAGE="en")),
         ("unsafe", _row(server.url("img", "x6"), "不适合的图片", LANGUAGE="zh", punsafe=0.9)),
-        ("watermarked", _row(server.url("img", "x7"), "有水印的图片", LANGUAGE="zh",
-                             pwatermark=0.95)),
-        ("too_small", _row(server.url("img", "x8"), "很小的图片", width=40, height=300,
-                           LANGUAGE="zh")),
-        ("bad_aspect_ratio", _row(server.url("img", "x9"), "很长的图片", width=400, height=100,
-                                  LANGUAGE="zh")),
+        (
+            "watermarked",
+            _row(server.url("img", "x7"), "有水印的图片", LANGUAGE="zh", pwatermark=0.95),
+        ),
+        (
+            "too_small",
+            _row(server.url("img", "x8"), "很小的图片", width=40, height=300, LANGUAGE="zh"),
+        ),
+        (
+            "bad_aspect_ratio",
+            _row(server.url("img", "x9"), "很长的图片", width=400, height=100, LANGUAGE="zh"),
+        ),
         ("duplicate_url", _row(kept[0], "同一个网址的另一个说明", LANGUAGE="zh")),
         ("duplicate_caption", _row(server.url("img", "x10"), captions[kept[1]], LANGUAGE="zh")),
     ]
@@ -98,9 +116,17 @@ def build_scenario(server: ImageServer, root: Path) -> dict:
     expected_removed = {}
     for name, _ in removed_a + removed_b:
         expected_removed[name] = expected_removed.get(name, 0) + 1
-    return {"kept": kept, "captions": captions, "failing": failing, "shards": [shard0, shard1,
-            shard2], "removed": expected_removed, "rows_read": len(rows_a) + len(rows_b),
-            "rows_without_nsfw_columns": len(rows_b), "gate": gate, "flaky": flaky}
+    return {
+        "kept": kept,
+        "captions": captions,
+        "failing": failing,
+        "shards": [shard0, shard1, shard2],
+        "removed": expected_removed,
+        "rows_read": len(rows_a) + len(rows_b),
+        "rows_without_nsfw_columns": len(rows_b),
+        "gate": gate,
+        "flaky": flaky,
+    }
 
 
 def write_test_dir(path: Path) -> None:
@@ -114,19 +140,35 @@ def laion_run(tmp_path_factory):
     with ImageServer(slow_seconds=8.0, huge_size=(1500, 1000)) as server:
         scenario = build_scenario(server, root)
         write_test_dir(root / "flickr-cn")
-        params = {"data": {"source": "laion-parquet", "paths": [f"file://{root}/meta/*.parquet"],
-                           "test_dir": str(root / "flickr-cn"), "val_fraction": 0.4,
-                           "max_caption_chars": MAX_CAPTION_CHARS, "max_image_pixels": 1_000_000,
-                           "download_timeout_seconds": 3, "download_retries": 1,
-                           "download_processes": 1, "download_threads": 8,
-                           "download_samples_per_shard": ROWS_PER_SHARD}}
+        params = {
+            "data": {
+                "source": "laion-parquet",
+                "paths": [f"file://{root}/meta/*.parquet"],
+                "test_dir": str(root / "flickr-cn"),
+                "val_fraction": 0.4,
+                "max_caption_chars": MAX_CAPTION_CHARS,
+                "max_image_pixels": 1_000_000,
+                "download_timeout_seconds": 3,
+                "download_retries": 1,
+                "download_processes": 1,
+                "download_threads": 8,
+                "download_samples_per_shard": ROWS_PER_SHARD,
+            }
+        }
         (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
-        first = subprocess.Popen([sys.executable, "-m", "clipforge.data"], cwd=root, env=env,
-                                 stderr=subprocess.PIPE, text=True)
+        first = subprocess.Popen(
+            [sys.executable, "-m", "clipforge.data"],
+            cwd=root,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         downloads = root / "downloads"
         deadline = time.monotonic() + 120
-        while not (list(downloads.glob("laion-*/img2dataset/00000_stats.json"))
-                   and server.count(scenario["gate"]) >= 1):
+        while not (
+            list(downloads.glob("laion-*/img2dataset/00000_stats.json"))
+            and server.count(scenario["gate"]) >= 1
+        ):
             assert first.poll() is None, first.stderr.read()
             assert time.monotonic() < deadline, "the first run never reached shard 00001"
             time.sleep(0.05)
@@ -137,15 +179,29 @@ def laion_run(tmp_path_factory):
         first_stderr = first.stderr.read()
         left_after_stop = sorted(p.name for p in root.glob("*data*"))
         server.release()
-        second = subprocess.run([sys.executable, "-m", "clipforge.data"], cwd=root, env=env,
-                                capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            [sys.executable, "-m", "clipforge.data"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert second.returncode == 0, second.stderr
         requests = {url: server.count(url) for url in scenario["kept"]}
     manifest = json.loads((root / "data" / "manifest.json").read_text(encoding="utf-8"))
-    return {"root": root, "scenario": scenario, "manifest": manifest, "first_code": first_code,
-            "first_stderr": first_stderr, "left_after_stop": left_after_stop,
-            "finished_before": finished_before,
-            "stats_before": stats_before, "requests": requests, "second_stderr": second.stderr}
+    return {
+        "root": root,
+        "scenario": scenario,
+        "manifest": manifest,
+        "first_code": first_code,
+        "first_stderr": first_stderr,
+        "left_after_stop": left_after_stop,
+        "finished_before": finished_before,
+        "stats_before": stats_before,
+        "requests": requests,
+        "second_stderr": second.stderr,
+    }
 
 
 def test_filters_remove_exactly_the_constructed_rows(laion_run):
@@ -196,9 +252,13 @@ def test_every_downloaded_image_lands_once_in_train_or_val(laion_run):
 def test_per_shard_download_stats_add_up(laion_run):
     """The manifest lists img2dataset's per-shard counts; they sum to the kept rows."""
     download = laion_run["manifest"]["source"]["download"]
-    assert [s["count"] for s in download["shards"]] == [len(s) for s in laion_run["scenario"]["shards"]]
+    assert [s["count"] for s in download["shards"]] == [
+        len(s) for s in laion_run["scenario"]["shards"]
+    ]
     assert sum(s["successes"] for s in download["shards"]) == download["successes"]
-    assert download["successes"] == len(laion_run["scenario"]["kept"]) - len(laion_run["scenario"]["failing"])
+    assert download["successes"] == len(laion_run["scenario"]["kept"]) - len(
+        laion_run["scenario"]["failing"]
+    )
 
 
 def test_manifest_names_the_versions_the_tool_environment_holds(laion_run):
@@ -206,9 +266,16 @@ def test_manifest_names_the_versions_the_tool_environment_holds(laion_run):
     that environment's package metadata, not from clipforge's, whose webdataset differs)."""
     python = Path(img2dataset_command()).with_name("python")
     reported = subprocess.run(
-        [str(python), "-c", "import importlib.metadata as m; "
-         "print(m.version('img2dataset'), m.version('webdataset'))"],
-        capture_output=True, text=True, check=True).stdout.split()
+        [
+            str(python),
+            "-c",
+            "import importlib.metadata as m; "
+            "print(m.version('img2dataset'), m.version('webdataset'))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     tool = laion_run["manifest"]["source"]["download"]["tool"]
     assert tool == f"img2dataset {reported[0]} (webdataset {reported[1]})"
 

@@ -1,4 +1,5 @@
 """Models by name and initial weights from files, loaded without executing code."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Two CPU ranks under DeepSpeed's launcher: the run completes, ranks stay in sync, and the
 contrastive batch spans both ranks (the result matches the single-rank run of the same batch)."""
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,22 @@ pytestmark = pytest.mark.slow
 def test_two_rank_run_matches_the_single_rank_run(tmp_path, small_data, reference_run):
     params = write_params(tmp_path / "params.yaml")
     # global batch 32 = micro 8 x accumulation 2 x 2 ranks (the reference: 16 x 2 x 1)
-    command = [sys.executable, "-m", "clipforge.train", "--params", str(params),
-               "--data", str(small_data), "--set", "train.ranks_per_node=2",
-               "--set", "train.micro_batch_size=8"]
-    result = subprocess.run(command, cwd=tmp_path, env=subprocess_env(), capture_output=True,
-                            text=True, timeout=600)
+    command = [
+        sys.executable,
+        "-m",
+        "clipforge.train",
+        "--params",
+        str(params),
+        "--data",
+        str(small_data),
+        "--set",
+        "train.ranks_per_node=2",
+        "--set",
+        "train.micro_batch_size=8",
+    ]
+    result = subprocess.run(
+        command, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "deepspeed.launcher.runner" in output  # relaunched as 2 processes by DeepSpeed

@@ -1,4 +1,5 @@
 """Exact resume: a run killed with SIGKILL and rerun ends with the weights of an uninterrupted run."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,23 @@ pytestmark = pytest.mark.slow
 
 
 def _stage_command(root: Path, data: Path) -> list[str]:
-    return [sys.executable, "-m", "clipforge.train", "--params", str(root / "params.yaml"),
-            "--data", str(data), "--checkpoints", str(root / "checkpoints"),
-            "--model-out", str(root / "models" / "clip"), "--logs", str(root / "logs"),
-            "--metrics", str(root / "metrics")]
+    return [
+        sys.executable,
+        "-m",
+        "clipforge.train",
+        "--params",
+        str(root / "params.yaml"),
+        "--data",
+        str(data),
+        "--checkpoints",
+        str(root / "checkpoints"),
+        "--model-out",
+        str(root / "models" / "clip"),
+        "--logs",
+        str(root / "logs"),
+        "--metrics",
+        str(root / "metrics"),
+    ]
 
 
 def _logged_steps(root: Path) -> list[int]:
@@ -29,8 +43,9 @@ def _logged_steps(root: Path) -> list[int]:
     return [int(line.split("\t")[0]) for line in tsv.read_text().splitlines()[1:]]
 
 
-def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(tmp_path, small_data,
-                                                                 reference_run):
+def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
+    tmp_path, small_data, reference_run
+):
     reference = reference_run
     killed = tmp_path / "killed"
     killed.mkdir()
@@ -39,8 +54,12 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(tmp_path, small
     # and after steps 5 and 6 have been taken (and logged), however fast this machine trains:
     # work that the resumed run must redo identically.
     env = {**subprocess_env(), "CLIPFORGE_FAULTS": "hold@7"}
-    process = subprocess.Popen(_stage_command(killed, small_data), env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        _stage_command(killed, small_data),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 240
         while 6 not in _logged_steps(killed):
@@ -54,8 +73,13 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(tmp_path, small
     assert (run_dir / "latest").read_text().strip() == "step-00000004"
     assert not (killed / "models").exists()
 
-    resumed = subprocess.run(_stage_command(killed, small_data), env=subprocess_env(),
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        _stage_command(killed, small_data),
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads((killed / "metrics" / "train.json").read_text())
     assert summary["resumed_from_step"] == 4

@@ -1,4 +1,5 @@
 """The train stage end to end on CPU: DeepSpeed, checkpoints, TensorBoard, metrics, export."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,11 @@ def test_run_writes_checkpoints_keeping_the_last_k_with_an_atomic_latest(referen
     saved_config = (run_dir / "step-00000012" / "config.yaml").read_text()
     assert "global_batch_size: 32" in saved_config
     ds_config = json.loads((run_dir / "deepspeed_config.json").read_text())
-    assert (ds_config["train_batch_size"], ds_config["train_micro_batch_size_per_gpu"],
-            ds_config["gradient_accumulation_steps"]) == (32, 16, 2)
+    assert (
+        ds_config["train_batch_size"],
+        ds_config["train_micro_batch_size_per_gpu"],
+        ds_config["gradient_accumulation_steps"],
+    ) == (32, 16, 2)
 
 
 def test_tensorboard_events_hold_every_training_scalar(reference_run):
@@ -32,8 +36,16 @@ def test_tensorboard_events_hold_every_training_scalar(reference_run):
     (log_dir,) = (reference_run / "logs").iterdir()
     events = EventAccumulator(str(log_dir)).Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"train/loss", "train/grad_norm", "train/lr", "train/logit_scale",
-            "perf/samples_per_s", "perf/step_s", "perf/data_wait_s", "val/loss"} <= tags
+    assert {
+        "train/loss",
+        "train/grad_norm",
+        "train/lr",
+        "train/logit_scale",
+        "perf/samples_per_s",
+        "perf/step_s",
+        "perf/data_wait_s",
+        "val/loss",
+    } <= tags
     assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8, 10, 12]
     assert [e.step for e in events.Scalars("val/loss")] == [6, 12]
     assert "alerts/run_started/text_summary" in events.Tags()["tensors"]
@@ -42,8 +54,10 @@ def test_tensorboard_events_hold_every_training_scalar(reference_run):
 def test_metrics_tsv_matches_tensorboard_and_loss_goes_down(reference_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    rows = [line.split("\t") for line in
-            (reference_run / "metrics" / "train.tsv").read_text().splitlines()]
+    rows = [
+        line.split("\t")
+        for line in (reference_run / "metrics" / "train.tsv").read_text().splitlines()
+    ]
     header, rows = rows[0], rows[1:]
     assert header[:3] == ["step", "epoch", "loss"]
     (log_dir,) = (reference_run / "logs").iterdir()
@@ -65,8 +79,9 @@ def test_export_is_fp32_open_clip_local_dir_with_capped_temperature(reference_ru
     assert (model_dir / "clipforge_config.yaml").is_file()
 
 
-def test_rerun_of_a_finished_run_resumes_at_the_end_and_exports_the_same_model(reference_run,
-                                                                               small_data, tmp_path):
+def test_rerun_of_a_finished_run_resumes_at_the_end_and_exports_the_same_model(
+    reference_run, small_data, tmp_path
+):
     shutil.copytree(reference_run, tmp_path / "run")
     before = load_file(str(reference_run / "models" / "clip" / "open_clip_model.safetensors"))
     assert run_train(tmp_path / "run", small_data) == 0
@@ -83,8 +98,10 @@ def test_changed_params_start_a_run_of_their_own(reference_run, small_data, tmp_
     root = tmp_path / "other"
     root.mkdir()
     shutil.copytree(reference_run / "checkpoints", root / "checkpoints")
-    assert run_train(root, small_data, "train.lr=5e-4", "train.max_steps=2",
-                     "train.warmup_steps=1") == 0
+    assert (
+        run_train(root, small_data, "train.lr=5e-4", "train.max_steps=2", "train.warmup_steps=1")
+        == 0
+    )
     runs = sorted(p.name for p in (root / "checkpoints").iterdir())
     assert len(runs) == 2
     assert json.loads((root / "metrics" / "train.json").read_text())["resumed_from_step"] == 0
@@ -93,4 +110,3 @@ def test_changed_params_start_a_run_of_their_own(reference_run, small_data, tmp_
 def test_missing_data_is_a_clear_error(tmp_path, capsys):
     assert run_train(tmp_path, tmp_path / "no-data") == 2
     assert "run the data stage first" in capsys.readouterr().err
-

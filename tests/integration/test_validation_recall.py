@@ -1,5 +1,6 @@
 """Validation recall across ranks: 2 gloo ranks, each with half of the batches, report exactly
 what one rank with all of them reports (features are gathered, the loss averaged)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,14 @@ import torch.multiprocessing as mp
 
 from tests.conftest import REPO
 
-CAPTIONS = ["左上角有一个红色的圆形", "右下角有一个蓝色的三角形", "中间有一个绿色的正方形",
-            "左侧有一个黄色的十字形", "上方有一个紫色的圆形", "左上角有一个红色的圆形"]  # repeated
+CAPTIONS = [
+    "左上角有一个红色的圆形",
+    "右下角有一个蓝色的三角形",
+    "中间有一个绿色的正方形",
+    "左侧有一个黄色的十字形",
+    "上方有一个紫色的圆形",
+    "左上角有一个红色的圆形",
+]  # repeated
 NUM_BATCHES, BATCH = 4, 6
 
 
@@ -29,9 +36,11 @@ class TinyClip(torch.nn.Module):
 
     def forward(self, image, text):
         normalize = torch.nn.functional.normalize
-        return {"image_features": normalize(self.image(image.flatten(1)), dim=-1),
-                "text_features": normalize(self.text(text % 4096), dim=-1),
-                "logit_scale": torch.tensor(10.0)}
+        return {
+            "image_features": normalize(self.image(image.flatten(1)), dim=-1),
+            "text_features": normalize(self.text(text % 4096), dim=-1),
+            "logit_scale": torch.tensor(10.0),
+        }
 
 
 def contrastive_loss(image_features, text_features, logit_scale):
@@ -45,15 +54,19 @@ def _tokens(texts: list[str]) -> torch.Tensor:
     """Character codes, zero-padded: identical captions give identical rows, as a tokenizer's."""
     rows = torch.zeros(len(texts), 16, dtype=torch.long)
     for i, text in enumerate(texts):
-        rows[i, :len(text)] = torch.tensor([ord(c) for c in text])
+        rows[i, : len(text)] = torch.tensor([ord(c) for c in text])
     return rows
 
 
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(1)
-    return [(torch.rand(BATCH, 3, 8, 8, generator=generator),
-             _tokens([CAPTIONS[(b + i) % len(CAPTIONS)] for i in range(BATCH)]))
-            for b in range(NUM_BATCHES)]
+    return [
+        (
+            torch.rand(BATCH, 3, 8, 8, generator=generator),
+            _tokens([CAPTIONS[(b + i) % len(CAPTIONS)] for i in range(BATCH)]),
+        )
+        for b in range(NUM_BATCHES)
+    ]
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -61,8 +74,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from clipforge.train.validation import validation_metrics
 
-    metrics = validation_metrics(TinyClip().eval(), contrastive_loss, _batches()[rank::world],
-                                 lambda b: b, "cpu", 1000)
+    metrics = validation_metrics(
+        TinyClip().eval(), contrastive_loss, _batches()[rank::world], lambda b: b, "cpu", 1000
+    )
     Path(out, f"world{world}-rank{rank}.json").write_text(json.dumps(metrics))
     dist.destroy_process_group()
 
@@ -71,8 +85,9 @@ def _run(world: int, out: Path) -> list[dict]:
     from clipforge.train.dist import free_port
 
     os.environ["PYTHONPATH"] = str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
-    mp.start_processes(_worker, args=(world, free_port(), str(out)), nprocs=world,
-                       start_method="spawn")
+    mp.start_processes(
+        _worker, args=(world, free_port(), str(out)), nprocs=world, start_method="spawn"
+    )
     return [json.loads((out / f"world{world}-rank{r}.json").read_text()) for r in range(world)]
 
 
@@ -82,8 +97,9 @@ def test_two_ranks_report_what_one_rank_reports(tmp_path):
     from clipforge.train.validation import validation_metrics
 
     first, second = _run(2, tmp_path)
-    one = validation_metrics(TinyClip().eval(), contrastive_loss, _batches(), lambda b: b, "cpu",
-                             1000)
+    one = validation_metrics(
+        TinyClip().eval(), contrastive_loss, _batches(), lambda b: b, "cpu", 1000
+    )
     assert first == second  # every rank ends with the same numbers
     assert one.keys() == first.keys()
     for key in one:
@@ -100,12 +116,15 @@ class CaptionClassModel(torch.nn.Module):
 
     def forward(self, image, text):
         image_class = image[:, 0, 0, 0].long()
-        text_class = torch.tensor([next(c for c, t in enumerate(self.classes) if torch.equal(t, row))
-                                   for row in text])
+        text_class = torch.tensor(
+            [next(c for c, t in enumerate(self.classes) if torch.equal(t, row)) for row in text]
+        )
         size = len(self.classes)
-        return {"image_features": torch.nn.functional.one_hot(image_class, size).float(),
-                "text_features": torch.nn.functional.one_hot(text_class, size).float(),
-                "logit_scale": torch.tensor(10.0)}
+        return {
+            "image_features": torch.nn.functional.one_hot(image_class, size).float(),
+            "text_features": torch.nn.functional.one_hot(text_class, size).float(),
+            "logit_scale": torch.tensor(10.0),
+        }
 
 
 def test_identical_captions_count_as_relevant():
@@ -117,8 +136,9 @@ def test_identical_captions_count_as_relevant():
     images = torch.zeros(len(CAPTIONS), 3, 32, 32)
     images[:, 0, 0, 0] = torch.tensor([float(distinct.index(c)) for c in CAPTIONS])
     model = CaptionClassModel(list(_tokens(distinct)))
-    metrics = validation_metrics(model, contrastive_loss, [(images, _tokens(CAPTIONS))], lambda b: b,
-                                 "cpu", 1000)
+    metrics = validation_metrics(
+        model, contrastive_loss, [(images, _tokens(CAPTIONS))], lambda b: b, "cpu", 1000
+    )
     assert metrics["t2i_r1"] == pytest.approx(100.0) and metrics["i2t_r1"] == pytest.approx(100.0)
 
 
@@ -130,12 +150,15 @@ def test_only_the_first_retrieval_samples_are_ranked():
     images = torch.zeros(len(CAPTIONS), 3, 32, 32)
     # the last three images carry wrong classes: ranked, they would pull recall below 100
     truth = [distinct.index(c) for c in CAPTIONS]
-    images[:, 0, 0, 0] = torch.tensor([float(t) for t in truth[:3]] +
-                                      [float((t + 1) % len(distinct)) for t in truth[3:]])
+    images[:, 0, 0, 0] = torch.tensor(
+        [float(t) for t in truth[:3]] + [float((t + 1) % len(distinct)) for t in truth[3:]]
+    )
     model = CaptionClassModel(list(_tokens(distinct)))
-    capped = validation_metrics(model, contrastive_loss, [(images, _tokens(CAPTIONS))], lambda b: b,
-                                "cpu", 3)
-    full = validation_metrics(model, contrastive_loss, [(images, _tokens(CAPTIONS))], lambda b: b,
-                              "cpu", 1000)
+    capped = validation_metrics(
+        model, contrastive_loss, [(images, _tokens(CAPTIONS))], lambda b: b, "cpu", 3
+    )
+    full = validation_metrics(
+        model, contrastive_loss, [(images, _tokens(CAPTIONS))], lambda b: b, "cpu", 1000
+    )
     assert capped["t2i_r1"] == pytest.approx(100.0) and full["t2i_r1"] < 100.0
     assert capped["loss"] == pytest.approx(full["loss"])

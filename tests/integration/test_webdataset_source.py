@@ -1,5 +1,6 @@
 """The webdataset source: shards made here (one good, one with bad samples, one cut short, one
 that is not a tar), read through an fsspec URL with a `{..}` range, re-written into data/."""
+
 from __future__ import annotations
 
 import io
@@ -43,7 +44,10 @@ def make_shards(directory: Path) -> dict:
     bad = [
         ("missing_caption", [("s1-000.jpg", jpeg_for("s1-000"))]),
         ("missing_image", [("s1-001.txt", "没有图片".encode())]),
-        ("corrupt_image", [("s1-002.jpg", b"\xff\xd8 not a jpeg"), ("s1-002.txt", "坏图".encode())]),
+        (
+            "corrupt_image",
+            [("s1-002.jpg", b"\xff\xd8 not a jpeg"), ("s1-002.txt", "坏图".encode())],
+        ),
         ("caption_not_utf8", [("s1-003.jpg", jpeg_for("s1-003")), ("s1-003.txt", b"\xff\xfe\xfa")]),
         ("empty_caption", [("s1-004.jpg", jpeg_for("s1-004")), ("s1-004.txt", b" \n ")]),
     ]
@@ -55,11 +59,17 @@ def make_shards(directory: Path) -> dict:
     with tarfile.open(full) as tar:
         third_image = next(i for i in tar.getmembers() if i.name == "s2-002.jpg")
     raw = full.read_bytes()
-    (directory / "shard-0002.tar").write_bytes(raw[:third_image.offset_data + third_image.size // 2])
+    (directory / "shard-0002.tar").write_bytes(
+        raw[: third_image.offset_data + third_image.size // 2]
+    )
     full.unlink()
     (directory / "shard-0003.tar").write_bytes(b"this is not a tar file at all" * 40)
-    return {"good": good, "bad": dict((reason, 1) for reason, _ in bad), "cut_kept": cut[:2],
-            "png_key": "s1-005"}
+    return {
+        "good": good,
+        "bad": dict((reason, 1) for reason, _ in bad),
+        "cut_kept": cut[:2],
+        "png_key": "s1-005",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +77,15 @@ def wds_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("wds")
     expected = make_shards(root / "shards")
     testset.write_test_set(root / "flickr", [(0, jpeg_for("t0"), ["测试"])])
-    params = {"data": {"source": "webdataset",
-                       "paths": [f"file://{root}/shards/shard-{{0000..0003}}.tar"],
-                       "val_fraction": 0.25, "test_fraction": 0.2, "samples_per_shard": 4}}
+    params = {
+        "data": {
+            "source": "webdataset",
+            "paths": [f"file://{root}/shards/shard-{{0000..0003}}.tar"],
+            "val_fraction": 0.25,
+            "test_fraction": 0.2,
+            "samples_per_shard": 4,
+        }
+    }
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     assert main(["--params", str(root / "params.yaml"), "--out", str(root / "data")]) == 0
     manifest = json.loads((root / "data" / "manifest.json").read_text(encoding="utf-8"))
@@ -81,8 +97,9 @@ def _written_captions(data: Path) -> list[str]:
     for split in ("train", "val"):
         files = split_files(data, split)
         reader = ShardReader(files.paths)
-        captions += [reader.read(s, i)["txt"].decode() for s, n in enumerate(files.counts)
-                     for i in range(n)]
+        captions += [
+            reader.read(s, i)["txt"].decode() for s, n in enumerate(files.counts) for i in range(n)
+        ]
     captions += [t.text for t in testset.read_texts(data / "test")]
     return captions
 
@@ -109,7 +126,9 @@ def test_kept_samples_land_once_across_train_val_and_test(wds_run):
     wanted.append("PNG 图片")
     assert sorted(_written_captions(wds_run["root"] / "data")) == sorted(wanted)
     splits = wds_run["manifest"]["splits"]
-    assert splits["train"]["count"] + splits["val"]["count"] + splits["test"]["images"] == len(wanted)
+    assert splits["train"]["count"] + splits["val"]["count"] + splits["test"]["images"] == len(
+        wanted
+    )
 
 
 def test_jpegs_pass_through_unchanged(wds_run):

@@ -4,6 +4,7 @@ Every test gets its own remote run root. The training runs use the reduced confi
 tests/conftest.py plus a few settings (RUN_SETS); a run shared by several test modules is a
 session fixture here (smoke_run), one shared by a module's tests a fixture of that module.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,19 +19,34 @@ import pytest
 from tests.conftest import REPO, SMALL_PARAMS
 from tests.launcher.sshd import FabRunner, start_sshd
 
+
 # The reduced config as --set overrides (values as YAML, like `dvc exp run -S`), and the run shape
 # every training test shares: 8 steps, a checkpoint every 2, a metrics row every step.
 def _as_sets(params: dict) -> list[str]:
-    return [f"{section}.{key}={json.dumps(value)}" for section in ("data", "model", "train")
-            for key, value in params[section].items()]
+    return [
+        f"{section}.{key}={json.dumps(value)}"
+        for section in ("data", "model", "train")
+        for key, value in params[section].items()
+    ]
 
 
 SMALL_SETS = _as_sets(SMALL_PARAMS)
-RUN_SETS = [*_as_sets({**SMALL_PARAMS, "train": {**SMALL_PARAMS["train"], "max_steps": 8,
-                                                  "save_every_steps": 2, "log_every_steps": 1,
-                                                  "warmup_steps": 1}}),
-            # a run alerting to a dead webhook waits this long at its end (default 30 s)
-            "alerts.flush_timeout_seconds=1"]
+RUN_SETS = [
+    *_as_sets(
+        {
+            **SMALL_PARAMS,
+            "train": {
+                **SMALL_PARAMS["train"],
+                "max_steps": 8,
+                "save_every_steps": 2,
+                "log_every_steps": 1,
+                "warmup_steps": 1,
+            },
+        }
+    ),
+    # a run alerting to a dead webhook waits this long at its end (default 30 s)
+    "alerts.flush_timeout_seconds=1",
+]
 
 
 def set_args(sets: list[str]) -> list[str]:
@@ -49,8 +65,12 @@ def project(tmp_path_factory) -> Path:
     """The project as it is in this checkout (tracked and new files), committed in a repository
     of its own: what `fab train` ships is exactly the code under test."""
     root = tmp_path_factory.mktemp("project")
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
     for name in filter(None, (n.decode() for n in listed)):
         source = REPO / name
         if source.is_file():
@@ -65,8 +85,13 @@ def project(tmp_path_factory) -> Path:
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.org", *args],
-                          cwd=cwd, capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["git", "-c", "user.name=test", "-c", "user.email=test@example.org", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def make_fab(project: Path, home: Path, remote_root: Path, sshd) -> FabRunner:
@@ -75,19 +100,24 @@ def make_fab(project: Path, home: Path, remote_root: Path, sshd) -> FabRunner:
     known = home / ".ssh" / "known_hosts"
     if not known.exists():
         known.write_text(sshd.known_hosts_line)
-    env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "REGISTRY")
-           and not k.startswith("FABRIC_")}
-    env.update({
-        "HOME": str(home),
-        "PYTHONPATH": str(project / "src"),
-        # The host side runs with the interpreter running these tests (this machine is the host).
-        "FABRIC_CLIPFORGE_PYTHON": sys.executable,
-        "FABRIC_CLIPFORGE_REMOTE_ROOT": str(remote_root),
-        "FABRIC_CLIPFORGE_MIN_FREE_GB": "1",
-        "FABRIC_CLIPFORGE_BACKOFF_SECONDS": "1",
-        "FABRIC_CLIPFORGE_BACKOFF_MAX_SECONDS": "2",
-        "FABRIC_CLIPFORGE_STOP_TIMEOUT_SECONDS": "180",
-    })
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SSH_AUTH_SOCK", "REGISTRY") and not k.startswith("FABRIC_")
+    }
+    env.update(
+        {
+            "HOME": str(home),
+            "PYTHONPATH": str(project / "src"),
+            # The host side runs with the interpreter running these tests (this machine is the host).
+            "FABRIC_CLIPFORGE_PYTHON": sys.executable,
+            "FABRIC_CLIPFORGE_REMOTE_ROOT": str(remote_root),
+            "FABRIC_CLIPFORGE_MIN_FREE_GB": "1",
+            "FABRIC_CLIPFORGE_BACKOFF_SECONDS": "1",
+            "FABRIC_CLIPFORGE_BACKOFF_MAX_SECONDS": "2",
+            "FABRIC_CLIPFORGE_STOP_TIMEOUT_SECONDS": "180",
+        }
+    )
     return FabRunner(project=project, home=home, env=env)
 
 
@@ -108,8 +138,11 @@ class LaunchedRun:
     def __init__(self, fab: FabRunner, sshd, root: Path, launch: subprocess.CompletedProcess):
         assert launch.returncode == 0, launch.stdout + launch.stderr
         self.fab, self.sshd, self.root, self.launch = fab, sshd, root, launch
-        self.run_id = next(line.split()[2] for line in launch.stdout.splitlines()
-                           if line.startswith("started run "))
+        self.run_id = next(
+            line.split()[2]
+            for line in launch.stdout.splitlines()
+            if line.startswith("started run ")
+        )
         self.state_at_return = self.state()
 
     @property
@@ -130,10 +163,11 @@ class LaunchedRun:
         """Poll the host until predicate() holds (a safety limit, not a speed assertion)."""
         deadline = time.monotonic() + timeout
         while not predicate():
-            if self.state().get("state") in ("failed", "stopped", "finished") and \
-                    not predicate():
-                raise AssertionError(f"{what}: run ended as {self.state()} first; log:\n"
-                                     + (self.node_dir / "train.log").read_text()[-3000:])
+            if self.state().get("state") in ("failed", "stopped", "finished") and not predicate():
+                raise AssertionError(
+                    f"{what}: run ended as {self.state()} first; log:\n"
+                    + (self.node_dir / "train.log").read_text()[-3000:]
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"{what}: not reached; state {self.state()}")
             time.sleep(0.05)
@@ -146,16 +180,32 @@ def wait_for_end(node_dir: Path, timeout: float = 600) -> dict:
     """The node's final state, once its supervisor has recorded one (the timeout is a safety
     limit, not a speed assertion)."""
     deadline = time.monotonic() + timeout
-    while (state := json.loads((node_dir / "state.json").read_text())).get("state") not in \
-            ("failed", "stopped", "finished"):
+    while (state := json.loads((node_dir / "state.json").read_text())).get("state") not in (
+        "failed",
+        "stopped",
+        "finished",
+    ):
         assert time.monotonic() < deadline, f"{node_dir}: still {state}"
         time.sleep(0.5)
     return state
 
 
-def launch_run(fab: FabRunner, sshd, root: Path, *args: str, env: dict | None = None) -> LaunchedRun:
-    result = fab("train", "--gpus", "0", "--runtime", "host", "--data", "build", *args,
-                 hosts=sshd.address, key=sshd.client_key, env=env)
+def launch_run(
+    fab: FabRunner, sshd, root: Path, *args: str, env: dict | None = None
+) -> LaunchedRun:
+    result = fab(
+        "train",
+        "--gpus",
+        "0",
+        "--runtime",
+        "host",
+        "--data",
+        "build",
+        *args,
+        hosts=sshd.address,
+        key=sshd.client_key,
+        env=env,
+    )
     return LaunchedRun(fab, sshd, root, result)
 
 

@@ -1,4 +1,5 @@
 """Looking at the host's processes (the host is this machine): what runs under a directory."""
+
 from __future__ import annotations
 
 import os
@@ -41,5 +42,8 @@ def environment_of(pid: int) -> dict[str, str]:
 
 def files_containing(directory: Path, needle: str) -> list[Path]:
     data = needle.encode()
-    return [p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()
-            and data in p.read_bytes()]
+    return [
+        p
+        for p in directory.rglob("*")
+        if p.is_file() and not p.is_symlink() and data in p.read_bytes()
+    ]

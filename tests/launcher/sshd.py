@@ -3,6 +3,7 @@
 The "remote host" is this machine: sshd runs as the current user (root in CI containers too),
 key-only, with its own config, host key and authorized_keys in a temporary directory.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,10 @@ def free_port() -> int:
 
 
 def keygen(path: Path) -> Path:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "clipforge-test",
-                    "-f", str(path)], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "clipforge-test", "-f", str(path)],
+        check=True,
+    )
     return path
 
 
@@ -65,7 +68,7 @@ def start_sshd(directory: Path) -> SshServer:
 Port {port}
 ListenAddress 127.0.0.1
 HostKey {host_key}
-PidFile {directory / 'sshd.pid'}
+PidFile {directory / "sshd.pid"}
 AuthorizedKeysFile {authorized}
 AllowUsers {user}
 PubkeyAuthentication yes
@@ -82,8 +85,11 @@ LogLevel ERROR
         # sshd started as root insists on its privilege separation directory; the Debian package
         # creates it only when the service starts, which no container does.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    process = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)],
-                               stdout=subprocess.DEVNULL, stderr=open(directory / "sshd.log", "wb"))
+    process = subprocess.Popen(
+        [str(SSHD), "-D", "-e", "-f", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=open(directory / "sshd.log", "wb"),
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -97,8 +103,9 @@ LogLevel ERROR
         process.terminate()
         raise RuntimeError("sshd did not start listening")
     public = (directory / "ssh_host_ed25519_key.pub").read_text().strip()
-    return SshServer(port=port, user=user, client_key=client_key, host_public_key=public,
-                     process=process)
+    return SshServer(
+        port=port, user=user, client_key=client_key, host_public_key=public, process=process
+    )
 
 
 def _user() -> str:
@@ -110,21 +117,40 @@ def _user() -> str:
 @dataclass
 class FabRunner:
     """Runs `python -m fabric` (the `fab` CLI) in a project checkout, as a user would."""
+
     project: Path
     home: Path  # HOME of the fab process: its ~/.ssh/known_hosts
     env: dict
 
-    def __call__(self, *args: str, hosts: str | None = None, key: Path | None = None,
-                 timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    def __call__(
+        self,
+        *args: str,
+        hosts: str | None = None,
+        key: Path | None = None,
+        timeout: float = 300,
+        env: dict | None = None,
+    ) -> subprocess.CompletedProcess:
         argv = [sys.executable, "-m", "fabric"]
         if hosts:
             argv += ["-H", hosts]
         if key:
             argv += ["-i", str(key)]
-        return subprocess.run(argv + list(args), cwd=self.project, env={**self.env, **(env or {})},
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            argv + list(args),
+            cwd=self.project,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def popen(self, *args: str, hosts: str, key: Path) -> subprocess.Popen:
         argv = [sys.executable, "-m", "fabric", "-H", hosts, "-i", str(key), *args]
-        return subprocess.Popen(argv, cwd=self.project, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            argv,
+            cwd=self.project,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )

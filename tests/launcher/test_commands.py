@@ -3,38 +3,62 @@
 The docker runtime cannot run here (no Docker engine): its `docker run` is checked for what it
 must carry (GPU device request, mounts, env, shm size, user), not executed.
 """
+
 from __future__ import annotations
 
 import pytest
 
 from clipforge.launcher import LauncherError
-from clipforge.launcher.commands import (DockerSpec, NodeContext, docker_run_argv, docker_stop_argv,
-                                         hostfile_text, multinode_train_argv, node_plan)
+from clipforge.launcher.commands import (
+    DockerSpec,
+    NodeContext,
+    docker_run_argv,
+    docker_stop_argv,
+    hostfile_text,
+    multinode_train_argv,
+    node_plan,
+)
 from clipforge.launcher.host.plan import RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.options import make_options
 
-POLICY = RestartPolicy(max_restarts=5, backoff_seconds=1, backoff_max_seconds=2, stop_timeout_seconds=9)
+POLICY = RestartPolicy(
+    max_restarts=5, backoff_seconds=1, backoff_max_seconds=2, stop_timeout_seconds=9
+)
 PY = "/opt/venv/bin/python"
 
 
 def _options(**changes):
-    values = dict(gpus=4, nodes=1, sets=[], smoke=False, runtime="host", allow_dirty=False, data="build")
+    values = dict(
+        gpus=4, nodes=1, sets=[], smoke=False, runtime="host", allow_dirty=False, data="build"
+    )
     values.update(changes)
     return make_options(**values)
 
 
 def _node(rank=0, hosts=("a", "b")):
-    return NodeContext(layout=NodeLayout(root="/srv/runs-root", run_id="20260101-000000-abcdef12",
-                                         node_rank=rank),
-                       hosts=list(hosts), master_addr="10.0.0.1", host_python=PY, user="1000:1000",
-                       image="registry.example/clipforge:tag", shm_size="16g")
+    return NodeContext(
+        layout=NodeLayout(root="/srv/runs-root", run_id="20260101-000000-abcdef12", node_rank=rank),
+        hosts=list(hosts),
+        master_addr="10.0.0.1",
+        host_python=PY,
+        user="1000:1000",
+        image="registry.example/clipforge:tag",
+        shm_size="16g",
+    )
 
 
 def _spec(**changes):
-    values = dict(image="registry.example/clipforge:tag", name="clipforge-x-n0-train", gpus=4,
-                  user="1000:1000", run_dir="/srv/r/runs/x", workdir="/srv/r/runs/x/node-0/code",
-                  home="/srv/r/runs/x/node-0/home", shm_size="16g")
+    values = dict(
+        image="registry.example/clipforge:tag",
+        name="clipforge-x-n0-train",
+        gpus=4,
+        user="1000:1000",
+        run_dir="/srv/r/runs/x",
+        workdir="/srv/r/runs/x/node-0/code",
+        home="/srv/r/runs/x/node-0/home",
+        shm_size="16g",
+    )
     values.update(changes)
     return DockerSpec(**values)
 
@@ -43,7 +67,7 @@ def _pairs(argv, flag):
     return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
 
 
-def test_single_node_trains_through_dvc_with_every_set_as_S():
+def test_single_node_trains_through_dvc_with_every_set_as_dash_s():
     """One node, DVC-managed data: `dvc exp run -S ... train`, --gpus as ranks per node, --set last."""
     plan = node_plan(_options(sets=["train.lr=0.0005"]), _node(), POLICY)
     assert [p.name for p in plan.phases] == ["train"]
@@ -65,7 +89,11 @@ def test_pull_fetches_the_data_first_and_smoke_reloads_last():
     assert [p.name for p in plan.phases] == ["data", "train", "smoke"]
     assert plan.phases[0].argv == [PY, "-m", "dvc", "pull", "data"]
     smoke = plan.phases[2]
-    assert not smoke.restartable and smoke.argv[smoke.argv.index("--") + 1:] == [PY, "-m", "clipforge.train"]
+    assert not smoke.restartable and smoke.argv[smoke.argv.index("--") + 1 :] == [
+        PY,
+        "-m",
+        "clipforge.train",
+    ]
     assert "train.max_steps=4" in _pairs(plan.phases[1].argv, "-S")
 
 
@@ -73,7 +101,9 @@ def test_mounted_data_bypasses_dvc():
     """--data /path: the stage runs directly on the volume (never inside the DVC workspace)."""
     plan = node_plan(_options(data="/mnt/datasets/zh"), _node(), POLICY)
     argv = plan.phases[0].argv
-    assert argv[:3] == [PY, "-m", "clipforge.train"] and _pairs(argv, "--data") == ["/mnt/datasets/zh"]
+    assert argv[:3] == [PY, "-m", "clipforge.train"] and _pairs(argv, "--data") == [
+        "/mnt/datasets/zh"
+    ]
 
 
 def test_multinode_argv_parses_with_deepspeeds_own_runner():
@@ -81,17 +111,32 @@ def test_multinode_argv_parses_with_deepspeeds_own_runner():
     rank, the node count, GPUs per node, node 0 as master, the shared checkpoints."""
     from deepspeed.launcher.runner import parse_args
 
-    argv = multinode_train_argv(PY, node_rank=1, num_nodes=2, ranks_per_node=8, master_addr="10.0.0.1",
-                                master_port=29511, hostfile="/r/hostfile", overrides=("train.lr=1",),
-                                data_dir="/r/node-1/code/data", checkpoints_dir="/r/checkpoints")
+    argv = multinode_train_argv(
+        PY,
+        node_rank=1,
+        num_nodes=2,
+        ranks_per_node=8,
+        master_addr="10.0.0.1",
+        master_port=29511,
+        hostfile="/r/hostfile",
+        overrides=("train.lr=1",),
+        data_dir="/r/node-1/code/data",
+        checkpoints_dir="/r/checkpoints",
+    )
     assert argv[:3] == [PY, "-m", "deepspeed.launcher.runner"]
     args = parse_args(argv[3:])
     assert args.no_ssh and args.node_rank == 1 and args.num_nodes == 2 and args.num_gpus == 8
     assert args.master_addr == "10.0.0.1" and args.master_port == 29511 and args.module
     assert args.no_local_rank and args.hostfile == "/r/hostfile"
     assert args.user_script == "clipforge.train"
-    assert args.user_args == ["--set", "train.lr=1", "--data", "/r/node-1/code/data",
-                              "--checkpoints", "/r/checkpoints"]
+    assert args.user_args == [
+        "--set",
+        "train.lr=1",
+        "--data",
+        "/r/node-1/code/data",
+        "--checkpoints",
+        "/r/checkpoints",
+    ]
 
 
 def test_hostfile_lists_every_node_with_its_slots(tmp_path):
@@ -110,7 +155,9 @@ def test_multinode_plan_builds_data_then_launches_its_rank():
     assert plan.phases[0].argv[-1] == "data"
     train = plan.phases[1].argv
     assert _pairs(train, "--node_rank") == ["1"] and _pairs(train, "--master_addr") == ["10.0.0.1"]
-    assert _pairs(train, "--checkpoints") == ["/srv/runs-root/runs/20260101-000000-abcdef12/checkpoints"]
+    assert _pairs(train, "--checkpoints") == [
+        "/srv/runs-root/runs/20260101-000000-abcdef12/checkpoints"
+    ]
 
 
 def test_docker_run_requests_gpus_mounts_env_shm_and_user():
@@ -123,9 +170,12 @@ def test_docker_run_requests_gpus_mounts_env_shm_and_user():
     assert _pairs(argv, "--volume") == ["/srv/r/runs/x:/srv/r/runs/x", "/mnt/data:/mnt/data:ro"]
     assert "memlock=-1" in _pairs(argv, "--ulimit")
     env = _pairs(argv, "--env")
-    assert "HOME=/srv/r/runs/x/node-0/home" in env and "PYTHONPATH=/srv/r/runs/x/node-0/code/src" in env
+    assert (
+        "HOME=/srv/r/runs/x/node-0/home" in env
+        and "PYTHONPATH=/srv/r/runs/x/node-0/code/src" in env
+    )
     image_at = argv.index("registry.example/clipforge:tag")
-    assert argv[image_at + 1:] == ["python", "-m", "clipforge.train"]
+    assert argv[image_at + 1 :] == ["python", "-m", "clipforge.train"]
 
 
 def test_docker_passes_the_webhook_secret_by_name_only(monkeypatch):
@@ -141,7 +191,7 @@ def test_docker_cpu_run_has_no_device_request():
     plan = node_plan(_options(gpus=0, runtime="docker"), _node(), POLICY)
     argv = plan.phases[0].argv
     assert "--gpus" not in argv and "DS_ACCELERATOR=cpu" in _pairs(argv, "--env")
-    assert argv[argv.index("registry.example/clipforge:tag") + 1:][:3] == ["python", "-m", "dvc"]
+    assert argv[argv.index("registry.example/clipforge:tag") + 1 :][:3] == ["python", "-m", "dvc"]
 
 
 def test_docker_phases_stop_and_clean_their_container():
@@ -151,15 +201,23 @@ def test_docker_phases_stop_and_clean_their_container():
     phase = plan.phases[0]
     name = _pairs(phase.argv, "--name")[0]
     assert name == "clipforge-20260101-000000-abcdef12-n0-train"
-    assert phase.stop_argv == docker_stop_argv(name) == ["docker", "exec", name, "kill", "-INT", "-1"]
+    assert (
+        phase.stop_argv == docker_stop_argv(name) == ["docker", "exec", name, "kill", "-INT", "-1"]
+    )
     assert phase.cleanup_argv == ["docker", "rm", "--force", name]
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"gpus": -1}, "--gpus"), ({"nodes": 0}, "--nodes"), ({"runtime": "podman"}, "--runtime"),
-    ({"data": "relative/path"}, "--data"), ({"sets": ["train.num_nodes=2"]}, "--gpus/--nodes"),
-    ({"sets": ["lr"]}, "--set lr"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"gpus": -1}, "--gpus"),
+        ({"nodes": 0}, "--nodes"),
+        ({"runtime": "podman"}, "--runtime"),
+        ({"data": "relative/path"}, "--data"),
+        ({"sets": ["train.num_nodes=2"]}, "--gpus/--nodes"),
+        ({"sets": ["lr"]}, "--set lr"),
+    ],
+)
 def test_bad_options_are_refused_by_name(changes, message):
     """Each bad option fails with a message naming it."""
     with pytest.raises(LauncherError, match=message.replace("/", ".")):

@@ -1,4 +1,5 @@
 """Bad hosts, keys and launches: a clear error, a non-zero exit, nothing left running."""
+
 from __future__ import annotations
 
 from tests.launcher.conftest import SMALL_SETS, git, make_fab, set_args
@@ -7,9 +8,20 @@ from tests.launcher.sshd import free_port, keygen
 
 
 def _train(fab, sshd, *args, **kwargs):
-    return fab("train", "--gpus", "0", "--runtime", "host", "--data", "build",
-               *set_args(SMALL_SETS), *args, hosts=kwargs.pop("hosts", sshd.address),
-               key=kwargs.pop("key", sshd.client_key), **kwargs)
+    return fab(
+        "train",
+        "--gpus",
+        "0",
+        "--runtime",
+        "host",
+        "--data",
+        "build",
+        *set_args(SMALL_SETS),
+        *args,
+        hosts=kwargs.pop("hosts", sshd.address),
+        key=kwargs.pop("key", sshd.client_key),
+        **kwargs,
+    )
 
 
 def _nothing_started(remote_root) -> bool:
@@ -40,7 +52,9 @@ def test_unknown_host_key_is_refused(project, sshd, tmp_path):
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "known_hosts").write_text("")
     fab = make_fab(project, home, tmp_path / "remote", sshd)
-    result = fab("check", "--gpus", "0", "--runtime", "host", hosts=sshd.address, key=sshd.client_key)
+    result = fab(
+        "check", "--gpus", "0", "--runtime", "host", hosts=sshd.address, key=sshd.client_key
+    )
     assert result.returncode != 0
     assert "host key not known" in result.stdout + result.stderr
     assert "SHA256:" in result.stdout + result.stderr and "--accept-new-host-key" in result.stdout
@@ -54,11 +68,21 @@ def test_accept_new_host_key_records_it(project, sshd, tmp_path):
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "known_hosts").write_text("")
     fab = make_fab(project, home, tmp_path / "remote", sshd)
-    first = fab("check", "--gpus", "0", "--runtime", "host", "--accept-new-host-key",
-                hosts=sshd.address, key=sshd.client_key)
+    first = fab(
+        "check",
+        "--gpus",
+        "0",
+        "--runtime",
+        "host",
+        "--accept-new-host-key",
+        hosts=sshd.address,
+        key=sshd.client_key,
+    )
     assert first.returncode == 0, first.stdout + first.stderr
     assert sshd.host_public_key.split()[1] in (home / ".ssh" / "known_hosts").read_text()
-    again = fab("check", "--gpus", "0", "--runtime", "host", hosts=sshd.address, key=sshd.client_key)
+    again = fab(
+        "check", "--gpus", "0", "--runtime", "host", hosts=sshd.address, key=sshd.client_key
+    )
     assert again.returncode == 0
 
 
@@ -70,16 +94,26 @@ def test_changed_host_key_is_refused_even_with_accept_new(project, sshd, tmp_pat
     kind, blob = (tmp_path / "other_host_key.pub").read_text().split()[:2]
     (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {kind} {blob}\n")
     fab = make_fab(project, home, tmp_path / "remote", sshd)
-    result = fab("check", "--gpus", "0", "--accept-new-host-key", hosts=sshd.address,
-                 key=sshd.client_key)
+    result = fab(
+        "check", "--gpus", "0", "--accept-new-host-key", hosts=sshd.address, key=sshd.client_key
+    )
     assert result.returncode != 0 and "host key CHANGED" in result.stdout
 
 
 def test_gpus_on_a_host_without_gpus(fab, sshd, remote_root):
     """`fab train --gpus 4` on a host without GPUs fails its preflight; nothing is shipped."""
-    result = fab("train", "--gpus", "4", "--runtime", "host", "--data", "build",
-                 *set_args(SMALL_SETS + ["train.micro_batch_size=8"]),  # 8 x 4 ranks = 32
-                 hosts=sshd.address, key=sshd.client_key)
+    result = fab(
+        "train",
+        "--gpus",
+        "4",
+        "--runtime",
+        "host",
+        "--data",
+        "build",
+        *set_args(SMALL_SETS + ["train.micro_batch_size=8"]),  # 8 x 4 ranks = 32
+        hosts=sshd.address,
+        key=sshd.client_key,
+    )
     assert result.returncode != 0
     assert "gpus" in result.stdout and "FAIL" in result.stdout
     assert "preflight failed" in result.stderr and "nothing was started" in result.stderr
@@ -128,7 +162,16 @@ def test_no_host_at_all(fab, sshd):
 
 def test_data_pull_needs_a_dvc_remote(fab, sshd, remote_root):
     """--data pull without a DVC remote/lock in the commit: refused with the alternatives."""
-    result = fab("train", "--gpus", "0", "--runtime", "host", "--data", "pull",
-                 hosts=sshd.address, key=sshd.client_key)
+    result = fab(
+        "train",
+        "--gpus",
+        "0",
+        "--runtime",
+        "host",
+        "--data",
+        "pull",
+        hosts=sshd.address,
+        key=sshd.client_key,
+    )
     assert result.returncode != 0 and "--data build" in result.stderr
     assert not remote_root.exists()

@@ -6,6 +6,7 @@ and nothing else would notice until then. Checked twice: statically, through eve
 statement of every module the host side reaches (imports inside functions too), and by
 importing each host module in a Python that has no site-packages at all.
 """
+
 from __future__ import annotations
 
 import ast
@@ -43,11 +44,16 @@ def _imports(name: str, src: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
-                                + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1]
+                    + ([base] if base else [])
+                )
             found.add(base)
-            found |= {f"{base}.{alias.name}" for alias in node.names
-                      if _module_file(f"{base}.{alias.name}", src)}
+            found |= {
+                f"{base}.{alias.name}"
+                for alias in node.names
+                if _module_file(f"{base}.{alias.name}", src)
+            }
     return found
 
 
@@ -73,8 +79,10 @@ def outside_imports(roots: list[str], src: Path, allowed: tuple[str, ...]) -> di
 
 
 def _host_modules() -> list[str]:
-    return sorted(f"{HOST_PACKAGE}.{path.stem}".removesuffix(".__init__")
-                  for path in SRC.joinpath(*HOST_PACKAGE.split(".")).glob("*.py"))
+    return sorted(
+        f"{HOST_PACKAGE}.{path.stem}".removesuffix(".__init__")
+        for path in SRC.joinpath(*HOST_PACKAGE.split(".")).glob("*.py")
+    )
 
 
 def test_the_host_side_imports_only_the_standard_library_and_itself():
@@ -93,11 +101,12 @@ def test_the_check_catches_a_third_party_import(tmp_path):
     for package in (tmp_path / "clipforge", host.parent, host):
         (package / "__init__.py").touch()
     (host / "plan.py").write_text("import json\n\n\ndef load():\n    import yaml\n")
-    (host / "status.py").write_text("from clipforge.config import Config\n"
-                                    "from . import plan\n")
+    (host / "status.py").write_text("from clipforge.config import Config\nfrom . import plan\n")
     problems = outside_imports([f"{HOST_PACKAGE}.status"], tmp_path, ALLOWED_PROJECT)
-    assert problems == {f"{HOST_PACKAGE}.plan": {"yaml"},
-                        f"{HOST_PACKAGE}.status": {"clipforge.config"}}
+    assert problems == {
+        f"{HOST_PACKAGE}.plan": {"yaml"},
+        f"{HOST_PACKAGE}.status": {"clipforge.config"},
+    }
 
 
 def test_every_host_module_imports_without_site_packages():
@@ -105,6 +114,11 @@ def test_every_host_module_imports_without_site_packages():
     the host's own python3 would with the run's checkout."""
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(SRC)}
     script = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
-    result = subprocess.run([sys.executable, "-S", "-c", script, *_host_modules()], env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", script, *_host_modules()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr

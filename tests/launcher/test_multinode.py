@@ -4,6 +4,7 @@ The two "nodes" are this machine reached under two host names (127.0.0.1 and loc
 the same sshd, sharing the run root as real nodes share the checkpoints volume; one CPU rank each,
 so DeepSpeed's process group spans the two launchers (gloo over TCP).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,22 @@ def two_node_run(project, sshd, tmp_path_factory):
         known.write(f"[localhost]:{sshd.port} {kind} {blob}\n")
     hosts = f"{sshd.address},{sshd.user}@localhost:{sshd.port}"
     # 32 = 16 per micro-batch x 2 ranks (one per node) x 1 accumulation step.
-    result = fab("train", "--gpus", "0", "--nodes", "2", "--runtime", "host", "--data", "build",
-                 "--master-port", str(free_port()), *set_args(RUN_SETS), hosts=hosts, key=sshd.client_key)
+    result = fab(
+        "train",
+        "--gpus",
+        "0",
+        "--nodes",
+        "2",
+        "--runtime",
+        "host",
+        "--data",
+        "build",
+        "--master-port",
+        str(free_port()),
+        *set_args(RUN_SETS),
+        hosts=hosts,
+        key=sshd.client_key,
+    )
     run = LaunchedRun(fab, sshd, base / "remote", result)
     run.hosts = hosts
     run.node1 = run.root / "runs" / run.run_id / "node-1"
@@ -38,10 +53,12 @@ def two_node_run(project, sshd, tmp_path_factory):
 
 def test_every_node_runs_its_own_launcher_and_the_run_finishes(two_node_run):
     """Both nodes' supervisors finish; node 0 wrote the metrics of a world of two ranks."""
-    assert two_node_run.final_state["state"] == "finished", \
-        (two_node_run.node_dir / "train.log").read_text()[-3000:]
-    assert two_node_run.node1_state["state"] == "finished", \
-        (two_node_run.node1 / "train.log").read_text()[-3000:]
+    assert two_node_run.final_state["state"] == "finished", (
+        two_node_run.node_dir / "train.log"
+    ).read_text()[-3000:]
+    assert two_node_run.node1_state["state"] == "finished", (
+        two_node_run.node1 / "train.log"
+    ).read_text()[-3000:]
     summary = json.loads((two_node_run.code / "metrics" / "train.json").read_text())
     assert summary["steps"] == 8
     log0 = (two_node_run.node_dir / "train.log").read_text()

@@ -1,10 +1,13 @@
 """`fab check` against a real sshd on this machine (a host without GPUs)."""
+
 from __future__ import annotations
 
 
 def test_check_passes_for_a_cpu_run(fab, sshd):
     """With --gpus 0 every row of a CPU host passes: ssh, disk, storage, git, the python stack."""
-    result = fab("check", "--gpus", "0", "--runtime", "host", hosts=sshd.address, key=sshd.client_key)
+    result = fab(
+        "check", "--gpus", "0", "--runtime", "host", hosts=sshd.address, key=sshd.client_key
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = _rows(result.stdout)
     assert rows["ssh"] == "ok" and rows["gpus"] == "skip"
@@ -13,7 +16,9 @@ def test_check_passes_for_a_cpu_run(fab, sshd):
 
 def test_check_fails_the_gpu_row_on_a_host_without_gpus(fab, sshd):
     """Asking for GPUs on a host that has none fails the gpus row and the command."""
-    result = fab("check", "--gpus", "4", "--runtime", "host", hosts=sshd.address, key=sshd.client_key)
+    result = fab(
+        "check", "--gpus", "4", "--runtime", "host", hosts=sshd.address, key=sshd.client_key
+    )
     assert result.returncode != 0
     assert _rows(result.stdout)["gpus"] == "FAIL"
     assert "--gpus 4 asked, no GPU visible" in result.stdout
@@ -27,7 +32,9 @@ def test_check_without_gpus_option_expects_a_gpu(fab, sshd):
 
 def test_docker_runtime_without_docker_fails_its_row(fab, sshd):
     """The docker runtime needs a Docker engine; this host has none, so the docker row fails."""
-    result = fab("check", "--gpus", "0", "--runtime", "docker", hosts=sshd.address, key=sshd.client_key)
+    result = fab(
+        "check", "--gpus", "0", "--runtime", "docker", hosts=sshd.address, key=sshd.client_key
+    )
     assert result.returncode != 0
     rows = _rows(result.stdout)
     assert rows["docker"] == "FAIL" and rows["image"] == "FAIL"
@@ -35,8 +42,17 @@ def test_docker_runtime_without_docker_fails_its_row(fab, sshd):
 
 def test_check_rejects_a_data_path_without_a_manifest(fab, sshd, tmp_path):
     """--data PATH must hold a data stage output (its manifest.json)."""
-    result = fab("check", "--gpus", "0", "--runtime", "host", "--data", str(tmp_path),
-                 hosts=sshd.address, key=sshd.client_key)
+    result = fab(
+        "check",
+        "--gpus",
+        "0",
+        "--runtime",
+        "host",
+        "--data",
+        str(tmp_path),
+        hosts=sshd.address,
+        key=sshd.client_key,
+    )
     assert result.returncode != 0 and _rows(result.stdout)["data"] == "FAIL"
 
 
@@ -48,7 +64,7 @@ def _rows(output: str) -> dict[str, str]:
             parts = line.split()
             for status in ("ok", "FAIL", "skip"):
                 if status in parts:
-                    name = " ".join(parts[:parts.index(status)])
+                    name = " ".join(parts[: parts.index(status)])
                     rows[name] = status
                     break
     return rows

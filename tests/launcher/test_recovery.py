@@ -1,6 +1,7 @@
 """Supervision: a killed training process is restarted from its checkpoint; `fab stop` stops a
 run gracefully and `fab train --resume` carries it on. Compared with the uninterrupted training
 of the smoke run (same params, same data: the same train run id)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,8 +13,12 @@ import uuid
 import pytest
 
 from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args
-from tests.launcher.hostprocs import (environment_of, files_containing, processes_under,
-                                    train_stage_process)
+from tests.launcher.hostprocs import (
+    environment_of,
+    files_containing,
+    processes_under,
+    train_stage_process,
+)
 
 pytestmark = pytest.mark.slow
 # Nothing listens on port 9 here: alerts the stage sends to it fail at once (and are only logged).
@@ -31,10 +36,12 @@ def killed_run(project, sshd, tmp_path_factory, smoke_run):
     """A run whose training process is SIGKILLed once, after its first checkpoint."""
     base = tmp_path_factory.mktemp("killed-run")
     fab = make_fab(project, base / "home", base / "remote", sshd)
-    run = launch_run(fab, sshd, base / "remote", *set_args(RUN_SETS),
-                     env={"CLIPFORGE_ALERT_WEBHOOKS": SECRET})
-    run.wait_until(lambda: _latest_step(run) >= 2 and train_stage_process(run.code),
-                   what="first checkpoint")
+    run = launch_run(
+        fab, sshd, base / "remote", *set_args(RUN_SETS), env={"CLIPFORGE_ALERT_WEBHOOKS": SECRET}
+    )
+    run.wait_until(
+        lambda: _latest_step(run) >= 2 and train_stage_process(run.code), what="first checkpoint"
+    )
     pid = train_stage_process(run.code)
     run.environment_seen = environment_of(pid)
     run.killed_after_step = _latest_step(run)
@@ -60,7 +67,9 @@ def test_restarted_run_ends_like_an_uninterrupted_one(killed_run, smoke_run):
     assert summary["resumed_from_step"] >= killed_run.killed_after_step > 0
     for key in ("run_id", "steps", "loss", "val_loss", "logit_scale"):
         assert summary[key] == reference[key], key
-    assert _digests(killed_run.code / "models" / "clip") == _digests(smoke_run.code / "models" / "clip")
+    assert _digests(killed_run.code / "models" / "clip") == _digests(
+        smoke_run.code / "models" / "clip"
+    )
 
 
 def test_restart_is_logged_and_counted_in_status(killed_run):
@@ -87,13 +96,24 @@ def stopped_run(project, sshd, tmp_path_factory):
     `fab train --resume` later runs without the hold."""
     base = tmp_path_factory.mktemp("stopped-run")
     fab = make_fab(project, base / "home", base / "remote", sshd)
-    run = launch_run(fab, sshd, base / "remote", *set_args(RUN_SETS),
-                     env={"CLIPFORGE_FAULTS": f"hold@{HELD_STEP}"})
+    run = launch_run(
+        fab,
+        sshd,
+        base / "remote",
+        *set_args(RUN_SETS),
+        env={"CLIPFORGE_FAULTS": f"hold@{HELD_STEP}"},
+    )
     # metrics/train.tsv is committed (the demo's): wait for this run's own first row
     tsv = run.code / "metrics" / "train.tsv"
     committed = tsv.read_text() if tsv.is_file() else None
-    run.wait_until(lambda: tsv.is_file() and tsv.read_text() != committed
-                   and len(tsv.read_text().splitlines()) >= 2, what="first metrics row")
+    run.wait_until(
+        lambda: (
+            tsv.is_file()
+            and tsv.read_text() != committed
+            and len(tsv.read_text().splitlines()) >= 2
+        ),
+        what="first metrics row",
+    )
     run.clean_while_running = run.run_fab("clean")
     follower = run.fab.popen("logs", "--follow", hosts=sshd.address, key=sshd.client_key)
     run.stop_result = run.run_fab("stop")
@@ -141,7 +161,9 @@ def test_logs_follow_streams_until_the_run_ends(stopped_run):
     """`fab logs --follow` started during the run returns by itself once the run has ended (here:
     stopped), having shown the stage's output up to the end."""
     assert stopped_run.follower_code == 0
-    assert "clipforge.train" in stopped_run.followed and "stopped on request" in stopped_run.followed
+    assert (
+        "clipforge.train" in stopped_run.followed and "stopped on request" in stopped_run.followed
+    )
 
 
 def test_clean_refuses_a_running_run(stopped_run):
@@ -160,5 +182,8 @@ def test_clean_removes_an_ended_run(stopped_run):
 
 
 def _digests(directory):
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }

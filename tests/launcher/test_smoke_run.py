@@ -1,4 +1,5 @@
 """`fab train --gpus 0 --smoke --runtime host` through a real sshd, and the tasks that watch it."""
+
 from __future__ import annotations
 
 import hashlib
@@ -22,24 +23,33 @@ def test_smoke_saves_a_checkpoint_and_loads_it_back(smoke_run):
     weights."""
     smoke = json.loads((smoke_run.node_dir / "smoke.json").read_text())
     assert smoke["passed"], smoke["checks"]
-    assert set(smoke["checks"]) == {"resume command exited 0", "resumed from the final checkpoint",
-                                    "same run id after reload", "exported weights identical after reload"}
+    assert set(smoke["checks"]) == {
+        "resume command exited 0",
+        "resumed from the final checkpoint",
+        "same run id after reload",
+        "exported weights identical after reload",
+    }
     assert smoke["trained"]["steps"] == 8 and smoke["trained"]["resumed_from_step"] == 0
 
 
 def test_the_run_record_names_commit_params_image_and_host(smoke_run, project, sshd):
     """run.json on the host: the shipped commit (checked out there), resolved params, image, host."""
     record = json.loads((smoke_run.root / "runs" / smoke_run.run_id / "run.json").read_text())
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True,
-                          text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True
+    ).stdout.strip()
     assert record["commit"] == head
-    checked_out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=smoke_run.code,
-                                 capture_output=True, text=True).stdout.strip()
+    checked_out = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=smoke_run.code, capture_output=True, text=True
+    ).stdout.strip()
     assert checked_out == head
-    assert record["params"]["train"]["max_steps"] == 8 and record["params"]["train"]["device"] == "cpu"
+    assert (
+        record["params"]["train"]["max_steps"] == 8 and record["params"]["train"]["device"] == "cpu"
+    )
     assert record["image"].startswith("clipforge:") and record["hosts"] == [sshd.address]
-    resolved = yaml.safe_load((smoke_run.root / "runs" / smoke_run.run_id /
-                               "params.resolved.yaml").read_text())
+    resolved = yaml.safe_load(
+        (smoke_run.root / "runs" / smoke_run.run_id / "params.resolved.yaml").read_text()
+    )
     assert resolved["train"] == record["params"]["train"]
 
 
@@ -67,11 +77,14 @@ def test_fetch_brings_metrics_model_and_logs_home(smoke_run, tmp_path):
     result = smoke_run.run_fab("fetch", "--to", str(tmp_path / "runs"))
     assert result.returncode == 0, result.stderr
     home = tmp_path / "runs" / smoke_run.run_id
-    assert json.loads((home / "metrics" / "train.json").read_text()) == \
-        json.loads((smoke_run.code / "metrics" / "train.json").read_text())
+    assert json.loads((home / "metrics" / "train.json").read_text()) == json.loads(
+        (smoke_run.code / "metrics" / "train.json").read_text()
+    )
     remote_model = smoke_run.code / "models" / "clip"
     files = sorted(p.relative_to(remote_model) for p in remote_model.rglob("*") if p.is_file())
-    assert files and all(_sha(home / "models" / "clip" / f) == _sha(remote_model / f) for f in files)
+    assert files and all(
+        _sha(home / "models" / "clip" / f) == _sha(remote_model / f) for f in files
+    )
     assert list((home / "logs").glob("run-*/events.out.tfevents.*"))
     assert (home / "node-0" / "run.json").is_file() and (home / "node-0" / "train.log").is_file()
 
@@ -84,8 +97,13 @@ def test_tensorboard_serves_the_run_through_an_ssh_forward(smoke_run):
     """`fab tensorboard`: TensorBoard on the host, reached at the printed local URL through the
     SSH port-forward; interrupting fab stops that TensorBoard."""
     port = free_port()
-    process = smoke_run.fab.popen("tensorboard", "--port", str(port), hosts=smoke_run.sshd.address,
-                                  key=smoke_run.sshd.client_key)
+    process = smoke_run.fab.popen(
+        "tensorboard",
+        "--port",
+        str(port),
+        hosts=smoke_run.sshd.address,
+        key=smoke_run.sshd.client_key,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
     reader.start()

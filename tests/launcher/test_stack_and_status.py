@@ -1,5 +1,6 @@
 """Which hosts a task acts on: -H, or infra/stack-outputs.json (its shape as infra/README.md
 documents it); and the status summary's arithmetic (cost, ETA)."""
+
 from __future__ import annotations
 
 import json
@@ -15,16 +16,34 @@ from clipforge.launcher.session import Settings, root_setting
 from clipforge.launcher.stack import load_stack_outputs
 
 OUTPUTS = {
-    "namespace": "clipforge", "kube_context": "gpu", "released": False,
-    "image": "registry.example/clipforge:tag", "num_workers": 2, "gpus_per_worker": 4,
+    "namespace": "clipforge",
+    "kube_context": "gpu",
+    "released": False,
+    "image": "registry.example/clipforge:tag",
+    "num_workers": 2,
+    "gpus_per_worker": 4,
     "gpu_resource_name": "nvidia.com/gpu",
-    "workers": [{"pod": "clipforge-worker-0", "host": "clipforge-worker-0.clipforge-workers.clipforge.svc.cluster.local"},
-                {"pod": "clipforge-worker-1", "host": "clipforge-worker-1.clipforge-workers.clipforge.svc.cluster.local"}],
-    "ssh": {"user": "clipforge", "port": 2222, "entry_pod": "clipforge-worker-0",
-            "host_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGZhYnJpYy10ZXN0LWtleS0wMTIzNDU2Nzg5YWJj"},
-    "volumes": {"datasets": {"claim": "d", "mount_path": "/workspace/data", "retained": True},
-                "checkpoints": {"claim": "c", "mount_path": "/workspace/checkpoints", "retained": True},
-                "logs": {"claim": "l", "mount_path": "/workspace/logs", "retained": True}},
+    "workers": [
+        {
+            "pod": "clipforge-worker-0",
+            "host": "clipforge-worker-0.clipforge-workers.clipforge.svc.cluster.local",
+        },
+        {
+            "pod": "clipforge-worker-1",
+            "host": "clipforge-worker-1.clipforge-workers.clipforge.svc.cluster.local",
+        },
+    ],
+    "ssh": {
+        "user": "clipforge",
+        "port": 2222,
+        "entry_pod": "clipforge-worker-0",
+        "host_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGZhYnJpYy10ZXN0LWtleS0wMTIzNDU2Nzg5YWJj",
+    },
+    "volumes": {
+        "datasets": {"claim": "d", "mount_path": "/workspace/data", "retained": True},
+        "checkpoints": {"claim": "c", "mount_path": "/workspace/checkpoints", "retained": True},
+        "logs": {"claim": "l", "mount_path": "/workspace/logs", "retained": True},
+    },
     "tensorboard": {"service": "clipforge-tensorboard", "port": 6006},
     "cost": {"currency": "USD", "price_per_gpu_hour": "1.85", "gpus": 8, "per_hour": "14.80"},
 }
@@ -37,9 +56,17 @@ def _write(tmp_path, value) -> object:
 
 
 def _settings(tmp_path, **changes) -> Settings:
-    values = dict(remote_root=None, python="python3", stack_outputs=tmp_path / "stack-outputs.json",
-                  min_free_gb=1, backoff_seconds=1, backoff_max_seconds=2, stop_timeout_seconds=9,
-                  shm_size="16g", registry=None)
+    values = dict(
+        remote_root=None,
+        python="python3",
+        stack_outputs=tmp_path / "stack-outputs.json",
+        min_free_gb=1,
+        backoff_seconds=1,
+        backoff_max_seconds=2,
+        stop_timeout_seconds=9,
+        shm_size="16g",
+        registry=None,
+    )
     values.update(changes)
     return Settings(**values)
 
@@ -51,8 +78,9 @@ def test_stack_workers_become_the_hosts_with_pinned_key_and_jump(tmp_path, monke
     path = _write(tmp_path, OUTPUTS)
     specs, stack = targets([], lambda: load_stack_outputs(path))
     assert [s.host for s in specs] == [w["host"] for w in OUTPUTS["workers"]]
-    assert {(s.user, s.port, s.pinned_key) for s in specs} == \
-        {("clipforge", 2222, OUTPUTS["ssh"]["host_public_key"])}
+    assert {(s.user, s.port, s.pinned_key) for s in specs} == {
+        ("clipforge", 2222, OUTPUTS["ssh"]["host_public_key"])
+    }
     assert (specs[0].gateway.host, specs[0].gateway.port) == ("127.0.0.1", 2222)
     assert stack.price_per_gpu_hour == Decimal("1.85") and stack.gpus_per_worker == 4
 
@@ -69,19 +97,25 @@ def test_cli_hosts_win_over_the_stack(tmp_path):
     not even read."""
     cli = [spec_of(Connection(host)) for host in ("me@gpu:2200", "you@gpu-2:2201")]
     specs, stack = targets(cli, lambda: pytest.fail("stack read"))
-    assert [(s.host, s.user, s.port) for s in specs] == [("gpu", "me", 2200), ("gpu-2", "you", 2201)]
+    assert [(s.host, s.user, s.port) for s in specs] == [
+        ("gpu", "me", 2200),
+        ("gpu-2", "you", 2201),
+    ]
     assert stack is None
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "no hosts"),
-    ("{not json", "not readable JSON"),
-    ({**OUTPUTS, "released": True}, "released"),
-    ({**OUTPUTS, "workers": []}, "no workers"),
-    ({**OUTPUTS, "ssh": {"user": "clipforge"}}, "ssh.port"),
-    ({k: v for k, v in OUTPUTS.items() if k != "gpus_per_worker"}, "gpus_per_worker"),
-    ({**OUTPUTS, "cost": {"price_per_gpu_hour": "cheap"}}, "price_per_gpu_hour"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no hosts"),
+        ("{not json", "not readable JSON"),
+        ({**OUTPUTS, "released": True}, "released"),
+        ({**OUTPUTS, "workers": []}, "no workers"),
+        ({**OUTPUTS, "ssh": {"user": "clipforge"}}, "ssh.port"),
+        ({k: v for k, v in OUTPUTS.items() if k != "gpus_per_worker"}, "gpus_per_worker"),
+        ({**OUTPUTS, "cost": {"price_per_gpu_hour": "cheap"}}, "price_per_gpu_hour"),
+    ],
+)
 def test_bad_stack_outputs_say_what_is_wrong(tmp_path, content, message):
     """Missing file, bad JSON, a released stack, a missing key: an error naming it."""
     path = tmp_path / "stack-outputs.json"
@@ -92,13 +126,32 @@ def test_bad_stack_outputs_say_what_is_wrong(tmp_path, content, message):
 
 
 def _info(**state):
-    return {"record": {"run_id": "r", "commit": "c" * 40, "runtime": "host", "gpus_per_node": 4,
-                       "num_nodes": 2},
-            "state": {"state": "running", "phase": "train", "attempt": 1, "restarts": 1,
-                      "max_restarts": 5, "started_at": 1000.0, **state},
-            "last_row": {"step": "250", "epoch": "0.5", "loss": "3.25", "samples_per_s": "4096.0"},
-            "recent_step_seconds": [2.0, 2.0, 3.0], "total_steps": 1000, "steps_per_epoch": 500,
-            "latest_checkpoint": None, "summary": None, "smoke": None, "host_time": 1000.0 + 3600}
+    return {
+        "record": {
+            "run_id": "r",
+            "commit": "c" * 40,
+            "runtime": "host",
+            "gpus_per_node": 4,
+            "num_nodes": 2,
+        },
+        "state": {
+            "state": "running",
+            "phase": "train",
+            "attempt": 1,
+            "restarts": 1,
+            "max_restarts": 5,
+            "started_at": 1000.0,
+            **state,
+        },
+        "last_row": {"step": "250", "epoch": "0.5", "loss": "3.25", "samples_per_s": "4096.0"},
+        "recent_step_seconds": [2.0, 2.0, 3.0],
+        "total_steps": 1000,
+        "steps_per_epoch": 500,
+        "latest_checkpoint": None,
+        "summary": None,
+        "smoke": None,
+        "host_time": 1000.0 + 3600,
+    }
 
 
 def test_status_costs_gpu_hours_at_the_price():

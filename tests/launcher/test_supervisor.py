@@ -1,4 +1,5 @@
 """The supervisor on its own, with shell commands standing for the train stage (seconds each)."""
+
 from __future__ import annotations
 
 import json
@@ -22,15 +23,24 @@ def _node(root: Path) -> NodeLayout:
 
 def _supervisor(command: str, root: Path, **kwargs):
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    return subprocess.Popen([sys.executable, "-m", MODULE, command, _node(root).node_dir], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", MODULE, command, _node(root).node_dir],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **kwargs,
+    )
 
 
 def _supervise(root: Path, *phases: Phase, max_restarts: int = 3, wait: bool = True):
     node = _node(root)
     Path(node.node_dir).mkdir(parents=True, exist_ok=True)
-    policy = RestartPolicy(max_restarts=max_restarts, backoff_seconds=0.1, backoff_max_seconds=0.2,
-                           stop_timeout_seconds=30)
+    policy = RestartPolicy(
+        max_restarts=max_restarts,
+        backoff_seconds=0.1,
+        backoff_max_seconds=0.2,
+        stop_timeout_seconds=30,
+    )
     Path(node.plan).write_text(Plan(phases=list(phases), policy=policy).to_json())
     process = _supervisor("run", root, cwd=node.node_dir)
     if wait:
@@ -53,7 +63,9 @@ def _sh(name: str, script: str, cwd: Path, restartable: bool = True) -> Phase:
 def test_failed_phase_is_restarted_until_it_succeeds(tmp_path):
     """A phase failing twice is restarted twice, each exit recorded; then the next phase runs."""
     script = 'n=$(cat count 2>/dev/null || echo 0); echo $((n+1)) > count; [ "$n" -ge 2 ]'
-    process = _supervise(tmp_path, _sh("train", script, tmp_path), _sh("after", "touch done", tmp_path))
+    process = _supervise(
+        tmp_path, _sh("train", script, tmp_path), _sh("after", "touch done", tmp_path)
+    )
     state = _state(tmp_path)
     assert process.returncode == 0 and state["state"] == "finished"
     assert state["restarts"] == 2 and [e["code"] for e in state["exits"]] == [1, 1]
@@ -74,9 +86,12 @@ def test_gives_up_after_max_restarts(tmp_path):
 def test_stop_request_interrupts_the_phase_and_restarts_nothing(tmp_path):
     """`supervisor stop`: the phase gets SIGINT (it checkpoints and exits 143, like the stage),
     the run ends `stopped`, and the later phases never run."""
-    script = "trap 'echo saved > checkpoint; exit 143' INT; touch started; while :; do sleep 0.1; done"
-    process = _supervise(tmp_path, _sh("train", script, tmp_path), _sh("after", "touch after", tmp_path),
-                         wait=False)
+    script = (
+        "trap 'echo saved > checkpoint; exit 143' INT; touch started; while :; do sleep 0.1; done"
+    )
+    process = _supervise(
+        tmp_path, _sh("train", script, tmp_path), _sh("after", "touch after", tmp_path), wait=False
+    )
     _wait_for(lambda: (tmp_path / "started").exists())
     assert _supervisor("stop", tmp_path).wait(timeout=60) == 0
     process.wait(timeout=60)
@@ -88,8 +103,10 @@ def test_stop_request_interrupts_the_phase_and_restarts_nothing(tmp_path):
 
 def test_leftovers_of_a_crashed_attempt_are_killed_before_the_restart(tmp_path):
     """A crashed attempt's orphaned children (ranks, loader workers) do not outlive it."""
-    script = ('if [ ! -e crashed ]; then touch crashed; (cd leftover && exec sleep 300) & exit 1; fi; '
-              'true')
+    script = (
+        "if [ ! -e crashed ]; then touch crashed; (cd leftover && exec sleep 300) & exit 1; fi; "
+        "true"
+    )
     (tmp_path / "leftover").mkdir()
     process = _supervise(tmp_path, _sh("train", script, tmp_path))
     assert process.returncode == 0 and _state(tmp_path)["restarts"] == 1
@@ -99,16 +116,22 @@ def test_leftovers_of_a_crashed_attempt_are_killed_before_the_restart(tmp_path):
 def test_a_directory_that_is_no_run_node_is_refused(tmp_path):
     """NODE_DIR must read <root>/runs/<run>/node-<rank>: anything else is refused, saying so."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    result = subprocess.run([sys.executable, "-m", MODULE, "run", str(tmp_path)], env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", MODULE, "run", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "runs/<run>/node-<rank>" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
 def test_backoff_doubles_up_to_its_cap():
     """Delays before restarts 1, 2, 3, 4: 30 s doubling each time, never above the cap."""
-    policy = RestartPolicy(max_restarts=5, backoff_seconds=30, backoff_max_seconds=100,
-                           stop_timeout_seconds=1)
+    policy = RestartPolicy(
+        max_restarts=5, backoff_seconds=30, backoff_max_seconds=100, stop_timeout_seconds=1
+    )
     assert [policy.delay_before(n) for n in (1, 2, 3, 4)] == [30, 60, 100, 100]
 
 

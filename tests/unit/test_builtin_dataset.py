@@ -1,4 +1,5 @@
 """The built-in dataset: deterministic, and a real retrieval task (unique captions, near misses)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -40,9 +41,11 @@ def test_test_set_is_made_of_near_miss_groups():
         if len(a) != len(b):
             return False
         return len(attributes(a) ^ attributes(b)) == 2 or (
-            len(a) == 2 and {o.position for o in a} == {o.position for o in b}
+            len(a) == 2
+            and {o.position for o in a} == {o.position for o in b}
             and sorted((o.colour, o.shape) for o in a) != sorted((o.colour, o.shape) for o in b)
-            and {o.colour for o in a} == {o.colour for o in b})
+            and {o.colour for o in a} == {o.colour for o in b}
+        )
 
     with_neighbour = sum(any(one_change_apart(s, t) for t in scenes if t != s) for s in scenes)
     assert with_neighbour >= 0.8 * len(scenes)
@@ -57,5 +60,7 @@ def test_training_pairs_never_show_a_test_scene():
 
 def test_caption_names_colour_shape_and_position_of_every_object():
     scene = builtin.canonical([builtin.Obj(0, "红色", "圆形"), builtin.Obj(8, "蓝色", "三角形")])
-    assert builtin.captions(scene) == ["左上角有一个红色的圆形，右下角有一个蓝色的三角形",
-                                       "右下角有一个蓝色的三角形，左上角有一个红色的圆形"]
+    assert builtin.captions(scene) == [
+        "左上角有一个红色的圆形，右下角有一个蓝色的三角形",
+        "右下角有一个蓝色的三角形，左上角有一个红色的圆形",
+    ]

@@ -1,4 +1,5 @@
 """Params: loading, layering (recipe, params.yaml, --set) and the errors users see."""
+
 from __future__ import annotations
 
 import subprocess
@@ -30,7 +31,9 @@ def test_every_knob_is_in_params_yaml_with_a_comment():
     for dotted in field_docs():
         name = dotted.split(".")[-1]
         indent = "  " if "." in dotted else ""
-        index = next((i for i, line in enumerate(lines) if line.startswith(f"{indent}{name}:")), None)
+        index = next(
+            (i for i, line in enumerate(lines) if line.startswith(f"{indent}{name}:")), None
+        )
         assert index is not None, f"{dotted} missing from params.yaml"
         assert lines[index - 1].strip().startswith("#"), f"{dotted} has no comment above it"
 
@@ -56,16 +59,33 @@ def test_choice_outside_the_allowed_values(tmp_path):
 
 
 def test_inconsistent_batch_names_every_factor(tmp_path):
-    message = _error(tmp_path, {"train": {"global_batch_size": 4096, "micro_batch_size": 256,
-                                          "grad_accum_steps": 2, "ranks_per_node": 4}})
+    message = _error(
+        tmp_path,
+        {
+            "train": {
+                "global_batch_size": 4096,
+                "micro_batch_size": 256,
+                "grad_accum_steps": 2,
+                "ranks_per_node": 4,
+            }
+        },
+    )
     assert "train.global_batch_size: 4096 != train.micro_batch_size=256" in message
     assert "train.num_nodes=1 x train.ranks_per_node=4" in message
     assert "train.grad_accum_steps=2 = 2048" in message
 
 
 def test_auto_accumulation_is_derived_from_the_other_factors():
-    plan = batch_plan(load_config(None, ["train.global_batch_size=4096",
-                                         "train.micro_batch_size=256", "train.ranks_per_node=4"]).train)
+    plan = batch_plan(
+        load_config(
+            None,
+            [
+                "train.global_batch_size=4096",
+                "train.micro_batch_size=256",
+                "train.ranks_per_node=4",
+            ],
+        ).train
+    )
     assert (plan.grad_accum_steps, plan.world_size) == (4, 4)
 
 
@@ -84,8 +104,13 @@ def test_production_recipe_is_one_switch():
     """recipe: production turns the embedded default into the reference ViT-B/32 run."""
     config = load_config(None, ["recipe=production"])
     assert config.model.name == "ViT-B-32"
-    assert (config.train.zero_stage, config.train.global_batch_size, config.train.lr,
-            config.train.warmup_steps, config.train.precision) == (3, 4096, 5e-4, 500, "bf16")
+    assert (
+        config.train.zero_stage,
+        config.train.global_batch_size,
+        config.train.lr,
+        config.train.warmup_steps,
+        config.train.precision,
+    ) == (3, 4096, 5e-4, 500, "bf16")
 
 
 def test_user_choice_in_params_wins_over_the_recipe(tmp_path):
@@ -93,17 +118,30 @@ def test_user_choice_in_params_wins_over_the_recipe(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump({"recipe": "production", "train": {"lr": 1e-4, "epochs": 1}}))
     config = load_config(path)
-    assert config.train.lr == 1e-4          # changed from the embedded default: the user's
-    assert config.train.epochs == 5         # still the embedded default: the recipe's
+    assert config.train.lr == 1e-4  # changed from the embedded default: the user's
+    assert config.train.epochs == 5  # still the embedded default: the recipe's
     assert load_config(path, ["train.epochs=1"]).train.epochs == 1  # --set always wins
 
 
 def test_stage_reports_config_error_with_exit_code_2_and_writes_nothing(tmp_path):
     """A bad --set fails fast, before heavy imports, and no output directory appears."""
     result = subprocess.run(
-        [sys.executable, "-m", "clipforge.data", "--params", str(REPO / "params.yaml"),
-         "--set", "data.num_train=-5", "--out", str(tmp_path / "data")],
-        capture_output=True, text=True, env=subprocess_env(), timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "clipforge.data",
+            "--params",
+            str(REPO / "params.yaml"),
+            "--set",
+            "data.num_train=-5",
+            "--out",
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "data.num_train: got -5; must be >= 1" in result.stderr
     assert "Traceback" not in result.stderr
@@ -146,8 +184,16 @@ def test_bad_train_value_stops_the_train_stage_but_not_the_data_stage(tmp_path, 
     assert data_main(["--params", str(params), "--out", str(tmp_path / "data")]) == 0
     assert "lr" not in (tmp_path / "data" / "config.yaml").read_text()
     capsys.readouterr()
-    code = train_main(["--params", str(params), "--data", str(tmp_path / "data"),
-                       "--checkpoints", str(tmp_path / "checkpoints")])
+    code = train_main(
+        [
+            "--params",
+            str(params),
+            "--data",
+            str(tmp_path / "data"),
+            "--checkpoints",
+            str(tmp_path / "checkpoints"),
+        ]
+    )
     assert code == 2
     assert capsys.readouterr().err == "clipforge.train: error: train.lr: got -1.0; must be > 0.0\n"
     assert not (tmp_path / "checkpoints").exists()

@@ -1,4 +1,5 @@
 """The data stage: shards, manifest, Chinese-CLIP test layout, bad input, atomic replacement."""
+
 from __future__ import annotations
 
 import base64
@@ -36,7 +37,9 @@ def test_builtin_source_writes_shards_manifest_and_test_layout(small_data):
     assert counts == {"images": 24, "texts": 48}
     first = json.loads((small_data / "test" / "test_texts.jsonl").read_text().splitlines()[0])
     assert set(first) == {"text_id", "text", "image_ids"} and isinstance(first["image_ids"], list)
-    image_id, payload = (small_data / "test" / "test_imgs.tsv").read_text().splitlines()[0].split("\t")
+    image_id, payload = (
+        (small_data / "test" / "test_imgs.tsv").read_text().splitlines()[0].split("\t")
+    )
     Image.open(io.BytesIO(base64.b64decode(payload))).verify()
     assert (small_data / "config.yaml").is_file()
 
@@ -58,7 +61,9 @@ def messy_folder(tmp_path):
     for i in range(12):
         (root / f"good{i}.jpg").write_bytes(_jpeg(colour=(i * 20, 100, 50)))
         good.append({"image": f"good{i}.jpg", "caption": f"第{i}张图片，一只猫"})
-    good.append({"image": "good0.jpg", "caption": "同一张图片的第二条描述"})  # two captions, one image
+    good.append(
+        {"image": "good0.jpg", "caption": "同一张图片的第二条描述"}
+    )  # two captions, one image
     (root / "empty.jpg").write_bytes(b"")
     (root / "corrupt.jpg").write_bytes(b"this is not an image at all")
     (root / "truncated.jpg").write_bytes(_jpeg(size=(64, 64))[:200])
@@ -82,14 +87,29 @@ def messy_folder(tmp_path):
 
 
 def test_local_source_skips_every_kind_of_bad_item_by_reason(tmp_path, messy_folder):
-    params = write_params(tmp_path / "params.yaml", {"data": {
-        "source": "local", "path": str(messy_folder), "val_fraction": 0.2, "test_fraction": 0.2,
-        "max_image_pixels": 50_000_000}})
+    params = write_params(
+        tmp_path / "params.yaml",
+        {
+            "data": {
+                "source": "local",
+                "path": str(messy_folder),
+                "val_fraction": 0.2,
+                "test_fraction": 0.2,
+                "max_image_pixels": 50_000_000,
+            }
+        },
+    )
     assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 0
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
     assert manifest["skipped"]["counts"] == {
-        "bad_record": 1, "caption_not_utf8": 1, "corrupt_image": 2, "empty_caption": 2,
-        "empty_file": 1, "missing_file": 1, "too_large": 1}
+        "bad_record": 1,
+        "caption_not_utf8": 1,
+        "corrupt_image": 2,
+        "empty_caption": 2,
+        "empty_file": 1,
+        "missing_file": 1,
+        "too_large": 1,
+    }
     splits = manifest["splits"]
     kept = splits["train"]["count"] + splits["val"]["count"] + splits["test"]["texts"]
     assert kept == 13  # 12 good images, one of them with a second caption
@@ -101,9 +121,18 @@ def test_local_source_keeps_all_captions_of_a_test_image_together(tmp_path, mess
 
     image = messy_folder.parent / "good0.jpg"
     seed = next(s for s in range(1000) if split_of(image, s, 0.2, 0.3) == "test")
-    params = write_params(tmp_path / "params.yaml", {"data": {
-        "source": "local", "path": str(messy_folder), "val_fraction": 0.2, "test_fraction": 0.3,
-        "seed": seed}})
+    params = write_params(
+        tmp_path / "params.yaml",
+        {
+            "data": {
+                "source": "local",
+                "path": str(messy_folder),
+                "val_fraction": 0.2,
+                "test_fraction": 0.3,
+                "seed": seed,
+            }
+        },
+    )
     out = tmp_path / "data"
     assert main(["--params", str(params), "--out", str(out)]) == 0
     texts = read_texts(out / "test")
@@ -117,8 +146,9 @@ def test_missing_source_path_is_a_clear_error_and_old_data_survives(tmp_path, sm
 
     shutil.copytree(small_data, out)
     before = sha256_file(out / "manifest.json")
-    params = write_params(tmp_path / "params.yaml", {"data": {"source": "local",
-                                                             "path": str(tmp_path / "nope")}})
+    params = write_params(
+        tmp_path / "params.yaml", {"data": {"source": "local", "path": str(tmp_path / "nope")}}
+    )
     assert main(["--params", str(params), "--out", str(out)]) == 2
     assert "data.path:" in capsys.readouterr().err
     assert sha256_file(out / "manifest.json") == before
@@ -150,7 +180,9 @@ def test_interrupted_stage_leaves_previous_outputs_intact(tmp_path, small_data, 
 
 
 def test_test_dir_is_validated_and_copied(tmp_path, small_data):
-    params = write_params(tmp_path / "params.yaml", {"data": {"test_dir": str(small_data / "test")}})
+    params = write_params(
+        tmp_path / "params.yaml", {"data": {"test_dir": str(small_data / "test")}}
+    )
     assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 0
     assert check_test_set(tmp_path / "data" / "test") == {"images": 24, "texts": 48}
     broken = tmp_path / "broken"
@@ -176,21 +208,32 @@ def test_folder_and_csv_sources_read_the_same_pairs(tmp_path):
     (folder / "pairs.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
     manifests = {}
     for name, path in (("folder", folder), ("csv", folder / "pairs.csv")):
-        params = write_params(tmp_path / f"{name}.yaml", {"data": {
-            "source": "local", "path": str(path), "val_fraction": 0.0, "test_fraction": 0.0}})
+        params = write_params(
+            tmp_path / f"{name}.yaml",
+            {
+                "data": {
+                    "source": "local",
+                    "path": str(path),
+                    "val_fraction": 0.0,
+                    "test_fraction": 0.0,
+                }
+            },
+        )
         assert main(["--params", str(params), "--out", str(tmp_path / f"data-{name}")]) == 0
         manifests[name] = json.loads((tmp_path / f"data-{name}" / "manifest.json").read_text())
     assert manifests["folder"]["skipped"]["counts"] == {"missing_caption": 1}
     assert manifests["csv"]["skipped"]["counts"] == {}
     assert manifests["folder"]["splits"]["train"]["count"] == 6
-    assert [s["sha256"] for s in manifests["folder"]["splits"]["train"]["shards"]] == \
-        [s["sha256"] for s in manifests["csv"]["splits"]["train"]["shards"]]
+    assert [s["sha256"] for s in manifests["folder"]["splits"]["train"]["shards"]] == [
+        s["sha256"] for s in manifests["csv"]["splits"]["train"]["shards"]
+    ]
 
 
 def test_csv_without_the_expected_columns_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "bad.csv").write_text("path,text\na.jpg,x\n", encoding="utf-8")
-    params = write_params(tmp_path / "params.yaml", {"data": {"source": "local",
-                                                             "path": str(tmp_path / "bad.csv")}})
+    params = write_params(
+        tmp_path / "params.yaml", {"data": {"source": "local", "path": str(tmp_path / "bad.csv")}}
+    )
     assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 2
     assert "columns `image` and `caption`" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
@@ -200,8 +243,10 @@ def test_source_inside_the_output_directory_is_refused(tmp_path, capsys):
     """The stage replaces its output directory: a source inside it would be destroyed."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "pairs.jsonl").write_text("")
-    params = write_params(tmp_path / "params.yaml", {"data": {
-        "source": "local", "path": str(tmp_path / "data" / "pairs.jsonl")}})
+    params = write_params(
+        tmp_path / "params.yaml",
+        {"data": {"source": "local", "path": str(tmp_path / "data" / "pairs.jsonl")}},
+    )
     assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 2
     assert "inside the output directory" in capsys.readouterr().err
     assert (tmp_path / "data" / "pairs.jsonl").exists()

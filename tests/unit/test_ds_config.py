@@ -1,4 +1,5 @@
 """The generated DeepSpeed config: a few params in, every DeepSpeed value derived."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,21 +10,32 @@ from clipforge.train.ds_config import deepspeed_config, resolve_precision
 
 def test_production_recipe_gives_zero3_bf16_fused_adam_on_gpus():
     train = load_config(None, ["recipe=production"]).train
-    config = deepspeed_config(train, batch_plan(train), "cuda", resolve_precision("auto", "cuda", True))
-    assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"],
-            config["gradient_accumulation_steps"]) == (4096, 1024, 1)
+    config = deepspeed_config(
+        train, batch_plan(train), "cuda", resolve_precision("auto", "cuda", True)
+    )
+    assert (
+        config["train_batch_size"],
+        config["train_micro_batch_size_per_gpu"],
+        config["gradient_accumulation_steps"],
+    ) == (4096, 1024, 1)
     assert config["zero_optimization"]["stage"] == 3
     assert config["bf16"] == {"enabled": True}
     params = config["optimizer"]["params"]
-    assert (params["lr"], params["betas"], params["eps"], params["weight_decay"]) == \
-        (5e-4, [0.9, 0.98], 1e-6, 0.2)
+    assert (params["lr"], params["betas"], params["eps"], params["weight_decay"]) == (
+        5e-4,
+        [0.9, 0.98],
+        1e-6,
+        0.2,
+    )
     assert params["torch_adam"] is False  # DeepSpeed's fused CUDA kernel
 
 
 def test_cpu_default_is_fp32_with_torch_adam():
     """On CPU: no bf16, and torch's AdamW (DeepSpeed's CPU Adam would JIT-compile first)."""
     train = load_config(None).train
-    config = deepspeed_config(train, batch_plan(train), "cpu", resolve_precision("auto", "cpu", False))
+    config = deepspeed_config(
+        train, batch_plan(train), "cpu", resolve_precision("auto", "cpu", False)
+    )
     assert config["bf16"] == {"enabled": False}
     assert config["optimizer"]["params"]["torch_adam"] is True
     assert config["gradient_clipping"] == train.grad_clip_norm

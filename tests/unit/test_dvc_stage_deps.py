@@ -5,6 +5,7 @@ The files are derived here from the code: every module reachable from the stage'
 through its imports (those inside functions too), with the packages above each module (importing
 clipforge.data.shards runs clipforge/__init__.py and clipforge/data/__init__.py first).
 """
+
 from __future__ import annotations
 
 import ast
@@ -19,8 +20,11 @@ from tests.conftest import REPO
 SRC = REPO / "src"
 PIPELINE = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
 # The module holding each stage's main() and PARAM_SECTIONS.
-STAGE_MODULES = {"data": "clipforge.data.stage", "train": "clipforge.train.stage",
-                 "eval": "clipforge.eval"}
+STAGE_MODULES = {
+    "data": "clipforge.data.stage",
+    "train": "clipforge.train.stage",
+    "eval": "clipforge.eval",
+}
 
 
 def module_file(name: str) -> Path | None:
@@ -87,8 +91,11 @@ def python_files(dep: Path) -> set[Path]:
 def test_the_import_graph_follows_imports_inside_functions_and_packages():
     """The train stage imports its run inside a function, and so does the params loader with the
     recipes: both count, as does the __init__.py of every package on the way."""
-    assert {SRC / "clipforge/train/run.py", SRC / "clipforge/recipes.py",
-            SRC / "clipforge/alerts/__init__.py"} <= stage_files("train")
+    assert {
+        SRC / "clipforge/train/run.py",
+        SRC / "clipforge/recipes.py",
+        SRC / "clipforge/alerts/__init__.py",
+    } <= stage_files("train")
 
 
 @pytest.mark.parametrize("stage", sorted(STAGE_MODULES))

@@ -1,4 +1,5 @@
 """CLIPFORGE_FAULTS: parsed into faults that do nothing unless set; `hold@STEP` waits for a stop."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,7 +45,7 @@ def test_faults_combine_and_unknown_ones_are_named():
     """Several faults in one list; an unknown one fails naming it and the known kinds."""
     faults = faults_from_env({"CLIPFORGE_FAULTS": "nan@2, stall@4=0.5, hold@6"})
     assert faults == Faults(frozenset({2}), {4: 0.5}, frozenset({6}))
-    (images, _), = faults.apply(2, _batch(), _never_asked)
+    ((images, _),) = faults.apply(2, _batch(), _never_asked)
     assert torch.isnan(images).all()
     with pytest.raises(ValueError, match=r"'pause@3'.*hold@STEP"):
         faults_from_env({"CLIPFORGE_FAULTS": "pause@3"})

@@ -1,5 +1,6 @@
 """Atomic writes: a reader sees the old file or the whole new one, never a part, and nothing is
 left behind."""
+
 from __future__ import annotations
 
 import os

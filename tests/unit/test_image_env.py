@@ -1,4 +1,5 @@
 """docker/image.env: one grammar, the values make and the shell read too, one error style."""
+
 from __future__ import annotations
 
 import subprocess
@@ -13,13 +14,22 @@ IMAGE_ENV = REPO / "docker" / "image.env"
 
 def _make_value(name: str) -> str:
     makefile = f"include {IMAGE_ENV}\nshow:\n\t@printf '%s' '$({name})'\n"
-    return subprocess.run(["make", "--no-print-directory", "-s", "-f", "-", "show"], input=makefile,
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["make", "--no-print-directory", "-s", "-f", "-", "show"],
+        input=makefile,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def _shell_value(name: str) -> str:
-    return subprocess.run(["sh", "-c", f'. "$0" && printf %s "${name}"', str(IMAGE_ENV)],
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["sh", "-c", f'. "$0" && printf %s "${name}"', str(IMAGE_ENV)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def test_the_image_env_reads_the_same_in_make_the_shell_and_python():
@@ -32,22 +42,26 @@ def test_the_image_env_reads_the_same_in_make_the_shell_and_python():
 
 def test_reference_is_repository_and_tag_behind_an_optional_registry():
     """[$REGISTRY/]IMAGE_REPOSITORY:IMAGE_TAG; comments and blank lines are skipped."""
-    image_env = parse_image_env("# the image\n\nIMAGE_REPOSITORY=clipforge\n  # indented\n"
-                                "IMAGE_TAG=1.2-cu121\n")
+    image_env = parse_image_env(
+        "# the image\n\nIMAGE_REPOSITORY=clipforge\n  # indented\nIMAGE_TAG=1.2-cu121\n"
+    )
     assert image_env.reference(None) == image_env.reference("") == "clipforge:1.2-cu121"
     assert image_env.reference("ghcr.io/team/") == "ghcr.io/team/clipforge:1.2-cu121"
 
 
-@pytest.mark.parametrize("line, problem", [
-    ('IMAGE_TAG="1.2"', "quotes"),
-    ("IMAGE_TAG='1.2'", "quotes"),
-    ("IMAGE_TAG=1.2 # the tag", "spaces"),
-    ("IMAGE_TAG=1.2#x", "a `#`"),
-    ("IMAGE_TAG=$(TAG)", "a `$`"),
-    ("IMAGE_TAG = 1.2", "spaces around the name"),
-    ("IMAGE_TAG=", "no value"),
-    ("export IMAGE_TAG", "not an assignment"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ('IMAGE_TAG="1.2"', "quotes"),
+        ("IMAGE_TAG='1.2'", "quotes"),
+        ("IMAGE_TAG=1.2 # the tag", "spaces"),
+        ("IMAGE_TAG=1.2#x", "a `#`"),
+        ("IMAGE_TAG=$(TAG)", "a `$`"),
+        ("IMAGE_TAG = 1.2", "spaces around the name"),
+        ("IMAGE_TAG=", "no value"),
+        ("export IMAGE_TAG", "not an assignment"),
+    ],
+)
 def test_a_line_outside_the_grammar_is_refused_with_its_number_and_the_form(line, problem):
     """Quotes, spaces, `#`, `$`, an empty value or no `=`: the error names the file and line,
     what is wrong, and the form to write."""

@@ -1,4 +1,5 @@
 """LAION metadata filters, path expansion and img2dataset's failure messages (no download)."""
+
 from __future__ import annotations
 
 import os
@@ -20,18 +21,30 @@ def _write(path, rows):
 
 
 def _rows(n, start=0, **extra):
-    return [{"URL": f"https://example.org/{start + i}.jpg", "TEXT": f"第{start + i}只猫在沙发上",
-             "similarity": 0.4, "WIDTH": 200, "HEIGHT": 150, **extra} for i in range(n)]
+    return [
+        {
+            "URL": f"https://example.org/{start + i}.jpg",
+            "TEXT": f"第{start + i}只猫在沙发上",
+            "similarity": 0.4,
+            "WIDTH": 200,
+            "HEIGHT": 150,
+            **extra,
+        }
+        for i in range(n)
+    ]
 
 
-@pytest.mark.parametrize("caption, chinese", [
-    ("一只橘猫趴在窗台上", True),
-    ("iPhone 13 手机壳 透明", True),        # Latin brand names among Chinese
-    ("猫の写真です", False),                  # kana: Japanese
-    ("고양이 사진", False),                    # hangul: Korean
-    ("a cat on the sofa", False),
-    ("Apple iPhone case 壳", False),          # Han is under a third of the letters
-])
+@pytest.mark.parametrize(
+    "caption, chinese",
+    [
+        ("一只橘猫趴在窗台上", True),
+        ("iPhone 13 手机壳 透明", True),  # Latin brand names among Chinese
+        ("猫の写真です", False),  # kana: Japanese
+        ("고양이 사진", False),  # hangul: Korean
+        ("a cat on the sofa", False),
+        ("Apple iPhone case 壳", False),  # Han is under a third of the letters
+    ],
+)
 def test_script_detection_tells_chinese_from_neighbours(caption, chinese):
     """Without a LANGUAGE column, Chinese = Han, no kana/hangul, Han >= 1/3 of the letters."""
     assert looks_chinese(pa.array([caption])).to_pylist() == [chinese]
@@ -72,8 +85,9 @@ def test_missing_similarity_column_points_at_the_knob(tmp_path):
 
 def test_columns_match_case_insensitively(tmp_path):
     """Lower-case url/text (some LAION derivatives) are LAION's URL/TEXT."""
-    path = _write(tmp_path / "a.parquet", [{"url": "https://x/1.jpg", "text": "一只猫",
-                                            "SIMILARITY": 0.5}])
+    path = _write(
+        tmp_path / "a.parquet", [{"url": "https://x/1.jpg", "text": "一只猫", "SIMILARITY": 0.5}]
+    )
     report = FilterReport([])
     assert sum(t.num_rows for t in filtered_tables([path], DataConfig(), report)) == 1
 
@@ -82,12 +96,15 @@ def test_globs_ranges_and_fsspec_urls_expand_in_sorted_order(tmp_path):
     """data.paths entries: glob, {a..b} range and file:// URL all become concrete files."""
     for i in range(3):
         _write(tmp_path / f"part-{i}.parquet", _rows(1))
-    assert expand_paths([str(tmp_path / "part-*.parquet")], "x") == \
-        [str(tmp_path / f"part-{i}.parquet") for i in range(3)]
-    assert expand_paths([str(tmp_path / "part-{0..1}.parquet")], "x") == \
-        [str(tmp_path / f"part-{i}.parquet") for i in range(2)]
-    assert expand_paths([f"file://{tmp_path}/part-*.parquet"], "x") == \
-        [f"file://{tmp_path}/part-{i}.parquet" for i in range(3)]
+    assert expand_paths([str(tmp_path / "part-*.parquet")], "x") == [
+        str(tmp_path / f"part-{i}.parquet") for i in range(3)
+    ]
+    assert expand_paths([str(tmp_path / "part-{0..1}.parquet")], "x") == [
+        str(tmp_path / f"part-{i}.parquet") for i in range(2)
+    ]
+    assert expand_paths([f"file://{tmp_path}/part-*.parquet"], "x") == [
+        f"file://{tmp_path}/part-{i}.parquet" for i in range(3)
+    ]
 
 
 def test_a_file_listed_twice_is_refused(tmp_path):
@@ -97,18 +114,21 @@ def test_a_file_listed_twice_is_refused(tmp_path):
         expand_paths([path, str(tmp_path / "*.parquet")], "x")
 
 
-@pytest.mark.parametrize("status, message, reason", [
-    ("failed_to_download", "HTTP Error 404: Not Found", "not_found"),
-    ("failed_to_download", "HTTP Error 503: Service Unavailable", "http_error"),
-    ("failed_to_download", "The read operation timed out", "timeout"),
-    ("failed_to_download", "<urlopen error timed out>", "timeout"),
-    ("failed_to_download", "<urlopen error [Errno 111] Connection refused>", "unreachable"),
-    ("failed_to_download", "Use of image disallowed by X-Robots-Tag directive", "opted_out"),
-    ("failed_to_resize", "Image decoding error", "corrupt_image"),
-    ("failed_to_resize", "image area too large", "too_large"),
-    ("failed_to_resize", "image too small", "too_small"),
-    ("failed_to_resize", "aspect ratio too large", "bad_aspect_ratio"),
-])
+@pytest.mark.parametrize(
+    "status, message, reason",
+    [
+        ("failed_to_download", "HTTP Error 404: Not Found", "not_found"),
+        ("failed_to_download", "HTTP Error 503: Service Unavailable", "http_error"),
+        ("failed_to_download", "The read operation timed out", "timeout"),
+        ("failed_to_download", "<urlopen error timed out>", "timeout"),
+        ("failed_to_download", "<urlopen error [Errno 111] Connection refused>", "unreachable"),
+        ("failed_to_download", "Use of image disallowed by X-Robots-Tag directive", "opted_out"),
+        ("failed_to_resize", "Image decoding error", "corrupt_image"),
+        ("failed_to_resize", "image area too large", "too_large"),
+        ("failed_to_resize", "image too small", "too_small"),
+        ("failed_to_resize", "aspect ratio too large", "bad_aspect_ratio"),
+    ],
+)
 def test_img2dataset_failures_map_to_skip_reasons(status, message, reason):
     """img2dataset's per-row status and message become clipforge's skip reasons."""
     assert download.skip_reason(status, message) == reason

@@ -1,4 +1,5 @@
 """AdamW groups and the warm-up + cosine schedule."""
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,10 @@ def test_no_decay_for_gains_biases_class_token_and_logit_scale():
     exempt_names = {names[id(p)] for p in exempt["params"]}
     decay_names = {names[id(p)] for p in decay["params"]}
     assert "logit_scale" in exempt_names and "visual.class_embedding" in exempt_names
-    assert all(n.endswith(("bias", "weight")) or "embedding" in n or "proj" in n or n == "logit_scale"
-               for n in exempt_names | decay_names)
+    assert all(
+        n.endswith(("bias", "weight")) or "embedding" in n or "proj" in n or n == "logit_scale"
+        for n in exempt_names | decay_names
+    )
     assert not any(n.endswith(".bias") or ".ln_" in n for n in decay_names)
     assert "visual.conv1.weight" in decay_names and "token_embedding.weight" in decay_names
     assert (decay["weight_decay"], exempt["weight_decay"]) == (0.2, 0.0)

@@ -7,6 +7,7 @@ the text of the Makefiles and shell scripts. A remedy is a command written at th
 against the real thing: make's own database of the Makefile (with its includes), the fabfile's
 task collection, DVC's command-line parser, and the modules of the package.
 """
+
 from __future__ import annotations
 
 import ast
@@ -29,8 +30,21 @@ _SPAN = re.compile(r"[`'\"(]\s*((?:make|fab|dvc|python3? -m)\b[^`'\"()\n]*)")
 _COMMAND = re.compile(r"(?:^|\s)((?:make|fab|dvc|python3? -m)\b.*?)(?=\s(?:make|fab|dvc)\b|$)")
 # Options of make and fab that take a value (the next word is not a target or task).
 MAKE_VALUE_OPTIONS = ("-C", "-f", "-I", "-j", "-o", "-W")
-FAB_VALUE_OPTIONS = ("-H", "--hosts", "-i", "--identity", "-S", "--ssh-config", "-t", "-c", "-f",
-                     "-r", "--search-root", "--collection", "--config")
+FAB_VALUE_OPTIONS = (
+    "-H",
+    "--hosts",
+    "-i",
+    "--identity",
+    "-S",
+    "--ssh-config",
+    "-t",
+    "-c",
+    "-f",
+    "-r",
+    "--search-root",
+    "--collection",
+    "--config",
+)
 
 
 def _python_messages(path: Path) -> list[str]:
@@ -38,19 +52,29 @@ def _python_messages(path: Path) -> list[str]:
     texts = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.JoinedStr):
-            texts.append("".join(part.value if isinstance(part, ast.Constant) else "{}"
-                                 for part in node.values))
+            texts.append(
+                "".join(
+                    part.value if isinstance(part, ast.Constant) else "{}" for part in node.values
+                )
+            )
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             texts.append(node.value)
     return texts
 
 
 def _messages() -> list[tuple[str, str]]:
-    found = [(str(path.relative_to(REPO)), text) for pattern in PYTHON_SOURCES
-             for path in sorted(REPO.glob(pattern)) for text in _python_messages(path)]
-    found += [(str(path.relative_to(REPO)), path.read_text(encoding="utf-8"))
-              for pattern in TEXT_SOURCES for path in sorted(REPO.glob(pattern))
-              if ".venv" not in path.parts]
+    found = [
+        (str(path.relative_to(REPO)), text)
+        for pattern in PYTHON_SOURCES
+        for path in sorted(REPO.glob(pattern))
+        for text in _python_messages(path)
+    ]
+    found += [
+        (str(path.relative_to(REPO)), path.read_text(encoding="utf-8"))
+        for pattern in TEXT_SOURCES
+        for path in sorted(REPO.glob(pattern))
+        if ".venv" not in path.parts
+    ]
     return found
 
 
@@ -67,8 +91,12 @@ def remedies(text: str) -> list[list[str]]:
 @cache
 def make_targets(directory: str) -> frozenset[str]:
     """The targets make knows in `directory` (its Makefile and every included file)."""
-    database = subprocess.run(["make", "--no-print-directory", "-pRrq", "-C", str(REPO / directory)],
-                              capture_output=True, text=True, timeout=120).stdout
+    database = subprocess.run(
+        ["make", "--no-print-directory", "-pRrq", "-C", str(REPO / directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     targets = set()
     for line in database.splitlines():
         match = re.match(r"^([^\s#:=][^:=]*):(?!=)", line)
@@ -101,8 +129,13 @@ print(json.dumps({name: sorted(choices(sub)) for name, sub in choices(get_main_p
 @cache
 def dvc_commands() -> dict[str, frozenset[str]]:
     """DVC's commands (aliases too) -> their subcommands (empty for a command without any)."""
-    result = subprocess.run([sys.executable, "-c", _DVC_COMMANDS], capture_output=True, text=True,
-                            check=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _DVC_COMMANDS],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     return {name: frozenset(subs) for name, subs in json.loads(result.stdout).items()}
 
 
@@ -136,8 +169,12 @@ def problem(words: list[str]) -> str | None:
         commands = dvc_commands()
         if operands and operands[0] not in commands:
             return f"no dvc command {operands[0]!r}"
-        if operands and commands[operands[0]] and len(operands) > 1 and \
-                operands[1] not in commands[operands[0]]:
+        if (
+            operands
+            and commands[operands[0]]
+            and len(operands) > 1
+            and operands[1] not in commands[operands[0]]
+        ):
             return f"no dvc {operands[0]} subcommand {operands[1]!r}"
     elif words[:2] == ["python", "-m"] and len(words) > 2 and words[2].startswith("clipforge"):
         module = words[2]
@@ -160,29 +197,44 @@ def test_every_remedy_names_a_command_that_exists():
     """Each make target, fab task, dvc command and clipforge module named in a message exists."""
     found = [(where, words) for where, text in _messages() for words in remedies(text)]
     assert len(found) > 50  # the scan reads what it should: the project names many remedies
-    wrong = sorted({f"{where}: `{shlex.join(words)}`: {why}" for where, words in found
-                    if (why := problem(words))})
+    wrong = sorted(
+        {
+            f"{where}: `{shlex.join(words)}`: {why}"
+            for where, words in found
+            if (why := problem(words))
+        }
+    )
     assert wrong == []
 
 
-@pytest.mark.parametrize("message, why", [
-    ("push it (make -C docker push)", "no make target 'push' in docker/"),
-    ("run `make image-pull REGISTRY=x`", "no make target 'image-pull' in ./"),
-    ("`fab -H me@host:22 -i key restart`", "no fab task 'restart' in fabfile.py"),
-    ("run `dvc repro data && dvc pushh`", "no dvc command 'pushh'"),
-    ("`dvc exp rerun`", "no dvc exp subcommand 'rerun'"),
-    ("'python -m clipforge.trainer'", "no module clipforge.trainer"),
-])
+@pytest.mark.parametrize(
+    "message, why",
+    [
+        ("push it (make -C docker push)", "no make target 'push' in docker/"),
+        ("run `make image-pull REGISTRY=x`", "no make target 'image-pull' in ./"),
+        ("`fab -H me@host:22 -i key restart`", "no fab task 'restart' in fabfile.py"),
+        ("run `dvc repro data && dvc pushh`", "no dvc command 'pushh'"),
+        ("`dvc exp rerun`", "no dvc exp subcommand 'rerun'"),
+        ("'python -m clipforge.trainer'", "no module clipforge.trainer"),
+    ],
+)
 def test_a_remedy_that_points_to_nothing_is_caught(message, why):
     """The check finds the command in a message and says what does not exist."""
     assert [problem(words) for words in remedies(message)][-1] == why
 
 
-@pytest.mark.parametrize("message", [
-    "run `make image-push REGISTRY=ghcr.io/org`", "(`fab -H a,b status --run r1`)",
-    "`dvc remote add -d store s3://b`", "\"python -m clipforge.launcher.host.supervisor stop\"",
-    "`fab --list`", "(make -C infra)", "(so that make, the shell and Python agree)",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "run `make image-push REGISTRY=ghcr.io/org`",
+        "(`fab -H a,b status --run r1`)",
+        "`dvc remote add -d store s3://b`",
+        '"python -m clipforge.launcher.host.supervisor stop"',
+        "`fab --list`",
+        "(make -C infra)",
+        "(so that make, the shell and Python agree)",
+    ],
+)
 def test_a_remedy_that_exists_passes(message):
     """Commands that exist, and prose or bare program names, raise nothing."""
     assert all(problem(words) is None for words in remedies(message))

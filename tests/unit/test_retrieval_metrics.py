@@ -1,4 +1,5 @@
 """Recall@k with several captions per image, counted as Chinese-CLIP does."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,9 +20,13 @@ def test_multi_caption_recall_on_a_hand_made_case():
     image_ids = [10, 20]
     texts = [Caption(0, "a", (10,)), Caption(1, "b", (10,)), Caption(2, "c", (20,))]
     relevant = relevance_matrix(image_ids, texts)
-    similarity = torch.tensor([[0.1, 0.9],   # text 0: wrong image first
-                               [0.8, 0.2],   # text 1: right
-                               [0.3, 0.7]])  # text 2: right
+    similarity = torch.tensor(
+        [
+            [0.1, 0.9],  # text 0: wrong image first
+            [0.8, 0.2],  # text 1: right
+            [0.3, 0.7],
+        ]
+    )  # text 2: right
     t2i = recall_at_k(similarity, relevant, ks=(1, 2))
     assert t2i == {1: pytest.approx(200 / 3), 2: 100.0}
     # image 10 vs texts: [0.1, 0.8, 0.3] -> best is text 1 (its own): hit at 1
@@ -40,6 +45,13 @@ def test_metrics_have_the_documented_keys_and_a_perfect_model_scores_100():
     features = torch.nn.functional.normalize(torch.randn(4, 8), dim=1)
     texts = [Caption(i, str(i), (i,)) for i in range(4)]
     metrics = retrieval_metrics(features, features, relevance_matrix(list(range(4)), texts))
-    assert set(metrics) == {"t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10",
-                            "mean_recall"}
+    assert set(metrics) == {
+        "t2i_r1",
+        "t2i_r5",
+        "t2i_r10",
+        "i2t_r1",
+        "i2t_r5",
+        "i2t_r10",
+        "mean_recall",
+    }
     assert all(value == 100.0 for value in metrics.values())

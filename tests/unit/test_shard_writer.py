@@ -1,4 +1,5 @@
 """Shards are written with webdataset's TarWriter, rotated by count, and read back by position."""
+
 from __future__ import annotations
 
 import webdataset as wds
@@ -15,7 +16,10 @@ def test_shards_rotate_and_read_back_by_position_and_with_webdataset(tmp_path):
         writer.write(*sample)
     shards = writer.close()
     assert [(s.name, s.count) for s in shards] == [
-        ("train/shard-000000.tar", 2), ("train/shard-000001.tar", 2), ("train/shard-000002.tar", 1)]
+        ("train/shard-000000.tar", 2),
+        ("train/shard-000001.tar", 2),
+        ("train/shard-000002.tar", 1),
+    ]
     assert all(sha256_file(tmp_path / s.name) == s.sha256 for s in shards)
 
     reader = ShardReader([tmp_path / s.name for s in shards])

@@ -1,4 +1,5 @@
 """Where Hugging Face text towers come from, and the error when one cannot be had offline."""
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,13 @@ def offline_errors(tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp("hf-home")
     env = subprocess_env() | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(home)}
     env.pop("HF_HUB_CACHE", None)
-    result = subprocess.run([sys.executable, "-c", OFFLINE_PROBE, "production-zh-roberta",
-                             "production-xlm-roberta"], env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", OFFLINE_PROBE, "production-zh-roberta", "production-xlm-roberta"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return {"home": str(home), **json.loads(result.stdout.strip().splitlines()[-1])}
 
@@ -44,8 +49,10 @@ def test_offline_uncached_hub_tower_names_the_key_and_the_remedy(offline_errors)
     """model.text_tower=hfl/chinese-roberta-wwm-ext offline with an empty cache: one clear
     message naming the key, the model, the cache and how to fix it."""
     error = offline_errors["production-zh-roberta"]
-    assert error.startswith("model.text_tower: Hugging Face model 'hfl/chinese-roberta-wwm-ext' "
-                            "is not in the local cache")
+    assert error.startswith(
+        "model.text_tower: Hugging Face model 'hfl/chinese-roberta-wwm-ext' "
+        "is not in the local cache"
+    )
     assert "HF_HUB_OFFLINE is set" in error and "hf download hfl/chinese-roberta-wwm-ext" in error
     assert offline_errors["home"] in error
 
@@ -53,7 +60,8 @@ def test_offline_uncached_hub_tower_names_the_key_and_the_remedy(offline_errors)
 def test_offline_xlm_roberta_preset_names_model_name(offline_errors):
     """The xlm-roberta preset's tower comes from open_clip's config: the error names model.name."""
     assert offline_errors["production-xlm-roberta"].startswith(
-        "model.name: Hugging Face model 'xlm-roberta-base' is not in the local cache")
+        "model.name: Hugging Face model 'xlm-roberta-base' is not in the local cache"
+    )
 
 
 def test_local_folder_without_config_is_refused(tmp_path):
@@ -76,15 +84,19 @@ def test_chinese_tower_recipes_change_only_the_model():
     base = load_config(None, ["recipe=production"])
     roberta = load_config(None, ["recipe=production-zh-roberta"])
     xlmr = load_config(None, ["recipe=production-xlm-roberta"])
-    assert (roberta.model.name, roberta.model.text_tower) == ("ViT-B-32", "hfl/chinese-roberta-wwm-ext")
+    assert (roberta.model.name, roberta.model.text_tower) == (
+        "ViT-B-32",
+        "hfl/chinese-roberta-wwm-ext",
+    )
     assert (xlmr.model.name, xlmr.model.text_tower) == ("xlm-roberta-base-ViT-B-32", None)
     assert roberta.data == base.data == xlmr.data and roberta.train == base.train
 
 
 def test_derived_model_config_is_registered_and_leaves_no_temp_files(tmp_path, monkeypatch):
     """A text tower derives a new open_clip config; open_clip keeps it, no temp folder stays."""
-    import open_clip
     import tempfile
+
+    import open_clip
 
     from clipforge.model import resolve_model_name
 

@@ -1,4 +1,5 @@
 """The data order is a pure function of the step: every sample once per epoch, exact resume."""
+
 from __future__ import annotations
 
 from clipforge.config import BatchPlan

@@ -7,8 +7,6 @@ running as the only user it serves, never switches user.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -37,7 +35,9 @@ def container_security_context() -> k8s.core.v1.SecurityContextArgs:
     )
 
 
-def pull_secrets(secret_name: Optional[pulumi.Input[str]]) -> Optional[list[k8s.core.v1.LocalObjectReferenceArgs]]:
+def pull_secrets(
+    secret_name: pulumi.Input[str] | None,
+) -> list[k8s.core.v1.LocalObjectReferenceArgs] | None:
     """imagePullSecrets for a private registry, or None for a public image."""
     if secret_name is None:
         return None

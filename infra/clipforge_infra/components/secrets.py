@@ -16,13 +16,11 @@ Fabric launcher gets in from outside the cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_tls as tls
 
-from ..labels import labels
 from ..contract import (
     ALERT_WEBHOOKS_ENV,
     ALERTS_SECRET,
@@ -31,6 +29,7 @@ from ..contract import (
     WORKER_SERVICE,
     WORKER_STATEFULSET,
 )
+from ..labels import labels
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class SecretsArgs:
     namespace: pulumi.Input[str]
     ssh_authorized_keys: pulumi.Output[str]  # must be a secret Output
     alert_webhooks: pulumi.Output[str]  # must be a secret Output
-    registry_auth: Optional[pulumi.Output[str]]  # secret Docker config.json, None for a public image
+    registry_auth: pulumi.Output[str] | None  # secret Docker config.json, None for a public image
 
 
 class StackSecrets(pulumi.ComponentResource):
@@ -47,7 +46,7 @@ class StackSecrets(pulumi.ComponentResource):
 
     ssh_secret_name: pulumi.Output[str]
     alerts_secret_name: pulumi.Output[str]
-    pull_secret_name: Optional[pulumi.Output[str]]
+    pull_secret_name: pulumi.Output[str] | None
     host_public_key: pulumi.Output[str]
 
     def __init__(self, name: str, args: SecretsArgs, opts: pulumi.ResourceOptions | None = None):
@@ -57,13 +56,15 @@ class StackSecrets(pulumi.ComponentResource):
         host_key = tls.PrivateKey(f"{name}-host-key", algorithm="ED25519", opts=child)
         self.host_public_key = host_key.public_key_openssh.apply(str.strip)
 
-        authorized_keys = pulumi.Output.all(args.ssh_authorized_keys, client_key.public_key_openssh).apply(
-            lambda keys: keys[0] + keys[1].strip() + " clipforge-workers\n"
-        )
+        authorized_keys = pulumi.Output.all(
+            args.ssh_authorized_keys, client_key.public_key_openssh
+        ).apply(lambda keys: keys[0] + keys[1].strip() + " clipforge-workers\n")
         # Any worker name in the namespace: *.clipforge-workers.<ns>.svc.cluster.local and short forms.
         known_hosts = pulumi.Output.all(args.namespace, self.host_public_key).apply(
-            lambda parts: f"*.{WORKER_SERVICE}.{parts[0]}.svc.cluster.local,*.{WORKER_SERVICE},"
-            f"{WORKER_STATEFULSET}-* {parts[1]}\n"
+            lambda parts: (
+                f"*.{WORKER_SERVICE}.{parts[0]}.svc.cluster.local,*.{WORKER_SERVICE},"
+                f"{WORKER_STATEFULSET}-* {parts[1]}\n"
+            )
         )
         ssh_files = {
             "authorized_keys": authorized_keys,
@@ -75,7 +76,9 @@ class StackSecrets(pulumi.ComponentResource):
         }
         ssh_secret = k8s.core.v1.Secret(
             f"{name}-ssh",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=SSH_SECRET, namespace=args.namespace, labels=labels("ssh")),
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=SSH_SECRET, namespace=args.namespace, labels=labels("ssh")
+            ),
             type="Opaque",
             # Every file is wrapped as a secret, public halves included: one rule, no exceptions to audit.
             string_data=pulumi.Output.secret(pulumi.Output.all(**ssh_files)),
@@ -83,28 +86,36 @@ class StackSecrets(pulumi.ComponentResource):
         )
         alerts_secret = k8s.core.v1.Secret(
             f"{name}-alerts",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=ALERTS_SECRET, namespace=args.namespace,
-                                                labels=labels("alerts")),
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=ALERTS_SECRET, namespace=args.namespace, labels=labels("alerts")
+            ),
             type="Opaque",
-            string_data=pulumi.Output.secret(args.alert_webhooks.apply(lambda urls: {ALERT_WEBHOOKS_ENV: urls})),
+            string_data=pulumi.Output.secret(
+                args.alert_webhooks.apply(lambda urls: {ALERT_WEBHOOKS_ENV: urls})
+            ),
             opts=child,
         )
         self.pull_secret_name = None
         if args.registry_auth is not None:
             pull_secret = k8s.core.v1.Secret(
                 f"{name}-registry",
-                metadata=k8s.meta.v1.ObjectMetaArgs(name=REGISTRY_SECRET, namespace=args.namespace,
-                                                    labels=labels("registry")),
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=REGISTRY_SECRET, namespace=args.namespace, labels=labels("registry")
+                ),
                 type="kubernetes.io/dockerconfigjson",
-                string_data=pulumi.Output.secret(args.registry_auth.apply(lambda auth: {".dockerconfigjson": auth})),
+                string_data=pulumi.Output.secret(
+                    args.registry_auth.apply(lambda auth: {".dockerconfigjson": auth})
+                ),
                 opts=child,
             )
             self.pull_secret_name = pull_secret.metadata.name
         self.ssh_secret_name = ssh_secret.metadata.name
         self.alerts_secret_name = alerts_secret.metadata.name
-        self.register_outputs({
-            "ssh_secret_name": self.ssh_secret_name,
-            "alerts_secret_name": self.alerts_secret_name,
-            "pull_secret_name": self.pull_secret_name,
-            "host_public_key": self.host_public_key,
-        })
+        self.register_outputs(
+            {
+                "ssh_secret_name": self.ssh_secret_name,
+                "alerts_secret_name": self.alerts_secret_name,
+                "pull_secret_name": self.pull_secret_name,
+                "host_public_key": self.host_public_key,
+            }
+        )

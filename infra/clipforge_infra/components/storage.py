@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ..labels import labels
 from ..contract import VOLUMES
+from ..labels import labels
 from ..settings import StorageSettings
 
 
@@ -52,7 +52,9 @@ class RetainedStorage(pulumi.ComponentResource):
                     requests={"storage": args.storage.sizes[volume.role]}
                 ),
                 # None lets the cluster's default StorageClass decide; it must support ReadWriteMany.
-                storage_class_name=args.storage.storage_class if args.storage.storage_class else None,
+                storage_class_name=args.storage.storage_class
+                if args.storage.storage_class
+                else None,
             )
             self.claims[volume.role] = k8s.core.v1.PersistentVolumeClaim(
                 f"{name}-{volume.role}",
@@ -67,7 +69,9 @@ class RetainedStorage(pulumi.ComponentResource):
                 spec=spec,
                 opts=retained,
             )
-        self.register_outputs({
-            "namespace": self.namespace,
-            "claims": {role: claim.metadata.name for role, claim in self.claims.items()},
-        })
+        self.register_outputs(
+            {
+                "namespace": self.namespace,
+                "claims": {role: claim.metadata.name for role, claim in self.claims.items()},
+            }
+        )

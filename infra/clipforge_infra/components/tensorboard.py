@@ -7,13 +7,12 @@ not exposed outside the cluster: the launcher reaches it with `kubectl port-forw
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ..labels import labels, selector
 from ..contract import LOGS_MOUNT_PATH, TENSORBOARD_NAME, TENSORBOARD_PORT, VOLUMES
+from ..labels import labels, selector
 from ..settings import TensorBoardSettings, Toleration
 from .pod_security import container_security_context, pod_security_context, pull_secrets
 
@@ -28,25 +27,39 @@ class TensorBoardArgs:
     # On clusters whose only nodes are tainted GPU nodes TensorBoard must tolerate the taint too;
     # tolerating does not pull it onto GPU nodes where CPU nodes exist.
     tolerations: tuple[Toleration, ...]
-    pull_secret_name: Optional[pulumi.Input[str]]  # None: the image is public
+    pull_secret_name: pulumi.Input[str] | None  # None: the image is public
 
 
 class TensorBoard(pulumi.ComponentResource):
     service_name: pulumi.Output[str]
 
-    def __init__(self, name: str, args: TensorBoardArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self, name: str, args: TensorBoardArgs, opts: pulumi.ResourceOptions | None = None
+    ):
         super().__init__("clipforge:infra:TensorBoard", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         metadata = dict(name=TENSORBOARD_NAME, namespace=args.namespace, labels=labels(COMPONENT))
-        logs_claim = next(volume.claim_name for volume in VOLUMES if volume.mount_path == LOGS_MOUNT_PATH)
+        logs_claim = next(
+            volume.claim_name for volume in VOLUMES if volume.mount_path == LOGS_MOUNT_PATH
+        )
         resources = {"cpu": args.tensorboard.cpu, "memory": args.tensorboard.memory}
         container = k8s.core.v1.ContainerArgs(
             name="tensorboard",
             image=args.image,
-            args=["tensorboard", "--logdir", LOGS_MOUNT_PATH, "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT)],
+            args=[
+                "tensorboard",
+                "--logdir",
+                LOGS_MOUNT_PATH,
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(TENSORBOARD_PORT),
+            ],
             ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=TENSORBOARD_PORT)],
             resources=k8s.core.v1.ResourceRequirementsArgs(requests=resources, limits=resources),
-            volume_mounts=[k8s.core.v1.VolumeMountArgs(name="logs", mount_path=LOGS_MOUNT_PATH, read_only=True)],
+            volume_mounts=[
+                k8s.core.v1.VolumeMountArgs(name="logs", mount_path=LOGS_MOUNT_PATH, read_only=True)
+            ],
             readiness_probe=k8s.core.v1.ProbeArgs(
                 http_get=k8s.core.v1.HTTPGetActionArgs(path="/", port=TENSORBOARD_PORT),
                 initial_delay_seconds=5,
@@ -72,7 +85,10 @@ class TensorBoard(pulumi.ComponentResource):
                                 ),
                             )
                         ],
-                        tolerations=[k8s.core.v1.TolerationArgs(**t.to_kubernetes()) for t in args.tolerations]
+                        tolerations=[
+                            k8s.core.v1.TolerationArgs(**t.to_kubernetes())
+                            for t in args.tolerations
+                        ]
                         or None,
                         security_context=pod_security_context(),
                         image_pull_secrets=pull_secrets(args.pull_secret_name),
@@ -88,7 +104,11 @@ class TensorBoard(pulumi.ComponentResource):
             spec=k8s.core.v1.ServiceSpecArgs(
                 type="ClusterIP",
                 selector=selector(COMPONENT),
-                ports=[k8s.core.v1.ServicePortArgs(name="http", port=TENSORBOARD_PORT, target_port=TENSORBOARD_PORT)],
+                ports=[
+                    k8s.core.v1.ServicePortArgs(
+                        name="http", port=TENSORBOARD_PORT, target_port=TENSORBOARD_PORT
+                    )
+                ],
             ),
             opts=child,
         )

@@ -9,12 +9,10 @@ training runs are started over SSH by the launcher, so a run ending never restar
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ..labels import labels, selector
 from ..contract import (
     ALERT_WEBHOOKS_ENV,
     SHM_MOUNT_PATH,
@@ -25,6 +23,7 @@ from ..contract import (
     WORKER_SERVICE,
     WORKER_STATEFULSET,
 )
+from ..labels import labels, selector
 from ..settings import WorkerSettings
 from .pod_security import container_security_context, pod_security_context, pull_secrets
 
@@ -44,7 +43,7 @@ class WorkersArgs:
     workers: WorkerSettings
     ssh_secret_name: pulumi.Input[str]
     alerts_secret_name: pulumi.Input[str]
-    pull_secret_name: Optional[pulumi.Input[str]]  # None: the image is public
+    pull_secret_name: pulumi.Input[str] | None  # None: the image is public
 
 
 class GpuWorkers(pulumi.ComponentResource):
@@ -66,7 +65,9 @@ class GpuWorkers(pulumi.ComponentResource):
                 selector=selector(COMPONENT),
                 # Peers must resolve each other while they start, before any of them is Ready.
                 publish_not_ready_addresses=True,
-                ports=[k8s.core.v1.ServicePortArgs(name="ssh", port=SSH_PORT, target_port=SSH_PORT)],
+                ports=[
+                    k8s.core.v1.ServicePortArgs(name="ssh", port=SSH_PORT, target_port=SSH_PORT)
+                ],
             ),
             opts=child,
         )
@@ -86,7 +87,9 @@ class GpuWorkers(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(
                 parent=self,
-                custom_timeouts=pulumi.CustomTimeouts(create=ROLLOUT_TIMEOUT, update=ROLLOUT_TIMEOUT),
+                custom_timeouts=pulumi.CustomTimeouts(
+                    create=ROLLOUT_TIMEOUT, update=ROLLOUT_TIMEOUT
+                ),
             ),
         )
         # A multi-node run dies when any worker goes: refuse every voluntary eviction (node drains,
@@ -103,7 +106,9 @@ class GpuWorkers(pulumi.ComponentResource):
         )
         self.service_name = service.metadata.name
         self.statefulset_name = statefulset.metadata.name
-        self.register_outputs({"service_name": self.service_name, "statefulset_name": self.statefulset_name})
+        self.register_outputs(
+            {"service_name": self.service_name, "statefulset_name": self.statefulset_name}
+        )
 
 
 def _pod_spec(args: WorkersArgs) -> k8s.core.v1.PodSpecArgs:
@@ -113,30 +118,44 @@ def _pod_spec(args: WorkersArgs) -> k8s.core.v1.PodSpecArgs:
     volumes = [
         k8s.core.v1.VolumeArgs(
             name=volume.role,
-            persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(claim_name=volume.claim_name),
+            persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
+                claim_name=volume.claim_name
+            ),
         )
         for volume in VOLUMES
     ]
     volumes += [
         k8s.core.v1.VolumeArgs(
-            name="dshm", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(medium="Memory", size_limit=workers.shm_size)
+            name="dshm",
+            empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(
+                medium="Memory", size_limit=workers.shm_size
+            ),
         ),
         k8s.core.v1.VolumeArgs(
             name="ssh-keys",
-            secret=k8s.core.v1.SecretVolumeSourceArgs(secret_name=args.ssh_secret_name, default_mode=SECRET_FILE_MODE),
+            secret=k8s.core.v1.SecretVolumeSourceArgs(
+                secret_name=args.ssh_secret_name, default_mode=SECRET_FILE_MODE
+            ),
         ),
     ]
-    mounts = [k8s.core.v1.VolumeMountArgs(name=volume.role, mount_path=volume.mount_path) for volume in VOLUMES]
+    mounts = [
+        k8s.core.v1.VolumeMountArgs(name=volume.role, mount_path=volume.mount_path)
+        for volume in VOLUMES
+    ]
     mounts += [
         k8s.core.v1.VolumeMountArgs(name="dshm", mount_path=SHM_MOUNT_PATH),
-        k8s.core.v1.VolumeMountArgs(name="ssh-keys", mount_path=SSH_KEYS_MOUNT_PATH, read_only=True),
+        k8s.core.v1.VolumeMountArgs(
+            name="ssh-keys", mount_path=SSH_KEYS_MOUNT_PATH, read_only=True
+        ),
     ]
     env = [
         k8s.core.v1.EnvVarArgs(name=SSHD_ENV, value="1"),
         k8s.core.v1.EnvVarArgs(
             name=ALERT_WEBHOOKS_ENV,
             value_from=k8s.core.v1.EnvVarSourceArgs(
-                secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=args.alerts_secret_name, key=ALERT_WEBHOOKS_ENV)
+                secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(
+                    name=args.alerts_secret_name, key=ALERT_WEBHOOKS_ENV
+                )
             ),
         ),
     ] + [
@@ -166,7 +185,10 @@ def _pod_spec(args: WorkersArgs) -> k8s.core.v1.PodSpecArgs:
         containers=[container],
         volumes=volumes,
         node_selector=dict(workers.node_selector) if workers.node_selector else None,
-        tolerations=[k8s.core.v1.TolerationArgs(**toleration.to_kubernetes()) for toleration in workers.tolerations]
+        tolerations=[
+            k8s.core.v1.TolerationArgs(**toleration.to_kubernetes())
+            for toleration in workers.tolerations
+        ]
         or None,
         # One worker per node: two workers sharing a node would share its GPUs' PCIe/NVLink and its
         # network card, and the GPU count per node would no longer be what the hostfile says.
@@ -174,7 +196,9 @@ def _pod_spec(args: WorkersArgs) -> k8s.core.v1.PodSpecArgs:
             pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
                 required_during_scheduling_ignored_during_execution=[
                     k8s.core.v1.PodAffinityTermArgs(
-                        label_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector(COMPONENT)),
+                        label_selector=k8s.meta.v1.LabelSelectorArgs(
+                            match_labels=selector(COMPONENT)
+                        ),
                         topology_key="kubernetes.io/hostname",
                     )
                 ]

@@ -18,36 +18,68 @@ class AlertsConfig(Section):
     SECTION = "alerts"
 
     loss_spike_factor: float = knob(
-        3.0, "Alert when a step's loss exceeds this many times its moving average.", gt=1.0)
+        3.0, "Alert when a step's loss exceeds this many times its moving average.", gt=1.0
+    )
     loss_ema_beta: float = knob(
-        0.98, "Smoothing of the loss moving average (exponential; ~1/(1-beta) steps).",
-        gt=0.0, lt=1.0)
+        0.98,
+        "Smoothing of the loss moving average (exponential; ~1/(1-beta) steps).",
+        gt=0.0,
+        lt=1.0,
+    )
     loss_spike_warmup_steps: int = knob(
-        100, "Finite losses this process must see before the spike rule is armed (a resumed "
-        "run warms up again).", ge=1)
+        100,
+        "Finite losses this process must see before the spike rule is armed (a resumed "
+        "run warms up again).",
+        ge=1,
+    )
     max_consecutive_nonfinite: int = knob(
-        5, "Non-finite steps (loss or gradient norm) in a row after which the run stops; a "
-        "non-finite loss skips its step.", ge=1)
-    gpu_temp_celsius: float = knob(85.0, "Alert when a GPU's core temperature reaches this.",
-                                   ge=40.0, le=120.0)
-    gpu_poll_seconds: float = knob(30.0, "Seconds between two NVML readings of the node's GPUs.",
-                                   gt=0.0, le=3600.0)
+        5,
+        "Non-finite steps (loss or gradient norm) in a row after which the run stops; a "
+        "non-finite loss skips its step.",
+        ge=1,
+    )
+    gpu_temp_celsius: float = knob(
+        85.0, "Alert when a GPU's core temperature reaches this.", ge=40.0, le=120.0
+    )
+    gpu_poll_seconds: float = knob(
+        30.0, "Seconds between two NVML readings of the node's GPUs.", gt=0.0, le=3600.0
+    )
     stall_timeout_seconds: float = knob(
-        900.0, "Alert when no step completed for this long (a hung collective or a dead GPU); "
-        "must exceed the longest step, checkpoint save or validation.", gt=0.0)
+        900.0,
+        "Alert when no step completed for this long (a hung collective or a dead GPU); "
+        "must exceed the longest step, checkpoint save or validation.",
+        gt=0.0,
+    )
     min_seconds_between_repeats: float = knob(
-        600.0, "An alert of the same rule (and GPU) within this many seconds of the last one "
-        "sent is only counted and mentioned in the next one.", ge=0.0)
+        600.0,
+        "An alert of the same rule (and GPU) within this many seconds of the last one "
+        "sent is only counted and mentioned in the next one.",
+        ge=0.0,
+    )
     max_messages_per_window: int = knob(
-        30, "At most this many webhook messages per rate_window_seconds, all rules together "
-        "(run started/finished/failed/restarted are never held back).", ge=1)
+        30,
+        "At most this many webhook messages per rate_window_seconds, all rules together "
+        "(run started/finished/failed/restarted are never held back).",
+        ge=1,
+    )
     rate_window_seconds: float = knob(3600.0, "The window of max_messages_per_window.", gt=0.0)
-    max_retries: int = knob(3, "Further attempts after a failed delivery (network error, "
-                            "timeout, HTTP 429 or 5xx).", ge=0)
-    retry_backoff_seconds: float = knob(2.0, "Wait before the first retry; doubled for each "
-                                        "next one.", ge=0.0)
+    max_retries: int = knob(
+        3,
+        "Further attempts after a failed delivery (network error, timeout, HTTP 429 or 5xx).",
+        ge=0,
+    )
+    retry_backoff_seconds: float = knob(
+        2.0, "Wait before the first retry; doubled for each next one.", ge=0.0
+    )
     http_timeout_seconds: float = knob(10.0, "Timeout of one webhook request.", gt=0.0)
-    queue_size: int = knob(100, "Messages waiting per webhook target; when full, the oldest is "
-                           "dropped (and counted).", ge=1)
-    flush_timeout_seconds: float = knob(30.0, "How long the end of a run waits for queued "
-                                        "messages (e.g. `run finished`) to be delivered.", ge=0.0)
+    queue_size: int = knob(
+        100,
+        "Messages waiting per webhook target; when full, the oldest is dropped (and counted).",
+        ge=1,
+    )
+    flush_timeout_seconds: float = knob(
+        30.0,
+        "How long the end of a run waits for queued "
+        "messages (e.g. `run finished`) to be delivered.",
+        ge=0.0,
+    )

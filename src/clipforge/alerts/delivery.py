@@ -32,7 +32,7 @@ _MAX_REPLY_BYTES = 64 * 1024
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     # urllib would follow a redirect of a POST as a GET without the body: a silent loss.
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
         return None
 
 

@@ -128,7 +128,7 @@ class GpuReader(Protocol):
 class NvmlReader:
     """Reads every GPU of this node through NVML."""
 
-    def __init__(self, pynvml) -> None:  # noqa: ANN001  (the module, imported by open_nvml)
+    def __init__(self, pynvml) -> None:  # the pynvml module, imported by open_nvml
         self._nvml = pynvml
         self._handles = [
             pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
@@ -157,7 +157,7 @@ class NvmlReader:
             )
         return readings
 
-    def _optional(self, function: Callable, *args: object):  # noqa: ANN202
+    def _optional(self, function: Callable, *args: object):
         # Consumer GPUs have no ECC, some boards no temperature: NotSupported is a normal answer.
         try:
             return function(*args)
@@ -168,7 +168,7 @@ class NvmlReader:
         self._nvml.nvmlShutdown()
 
 
-def _clock_event_reasons(nvml) -> Callable:  # noqa: ANN001
+def _clock_event_reasons(nvml) -> Callable:
     # Renamed from "throttle reasons" in newer NVML; older bindings only have the old name.
     return (
         getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)

@@ -129,7 +129,7 @@ class AlertMonitor:
     def __enter__(self) -> AlertMonitor:
         return self.start()
 
-    def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001
+    def __exit__(self, exc_type, exc, tb) -> None:
         # A loop that forgot run_failed still reports the crash; Ctrl-C is no failure to page.
         if exc is not None and not self._run_reported and not isinstance(exc, KeyboardInterrupt):
             self.run_failed(exc)
@@ -158,9 +158,13 @@ class AlertMonitor:
     def run_stopped(self, step: int) -> None:
         """Stopped on request (e.g. `fab stop`) with a checkpoint saved: not a failure."""
         self._run_reported = True
-        self._run_event(events.RUN_STOPPED, "info",
-                        f"run stopped on request after step {step}; rerunning the train stage "
-                        f"resumes from its checkpoint", {"step": step})
+        self._run_event(
+            events.RUN_STOPPED,
+            "info",
+            f"run stopped on request after step {step}; rerunning the train stage "
+            f"resumes from its checkpoint",
+            {"step": step},
+        )
 
     def run_restarted(self, num_restarts: int, *, from_step: int | None = None) -> None:
         where = "from scratch" if from_step is None else f"from the checkpoint of step {from_step}"

@@ -9,11 +9,12 @@ training, and every test caption is unique.
 
 Everything is a pure function of (seed, split, index): the same parameters give the same bytes.
 """
+
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -55,7 +56,10 @@ def captions(scene: Scene) -> list[str]:
     """Two distinct phrasings: objects in reading order, and in reverse (or reworded if alone)."""
     if len(scene) == 1:
         (obj,) = scene
-        return [describe(obj), f"图中只有一个{obj.colour}的{obj.shape}，位于{POSITIONS[obj.position]}"]
+        return [
+            describe(obj),
+            f"图中只有一个{obj.colour}的{obj.shape}，位于{POSITIONS[obj.position]}",
+        ]
     forward = "，".join(describe(o) for o in scene)
     backward = "，".join(describe(o) for o in reversed(scene))
     return [forward, backward]
@@ -69,8 +73,16 @@ def random_scene(rng: np.random.Generator) -> Scene:
     count = 1 if rng.random() < 0.15 else 2
     positions = rng.choice(len(POSITIONS), size=count, replace=False)
     colour_names = list(COLOURS)
-    return canonical([Obj(int(p), colour_names[rng.integers(len(colour_names))],
-                          SHAPES[rng.integers(len(SHAPES))]) for p in positions])
+    return canonical(
+        [
+            Obj(
+                int(p),
+                colour_names[rng.integers(len(colour_names))],
+                SHAPES[rng.integers(len(SHAPES))],
+            )
+            for p in positions
+        ]
+    )
 
 
 def near_misses(scene: Scene, rng: np.random.Generator) -> list[Scene]:
@@ -82,15 +94,25 @@ def near_misses(scene: Scene, rng: np.random.Generator) -> list[Scene]:
         colour = [c for c in COLOURS if c != obj.colour]
         shape = [s for s in SHAPES if s != obj.shape]
         free = [p for p in range(len(POSITIONS)) if p not in taken and p != obj.position]
-        variants.append(canonical(others + [Obj(obj.position, colour[rng.integers(len(colour))], obj.shape)]))
-        variants.append(canonical(others + [Obj(obj.position, obj.colour, shape[rng.integers(len(shape))])]))
-        variants.append(canonical(others + [Obj(free[rng.integers(len(free))], obj.colour, obj.shape)]))
+        variants.append(
+            canonical(others + [Obj(obj.position, colour[rng.integers(len(colour))], obj.shape)])
+        )
+        variants.append(
+            canonical(others + [Obj(obj.position, obj.colour, shape[rng.integers(len(shape))])])
+        )
+        variants.append(
+            canonical(others + [Obj(free[rng.integers(len(free))], obj.colour, obj.shape)])
+        )
     if len(scene) == 2:
         a, b = scene
         if a.colour != b.colour:
-            variants.append(canonical([Obj(a.position, b.colour, a.shape), Obj(b.position, a.colour, b.shape)]))
+            variants.append(
+                canonical([Obj(a.position, b.colour, a.shape), Obj(b.position, a.colour, b.shape)])
+            )
         if a.shape != b.shape:
-            variants.append(canonical([Obj(a.position, a.colour, b.shape), Obj(b.position, b.colour, a.shape)]))
+            variants.append(
+                canonical([Obj(a.position, a.colour, b.shape), Obj(b.position, b.colour, a.shape)])
+            )
     order = rng.permutation(len(variants))
     return [variants[i] for i in order]
 
@@ -131,8 +153,14 @@ def render(scene: Scene, rng: np.random.Generator, size: int) -> Image.Image:
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
-def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float,
-                colour: tuple[int, int, int]) -> None:
+def _draw_shape(
+    draw: ImageDraw.ImageDraw,
+    shape: str,
+    cx: float,
+    cy: float,
+    r: float,
+    colour: tuple[int, int, int],
+) -> None:
     if shape == "圆形":
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
     elif shape == "正方形":

@@ -13,6 +13,7 @@ Rerun with the same input, `--incremental_mode incremental` skips shards that ha
 file and downloads the others again from their first row: an interrupted shard is redone whole,
 so a sample is never written twice and keys stay the same.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,9 +27,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 from clipforge.cli import StageError
 from clipforge.config import DataConfig
@@ -52,14 +53,18 @@ def find_img2dataset() -> str:
     found = shutil.which("img2dataset")
     if found:
         return found
-    raise StageError(f"img2dataset not found: run `make img2dataset-env` (creates {TOOL_VENV}/), "
-                     f"or set {ENV_VAR} to the img2dataset command of another environment")
+    raise StageError(
+        f"img2dataset not found: run `make img2dataset-env` (creates {TOOL_VENV}/), "
+        f"or set {ENV_VAR} to the img2dataset command of another environment"
+    )
 
 
 def tool_version(executable: str) -> str:
     """From the tool environment's package metadata (no interpreter start-up)."""
-    site_packages = [str(path) for path in Path(executable).resolve().parent.parent.glob(
-        "lib/python*/site-packages")]
+    site_packages = [
+        str(path)
+        for path in Path(executable).resolve().parent.parent.glob("lib/python*/site-packages")
+    ]
     versions = {}
     for name in ("img2dataset", "webdataset"):
         found = next(importlib.metadata.distributions(name=name, path=site_packages), None)
@@ -80,20 +85,31 @@ def tool_env() -> dict:
 
 def command(executable: str, input_file: Path, output_dir: Path, data: DataConfig) -> list[str]:
     options = {
-        "url_list": input_file, "input_format": "parquet", "url_col": "url",
-        "caption_col": "caption", "output_format": "webdataset", "output_folder": output_dir,
-        "processes_count": data.download_processes, "thread_count": data.download_threads,
+        "url_list": input_file,
+        "input_format": "parquet",
+        "url_col": "url",
+        "caption_col": "caption",
+        "output_format": "webdataset",
+        "output_folder": output_dir,
+        "processes_count": data.download_processes,
+        "thread_count": data.download_threads,
         "number_sample_per_shard": data.download_samples_per_shard,
-        "image_size": data.download_image_size, "resize_mode": data.resize_mode,
-        "resize_only_if_bigger": data.resize_only_if_bigger, "encode_format": "jpg",
+        "image_size": data.download_image_size,
+        "resize_mode": data.resize_mode,
+        "resize_only_if_bigger": data.resize_only_if_bigger,
+        "encode_format": "jpg",
         # a JPEG that needs no resizing keeps its bytes: no second lossy encoding, less CPU
         "skip_reencode": True,
         # neither EXIF nor a hash of the original is used downstream: CPU spent for nothing
         "compute_hash": None,
-        "timeout": data.download_timeout_seconds, "retries": data.download_retries,
-        "min_image_size": data.min_image_side, "max_image_area": data.max_image_pixels,
-        "max_aspect_ratio": data.max_aspect_ratio, "extract_exif": False,
-        "incremental_mode": "incremental", "enable_wandb": False,
+        "timeout": data.download_timeout_seconds,
+        "retries": data.download_retries,
+        "min_image_size": data.min_image_side,
+        "max_image_area": data.max_image_pixels,
+        "max_aspect_ratio": data.max_aspect_ratio,
+        "extract_exif": False,
+        "incremental_mode": "incremental",
+        "enable_wandb": False,
     }
     return [executable, *(f"--{name}={value}" for name, value in options.items())]
 
@@ -115,16 +131,20 @@ class Running:
                 if stats.exists():
                     return
                 self.check_exit()
-                raise StageError(f"img2dataset ended without finishing shard {shard} (see "
-                                 f"{self.log_file}); rerun the data stage to retry it")
+                raise StageError(
+                    f"img2dataset ended without finishing shard {shard} (see "
+                    f"{self.log_file}); rerun the data stage to retry it"
+                )
             time.sleep(poll_seconds)
 
     def check_exit(self) -> None:
         code = self.process.wait()
         if code != 0:
             tail = self.log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-            raise StageError(f"img2dataset exited with code {code}; the end of {self.log_file}:\n"
-                             + "\n".join(tail))
+            raise StageError(
+                f"img2dataset exited with code {code}; the end of {self.log_file}:\n"
+                + "\n".join(tail)
+            )
 
 
 @contextlib.contextmanager
@@ -133,8 +153,9 @@ def running(argv: list[str], output_dir: Path, log_file: Path) -> Iterator[Runni
     wait for it to end; on an error or SIGTERM/SIGINT (which end the stage with 128 + signal,
     ready to be rerun), stop its whole process group, pool and logger processes included."""
     with open(log_file, "ab") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=tool_env(),
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=tool_env(), start_new_session=True
+        )
     previous = _install_stop_handlers()
     try:
         job = Running(process, output_dir, log_file)
@@ -162,8 +183,9 @@ def _restore_handlers(previous: dict) -> None:
 
 
 def _stop_group(process: subprocess.Popen) -> None:
-    log.warning("stopping img2dataset (process group %d); rerun to continue the download",
-                process.pid)
+    log.warning(
+        "stopping img2dataset (process group %d); rerun to continue the download", process.pid
+    )
     try:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=_STOP_GRACE_SECONDS)
@@ -195,13 +217,23 @@ def shard_stats(output_dir: Path, expected: int) -> list[ShardStats]:
     """Per-shard stats of a finished download; StageError when img2dataset left shards undone."""
     names = finished_shards(output_dir)
     if len(names) != expected:
-        raise StageError(f"img2dataset finished {len(names)} of {expected} shards in {output_dir} "
-                         f"(see img2dataset.log there); rerun the data stage to retry the rest")
+        raise StageError(
+            f"img2dataset finished {len(names)} of {expected} shards in {output_dir} "
+            f"(see img2dataset.log there); rerun the data stage to retry the rest"
+        )
     stats = []
     for name in names:
         raw = json.loads((output_dir / f"{name}_stats.json").read_text(encoding="utf-8"))
-        stats.append(ShardStats(name, raw["count"], raw["successes"], raw["failed_to_download"],
-                                raw["failed_to_resize"], round(raw["duration"], 3)))
+        stats.append(
+            ShardStats(
+                name,
+                raw["count"],
+                raw["successes"],
+                raw["failed_to_download"],
+                raw["failed_to_resize"],
+                round(raw["duration"], 3),
+            )
+        )
     return stats
 
 
@@ -218,17 +250,23 @@ def sample_statuses(output_dir: Path, shard: str) -> Iterator[SampleStatus]:
     """Every row of a shard, in key order (img2dataset writes them in completion order)."""
     import pyarrow.parquet as pq
 
-    table = pq.read_table(output_dir / f"{shard}.parquet",
-                          columns=["key", "url", "caption", "status", "error_message"])
+    table = pq.read_table(
+        output_dir / f"{shard}.parquet",
+        columns=["key", "url", "caption", "status", "error_message"],
+    )
     rows = sorted(table.to_pylist(), key=lambda row: row["key"])
     for row in rows:
-        yield SampleStatus(row["key"], row["url"], row["caption"], row["status"],
-                           row["error_message"])
+        yield SampleStatus(
+            row["key"], row["url"], row["caption"], row["status"], row["error_message"]
+        )
 
 
 _HTTP_STATUS = re.compile(r"HTTP Error (\d{3})")
-_RESIZE_REASONS = {"image too small": "too_small", "image area too large": "too_large",
-                   "aspect ratio too large": "bad_aspect_ratio"}
+_RESIZE_REASONS = {
+    "image too small": "too_small",
+    "image area too large": "too_large",
+    "aspect ratio too large": "bad_aspect_ratio",
+}
 
 
 def skip_reason(status: str, error_message: str | None) -> str:

@@ -4,6 +4,7 @@
 both become a sorted list of concrete files before anything is read, so a typo fails at once
 and the order (hence the data) does not depend on how a filesystem lists a directory.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -32,8 +33,10 @@ def expand_paths(patterns: list[str], what: str) -> list[str]:
             elif fs.isfile(path):
                 files.append(item)
             elif fs.isdir(path):
-                raise StageError(f"data.paths: {item} is a directory; use a glob such as "
-                                 f"{item.rstrip('/')}/*{_suffix(what)}")
+                raise StageError(
+                    f"data.paths: {item} is a directory; use a glob such as "
+                    f"{item.rstrip('/')}/*{_suffix(what)}"
+                )
             else:
                 raise StageError(f"data.paths: {item} not found (expected {what})")
     duplicates = sorted(f for f, n in Counter(files).items() if n > 1)
@@ -51,4 +54,3 @@ def open_input(url: str, mode: str = "rb"):
     import fsspec
 
     return fsspec.open(url, mode).open()
-

@@ -11,6 +11,7 @@ policy gives another key, hence a fresh download. Successful samples are then re
 data/train and data/val (and a test set) in key order, so the same downloads always give the
 same shards, whatever order the threads finished in.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,8 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from clipforge.cli import StageError
 from clipforge.config import DataConfig
@@ -35,8 +36,15 @@ log = logging.getLogger("clipforge.data")
 
 # Knobs that change which images end up in the shards, or their pixels. Timeout, retries and
 # parallelism are left out: raising the retries continues the same download.
-_DOWNLOAD_KEYS = ("download_image_size", "resize_mode", "resize_only_if_bigger", "min_image_side",
-                  "max_aspect_ratio", "max_image_pixels", "download_samples_per_shard")
+_DOWNLOAD_KEYS = (
+    "download_image_size",
+    "resize_mode",
+    "resize_only_if_bigger",
+    "min_image_side",
+    "max_aspect_ratio",
+    "max_image_pixels",
+    "download_samples_per_shard",
+)
 
 
 def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dict]:
@@ -53,11 +61,21 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
         if len(done & set(shard_names)) < expected:
             executable = download.find_img2dataset()
             tool = download.tool_version(executable)
-            log.info("downloading %d rows in %d shards with %s into %s (%d shards already done)",
-                     report.kept, expected, tool, shards_dir, len(done))
-            job = stack.enter_context(download.running(
-                download.command(executable, work / "input.parquet", shards_dir, data), shards_dir,
-                work / "img2dataset.log"))
+            log.info(
+                "downloading %d rows in %d shards with %s into %s (%d shards already done)",
+                report.kept,
+                expected,
+                tool,
+                shards_dir,
+                len(done),
+            )
+            job = stack.enter_context(
+                download.running(
+                    download.command(executable, work / "input.parquet", shards_dir, data),
+                    shards_dir,
+                    work / "img2dataset.log",
+                )
+            )
         # Shards are re-written in order as soon as each is finished, while img2dataset fetches
         # the next ones: the copy costs no wall time but the last shard's.
         writer = SplitWriter(out, data)
@@ -68,30 +86,51 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
     stats = download.shard_stats(shards_dir, expected)
     splits = writer.close()
     successes = sum(s.successes for s in stats)
-    log.info("downloaded %d of %d images (%.1f%%) in %d shards", successes, report.kept,
-             100.0 * successes / report.kept, len(stats))
-    source = {"type": "laion-parquet", "paths": list(data.paths), "files": files,
-              "filters": report.to_dict(),
-              "download": {"dir": str(work), "tool": tool, "rows": report.kept,
-                           "successes": successes,
-                           # durations stay in the stats files: the manifest must not change
-                           # when nothing but timing did (the train stage's run id hashes it)
-                           "shards": [{k: v for k, v in s.to_dict().items()
-                                       if k != "duration_seconds"} for s in stats]}}
+    log.info(
+        "downloaded %d of %d images (%.1f%%) in %d shards",
+        successes,
+        report.kept,
+        100.0 * successes / report.kept,
+        len(stats),
+    )
+    source = {
+        "type": "laion-parquet",
+        "paths": list(data.paths),
+        "files": files,
+        "filters": report.to_dict(),
+        "download": {
+            "dir": str(work),
+            "tool": tool,
+            "rows": report.kept,
+            "successes": successes,
+            # durations stay in the stats files: the manifest must not change
+            # when nothing but timing did (the train stage's run id hashes it)
+            "shards": [
+                {k: v for k, v in s.to_dict().items() if k != "duration_seconds"} for s in stats
+            ],
+        },
+    }
     return splits, source
 
 
-def filter_into_work_dir(files: list[str], data: DataConfig, report: FilterReport,
-                         root: Path) -> Path:
+def filter_into_work_dir(
+    files: list[str], data: DataConfig, report: FilterReport, root: Path
+) -> Path:
     """Filter the metadata into <root>/laion-<key>/input.parquet, img2dataset's input; returns
     that work directory (the key is a hash of the kept rows and of the download knobs)."""
     with atomic_file(root, prefix=".kept-rows-", suffix=".parquet") as kept_rows:
         rows_digest = write_kept_rows(filtered_tables(files, data, report), kept_rows.path)
-        log.info("filters kept %d of %d rows (%s)", report.kept, report.rows_read,
-                 ", ".join(f"{k} -{v}" for k, v in report.removed.items() if v) or "none removed")
+        log.info(
+            "filters kept %d of %d rows (%s)",
+            report.kept,
+            report.rows_read,
+            ", ".join(f"{k} -{v}" for k, v in report.removed.items() if v) or "none removed",
+        )
         if report.kept == 0:
-            raise StageError(f"no metadata row passed the filters: {json.dumps(report.removed)}; "
-                             f"check data.min_similarity, data.language and the other filters")
+            raise StageError(
+                f"no metadata row passed the filters: {json.dumps(report.removed)}; "
+                f"check data.min_similarity, data.language and the other filters"
+            )
         work = root / f"laion-{download_key(rows_digest, data)}"
         work.mkdir(exist_ok=True)
         if not (work / "input.parquet").exists():  # else same rows: keep what img2dataset sharded
@@ -110,8 +149,9 @@ def write_kept_rows(tables: Iterable, path: Path) -> str:
         for table in tables:
             if table.num_rows:
                 writer.write_table(table)
-                for url, caption in zip(table.column("url").to_pylist(),
-                                        table.column("caption").to_pylist()):
+                for url, caption in zip(
+                    table.column("url").to_pylist(), table.column("caption").to_pylist()
+                ):
                     digest.update(f"{url}\t{caption}\n".encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
 
@@ -133,7 +173,9 @@ def write_shard_samples(shards_dir: Path, shard: str, writer: SplitWriter, skips
                 continue
             sample = members.get(row.key, {})
             if "jpg" not in sample or "txt" not in sample:
-                raise StageError(f"{tar}: img2dataset reports {row.key} ({row.url}) as downloaded "
-                                 f"but the shard does not hold it; delete {shards_dir} and rerun")
+                raise StageError(
+                    f"{tar}: img2dataset reports {row.key} ({row.url}) as downloaded "
+                    f"but the shard does not hold it; delete {shards_dir} and rerun"
+                )
             jpeg, caption = (sample[ext].read(f) for ext in ("jpg", "txt"))
             writer.add(row.url, jpeg, caption.decode("utf-8"))

@@ -11,23 +11,41 @@ it, so the counts add up: rows_read = kept + sum(removed). A row with a null whe
 needs a value is removed by that filter. A filter whose column a file lacks is not applied to
 that file's rows, and the report says so (`not_applied`).
 """
+
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from clipforge.cli import StageError
 from clipforge.config import DataConfig
 from clipforge.data.inputs import open_input
 
-FILTERS = ("bad_url", "empty_caption", "caption_too_long", "low_similarity", "not_language",
-           "unsafe", "watermarked", "too_small", "bad_aspect_ratio", "duplicate_url",
-           "duplicate_caption")
+FILTERS = (
+    "bad_url",
+    "empty_caption",
+    "caption_too_long",
+    "low_similarity",
+    "not_language",
+    "unsafe",
+    "watermarked",
+    "too_small",
+    "bad_aspect_ratio",
+    "duplicate_url",
+    "duplicate_caption",
+)
 # role -> LAION's column name
-COLUMNS = {"url": "URL", "text": "TEXT", "width": "WIDTH", "height": "HEIGHT",
-           "similarity": "similarity", "language": "LANGUAGE", "punsafe": "punsafe",
-           "pwatermark": "pwatermark"}
+COLUMNS = {
+    "url": "URL",
+    "text": "TEXT",
+    "width": "WIDTH",
+    "height": "HEIGHT",
+    "similarity": "similarity",
+    "language": "LANGUAGE",
+    "punsafe": "punsafe",
+    "pwatermark": "pwatermark",
+}
 BATCH_ROWS = 65536
 # Script detection (no LANGUAGE column): Chinese = some Han, no kana or hangul (which would make
 # it Japanese or Korean), and Han at least a third of the letters (brand names in Latin are fine).
@@ -48,9 +66,14 @@ class FilterReport:
         entry["rows"] += rows
 
     def to_dict(self) -> dict:
-        return {"files": len(self.files), "rows_read": self.rows_read, "kept": self.kept,
-                "removed": dict(self.removed), "not_applied": self.not_applied,
-                "language_detection": self.language_detection}
+        return {
+            "files": len(self.files),
+            "rows_read": self.rows_read,
+            "kept": self.kept,
+            "removed": dict(self.removed),
+            "not_applied": self.not_applied,
+            "language_detection": self.language_detection,
+        }
 
 
 class Deduplicator:
@@ -75,8 +98,9 @@ class Deduplicator:
 
 
 def _hash64(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"),
-                                          digest_size=8).digest(), "big")
+    return int.from_bytes(
+        hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big"
+    )
 
 
 def find_columns(names: list[str]) -> dict[str, str | None]:
@@ -97,26 +121,37 @@ def looks_chinese(captions):
     han = pc.count_substring_regex(captions, _HAN)
     other = pc.count_substring_regex(captions, _KANA_HANGUL)
     letters = pc.count_substring_regex(captions, _LETTER)
-    return pc.and_(pc.and_(pc.greater(han, 0), pc.equal(other, 0)),
-                   pc.greater_equal(pc.multiply(han, 3), letters))
+    return pc.and_(
+        pc.and_(pc.greater(han, 0), pc.equal(other, 0)),
+        pc.greater_equal(pc.multiply(han, 3), letters),
+    )
 
 
-def check_columns(file: str, cols: dict[str, str | None], names: list[str], data: DataConfig) -> None:
+def check_columns(
+    file: str, cols: dict[str, str | None], names: list[str], data: DataConfig
+) -> None:
     """Refuse a file the configured filters cannot work on, naming what is missing."""
     for role in ("url", "text"):
         if cols[role] is None:
-            raise StageError(f"data.paths: {file} has no {COLUMNS[role]} column (columns: "
-                             f"{', '.join(names)}); laion-parquet expects LAION's column names")
+            raise StageError(
+                f"data.paths: {file} has no {COLUMNS[role]} column (columns: "
+                f"{', '.join(names)}); laion-parquet expects LAION's column names"
+            )
     if data.min_similarity > 0 and cols["similarity"] is None:
-        raise StageError(f"data.min_similarity: {file} has no `similarity` column; set "
-                         f"data.min_similarity: 0 to download without that filter")
+        raise StageError(
+            f"data.min_similarity: {file} has no `similarity` column; set "
+            f"data.min_similarity: 0 to download without that filter"
+        )
     if data.language and data.language.lower() != "zh" and cols["language"] is None:
-        raise StageError(f"data.language: {file} has no LANGUAGE column and script detection "
-                         f"knows only `zh`; use data.language: zh or null")
+        raise StageError(
+            f"data.language: {file} has no LANGUAGE column and script detection "
+            f"knows only `zh`; use data.language: zh or null"
+        )
 
 
-def _passes(batch, cols: dict, data: DataConfig, captions, report: FilterReport,
-            file: str) -> list[tuple[str, object]]:
+def _passes(
+    batch, cols: dict, data: DataConfig, captions, report: FilterReport, file: str
+) -> list[tuple[str, object]]:
     """(filter name, boolean array of rows that pass, or None when not applied) in FILTERS order."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -141,19 +176,32 @@ def _passes(batch, cols: dict, data: DataConfig, captions, report: FilterReport,
     url = column("url")
     length = pc.utf8_length(captions)
     checks = [
-        ("bad_url", pc.match_substring_regex(pc.cast(url, pa.string()), r"^https?://\S+$",
-                                             ignore_case=True)),
+        (
+            "bad_url",
+            pc.match_substring_regex(
+                pc.cast(url, pa.string()), r"^https?://\S+$", ignore_case=True
+            ),
+        ),
         ("empty_caption", pc.greater(length, 0)),
         ("caption_too_long", pc.less_equal(length, data.max_caption_chars)),
-        ("low_similarity", when(("similarity",), data.min_similarity > 0, "low_similarity",
-                                lambda: pc.greater_equal(numeric("similarity"), data.min_similarity))),
+        (
+            "low_similarity",
+            when(
+                ("similarity",),
+                data.min_similarity > 0,
+                "low_similarity",
+                lambda: pc.greater_equal(numeric("similarity"), data.min_similarity),
+            ),
+        ),
     ]
     if data.language:
         if cols["language"] is not None:
-            report.language_detection["LANGUAGE column"] = \
+            report.language_detection["LANGUAGE column"] = (
                 report.language_detection.get("LANGUAGE column", 0) + rows
-            is_language = pc.equal(pc.utf8_lower(pc.cast(column("language"), pa.string())),
-                                   data.language.lower())
+            )
+            is_language = pc.equal(
+                pc.utf8_lower(pc.cast(column("language"), pa.string())), data.language.lower()
+            )
         else:
             report.language_detection["script"] = report.language_detection.get("script", 0) + rows
             is_language = looks_chinese(captions)
@@ -163,25 +211,48 @@ def _passes(batch, cols: dict, data: DataConfig, captions, report: FilterReport,
 
     def ratio():
         w, h = numeric("width"), numeric("height")
-        return pc.less_equal(pc.divide(pc.max_element_wise(w, h), pc.min_element_wise(w, h)),
-                             data.max_aspect_ratio)
+        return pc.less_equal(
+            pc.divide(pc.max_element_wise(w, h), pc.min_element_wise(w, h)), data.max_aspect_ratio
+        )
 
     checks += [
-        ("unsafe", when(("punsafe",), data.max_punsafe < 1.0, "unsafe",
-                        lambda: pc.less_equal(numeric("punsafe"), data.max_punsafe))),
-        ("watermarked", when(("pwatermark",), data.max_pwatermark < 1.0, "watermarked",
-                             lambda: pc.less_equal(numeric("pwatermark"), data.max_pwatermark))),
-        ("too_small", when(("width", "height"), data.min_image_side > 0, "too_small",
-                           lambda: pc.greater_equal(pc.min_element_wise(numeric("width"),
-                                                                        numeric("height")),
-                                                    data.min_image_side))),
+        (
+            "unsafe",
+            when(
+                ("punsafe",),
+                data.max_punsafe < 1.0,
+                "unsafe",
+                lambda: pc.less_equal(numeric("punsafe"), data.max_punsafe),
+            ),
+        ),
+        (
+            "watermarked",
+            when(
+                ("pwatermark",),
+                data.max_pwatermark < 1.0,
+                "watermarked",
+                lambda: pc.less_equal(numeric("pwatermark"), data.max_pwatermark),
+            ),
+        ),
+        (
+            "too_small",
+            when(
+                ("width", "height"),
+                data.min_image_side > 0,
+                "too_small",
+                lambda: pc.greater_equal(
+                    pc.min_element_wise(numeric("width"), numeric("height")), data.min_image_side
+                ),
+            ),
+        ),
         ("bad_aspect_ratio", when(("width", "height"), True, "bad_aspect_ratio", ratio)),
     ]
     return [(name, None if ok is None else pc.fill_null(ok, False)) for name, ok in checks]
 
 
-def filter_batch(batch, cols: dict, data: DataConfig, dedup: Deduplicator, report: FilterReport,
-                 file: str):
+def filter_batch(
+    batch, cols: dict, data: DataConfig, dedup: Deduplicator, report: FilterReport, file: str
+):
     """The kept rows of one record batch as a table (url, caption); counts go to `report`."""
     import numpy as np
     import pyarrow as pa
@@ -222,7 +293,9 @@ def filtered_tables(files: list[str], data: DataConfig, report: FilterReport) ->
             try:
                 parquet = pq.ParquetFile(handle)
             except (pa.ArrowInvalid, OSError) as exc:
-                raise StageError(f"data.paths: {file} is not a readable parquet file ({exc})") from None
+                raise StageError(
+                    f"data.paths: {file} is not a readable parquet file ({exc})"
+                ) from None
             names = parquet.schema_arrow.names
             cols = find_columns(names)
             check_columns(file, cols, names, data)

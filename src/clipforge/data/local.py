@@ -4,13 +4,14 @@ Every record is checked before it can reach a shard; a bad one is skipped with a
 counted, never a crash. Reasons: missing_file, empty_file, too_large, corrupt_image,
 empty_caption, caption_not_utf8, caption_too_long, missing_caption, bad_record.
 """
+
 from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from clipforge.data.samples import SkipLog, decode_image
 from clipforge.data.splits import split_of_identity
@@ -50,8 +51,10 @@ def _csv_records(path: Path, skips: SkipLog) -> Iterator[Record]:
     with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or not {"image", "caption"} <= set(reader.fieldnames):
-            raise ValueError(f"{path}: needs a header with columns `image` and `caption`, "
-                             f"found {reader.fieldnames}")
+            raise ValueError(
+                f"{path}: needs a header with columns `image` and `caption`, "
+                f"found {reader.fieldnames}"
+            )
         for line, row in enumerate(reader, start=2):
             if row["image"] is None or row["caption"] is None:
                 skips.add("bad_record", f"{path}:{line}")
@@ -78,8 +81,11 @@ def _jsonl_records(path: Path, skips: SkipLog) -> Iterator[Record]:
             except json.JSONDecodeError:
                 skips.add("bad_record", origin)
                 continue
-            if not isinstance(item, dict) or not isinstance(item.get("image"), str) \
-                    or not isinstance(item.get("caption"), str):
+            if (
+                not isinstance(item, dict)
+                or not isinstance(item.get("image"), str)
+                or not isinstance(item.get("caption"), str)
+            ):
                 skips.add("bad_record", origin)
                 continue
             yield Record(path.parent / item["image"], item["caption"], origin)

@@ -1,5 +1,6 @@
 """What every source does with a candidate pair: clean the caption, decode and check the image,
 and log a skip with its reason when either is unusable (never a crash)."""
+
 from __future__ import annotations
 
 import io
@@ -15,6 +16,7 @@ from clipforge.data.builtin import encode_jpeg
 @dataclass
 class SkipLog:
     """Counts of skipped items by reason, and the first few examples of each."""
+
     counts: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
     max_examples: int = 20
@@ -41,8 +43,9 @@ def clean_caption(caption: str | bytes, max_chars: int) -> tuple[str | None, str
     return text, None
 
 
-def decode_image(raw: bytes, max_pixels: int,
-                 keep_jpeg: bool = False) -> tuple[bytes | None, str | None]:
+def decode_image(
+    raw: bytes, max_pixels: int, keep_jpeg: bool = False
+) -> tuple[bytes | None, str | None]:
     """(JPEG bytes, None) for a decodable image within limits, else (None, skip reason).
     keep_jpeg: an RGB JPEG that decodes is returned as it came (no second lossy encoding)."""
     if not raw:

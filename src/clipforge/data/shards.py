@@ -5,12 +5,14 @@ expects (`<key>.jpg` + `<key>.txt` per sample). Reading for training uses the ta
 directly: a sample is addressed by (shard, index), which makes the data order a pure function
 of the step and lets a resumed run seek straight to its position.
 """
+
 from __future__ import annotations
 
 import tarfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO
 
 from clipforge.fsutil import sha256_file
 
@@ -56,12 +58,14 @@ class ShardWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-            self.shards.append(ShardInfo(self._name, self._count,
-                                         sha256_file(self.root / self._name)))
+            self.shards.append(
+                ShardInfo(self._name, self._count, sha256_file(self.root / self._name))
+            )
 
 
-def write_shards(pairs: Iterable[tuple[str, bytes, str]], root: Path, split: str,
-                 samples_per_shard: int) -> list[ShardInfo]:
+def write_shards(
+    pairs: Iterable[tuple[str, bytes, str]], root: Path, split: str, samples_per_shard: int
+) -> list[ShardInfo]:
     """Write (key, jpeg bytes, caption) triples into root/split/shard-NNNNNN.tar files."""
     writer = ShardWriter(root, split, samples_per_shard)
     for key, jpeg, caption in pairs:

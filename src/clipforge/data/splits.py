@@ -7,6 +7,7 @@ of an image lands in the same split and a rerun splits the same way. Sources tha
 val shards as it goes, and parks test images in a temporary shard that becomes the Chinese-CLIP
 test set at the end (unless data.test_dir supplies the test set).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,13 +34,19 @@ def split_of_identity(identity: str, seed: int, val_fraction: float, test_fracti
 
 
 def shard_summary(shards: list[ShardInfo]) -> dict:
-    return {"count": sum(s.count for s in shards),
-            "shards": [{"name": s.name, "count": s.count, "sha256": s.sha256} for s in shards]}
+    return {
+        "count": sum(s.count for s in shards),
+        "shards": [{"name": s.name, "count": s.count, "sha256": s.sha256} for s in shards],
+    }
 
 
 def test_hashes(directory: Path) -> dict:
-    return {"sha256": {name: sha256_file(directory / name)
-                       for name in (testset.IMAGES_FILE, testset.TEXTS_FILE)}}
+    return {
+        "sha256": {
+            name: sha256_file(directory / name)
+            for name in (testset.IMAGES_FILE, testset.TEXTS_FILE)
+        }
+    }
 
 
 class SplitWriter:
@@ -48,8 +55,9 @@ class SplitWriter:
         self.seed = data.seed
         self.val_fraction = data.val_fraction
         self.test_fraction = 0.0 if data.test_dir else data.test_fraction
-        self.writers = {split: ShardWriter(out, split, data.samples_per_shard)
-                        for split in ("train", "val")}
+        self.writers = {
+            split: ShardWriter(out, split, data.samples_per_shard) for split in ("train", "val")
+        }
         if self.test_fraction:
             self.writers["test"] = ShardWriter(out, _PENDING_TEST, data.samples_per_shard)
         self.counts = {split: 0 for split in self.writers}

@@ -9,13 +9,14 @@ interrupted run leaves the previous data/ intact):
   data/manifest.json            counts, per-shard sha256, skipped items by reason, source
   data/config.yaml              the resolved parameters this data was made with
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
 from clipforge.config import Config, DataConfig
@@ -23,7 +24,8 @@ from clipforge.data import builtin, laion, testset, wds_source
 from clipforge.data.local import load_image, read_records, split_of
 from clipforge.data.samples import SkipLog, clean_caption
 from clipforge.data.shards import write_shards
-from clipforge.data.splits import shard_summary as _shard_summary, test_hashes as _test_hashes
+from clipforge.data.splits import shard_summary as _shard_summary
+from clipforge.data.splits import test_hashes as _test_hashes
 from clipforge.fsutil import replace_dir_atomically
 
 log = logging.getLogger("clipforge.data")
@@ -49,8 +51,10 @@ def build_dataset(config: Config, out: Path) -> dict:
         splits["test"] = _copy_test_set(Path(data.test_dir), out / "test")
         source["test_set"] = str(data.test_dir)
     if splits["train"]["count"] == 0:
-        raise StageError(f"the train split is empty after filtering ({_skip_text(skips)}); "
-                         f"check data.path(s) and the skip reasons in the log")
+        raise StageError(
+            f"the train split is empty after filtering ({_skip_text(skips)}); "
+            f"check data.path(s) and the skip reasons in the log"
+        )
     manifest = {"source": source, "splits": splits, "skipped": skips.to_dict()}
     (out / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8")
     (out / "config.yaml").write_text(config.to_yaml(), "utf-8")
@@ -62,23 +66,31 @@ def _builtin_splits(data: DataConfig, out: Path) -> tuple[dict, dict]:
     exclude = set(scenes)
     splits = {}
     for split, count in (("train", data.num_train), ("val", data.num_val)):
-        triples = ((p.key, p.jpeg, p.caption) for p in
-                   builtin.pairs(data.seed, split, count, data.image_size, exclude))
+        triples = (
+            (p.key, p.jpeg, p.caption)
+            for p in builtin.pairs(data.seed, split, count, data.image_size, exclude)
+        )
         splits[split] = _shard_summary(write_shards(triples, out, split, data.samples_per_shard))
     if not data.test_dir:
-        counts = testset.write_test_set(out / "test", ((t.image_id, t.jpeg, t.captions)
-                                                       for t in test_items))
+        counts = testset.write_test_set(
+            out / "test", ((t.image_id, t.jpeg, t.captions) for t in test_items)
+        )
         splits["test"] = {**counts, **_test_hashes(out / "test")}
-    source = {"type": "builtin", "generator": "clipforge.data.builtin", "seed": data.seed,
-              "image_size": data.image_size}
+    source = {
+        "type": "builtin",
+        "generator": "clipforge.data.builtin",
+        "seed": data.seed,
+        "image_size": data.image_size,
+    }
     return splits, source
 
 
 def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dict]:
     path = Path(data.path)
     if not path.exists():
-        raise StageError(f"data.path: {path} does not exist (a folder, .csv or .jsonl of image "
-                         f"path + caption)")
+        raise StageError(
+            f"data.path: {path} does not exist (a folder, .csv or .jsonl of image path + caption)"
+        )
     held_out = {"val": data.val_fraction, "test": 0.0 if data.test_dir else data.test_fraction}
     buckets: dict[str, list[tuple[str, bytes, str]]] = {"train": [], "val": []}
     test_images: dict[Path, tuple[bytes, list[str]]] = {}
@@ -91,11 +103,16 @@ def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, di
                 buckets[split].append((f"{split}-{len(buckets[split]):08d}", jpeg, caption))
     except (ValueError, FileNotFoundError) as exc:
         raise StageError(str(exc)) from None
-    splits = {split: _shard_summary(write_shards(items, out, split, data.samples_per_shard))
-              for split, items in buckets.items()}
+    splits = {
+        split: _shard_summary(write_shards(items, out, split, data.samples_per_shard))
+        for split, items in buckets.items()
+    }
     if not data.test_dir:
         items = ((i, jpeg, caps) for i, (jpeg, caps) in enumerate(test_images.values()))
-        splits["test"] = {**testset.write_test_set(out / "test", items), **_test_hashes(out / "test")}
+        splits["test"] = {
+            **testset.write_test_set(out / "test", items),
+            **_test_hashes(out / "test"),
+        }
     source = {"type": "local", "path": str(path), "seed": data.seed}
     return splits, source
 
@@ -120,8 +137,10 @@ def _copy_test_set(source: Path, target: Path) -> dict:
     try:
         counts = testset.check_test_set(source)
     except FileNotFoundError as exc:
-        raise StageError(f"data.test_dir: {exc.filename} not found; expected "
-                         f"{testset.IMAGES_FILE} and {testset.TEXTS_FILE} (Chinese-CLIP layout)") from None
+        raise StageError(
+            f"data.test_dir: {exc.filename} not found; expected "
+            f"{testset.IMAGES_FILE} and {testset.TEXTS_FILE} (Chinese-CLIP layout)"
+        ) from None
     except ValueError as exc:
         raise StageError(f"data.test_dir: {source}: {exc}") from None
     target.mkdir(parents=True)
@@ -139,14 +158,22 @@ def _run(args) -> None:
     out = Path(args.out)
     for key, value in (("data.path", config.data.path), ("data.test_dir", config.data.test_dir)):
         if value and Path(value).resolve().is_relative_to(out.resolve()):
-            raise StageError(f"{key}: {value} is inside the output directory {out}, which the "
-                             f"stage replaces; keep source data elsewhere (e.g. datasets/)")
+            raise StageError(
+                f"{key}: {value} is inside the output directory {out}, which the "
+                f"stage replaces; keep source data elsewhere (e.g. datasets/)"
+            )
     with replace_dir_atomically(out) as tmp:
         manifest = build_dataset(config, tmp)
     splits = manifest["splits"]
-    log.info("wrote %s: train %d, val %d, test %d images / %d texts; skipped: %s", out,
-             splits["train"]["count"], splits["val"]["count"], splits["test"]["images"],
-             splits["test"]["texts"], _skip_text_from(manifest))
+    log.info(
+        "wrote %s: train %d, val %d, test %d images / %d texts; skipped: %s",
+        out,
+        splits["train"]["count"],
+        splits["val"]["count"],
+        splits["test"]["images"],
+        splits["test"]["texts"],
+        _skip_text_from(manifest),
+    )
 
 
 def _skip_text_from(manifest: dict) -> str:

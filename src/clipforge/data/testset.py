@@ -6,13 +6,14 @@
 A caption may list several images and an image may have several captions (Flickr30K-CN has
 five), so the relevance judgements are the `image_ids` lists, not positions.
 """
+
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 IMAGES_FILE = "test_imgs.tsv"
 TEXTS_FILE = "test_texts.jsonl"
@@ -29,8 +30,10 @@ def write_test_set(directory: Path, images: Iterable[tuple[int, bytes, list[str]
     """Write (image_id, image bytes, captions) items; text ids are assigned in order."""
     directory.mkdir(parents=True, exist_ok=True)
     num_images = num_texts = 0
-    with open(directory / IMAGES_FILE, "w", encoding="utf-8") as imgs, \
-            open(directory / TEXTS_FILE, "w", encoding="utf-8") as texts:
+    with (
+        open(directory / IMAGES_FILE, "w", encoding="utf-8") as imgs,
+        open(directory / TEXTS_FILE, "w", encoding="utf-8") as texts,
+    ):
         for image_id, image_bytes, captions in images:
             imgs.write(f"{image_id}\t{base64.b64encode(image_bytes).decode('ascii')}\n")
             num_images += 1
@@ -60,11 +63,18 @@ def read_texts(directory: Path) -> list[Caption]:
                 continue
             try:
                 item = json.loads(line)
-                texts.append(Caption(int(item["text_id"]), str(item["text"]),
-                                      tuple(int(i) for i in item["image_ids"])))
+                texts.append(
+                    Caption(
+                        int(item["text_id"]),
+                        str(item["text"]),
+                        tuple(int(i) for i in item["image_ids"]),
+                    )
+                )
             except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{TEXTS_FILE}:{line_number}: expected "
-                                 f'{{"text_id", "text", "image_ids"}} ({exc})') from None
+                raise ValueError(
+                    f"{TEXTS_FILE}:{line_number}: expected "
+                    f'{{"text_id", "text", "image_ids"}} ({exc})'
+                ) from None
     return texts
 
 
@@ -76,6 +86,8 @@ def check_test_set(directory: Path) -> dict:
     for text in texts:
         missing = [i for i in text.image_ids if i not in known]
         if missing:
-            raise ValueError(f"{TEXTS_FILE}: text_id {text.text_id} refers to image ids {missing} "
-                             f"that are not in {IMAGES_FILE}")
+            raise ValueError(
+                f"{TEXTS_FILE}: text_id {text.text_id} refers to image ids {missing} "
+                f"that are not in {IMAGES_FILE}"
+            )
     return {"images": len(image_ids), "texts": len(texts)}

@@ -13,11 +13,12 @@ The shards are re-written rather than used in place: training reads samples by (
 from local files, train and val must be split off, and JPEGs pass through unchanged (other
 formats are converted), so the cost is one sequential copy.
 """
+
 from __future__ import annotations
 
 import tarfile
+from collections.abc import Iterator
 from pathlib import PurePosixPath
-from typing import Iterator
 
 from clipforge.config import DataConfig
 from clipforge.data.inputs import expand_paths, open_input
@@ -50,8 +51,7 @@ def build_splits(data: DataConfig, out, skips: SkipLog) -> tuple[dict, dict]:
             skips.add("corrupt_shard", f"{url} ({error})")
         inputs.append({"shard": url, "samples": read, "kept": kept, "error": error})
     splits = writer.close()
-    source = {"type": "webdataset", "paths": list(data.paths), "seed": data.seed,
-              "shards": inputs}
+    source = {"type": "webdataset", "paths": list(data.paths), "seed": data.seed, "shards": inputs}
     return splits, source
 
 
@@ -76,8 +76,9 @@ def samples(url: str) -> Iterator[tuple[str, dict[str, bytes]]]:
             yield key, members
 
 
-def usable_pair(members: dict[str, bytes], data: DataConfig) -> tuple[tuple[bytes, str] | None,
-                                                                       str | None]:
+def usable_pair(
+    members: dict[str, bytes], data: DataConfig
+) -> tuple[tuple[bytes, str] | None, str | None]:
     """((jpeg, caption), None) or (None, skip reason)."""
     ext = next((e for e in IMAGE_EXTENSIONS if e in members), None)
     if ext is None:

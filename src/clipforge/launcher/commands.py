@@ -4,11 +4,11 @@ What runs is always an existing engine: `dvc exp run -S ...` for a single node, 
 launcher (no-SSH mode: one launcher per node with its node rank) for several, `docker run` around
 either for the docker runtime. The supervisor runs these argv lists as they are (no shell).
 """
+
 from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
-from typing import Optional
 
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
@@ -37,7 +37,7 @@ def dvc_data_argv(python: str, overrides: tuple[str, ...]) -> list[str]:
     return [python, "-m", "dvc", "exp", "run", *sets, "data"]
 
 
-def stage_args(overrides: tuple[str, ...], data_dir: str, checkpoints_dir: Optional[str]) -> list[str]:
+def stage_args(overrides: tuple[str, ...], data_dir: str, checkpoints_dir: str | None) -> list[str]:
     args = [arg for item in overrides for arg in ("--set", item)] + ["--data", data_dir]
     if checkpoints_dir:
         args += ["--checkpoints", checkpoints_dir]
@@ -56,26 +56,63 @@ def hostfile_text(hosts: list[str], slots: int) -> str:
     return "".join(f"node-{i} slots={slots}\n" for i, _ in enumerate(hosts))
 
 
-def multinode_train_argv(python: str, *, node_rank: int, num_nodes: int, ranks_per_node: int,
-                         master_addr: str, master_port: int, hostfile: str,
-                         overrides: tuple[str, ...], data_dir: str, checkpoints_dir: str) -> list[str]:
+def multinode_train_argv(
+    python: str,
+    *,
+    node_rank: int,
+    num_nodes: int,
+    ranks_per_node: int,
+    master_addr: str,
+    master_port: int,
+    hostfile: str,
+    overrides: tuple[str, ...],
+    data_dir: str,
+    checkpoints_dir: str,
+) -> list[str]:
     """One node's DeepSpeed launcher in no-SSH mode: every node runs its own, with its rank; rank 0
     of node 0 (at master_addr:master_port) is where the process group meets."""
-    return [python, "-m", "deepspeed.launcher.runner", "--hostfile", hostfile, "--no_ssh",
-            "--node_rank", str(node_rank), "--num_nodes", str(num_nodes),
-            "--num_gpus", str(ranks_per_node), "--master_addr", master_addr,
-            "--master_port", str(master_port), "--no_local_rank", "--module", "clipforge.train",
-            *stage_args(overrides, data_dir, checkpoints_dir)]
+    return [
+        python,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        hostfile,
+        "--no_ssh",
+        "--node_rank",
+        str(node_rank),
+        "--num_nodes",
+        str(num_nodes),
+        "--num_gpus",
+        str(ranks_per_node),
+        "--master_addr",
+        master_addr,
+        "--master_port",
+        str(master_port),
+        "--no_local_rank",
+        "--module",
+        "clipforge.train",
+        *stage_args(overrides, data_dir, checkpoints_dir),
+    ]
 
 
 def smoke_argv(python: str, layout: NodeLayout, resume: list[str]) -> list[str]:
-    return [python, "-m", "clipforge.launcher.host.smoke", "--workspace", layout.code,
-            "--result", layout.smoke_result, "--", *resume]
+    return [
+        python,
+        "-m",
+        "clipforge.launcher.host.smoke",
+        "--workspace",
+        layout.code,
+        "--result",
+        layout.smoke_result,
+        "--",
+        *resume,
+    ]
 
 
 @dataclass(frozen=True)
 class DockerSpec:
     """How a command runs inside the pinned image."""
+
     image: str
     name: str  # container name: one per node and phase (run_container names them)
     user: str  # "uid:gid" of the SSH user, so files in the mounted run dir stay theirs
@@ -84,7 +121,7 @@ class DockerSpec:
     home: str
     shm_size: str
     gpus: int = 0  # 0: no device request (CPU)
-    data_dir: Optional[str] = None  # a mounted dataset volume, read-only
+    data_dir: str | None = None  # a mounted dataset volume, read-only
     env: dict[str, str] = field(default_factory=dict)
     read_only: bool = False  # the run dir mounted read-only: the command only looks at the run
     detach: bool = False  # `docker run -d`: returns once the container has started
@@ -98,18 +135,41 @@ def container_prefix(run_id: str) -> str:
 def run_container(image: str, layout: NodeLayout, what: str, **spec) -> DockerSpec:
     """A container working on this node's run (`what`: its part, e.g. n0-train): the run dir at
     the same path, the checkout as working directory, the node's own HOME."""
-    return DockerSpec(image=image, name=container_prefix(layout.run_id) + what,
-                      run_dir=layout.run_dir, workdir=layout.code, home=layout.home, **spec)
+    return DockerSpec(
+        image=image,
+        name=container_prefix(layout.run_id) + what,
+        run_dir=layout.run_dir,
+        workdir=layout.code,
+        home=layout.home,
+        **spec,
+    )
 
 
 def docker_run_argv(spec: DockerSpec, inner: list[str]) -> list[str]:
-    argv = ["docker", "run", "--rm", "--init", *(["--detach"] if spec.detach else []),
-            "--name", spec.name,
-            # NCCL between nodes and DeepSpeed's master port need the host's network.
-            "--network", "host", "--shm-size", spec.shm_size,
-            "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-            "--user", spec.user, "--workdir", spec.workdir,
-            "--volume", f"{spec.run_dir}:{spec.run_dir}" + (":ro" if spec.read_only else "")]
+    argv = [
+        "docker",
+        "run",
+        "--rm",
+        "--init",
+        *(["--detach"] if spec.detach else []),
+        "--name",
+        spec.name,
+        # NCCL between nodes and DeepSpeed's master port need the host's network.
+        "--network",
+        "host",
+        "--shm-size",
+        spec.shm_size,
+        "--ulimit",
+        "memlock=-1",
+        "--ulimit",
+        "stack=67108864",
+        "--user",
+        spec.user,
+        "--workdir",
+        spec.workdir,
+        "--volume",
+        f"{spec.run_dir}:{spec.run_dir}" + (":ro" if spec.read_only else ""),
+    ]
     if spec.gpus:
         argv += ["--gpus", str(spec.gpus)]  # a device request for that many GPUs
     if spec.data_dir:
@@ -137,6 +197,7 @@ def docker_cleanup_argv(name: str) -> list[str]:
 @dataclass(frozen=True)
 class NodeContext:
     """Facts about one node that the phases depend on."""
+
     layout: NodeLayout
     hosts: list[str]
     master_addr: str
@@ -146,8 +207,9 @@ class NodeContext:
     shm_size: str
 
 
-def node_plan(options: TrainOptions, node: NodeContext, policy: RestartPolicy,
-              init_dvc: bool = False) -> Plan:
+def node_plan(
+    options: TrainOptions, node: NodeContext, policy: RestartPolicy, init_dvc: bool = False
+) -> Plan:
     """Phases for one node: get the data, train, and with --smoke reload the checkpoint.
     `init_dvc`: the commit has no .dvc/, so the checkout is made a DVC repository first."""
     layout = node.layout
@@ -157,8 +219,13 @@ def node_plan(options: TrainOptions, node: NodeContext, policy: RestartPolicy,
     inner: list[tuple[str, list[str], bool]] = []  # (name, argv, restartable)
     if init_dvc and (options.through_dvc or options.data == "build"):
         # Idempotent, so that a supervisor started again (`fab train --resume`) may rerun it.
-        inner.append(("dvc-init", ["sh", "-c", 'test -d .dvc || exec "$0" -m dvc init --quiet',
-                                   python], False))
+        inner.append(
+            (
+                "dvc-init",
+                ["sh", "-c", 'test -d .dvc || exec "$0" -m dvc init --quiet', python],
+                False,
+            )
+        )
     if options.data == "pull":
         inner.append(("data", dvc_pull_argv(python), True))
     elif options.data == "build" and not options.through_dvc:
@@ -168,10 +235,17 @@ def node_plan(options: TrainOptions, node: NodeContext, policy: RestartPolicy,
         resume = [python, "-m", "clipforge.train"]  # params.yaml as `dvc exp run -S` left it
     elif options.nodes > 1:
         train = multinode_train_argv(
-            python, node_rank=layout.node_rank, num_nodes=options.nodes,
-            ranks_per_node=max(options.gpus, 1), master_addr=node.master_addr,
-            master_port=options.master_port, hostfile=layout.hostfile,
-            overrides=options.overrides, data_dir=data_dir, checkpoints_dir=layout.shared_checkpoints)
+            python,
+            node_rank=layout.node_rank,
+            num_nodes=options.nodes,
+            ranks_per_node=max(options.gpus, 1),
+            master_addr=node.master_addr,
+            master_port=options.master_port,
+            hostfile=layout.hostfile,
+            overrides=options.overrides,
+            data_dir=data_dir,
+            checkpoints_dir=layout.shared_checkpoints,
+        )
         resume = train
     else:
         train = direct_train_argv(python, options.overrides, data_dir)
@@ -183,13 +257,34 @@ def node_plan(options: TrainOptions, node: NodeContext, policy: RestartPolicy,
     phases = []
     for name, argv, restartable in inner:
         if docker:
-            spec = run_container(node.image, layout, f"n{layout.node_rank}-{name}", gpus=options.gpus,
-                                 user=node.user, shm_size=node.shm_size, env=options.env,
-                                 data_dir=options.data if options.mounted_data else None)
-            phases.append(Phase(name=name, argv=docker_run_argv(spec, argv), cwd=layout.code,
-                                restartable=restartable, stop_argv=docker_stop_argv(spec.name),
-                                cleanup_argv=docker_cleanup_argv(spec.name)))
+            spec = run_container(
+                node.image,
+                layout,
+                f"n{layout.node_rank}-{name}",
+                gpus=options.gpus,
+                user=node.user,
+                shm_size=node.shm_size,
+                env=options.env,
+                data_dir=options.data if options.mounted_data else None,
+            )
+            phases.append(
+                Phase(
+                    name=name,
+                    argv=docker_run_argv(spec, argv),
+                    cwd=layout.code,
+                    restartable=restartable,
+                    stop_argv=docker_stop_argv(spec.name),
+                    cleanup_argv=docker_cleanup_argv(spec.name),
+                )
+            )
         else:
-            phases.append(Phase(name=name, argv=argv, cwd=layout.code, env=dict(options.env),
-                                restartable=restartable))
+            phases.append(
+                Phase(
+                    name=name,
+                    argv=argv,
+                    cwd=layout.code,
+                    env=dict(options.env),
+                    restartable=restartable,
+                )
+            )
     return Plan(phases=phases, policy=policy)

@@ -8,6 +8,7 @@ published. Fabric itself would accept any key (paramiko's AutoAddPolicy); every 
 here replaces that. The documented opt-out for a fresh host is `--accept-new-host-key` (as
 OpenSSH's StrictHostKeyChecking=accept-new: a new key is recorded, a changed key still refused).
 """
+
 from __future__ import annotations
 
 import base64
@@ -15,9 +16,9 @@ import hashlib
 import os
 import shlex
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
 
 import paramiko
 from fabric import Config, Connection
@@ -34,10 +35,10 @@ GATEWAY_ENV = "CLIPFORGE_SSH_GATEWAY"
 @dataclass(frozen=True)
 class HostSpec:
     host: str  # a name or address, or an alias of the ssh config
-    user: Optional[str] = None  # None: from the ssh config, else the local user
-    port: Optional[int] = None
-    pinned_key: Optional[str] = None  # "ssh-ed25519 AAAA..." published by the stack
-    gateway: Optional["HostSpec"] = None
+    user: str | None = None  # None: from the ssh config, else the local user
+    port: int | None = None
+    pinned_key: str | None = None  # "ssh-ed25519 AAAA..." published by the stack
+    gateway: HostSpec | None = None
 
 
 def spec_of(cxn: Connection) -> HostSpec:
@@ -45,26 +46,37 @@ def spec_of(cxn: Connection) -> HostSpec:
     return HostSpec(host=cxn.original_host, user=cxn.user, port=cxn.port)
 
 
-def targets(cli_hosts: list[HostSpec], stack_loader) -> tuple[list[HostSpec], Optional[StackOutputs]]:
+def targets(cli_hosts: list[HostSpec], stack_loader) -> tuple[list[HostSpec], StackOutputs | None]:
     """-H hosts when given, else the stack's workers; `stack_loader()` raises a clear error."""
     if cli_hosts:
         return list(cli_hosts), None
     stack = stack_loader()
     gateway = _stack_gateway(stack)
-    return [HostSpec(host=h, user=stack.ssh_user, port=stack.ssh_port,
-                     pinned_key=stack.host_public_key, gateway=gateway)
-            for h in stack.worker_hosts], stack
+    return [
+        HostSpec(
+            host=h,
+            user=stack.ssh_user,
+            port=stack.ssh_port,
+            pinned_key=stack.host_public_key,
+            gateway=gateway,
+        )
+        for h in stack.worker_hosts
+    ], stack
 
 
-def _stack_gateway(stack: StackOutputs) -> Optional[HostSpec]:
+def _stack_gateway(stack: StackOutputs) -> HostSpec | None:
     value = os.environ.get(GATEWAY_ENV, f"127.0.0.1:{stack.ssh_port}")
     if value.lower() == "none":
         return None
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit():
-        raise LauncherError(f"{GATEWAY_ENV}={value!r}: expected HOST:PORT (the local end of "
-                            f"`kubectl port-forward`) or `none`")
-    return HostSpec(host=host, user=stack.ssh_user, port=int(port), pinned_key=stack.host_public_key)
+        raise LauncherError(
+            f"{GATEWAY_ENV}={value!r}: expected HOST:PORT (the local end of "
+            f"`kubectl port-forward`) or `none`"
+        )
+    return HostSpec(
+        host=host, user=stack.ssh_user, port=int(port), pinned_key=stack.host_public_key
+    )
 
 
 class _Reject(paramiko.MissingHostKeyPolicy):
@@ -108,7 +120,9 @@ def connect(spec: HostSpec, config: Config, accept_new_host_key: bool) -> Connec
         client.load_host_keys(str(known_hosts))
     if spec.pinned_key:
         _pin(client, cxn, spec.pinned_key)
-    client.set_missing_host_key_policy(_AcceptNew(known_hosts) if accept_new_host_key else _Reject())
+    client.set_missing_host_key_policy(
+        _AcceptNew(known_hosts) if accept_new_host_key else _Reject()
+    )
     _open(cxn, known_hosts)
     return cxn
 
@@ -128,8 +142,9 @@ def _pin(client: paramiko.SSHClient, cxn: Connection, public_key: str) -> None:
         kind, blob = public_key.split()[:2]
         key = paramiko.PKey.from_type_string(kind, base64.b64decode(blob))
     except (ValueError, paramiko.SSHException) as exc:
-        raise LauncherError(f"the stack's ssh.host_public_key is not a public key ({exc}); rerun "
-                            f"`make up`") from None
+        raise LauncherError(
+            f"the stack's ssh.host_public_key is not a public key ({exc}); rerun `make up`"
+        ) from None
     name = cxn.host if cxn.port == 22 else f"[{cxn.host}]:{cxn.port}"
     client.get_host_keys().add(name, kind, key)
 
@@ -144,21 +159,29 @@ def _open(cxn: Connection, known_hosts: Path) -> None:
             f"{_sha256_fingerprint(exc.key)}), so the host cannot be verified. Check that "
             f"fingerprint with the host's owner (`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on "
             f"the host), then add it to {known_hosts} (`ssh-keyscan -p {cxn.port} {cxn.host} >> "
-            f"{known_hosts}`), or pass --accept-new-host-key once to record it") from None
+            f"{known_hosts}`), or pass --accept-new-host-key once to record it"
+        ) from None
     except paramiko.BadHostKeyException as exc:
         raise LauncherError(
             f"{where}: host key CHANGED: expected {_sha256_fingerprint(exc.expected_key)}, got "
             f"{_sha256_fingerprint(exc.key)}. Someone may be intercepting the connection, or the "
             f"host was reinstalled; if you know it was, remove the old key with `ssh-keygen -f "
-            f"{known_hosts} -R '[{cxn.host}]:{cxn.port}'`") from None
+            f"{known_hosts} -R '[{cxn.host}]:{cxn.port}'`"
+        ) from None
     except paramiko.AuthenticationException as exc:
-        raise LauncherError(f"{where}: SSH authentication failed ({exc}): is the user right and its "
-                            f"key in the host's authorized_keys? Pass the key with -i PATH") from None
-    except (socket.timeout, TimeoutError):
-        raise LauncherError(f"{where}: connection timed out: is the host up and the port right?") from None
+        raise LauncherError(
+            f"{where}: SSH authentication failed ({exc}): is the user right and its "
+            f"key in the host's authorized_keys? Pass the key with -i PATH"
+        ) from None
+    except TimeoutError:
+        raise LauncherError(
+            f"{where}: connection timed out: is the host up and the port right?"
+        ) from None
     except paramiko.ssh_exception.NoValidConnectionsError as exc:
-        raise LauncherError(f"{where}: cannot connect ({_first_error(exc)}): is sshd running there "
-                            f"and the port right (-H user@host:port)?") from None
+        raise LauncherError(
+            f"{where}: cannot connect ({_first_error(exc)}): is sshd running there "
+            f"and the port right (-H user@host:port)?"
+        ) from None
     except socket.gaierror as exc:
         raise LauncherError(f"{where}: unknown host name ({exc.strerror})") from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -189,8 +212,10 @@ def run(cxn: Connection, command: str, *, what: str, **kwargs):
     result = probe(cxn, command, **kwargs)
     if not result.ok:
         output = (result.stderr.strip() or result.stdout.strip()).splitlines()[-8:]
-        raise LauncherError(f"{label(cxn)}: {what} failed (exit {result.exited}):\n  "
-                            + "\n  ".join(output or ["(no output)"]))
+        raise LauncherError(
+            f"{label(cxn)}: {what} failed (exit {result.exited}):\n  "
+            + "\n  ".join(output or ["(no output)"])
+        )
     return result
 
 

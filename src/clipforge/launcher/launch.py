@@ -4,6 +4,7 @@ Order matters for "nothing left running" on failure: everything that can be refu
 dirty tree, bad --set, wrong number of hosts) is refused before connecting; every node is
 preflighted before anything is written; a node that fails to start takes the started ones down.
 """
+
 from __future__ import annotations
 
 import getpass
@@ -14,9 +15,9 @@ import posixpath
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 from clipforge.image_env import ImageEnvError, parse_image_env
 from clipforge.launcher import LauncherError, preflight
@@ -35,6 +36,7 @@ START_TIMEOUT_SECONDS = 30.0
 @dataclass(frozen=True)
 class Prepared:
     """What is known before connecting: the commit, its params, the image."""
+
     source: Source
     params: dict
     params_yaml: str
@@ -47,7 +49,9 @@ def prepare(source: Source, options: TrainOptions, settings: Settings) -> Prepar
     image = options.image or image_reference_for(source, settings)
     if options.data == "pull":
         _require_pullable(source)
-    return Prepared(source=source, params=config.to_dict(), params_yaml=config.to_yaml(), image=image)
+    return Prepared(
+        source=source, params=config.to_dict(), params_yaml=config.to_yaml(), image=image
+    )
 
 
 def image_reference_for(source: Source, settings: Settings) -> str:
@@ -65,43 +69,62 @@ def _require_pullable(source: Source) -> None:
     lock = source.show("dvc.lock")
     dvc_config = source.show(".dvc/config") or ""
     if lock is None or "data:" not in lock:
-        raise LauncherError("--data pull: the commit has no dvc.lock entry for the data stage; run "
-                            "`dvc repro data && dvc push` and commit dvc.lock, or use --data build "
-                            "(run the data stage on the host) or --data /mounted/path")
+        raise LauncherError(
+            "--data pull: the commit has no dvc.lock entry for the data stage; run "
+            "`dvc repro data && dvc push` and commit dvc.lock, or use --data build "
+            "(run the data stage on the host) or --data /mounted/path"
+        )
     if "remote" not in dvc_config:
-        raise LauncherError("--data pull: no DVC remote in the commit's .dvc/config (`dvc remote add "
-                            "-d ...`); or use --data build or --data /mounted/path")
+        raise LauncherError(
+            "--data pull: no DVC remote in the commit's .dvc/config (`dvc remote add "
+            "-d ...`); or use --data build or --data /mounted/path"
+        )
 
 
 def select_nodes(specs: list, options: TrainOptions, from_stack: bool) -> list:
     if from_stack:
         if len(specs) < options.nodes:
             raise LauncherError(f"--nodes {options.nodes}: the stack has {len(specs)} workers")
-        return specs[:options.nodes]
+        return specs[: options.nodes]
     if len(specs) != options.nodes:
-        raise LauncherError(f"--nodes {options.nodes} needs exactly {options.nodes} host(s) in -H, "
-                            f"got {len(specs)}")
+        raise LauncherError(
+            f"--nodes {options.nodes} needs exactly {options.nodes} host(s) in -H, got {len(specs)}"
+        )
     return specs
 
 
-def check_spec(options: TrainOptions, settings: Settings, host: Host, image: str,
-               stack: Optional[StackOutputs]) -> preflight.CheckSpec:
+def check_spec(
+    options: TrainOptions, settings: Settings, host: Host, image: str, stack: StackOutputs | None
+) -> preflight.CheckSpec:
     return preflight.CheckSpec(
-        gpus=options.gpus, runtime=options.runtime, image=image, remote_root=host.root,
-        python=settings.python, min_free_gb=settings.min_free_gb,
+        gpus=options.gpus,
+        runtime=options.runtime,
+        image=image,
+        remote_root=host.root,
+        python=settings.python,
+        min_free_gb=settings.min_free_gb,
         data_path=options.data if options.mounted_data else None,
-        mounts=tuple(sorted(stack.mount_paths.items())) if stack else ())
+        mounts=tuple(sorted(stack.mount_paths.items())) if stack else (),
+    )
 
 
 def new_run_id(commit: str) -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{commit[:8]}"
 
 
-def launch(hosts: list[Host], prepared: Prepared, options: TrainOptions, settings: Settings,
-           stack: Optional[StackOutputs], say: Callable[[str], None]) -> str:
+def launch(
+    hosts: list[Host],
+    prepared: Prepared,
+    options: TrainOptions,
+    settings: Settings,
+    stack: StackOutputs | None,
+    say: Callable[[str], None],
+) -> str:
     """Preflight, ship, start; returns the run id. Raises LauncherError with nothing left running."""
-    results = [(h, preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack)))
-               for h in hosts]
+    results = [
+        (h, preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack)))
+        for h in hosts
+    ]
     for host, rows in results:
         say(preflight.format_table(host.label, rows))
     bad = [h.label for h, rows in results if preflight.failed(rows)]
@@ -110,9 +133,12 @@ def launch(hosts: list[Host], prepared: Prepared, options: TrainOptions, setting
     run_id = new_run_id(prepared.source.commit)
     layouts = [NodeLayout(root=h.root, run_id=run_id, node_rank=i) for i, h in enumerate(hosts)]
     master_addr = _master_address(hosts[0], stack)
-    policy = RestartPolicy(max_restarts=options.max_restarts, backoff_seconds=settings.backoff_seconds,
-                           backoff_max_seconds=settings.backoff_max_seconds,
-                           stop_timeout_seconds=settings.stop_timeout_seconds)
+    policy = RestartPolicy(
+        max_restarts=options.max_restarts,
+        backoff_seconds=settings.backoff_seconds,
+        backoff_max_seconds=settings.backoff_max_seconds,
+        stop_timeout_seconds=settings.stop_timeout_seconds,
+    )
     started: list[tuple[Host, NodeLayout]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -122,17 +148,27 @@ def launch(hosts: list[Host], prepared: Prepared, options: TrainOptions, setting
                 say(f"{host.label}: shipping {prepared.source.commit[:10]} to {layout.node_dir}")
                 _ship(host, layout, bundle, prepared.source.commit)
         for host, layout in zip(hosts, layouts):
-            node = NodeContext(layout=layout, hosts=[h.label for h in hosts], master_addr=master_addr,
-                               host_python=settings.python, user=uid_gid(host),
-                               image=prepared.image, shm_size=settings.shm_size)
-            plan = node_plan(options, node, policy,
-                             init_dvc=prepared.source.show(".dvc/config") is None)
+            node = NodeContext(
+                layout=layout,
+                hosts=[h.label for h in hosts],
+                master_addr=master_addr,
+                host_python=settings.python,
+                user=uid_gid(host),
+                image=prepared.image,
+                shm_size=settings.shm_size,
+            )
+            plan = node_plan(
+                options, node, policy, init_dvc=prepared.source.show(".dvc/config") is None
+            )
             _write_run_files(host, layout, prepared, options, hosts, plan, master_addr)
         for host, layout in zip(hosts, layouts):
             start_supervisor(host, layout, settings)
             started.append((host, layout))
-            probe(host.cxn, f"echo {q(run_id)} > {q(current_marker(host.root))}.tmp && "
-                            f"mv {q(current_marker(host.root))}.tmp {q(current_marker(host.root))}")
+            probe(
+                host.cxn,
+                f"echo {q(run_id)} > {q(current_marker(host.root))}.tmp && "
+                f"mv {q(current_marker(host.root))}.tmp {q(current_marker(host.root))}",
+            )
     except BaseException:
         for host, layout in started:
             probe(host.cxn, remote_python(settings, layout, "supervisor", "stop", layout.node_dir))
@@ -140,7 +176,7 @@ def launch(hosts: list[Host], prepared: Prepared, options: TrainOptions, setting
     return run_id
 
 
-def _master_address(host: Host, stack: Optional[StackOutputs]) -> str:
+def _master_address(host: Host, stack: StackOutputs | None) -> str:
     """Where the other nodes reach node 0: its cluster DNS name on a stack, else the address the
     host itself reports first (`hostname -I`)."""
     if stack:
@@ -150,17 +186,31 @@ def _master_address(host: Host, stack: Optional[StackOutputs]) -> str:
 
 
 def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
-    run(host.cxn, f"mkdir -p {q(layout.run_dir)} && mkdir {q(layout.node_dir)} {q(layout.home)}",
-        what=f"creating {layout.node_dir} (a run of that id exists already?)")
+    run(
+        host.cxn,
+        f"mkdir -p {q(layout.run_dir)} && mkdir {q(layout.node_dir)} {q(layout.home)}",
+        what=f"creating {layout.node_dir} (a run of that id exists already?)",
+    )
     remote_bundle = posixpath.join(layout.node_dir, "code.bundle")
     host.cxn.put(str(bundle), remote_bundle)
-    run(host.cxn, f"git clone --quiet {q(remote_bundle)} {q(layout.code)} && "
-                  f"git -C {q(layout.code)} -c advice.detachedHead=false checkout --quiet {q(commit)} "
-                  f"&& rm {q(remote_bundle)}", what="cloning the shipped commit")
+    run(
+        host.cxn,
+        f"git clone --quiet {q(remote_bundle)} {q(layout.code)} && "
+        f"git -C {q(layout.code)} -c advice.detachedHead=false checkout --quiet {q(commit)} "
+        f"&& rm {q(remote_bundle)}",
+        what="cloning the shipped commit",
+    )
 
 
-def _write_run_files(host: Host, layout: NodeLayout, prepared: Prepared, options: TrainOptions,
-                     hosts: list[Host], plan, master_addr: str) -> None:
+def _write_run_files(
+    host: Host,
+    layout: NodeLayout,
+    prepared: Prepared,
+    options: TrainOptions,
+    hosts: list[Host],
+    plan,
+    master_addr: str,
+) -> None:
     record = {
         "run_id": layout.run_id,
         "commit": prepared.source.commit,
@@ -175,35 +225,47 @@ def _write_run_files(host: Host, layout: NodeLayout, prepared: Prepared, options
         "image": prepared.image,
         "data": options.data,
         "smoke": options.smoke,
-        "executor": "dvc exp run" if options.through_dvc else
-        ("deepspeed launcher, no-ssh" if options.nodes > 1 else "python -m clipforge.train"),
+        "executor": "dvc exp run"
+        if options.through_dvc
+        else ("deepspeed launcher, no-ssh" if options.nodes > 1 else "python -m clipforge.train"),
         "overrides": list(options.overrides),
         "params": prepared.params,
-        "checkpoints_dir": layout.shared_checkpoints if options.nodes > 1 else layout.output("checkpoints"),
+        "checkpoints_dir": layout.shared_checkpoints
+        if options.nodes > 1
+        else layout.output("checkpoints"),
         "master": f"{master_addr}:{options.master_port}" if options.nodes > 1 else None,
         "max_restarts": options.max_restarts,
         "env_passed_through": [n for n in PASSTHROUGH_ENV if n in os.environ],
     }
-    files = {layout.record: json.dumps(record, indent=2) + "\n",
-             layout.resolved_params: prepared.params_yaml,
-             layout.plan: plan.to_json()}
+    files = {
+        layout.record: json.dumps(record, indent=2) + "\n",
+        layout.resolved_params: prepared.params_yaml,
+        layout.plan: plan.to_json(),
+    }
     if options.nodes > 1:
         files[layout.hostfile] = hostfile_text(record["hosts"], max(options.gpus, 1))
     for path, text in files.items():
         host.cxn.put(io.BytesIO(text.encode("utf-8")), path)
     if options.nodes > 1:
-        run(host.cxn, f"mkdir -p {q(layout.shared_checkpoints)}", what="creating shared checkpoints")
+        run(
+            host.cxn, f"mkdir -p {q(layout.shared_checkpoints)}", what="creating shared checkpoints"
+        )
 
 
 def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None:
     """Start the node's supervisor detached; secrets go over the SSH channel's stdin only."""
     secrets = {name: os.environ[name] for name in PASSTHROUGH_ENV if name in os.environ}
     bin_dir = posixpath.dirname(settings.python)
-    path = f"PATH={q(bin_dir)}:\"$PATH\" " if bin_dir else ""
+    path = f'PATH={q(bin_dir)}:"$PATH" ' if bin_dir else ""
     command = f"cd {q(layout.node_dir)} && {path}" + remote_python(
-        settings, layout, "supervisor", "launch", layout.node_dir)
-    run(host.cxn, command, what="starting the supervisor",
-        in_stream=io.StringIO(json.dumps(secrets)))
+        settings, layout, "supervisor", "launch", layout.node_dir
+    )
+    run(
+        host.cxn,
+        command,
+        what="starting the supervisor",
+        in_stream=io.StringIO(json.dumps(secrets)),
+    )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         state = read_remote_json(host, layout.state)
@@ -216,13 +278,16 @@ def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None
     raise LauncherError(f"{host.label}: the supervisor did not start:\n{log}")
 
 
-def resume(hosts: list[Host], layouts: list[NodeLayout], settings: Settings,
-           say: Callable[[str], None]) -> None:
+def resume(
+    hosts: list[Host], layouts: list[NodeLayout], settings: Settings, say: Callable[[str], None]
+) -> None:
     """Start the supervisors of an existing run again (after `fab stop`, or a lost supervisor)."""
     for host, layout in zip(hosts, layouts):
         state = read_remote_json(host, layout.state) or {}
         if state.get("state") == "finished":
-            raise LauncherError(f"{host.label}: run {layout.run_id} has finished; nothing to resume")
+            raise LauncherError(
+                f"{host.label}: run {layout.run_id} has finished; nothing to resume"
+            )
     for host, layout in zip(hosts, layouts):
         say(f"{host.label}: resuming {layout.run_id} node {layout.node_rank}")
         start_supervisor(host, layout, settings)

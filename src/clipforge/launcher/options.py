@@ -4,19 +4,24 @@
 host by `dvc exp run -S`. Here they are first resolved against the commit's params.yaml with the
 stages' own loader, so a typo fails on the laptop, and the resolved params are recorded.
 """
+
 from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 from clipforge.config import Config, ConfigError, load_config, parse_override
 from clipforge.launcher import LauncherError
 
 # A few steps with a checkpoint every two, and a warm-up shorter than the run. User --set win.
-SMOKE_OVERRIDES = ("train.max_steps=4", "train.save_every_steps=2", "train.log_every_steps=1",
-                   "train.warmup_steps=1")
+SMOKE_OVERRIDES = (
+    "train.max_steps=4",
+    "train.save_every_steps=2",
+    "train.log_every_steps=1",
+    "train.warmup_steps=1",
+)
 # Set from --gpus/--nodes; setting them with --set as well would be ambiguous.
 LAUNCH_KEYS = ("train.ranks_per_node", "train.num_nodes")
 DATA_MODES = ("pull", "build")
@@ -35,7 +40,7 @@ class TrainOptions:
     data: str
     master_port: int = 29500
     max_restarts: int = 5
-    image: Optional[str] = None
+    image: str | None = None
     user_overrides: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -46,8 +51,9 @@ class TrainOptions:
         if self.runtime not in ("docker", "host"):
             raise LauncherError(f"--runtime: `docker` or `host`, got {self.runtime!r}")
         if self.data not in DATA_MODES and not self.data.startswith("/"):
-            raise LauncherError(f"--data: `pull`, `build` or an absolute path on the host, got "
-                                f"{self.data!r}")
+            raise LauncherError(
+                f"--data: `pull`, `build` or an absolute path on the host, got {self.data!r}"
+            )
         if not 0 < self.master_port < 65536:
             raise LauncherError(f"--master-port: a TCP port, got {self.master_port}")
         if self.max_restarts < 0:
@@ -76,19 +82,39 @@ class TrainOptions:
         return {"DS_ACCELERATOR": "cpu"} if self.gpus == 0 else {}
 
 
-def make_options(*, gpus: int, nodes: int, sets: list[str], smoke: bool, runtime: str,
-                 allow_dirty: bool, data: str, **rest) -> TrainOptions:
+def make_options(
+    *,
+    gpus: int,
+    nodes: int,
+    sets: list[str],
+    smoke: bool,
+    runtime: str,
+    allow_dirty: bool,
+    data: str,
+    **rest,
+) -> TrainOptions:
     """Options with the overrides --gpus/--nodes/--smoke imply, then the user's, in that order."""
     launch = [f"train.num_nodes={nodes}"]
-    launch += ["train.device=cpu", "train.ranks_per_node=1"] if gpus == 0 else \
-        [f"train.ranks_per_node={gpus}"]
+    launch += (
+        ["train.device=cpu", "train.ranks_per_node=1"]
+        if gpus == 0
+        else [f"train.ranks_per_node={gpus}"]
+    )
     smoke_sets = list(SMOKE_OVERRIDES) if smoke else []
-    return TrainOptions(gpus=gpus, nodes=nodes, smoke=smoke, runtime=runtime,
-                        allow_dirty=allow_dirty, data=data, user_overrides=tuple(sets),
-                        overrides=tuple(launch + smoke_sets + list(sets)), **rest)
+    return TrainOptions(
+        gpus=gpus,
+        nodes=nodes,
+        smoke=smoke,
+        runtime=runtime,
+        allow_dirty=allow_dirty,
+        data=data,
+        user_overrides=tuple(sets),
+        overrides=tuple(launch + smoke_sets + list(sets)),
+        **rest,
+    )
 
 
-def resolve_params(params_text: Optional[str], overrides: tuple[str, ...]) -> Config:
+def resolve_params(params_text: str | None, overrides: tuple[str, ...]) -> Config:
     """The params the run will train with: the commit's params.yaml + overrides, validated."""
     if params_text is None:
         raise LauncherError("the commit has no params.yaml; run fab from the clipforge project")

@@ -4,10 +4,11 @@ Each check is a row: name, ok/FAIL/skip, and what was found. A GPU check that ca
 GPUs asked for (`--gpus`) fails; `--gpus 0` (a CPU run) skips it. `fab train` runs the same checks
 on every node before it ships or starts anything.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from fabric import Connection
 
@@ -31,7 +32,7 @@ class CheckSpec:
     remote_root: str
     python: str
     min_free_gb: float
-    data_path: Optional[str] = None  # --data /mounted/path
+    data_path: str | None = None  # --data /mounted/path
     mounts: tuple[tuple[str, str], ...] = ()  # (role, path) from the stack outputs
 
 
@@ -53,10 +54,15 @@ def unreachable(error: str) -> list[Row]:
 def _gpus(cxn: Connection, spec: CheckSpec) -> Row:
     if spec.gpus == 0:
         return Row("gpus", SKIP, "--gpus 0: a CPU run")
-    result = probe(cxn, "nvidia-smi --query-gpu=name,memory.total,driver_version "
-                        "--format=csv,noheader")
+    result = probe(
+        cxn, "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader"
+    )
     if not result.ok:
-        why = "nvidia-smi not found" if result.exited == 127 else _one_line(result.stderr or result.stdout)
+        why = (
+            "nvidia-smi not found"
+            if result.exited == 127
+            else _one_line(result.stderr or result.stdout)
+        )
         return Row("gpus", FAIL, f"--gpus {spec.gpus} asked, no GPU visible ({why})")
     gpus = [line.split(", ") for line in result.stdout.strip().splitlines() if line.strip()]
     if len(gpus) < spec.gpus:
@@ -67,21 +73,26 @@ def _gpus(cxn: Connection, spec: CheckSpec) -> Row:
 
 def _disk(cxn: Connection, spec: CheckSpec) -> Row:
     # The root may not exist yet: measure the nearest existing parent.
-    result = probe(cxn, f"p={q(spec.remote_root)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); "
-                        f"done; df -Pk \"$p\" | tail -1")
+    result = probe(
+        cxn,
+        f'p={q(spec.remote_root)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); '
+        f'done; df -Pk "$p" | tail -1',
+    )
     fields = result.stdout.split()
     if not result.ok or len(fields) < 4 or not fields[3].isdigit():
         return Row("disk", FAIL, f"could not measure free space: {_one_line(result.stderr)}")
-    free_gb = int(fields[3]) / 1024 ** 2
+    free_gb = int(fields[3]) / 1024**2
     status = OK if free_gb >= spec.min_free_gb else FAIL
-    return Row("disk", status, f"{free_gb:.1f} GiB free at {spec.remote_root} "
-                               f"(need {spec.min_free_gb:g})")
+    return Row(
+        "disk", status, f"{free_gb:.1f} GiB free at {spec.remote_root} (need {spec.min_free_gb:g})"
+    )
 
 
 def _storage(cxn: Connection, spec: CheckSpec) -> Row:
     probe_file = f"{spec.remote_root}/.clipforge-write-test"
-    result = probe(cxn, f"mkdir -p {q(spec.remote_root)} && echo ok > {q(probe_file)} && "
-                        f"rm -f {q(probe_file)}")
+    result = probe(
+        cxn, f"mkdir -p {q(spec.remote_root)} && echo ok > {q(probe_file)} && rm -f {q(probe_file)}"
+    )
     if not result.ok:
         return Row("storage", FAIL, f"{spec.remote_root} not writable: {_one_line(result.stderr)}")
     return Row("storage", OK, f"{spec.remote_root} writable")
@@ -90,20 +101,32 @@ def _storage(cxn: Connection, spec: CheckSpec) -> Row:
 def _git(cxn: Connection, spec: CheckSpec) -> Row:
     result = probe(cxn, "git --version")
     if not result.ok:
-        return Row("git", FAIL, "git not found: the code is shipped as a git bundle and cloned there")
+        return Row(
+            "git", FAIL, "git not found: the code is shipped as a git bundle and cloned there"
+        )
     return Row("git", OK, _one_line(result.stdout))
 
 
 def _docker(cxn: Connection, spec: CheckSpec) -> Row:
     result = probe(cxn, "docker info --format '{{.ServerVersion}} {{json .Runtimes}}'")
     if not result.ok:
-        return Row("docker", FAIL, f"docker not usable: {_one_line(result.stderr or result.stdout)}; "
-                                   f"install it, or use --runtime host inside the image")
+        return Row(
+            "docker",
+            FAIL,
+            f"docker not usable: {_one_line(result.stderr or result.stdout)}; "
+            f"install it, or use --runtime host inside the image",
+        )
     version, _, runtimes = result.stdout.strip().partition(" ")
     if spec.gpus and "nvidia" not in runtimes:
-        return Row("docker", FAIL, f"docker {version} has no nvidia runtime: install the NVIDIA "
-                                   f"Container Toolkit (nvidia-ctk runtime configure)")
-    return Row("docker", OK, f"docker {version}" + (" with the nvidia runtime" if spec.gpus else ""))
+        return Row(
+            "docker",
+            FAIL,
+            f"docker {version} has no nvidia runtime: install the NVIDIA "
+            f"Container Toolkit (nvidia-ctk runtime configure)",
+        )
+    return Row(
+        "docker", OK, f"docker {version}" + (" with the nvidia runtime" if spec.gpus else "")
+    )
 
 
 def _image(cxn: Connection, spec: CheckSpec) -> Row:
@@ -111,24 +134,35 @@ def _image(cxn: Connection, spec: CheckSpec) -> Row:
         return Row("image", OK, f"{spec.image} present")
     if probe(cxn, f"docker manifest inspect {q(spec.image)}").ok:
         return Row("image", OK, f"{spec.image} pullable")
-    return Row("image", FAIL, f"{spec.image} neither present nor pullable: push it (`make "
-                              f"image-push REGISTRY=...` in the project), `docker login` on the "
-                              f"host, or load it with `docker load`")
+    return Row(
+        "image",
+        FAIL,
+        f"{spec.image} neither present nor pullable: push it (`make "
+        f"image-push REGISTRY=...` in the project), `docker login` on the "
+        f"host, or load it with `docker load`",
+    )
 
 
 def _python_env(cxn: Connection, spec: CheckSpec) -> Row:
     # Installed versions, read without importing (importing torch + DeepSpeed takes many seconds;
     # whether they really work on this host is what `fab train --smoke` finds out).
-    script = ("import sys; from importlib.metadata import version; "
-              "print(sys.version.split()[0], *(version(p) for p in "
-              "('torch', 'deepspeed', 'dvc', 'open_clip_torch')))")
+    script = (
+        "import sys; from importlib.metadata import version; "
+        "print(sys.version.split()[0], *(version(p) for p in "
+        "('torch', 'deepspeed', 'dvc', 'open_clip_torch')))"
+    )
     result = probe(cxn, f"{q(spec.python)} -c {q(script)}")
     if not result.ok:
-        return Row("python env", FAIL, f"{spec.python}: {_one_line(result.stderr or result.stdout)} "
-                                       f"(--runtime host runs on the host's own stack: the image's)")
+        return Row(
+            "python env",
+            FAIL,
+            f"{spec.python}: {_one_line(result.stderr or result.stdout)} "
+            f"(--runtime host runs on the host's own stack: the image's)",
+        )
     py, torch, ds, dvc, clip = (result.stdout.split() + ["?"] * 5)[:5]
-    return Row("python env", OK, f"python {py}, torch {torch}, deepspeed {ds}, dvc {dvc}, "
-                                 f"open_clip {clip}")
+    return Row(
+        "python env", OK, f"python {py}, torch {torch}, deepspeed {ds}, dvc {dvc}, open_clip {clip}"
+    )
 
 
 def _data(cxn: Connection, spec: CheckSpec) -> Row:
@@ -145,7 +179,9 @@ def _mount(cxn: Connection, role: str, path: str) -> Row:
     if role == "datasets":
         return Row(name, OK, f"{path} mounted")
     writable = probe(cxn, f"test -w {q(path)}").ok
-    return Row(name, OK if writable else FAIL, f"{path} mounted" + ("" if writable else ", NOT writable"))
+    return Row(
+        name, OK if writable else FAIL, f"{path} mounted" + ("" if writable else ", NOT writable")
+    )
 
 
 def format_table(host: str, rows: list[Row]) -> str:

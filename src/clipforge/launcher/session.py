@@ -4,6 +4,7 @@ root resolved.
 Settings are Fabric config under `clipforge` (fabric.yaml, or FABRIC_CLIPFORGE_* env). Their
 defaults live in one place, fabfile.py's collection config; this only reads and checks them.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,6 @@ import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from fabric import Connection
 
@@ -25,7 +25,7 @@ DEFAULT_ROOT = "clipforge-runs"  # relative: in the SSH user's home
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    remote_root: Optional[str]  # None: the stack's checkpoints volume, else ~/clipforge-runs
+    remote_root: str | None  # None: the stack's checkpoints volume, else ~/clipforge-runs
     python: str  # on the host: runs the supervisor (and the stage with --runtime host)
     stack_outputs: Path
     min_free_gb: float
@@ -33,14 +33,16 @@ class Settings:
     backoff_max_seconds: float
     stop_timeout_seconds: float
     shm_size: str
-    registry: Optional[str]
+    registry: str | None
 
     def __post_init__(self) -> None:
         if self.min_free_gb < 0:
             raise LauncherError(f"clipforge.min_free_gb: must be >= 0, got {self.min_free_gb}")
         if not 0 <= self.backoff_seconds <= self.backoff_max_seconds:
-            raise LauncherError("clipforge.backoff_seconds: must be between 0 and "
-                                f"clipforge.backoff_max_seconds ({self.backoff_max_seconds})")
+            raise LauncherError(
+                "clipforge.backoff_seconds: must be between 0 and "
+                f"clipforge.backoff_max_seconds ({self.backoff_max_seconds})"
+            )
         if self.stop_timeout_seconds <= 0:
             raise LauncherError("clipforge.stop_timeout_seconds: must be > 0")
 
@@ -50,8 +52,10 @@ def settings_from(config) -> Settings:
     variables arrive as strings, hence the conversions."""
     section = config.get("clipforge")
     if section is None:
-        raise LauncherError("Fabric config has no `clipforge` section: run fab from the project root "
-                            "(its fabfile.py defines it)")
+        raise LauncherError(
+            "Fabric config has no `clipforge` section: run fab from the project root "
+            "(its fabfile.py defines it)"
+        )
 
     def number(key: str) -> float:
         try:
@@ -59,7 +63,7 @@ def settings_from(config) -> Settings:
         except (TypeError, ValueError):
             raise LauncherError(f"clipforge.{key}: a number, got {section[key]!r}") from None
 
-    def optional(key: str) -> Optional[str]:
+    def optional(key: str) -> str | None:
         value = section[key]
         return None if value in (None, "") else str(value)
 
@@ -88,7 +92,7 @@ def host_specs(cli_hosts: list[HostSpec], settings: Settings):
     return connection.targets(cli_hosts, lambda: load_stack_outputs(settings.stack_outputs))
 
 
-def root_setting(settings: Settings, stack: Optional[StackOutputs]) -> str:
+def root_setting(settings: Settings, stack: StackOutputs | None) -> str:
     if settings.remote_root is not None:
         return settings.remote_root
     if stack and "checkpoints" in stack.mount_paths:
@@ -104,17 +108,21 @@ def open_host(spec, config, settings: Settings, stack, accept_new_host_key: bool
     return Host(cxn=cxn, label=connection.label(cxn), root=result.stdout.strip())
 
 
-def open_hosts(cli_hosts: list[HostSpec], config, settings: Settings, accept_new_host_key: bool = False):
+def open_hosts(
+    cli_hosts: list[HostSpec], config, settings: Settings, accept_new_host_key: bool = False
+):
     specs, stack = host_specs(cli_hosts, settings)
     return [open_host(s, config, settings, stack, accept_new_host_key) for s in specs], stack
 
 
-def run_id_on(host: Host, requested: Optional[str]) -> str:
+def run_id_on(host: Host, requested: str | None) -> str:
     """--run when given, else the newest run launched on this host."""
     if requested:
         if not probe(host.cxn, f"test -d {q(posixpath.join(host.root, 'runs', requested))}").ok:
-            raise LauncherError(f"{host.label}: no run {requested} under {host.root}/runs "
-                                f"(`fab status` lists the newest; runs are named by --run)")
+            raise LauncherError(
+                f"{host.label}: no run {requested} under {host.root}/runs "
+                f"(`fab status` lists the newest; runs are named by --run)"
+            )
         return requested
     result = probe(host.cxn, f"cat {q(current_marker(host.root))}")
     if not result.ok or not result.stdout.strip():
@@ -122,21 +130,25 @@ def run_id_on(host: Host, requested: Optional[str]) -> str:
     return result.stdout.strip()
 
 
-def node_layout(host: Host, index: int, requested_run: Optional[str]) -> NodeLayout:
+def node_layout(host: Host, index: int, requested_run: str | None) -> NodeLayout:
     """The node of the run that lives on this host: its position among the hosts is its rank."""
     run_id = run_id_on(host, requested_run)
     layout = NodeLayout(root=host.root, run_id=run_id, node_rank=index)
     if not probe(host.cxn, f"test -d {q(layout.node_dir)}").ok:
-        raise LauncherError(f"{host.label}: run {run_id} has no node {index} here (the hosts, in "
-                            f"order, must be those it was launched on)")
+        raise LauncherError(
+            f"{host.label}: run {run_id} has no node {index} here (the hosts, in "
+            f"order, must be those it was launched on)"
+        )
     return layout
 
 
 def remote_python(settings: Settings, layout: NodeLayout, module: str, *args: str) -> str:
     """A shell command running one of the host-side modules (clipforge.launcher.host) of the run's
     own code."""
-    return (f"PYTHONPATH={q(posixpath.join(layout.code, 'src'))} {q(settings.python)} -m "
-            f"clipforge.launcher.host.{module} {join(args)}")
+    return (
+        f"PYTHONPATH={q(posixpath.join(layout.code, 'src'))} {q(settings.python)} -m "
+        f"clipforge.launcher.host.{module} {join(args)}"
+    )
 
 
 def uid_gid(host: Host) -> str:
@@ -144,7 +156,7 @@ def uid_gid(host: Host) -> str:
     return run(host.cxn, "echo $(id -u):$(id -g)", what="id").stdout.strip()
 
 
-def read_remote_json(host: Host, path: str) -> Optional[dict]:
+def read_remote_json(host: Host, path: str) -> dict | None:
     result = probe(host.cxn, f"cat {q(path)}")
     if not result.ok:
         return None

@@ -3,6 +3,7 @@
 A bundle (not `git archive`) because the host needs a real repository: DVC's experiments work on
 git commits, and the run record keeps the commit id the host checked out.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -27,7 +28,9 @@ class Source:
 def current_source(start: Path) -> Source:
     top = _git(start, "rev-parse", "--show-toplevel", check=False)
     if top.returncode != 0:
-        raise LauncherError(f"{start}: not inside a git repository; run fab from a clone of the project")
+        raise LauncherError(
+            f"{start}: not inside a git repository; run fab from a clone of the project"
+        )
     root = Path(top.stdout.strip())
     head = _git(root, "rev-parse", "--verify", "HEAD", check=False)
     if head.returncode != 0:
@@ -39,9 +42,11 @@ def current_source(start: Path) -> Source:
 def require_clean(source: Source, allow_dirty: bool) -> None:
     if source.dirty and not allow_dirty:
         shown = "\n  ".join(source.dirty[:10]) + ("\n  ..." if len(source.dirty) > 10 else "")
-        raise LauncherError(f"the working tree has changes that are not committed:\n  {shown}\n"
-                            f"a run ships commit {source.commit[:10]} only: commit (or stash) them, or "
-                            f"pass --allow-dirty to ship the commit without them")
+        raise LauncherError(
+            f"the working tree has changes that are not committed:\n  {shown}\n"
+            f"a run ships commit {source.commit[:10]} only: commit (or stash) them, or "
+            f"pass --allow-dirty to ship the commit without them"
+        )
 
 
 def write_bundle(source: Source, path: Path) -> None:

@@ -5,13 +5,14 @@ Keys relied on (see infra/README.md): `released`, `workers[].host`, `ssh.user`, 
 logs), `tensorboard.service`/`.port`, `cost.price_per_gpu_hour` (a decimal string), `image`,
 `namespace`. Anything missing or of the wrong type is reported by its key, with what to do.
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from clipforge.launcher import LauncherError
 
@@ -25,29 +26,37 @@ class StackOutputs:
     worker_hosts: tuple[str, ...]
     ssh_user: str
     ssh_port: int
-    host_public_key: Optional[str]  # pins the workers' host key: no trust-on-first-use needed
+    host_public_key: str | None  # pins the workers' host key: no trust-on-first-use needed
     gpus_per_worker: int
     mount_paths: dict[str, str]  # role (datasets, checkpoints, logs) -> path inside the workers
-    tensorboard_host: Optional[str]
-    tensorboard_port: Optional[int]
-    price_per_gpu_hour: Optional[Decimal]
-    image: Optional[str]
+    tensorboard_host: str | None
+    tensorboard_port: int | None
+    price_per_gpu_hour: Decimal | None
+    image: str | None
 
 
 def load_stack_outputs(path: Path) -> StackOutputs:
     """Parse the outputs file; LauncherError naming the key when something is off."""
     if not path.is_file():
-        raise LauncherError(f"no hosts: give them with -H user@host[:port] (and -i key), or create a "
-                            f"stack with `make up`, which writes {path}")
+        raise LauncherError(
+            f"no hosts: give them with -H user@host[:port] (and -i key), or create a "
+            f"stack with `make up`, which writes {path}"
+        )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise LauncherError(f"{path}: not readable JSON ({exc}); rerun `make up` to rewrite it") from None
+        raise LauncherError(
+            f"{path}: not readable JSON ({exc}); rerun `make up` to rewrite it"
+        ) from None
     if not isinstance(raw, dict):
-        raise LauncherError(f"{path}: expected a JSON object (pulumi stack output --json); rerun `make up`")
+        raise LauncherError(
+            f"{path}: expected a JSON object (pulumi stack output --json); rerun `make up`"
+        )
     if raw.get("released") is True:
-        raise LauncherError(f"{path}: the stack is released (`make down` ran): no workers to use; "
-                            f"`make up` brings them back, or give hosts with -H")
+        raise LauncherError(
+            f"{path}: the stack is released (`make down` ran): no workers to use; "
+            f"`make up` brings them back, or give hosts with -H"
+        )
     workers = _get(raw, path, "workers", list)
     hosts = []
     for index, worker in enumerate(workers):
@@ -56,12 +65,17 @@ def load_stack_outputs(path: Path) -> StackOutputs:
             raise LauncherError(f"{path}: workers[{index}].host missing; rerun `make up`")
         hosts.append(host)
     if not hosts:
-        raise LauncherError(f"{path}: the stack has no workers; `make up` with num_workers >= 1, or -H")
+        raise LauncherError(
+            f"{path}: the stack has no workers; `make up` with num_workers >= 1, or -H"
+        )
     namespace = raw.get("namespace")
     ssh = _get(raw, path, "ssh", dict)
     volumes = raw.get("volumes") if isinstance(raw.get("volumes"), dict) else {}
-    mounts = {role: spec["mount_path"] for role, spec in volumes.items()
-              if isinstance(spec, dict) and isinstance(spec.get("mount_path"), str)}
+    mounts = {
+        role: spec["mount_path"]
+        for role, spec in volumes.items()
+        if isinstance(spec, dict) and isinstance(spec.get("mount_path"), str)
+    }
     tensorboard = raw.get("tensorboard") if isinstance(raw.get("tensorboard"), dict) else {}
     tb_service = tensorboard.get("service")
     tb_host = f"{tb_service}.{namespace}.svc" if tb_service and namespace else tb_service
@@ -71,12 +85,15 @@ def load_stack_outputs(path: Path) -> StackOutputs:
         worker_hosts=tuple(hosts),
         ssh_user=_get(ssh, path, "ssh.user", str, key="user"),
         ssh_port=_get(ssh, path, "ssh.port", int, key="port"),
-        host_public_key=ssh.get("host_public_key") if isinstance(ssh.get("host_public_key"), str)
+        host_public_key=ssh.get("host_public_key")
+        if isinstance(ssh.get("host_public_key"), str)
         else None,
         gpus_per_worker=_get(raw, path, "gpus_per_worker", int),
         mount_paths=mounts,
         tensorboard_host=tb_host,
-        tensorboard_port=tensorboard.get("port") if isinstance(tensorboard.get("port"), int) else None,
+        tensorboard_port=tensorboard.get("port")
+        if isinstance(tensorboard.get("port"), int)
+        else None,
         price_per_gpu_hour=_price(raw, path),
         image=raw.get("image") if isinstance(raw.get("image"), str) else None,
     )
@@ -85,17 +102,20 @@ def load_stack_outputs(path: Path) -> StackOutputs:
 def _get(mapping: dict, path: Path, name: str, kind: type, key: str | None = None) -> Any:
     value = mapping.get(key or name)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise LauncherError(f"{path}: `{name}` missing or not a {kind.__name__} (got {value!r}); "
-                            f"rerun `make up` (the launcher and infra/ may be out of step)")
+        raise LauncherError(
+            f"{path}: `{name}` missing or not a {kind.__name__} (got {value!r}); "
+            f"rerun `make up` (the launcher and infra/ may be out of step)"
+        )
     return value
 
 
-def _price(raw: dict, path: Path) -> Optional[Decimal]:
+def _price(raw: dict, path: Path) -> Decimal | None:
     cost = raw.get("cost")
     if not isinstance(cost, dict) or cost.get("price_per_gpu_hour") in (None, ""):
         return None
     try:
         return Decimal(str(cost["price_per_gpu_hour"]))
     except InvalidOperation:
-        raise LauncherError(f"{path}: cost.price_per_gpu_hour is not a number: "
-                            f"{cost['price_per_gpu_hour']!r}") from None
+        raise LauncherError(
+            f"{path}: cost.price_per_gpu_hour is not a number: {cost['price_per_gpu_hour']!r}"
+        ) from None

@@ -1,16 +1,21 @@
 """`fab status`, `fab logs`, `fab stop`, `fab tensorboard`, `fab clean`: a run after its launch."""
+
 from __future__ import annotations
 
 import json
 import posixpath
 import signal
 import time
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Callable, Optional
 
 from clipforge.launcher import LauncherError
-from clipforge.launcher.commands import (container_prefix, docker_cleanup_argv, docker_run_argv,
-                                         run_container)
+from clipforge.launcher.commands import (
+    container_prefix,
+    docker_cleanup_argv,
+    docker_run_argv,
+    run_container,
+)
 from clipforge.launcher.connection import join, probe, q, run
 from clipforge.launcher.host import status as status_mod
 from clipforge.launcher.host import supervisor
@@ -21,13 +26,17 @@ Say = Callable[[str], None]
 
 
 def collect(host: Host, layout: NodeLayout, settings: Settings) -> dict:
-    result = run(host.cxn, remote_python(settings, layout, "status", layout.node_dir),
-                 what="reading the run's status")
+    result = run(
+        host.cxn,
+        remote_python(settings, layout, "status", layout.node_dir),
+        what="reading the run's status",
+    )
     return json.loads(result.stdout)
 
 
-def show_status(nodes: list[tuple[Host, NodeLayout]], settings: Settings,
-                price: Optional[Decimal], say: Say) -> None:
+def show_status(
+    nodes: list[tuple[Host, NodeLayout]], settings: Settings, price: Decimal | None, say: Say
+) -> None:
     for index, (host, layout) in enumerate(nodes):
         info = collect(host, layout, settings)
         if index == 0:
@@ -38,19 +47,25 @@ def show_status(nodes: list[tuple[Host, NodeLayout]], settings: Settings,
                 say(f"  {key:<{width}}  {value}")
         else:
             state = info["state"]
-            say(f"{host.label}  node {layout.node_rank}: {state.get('state')}, "
-                f"restarts {state.get('restarts', 0)}")
+            say(
+                f"{host.label}  node {layout.node_rank}: {state.get('state')}, "
+                f"restarts {state.get('restarts', 0)}"
+            )
 
 
-def show_logs(host: Host, layout: NodeLayout, settings: Settings, lines: int, follow: bool,
-              say: Say) -> None:
+def show_logs(
+    host: Host, layout: NodeLayout, settings: Settings, lines: int, follow: bool, say: Say
+) -> None:
     info = collect(host, layout, settings)
     alive = info["supervisor_alive"]
     if follow and alive:
         pid = info["state"].get("supervisor_pid")
         # Ends by itself when the supervisor does (run finished, stopped or failed).
-        host.cxn.run(f"tail -n {lines} -F --pid={int(pid)} {q(layout.train_log)} 2>/dev/null",
-                     warn=True, in_stream=False)
+        host.cxn.run(
+            f"tail -n {lines} -F --pid={int(pid)} {q(layout.train_log)} 2>/dev/null",
+            warn=True,
+            in_stream=False,
+        )
         return
     result = run(host.cxn, f"tail -n {lines} {q(layout.train_log)}", what="reading train.log")
     say(result.stdout.rstrip("\n"))
@@ -65,10 +80,15 @@ def stop(nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say) -> 
         if state.get("state") in supervisor.TERMINAL_STATES:
             say(f"{host.label}: run {layout.run_id} already {state['state']}")
             continue
-        run(host.cxn, remote_python(settings, layout, "supervisor", "stop", layout.node_dir),
-            what="asking the supervisor to stop")
-        say(f"{host.label}: stop requested; waiting for the checkpoint (up to "
-            f"{settings.stop_timeout_seconds:g}s)")
+        run(
+            host.cxn,
+            remote_python(settings, layout, "supervisor", "stop", layout.node_dir),
+            what="asking the supervisor to stop",
+        )
+        say(
+            f"{host.label}: stop requested; waiting for the checkpoint (up to "
+            f"{settings.stop_timeout_seconds:g}s)"
+        )
     deadline = time.monotonic() + settings.stop_timeout_seconds + 60
     for host, layout in nodes:
         while True:
@@ -76,36 +96,53 @@ def stop(nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say) -> 
             if not info["supervisor_alive"]:
                 break
             if time.monotonic() > deadline:
-                raise LauncherError(f"{host.label}: the run did not stop within "
-                                    f"{settings.stop_timeout_seconds:g}s; see `fab logs`")
+                raise LauncherError(
+                    f"{host.label}: the run did not stop within "
+                    f"{settings.stop_timeout_seconds:g}s; see `fab logs`"
+                )
             time.sleep(1)
         checkpoint = info.get("latest_checkpoint")
-        say(f"{host.label}: {info['state'].get('state')}; latest checkpoint: "
-            f"{checkpoint or 'none (stopped before the first training step)'}")
+        say(
+            f"{host.label}: {info['state'].get('state')}; latest checkpoint: "
+            f"{checkpoint or 'none (stopped before the first training step)'}"
+        )
     if nodes:
         say(f"resume with: fab train --resume {nodes[0][1].run_id}")
 
 
-def tensorboard(host: Host, layout: NodeLayout, settings: Settings, local_port: int,
-                say: Say) -> None:
+def tensorboard(
+    host: Host, layout: NodeLayout, settings: Settings, local_port: int, say: Say
+) -> None:
     """TensorBoard on the host for this run's logs, reached through an SSH port-forward. Blocks
     until interrupted, then stops that TensorBoard."""
     record = read_remote_json(host, layout.record) or {}
-    free = run(host.cxn, f"{q(settings.python)} -c 'import socket; s=socket.socket(); "
-                         f"s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'",
-               what="finding a free port").stdout.strip()
+    free = run(
+        host.cxn,
+        f"{q(settings.python)} -c 'import socket; s=socket.socket(); "
+        f's.bind(("127.0.0.1", 0)); print(s.getsockname()[1])\'',
+        what="finding a free port",
+    ).stdout.strip()
     remote_port = int(free)
     logdir = layout.output("logs")
     serve = ["--logdir", logdir, "--host", "127.0.0.1", "--port", str(remote_port)]
     if record.get("runtime") == "docker":
-        spec = run_container(record["image"], layout, "tensorboard", user=uid_gid(host),
-                             shm_size=settings.shm_size, read_only=True, detach=True)
+        spec = run_container(
+            record["image"],
+            layout,
+            "tensorboard",
+            user=uid_gid(host),
+            shm_size=settings.shm_size,
+            read_only=True,
+            detach=True,
+        )
         start = join(docker_run_argv(spec, ["tensorboard", *serve]))
         stop_cmd = join(docker_cleanup_argv(spec.name))
     else:
         pid_file = layout.tensorboard_pid
-        start = (f"setsid nohup {join([settings.python, '-m', 'tensorboard.main', *serve])} > "
-                 f"{q(layout.tensorboard_log)} 2>&1 < /dev/null & echo $! > {q(pid_file)}")
+        start = (
+            f"setsid nohup {join([settings.python, '-m', 'tensorboard.main', *serve])} > "
+            f"{q(layout.tensorboard_log)} 2>&1 < /dev/null & echo $! > {q(pid_file)}"
+        )
         # setsid made TensorBoard a process group leader: its data server goes with it.
         stop_cmd = f"kill -- -$(cat {q(pid_file)}) && rm -f {q(pid_file)}"
     run(host.cxn, f"mkdir -p {q(logdir)}", what="creating the logs directory")
@@ -113,21 +150,25 @@ def tensorboard(host: Host, layout: NodeLayout, settings: Settings, local_port: 
     try:
         _wait_http(host, settings, remote_port)
         with host.cxn.forward_local(local_port, remote_port=remote_port, remote_host="127.0.0.1"):
-            say(f"TensorBoard for {layout.run_id}: http://127.0.0.1:{local_port}/  (Ctrl-C to stop)")
+            say(
+                f"TensorBoard for {layout.run_id}: http://127.0.0.1:{local_port}/  (Ctrl-C to stop)"
+            )
             _block_until_interrupted()
     finally:
         probe(host.cxn, stop_cmd)
 
 
 def _wait_http(host: Host, settings: Settings, port: int, timeout_seconds: int = 120) -> None:
-    script = ("import time, urllib.request\n"
-              f"end = time.time() + {timeout_seconds}\n"
-              "while True:\n"
-              "    try:\n"
-              f"        urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=5); break\n"
-              "    except OSError:\n"
-              "        if time.time() > end: raise SystemExit(1)\n"
-              "        time.sleep(0.5)\n")
+    script = (
+        "import time, urllib.request\n"
+        f"end = time.time() + {timeout_seconds}\n"
+        "while True:\n"
+        "    try:\n"
+        f"        urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=5); break\n"
+        "    except OSError:\n"
+        "        if time.time() > end: raise SystemExit(1)\n"
+        "        time.sleep(0.5)\n"
+    )
     run(host.cxn, f"{q(settings.python)} -c {q(script)}", what="waiting for TensorBoard to answer")
 
 
@@ -154,15 +195,25 @@ def clean(host: Host, settings: Settings, run_ids: list[str], say: Say) -> None:
             layout = NodeLayout.of_node_dir(node_dir)
             state = read_remote_json(host, layout.state) or {}
             pid = state.get("supervisor_pid")
-            if pid and probe(host.cxn, f"grep -qs {supervisor.MODULE} /proc/{int(pid)}/cmdline "
-                                       f"&& grep -qs {q(node_dir)} /proc/{int(pid)}/cmdline").ok:
-                raise LauncherError(f"{host.label}: run {run_id} is running; `fab stop --run "
-                                    f"{run_id}` first")
-        probe(host.cxn, f"command -v docker >/dev/null && docker ps -aq --filter "
-                        f"name={q(container_prefix(run_id))} | xargs -r docker rm --force")
+            if (
+                pid
+                and probe(
+                    host.cxn,
+                    f"grep -qs {supervisor.MODULE} /proc/{int(pid)}/cmdline "
+                    f"&& grep -qs {q(node_dir)} /proc/{int(pid)}/cmdline",
+                ).ok
+            ):
+                raise LauncherError(
+                    f"{host.label}: run {run_id} is running; `fab stop --run {run_id}` first"
+                )
+        probe(
+            host.cxn,
+            f"command -v docker >/dev/null && docker ps -aq --filter "
+            f"name={q(container_prefix(run_id))} | xargs -r docker rm --force",
+        )
         run(host.cxn, f"rm -rf {q(run_dir)}", what=f"removing {run_dir}")
         marker = current_marker(host.root)
-        probe(host.cxn, f"[ \"$(cat {q(marker)} 2>/dev/null)\" = {q(run_id)} ] && rm -f {q(marker)}")
+        probe(host.cxn, f'[ "$(cat {q(marker)} 2>/dev/null)" = {q(run_id)} ] && rm -f {q(marker)}')
         say(f"{host.label}: removed run {run_id}")
 
 

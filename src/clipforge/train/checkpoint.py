@@ -10,6 +10,7 @@ params), so re-running the stage with the same params resumes the interrupted ru
 `latest` is replaced atomically only after every rank has finished writing, so a run killed
 mid-save resumes from the previous checkpoint.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,8 +30,14 @@ log = logging.getLogger("clipforge.train")
 LATEST = "latest"
 _TAG = re.compile(r"^step-(\d{8})$")
 # Knobs that change how often things are written or how fast data loads, never the weights.
-_NOT_IN_FINGERPRINT = {"num_workers", "save_every_steps", "keep_checkpoints", "log_every_steps",
-                       "val_every_steps", "val_retrieval_samples"}
+_NOT_IN_FINGERPRINT = {
+    "num_workers",
+    "save_every_steps",
+    "keep_checkpoints",
+    "log_every_steps",
+    "val_every_steps",
+    "val_retrieval_samples",
+}
 
 
 def tag_for(step: int) -> str:
@@ -46,8 +53,11 @@ def step_of(tag: str) -> int:
 
 def run_id(config: Config, manifest_bytes: bytes) -> str:
     train = {k: v for k, v in config.to_dict()["train"].items() if k not in _NOT_IN_FINGERPRINT}
-    identity = {"data": hashlib.sha256(manifest_bytes).hexdigest(),
-                "model": config.to_dict()["model"], "train": train}
+    identity = {
+        "data": hashlib.sha256(manifest_bytes).hexdigest(),
+        "model": config.to_dict()["model"],
+        "train": train,
+    }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     return f"run-{digest[:12]}"
 
@@ -70,8 +80,9 @@ class Checkpointer:
     def save(self, engine, step: int, client_state: dict, config_yaml: str) -> None:
         """Every rank calls this; DeepSpeed writes its shards, rank 0 then publishes the tag."""
         tag = tag_for(step)
-        engine.save_checkpoint(str(self.run_dir), tag=tag, client_state=client_state,
-                               save_latest=False)
+        engine.save_checkpoint(
+            str(self.run_dir), tag=tag, client_state=client_state, save_latest=False
+        )
         dist.barrier()
         if self.is_main:
             (self.run_dir / tag / "config.yaml").write_text(config_yaml, encoding="utf-8")
@@ -86,8 +97,10 @@ class Checkpointer:
             return None
         path, client_state = engine.load_checkpoint(str(self.run_dir), tag=tag)
         if path is None:
-            raise RuntimeError(f"{self.run_dir / tag}: DeepSpeed could not load this checkpoint; "
-                               f"move the run directory away to start afresh")
+            raise RuntimeError(
+                f"{self.run_dir / tag}: DeepSpeed could not load this checkpoint; "
+                f"move the run directory away to start afresh"
+            )
         return client_state
 
     def discard_incomplete(self) -> None:
@@ -100,5 +113,5 @@ class Checkpointer:
                 shutil.rmtree(self.run_dir / tag, ignore_errors=True)
 
     def _prune(self) -> None:
-        for tag in self.tags()[:-self.keep]:
+        for tag in self.tags()[: -self.keep]:
             shutil.rmtree(self.run_dir / tag, ignore_errors=True)

@@ -10,15 +10,16 @@ So micro-batch number i of a rank is computable from i alone: a resumed run star
 DataLoader at the checkpoint's position and sees exactly the batches the interrupted run would
 have seen, whatever the number of loader workers, without reading the skipped samples.
 """
+
 from __future__ import annotations
 
 import bisect
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -53,13 +54,14 @@ class EpochOrder:
         self.seed = seed
         self.num_samples = sum(counts)
 
-    @lru_cache(maxsize=4)
+    # Per-instance caches by design: one EpochOrder lives as long as its loader.
+    @lru_cache(maxsize=4)  # noqa: B019
     def _shard_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.counts))
         ends = np.cumsum([self.counts[i] for i in order])
         return order, ends
 
-    @lru_cache(maxsize=64)
+    @lru_cache(maxsize=64)  # noqa: B019
     def _sample_order(self, epoch: int, shard: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch, shard, 1]).permutation(self.counts[shard])
 
@@ -78,8 +80,16 @@ def sample_seed(seed: int, epoch: int, position: int) -> int:
 class MicroBatches(torch.utils.data.Dataset):
     """Item i = this rank's i-th micro-batch of the run: (images, token ids)."""
 
-    def __init__(self, files: SplitFiles, plan: BatchPlan, rank: int, seed: int, total_steps: int,
-                 transform: Callable, tokenizer: Callable):
+    def __init__(
+        self,
+        files: SplitFiles,
+        plan: BatchPlan,
+        rank: int,
+        seed: int,
+        total_steps: int,
+        transform: Callable,
+        tokenizer: Callable,
+    ):
         self.files = files
         self.plan = plan
         self.rank = rank
@@ -120,15 +130,23 @@ def steps_per_epoch(num_samples: int, global_batch_size: int) -> int:
     """Full global batches per epoch; the remainder of an epoch is dropped, as usual."""
     steps = num_samples // global_batch_size
     if steps == 0:
-        raise ValueError(f"train.global_batch_size: {global_batch_size} is larger than the "
-                         f"{num_samples} training samples in data/; lower it or add data")
+        raise ValueError(
+            f"train.global_batch_size: {global_batch_size} is larger than the "
+            f"{num_samples} training samples in data/; lower it or add data"
+        )
     return steps
 
 
-def micro_batch_loader(dataset: MicroBatches, start: int, num_workers: int,
-                       pin_memory: bool) -> torch.utils.data.DataLoader:
+def micro_batch_loader(
+    dataset: MicroBatches, start: int, num_workers: int, pin_memory: bool
+) -> torch.utils.data.DataLoader:
     """Batches dataset[start], dataset[start + 1], ... in order, prepared by worker processes."""
     return torch.utils.data.DataLoader(
-        dataset, batch_size=None, sampler=range(start, len(dataset)), num_workers=num_workers,
-        pin_memory=pin_memory, prefetch_factor=4 if num_workers else None,
-        persistent_workers=False)
+        dataset,
+        batch_size=None,
+        sampler=range(start, len(dataset)),
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        prefetch_factor=4 if num_workers else None,
+        persistent_workers=False,
+    )

@@ -3,6 +3,7 @@
 DeepSpeed's launcher sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*; a plain `python -m clipforge.train`
 gets the same variables for a world of one, so the rest of the code never branches on it.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,10 @@ def resolve_device(requested: str) -> str:
 
     has_cuda = torch.cuda.is_available()
     if requested == "cuda" and not has_cuda:
-        raise StageError("train.device: cuda requested but no GPU is visible "
-                         "(set train.device: cpu or auto to train on the CPU)")
+        raise StageError(
+            "train.device: cuda requested but no GPU is visible "
+            "(set train.device: cpu or auto to train on the CPU)"
+        )
     return "cuda" if requested == "cuda" or (requested == "auto" and has_cuda) else "cpu"
 
 
@@ -66,10 +69,16 @@ def init_distributed(device: str, timeout_minutes: int = 30) -> DistInfo:
     local_rank = int(os.environ["LOCAL_RANK"])
     if device == "cuda":
         torch.cuda.set_device(local_rank)
-    deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl",
-                               timeout=datetime.timedelta(minutes=timeout_minutes))
-    return DistInfo(rank=int(os.environ["RANK"]), local_rank=local_rank,
-                    world_size=int(os.environ["WORLD_SIZE"]), device=device)
+    deepspeed.init_distributed(
+        dist_backend="gloo" if device == "cpu" else "nccl",
+        timeout=datetime.timedelta(minutes=timeout_minutes),
+    )
+    return DistInfo(
+        rank=int(os.environ["RANK"]),
+        local_rank=local_rank,
+        world_size=int(os.environ["WORLD_SIZE"]),
+        device=device,
+    )
 
 
 def use_environment_extension_cache() -> None:

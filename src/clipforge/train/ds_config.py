@@ -3,6 +3,7 @@
 Users never edit a DeepSpeed JSON: every value below follows from TrainConfig, the batch plan
 and the device, and the result lands in checkpoints/<run>/deepspeed_config.json.
 """
+
 from __future__ import annotations
 
 from clipforge.config import BatchPlan, TrainConfig
@@ -15,8 +16,10 @@ def resolve_precision(requested: str, device: str, bf16_supported: bool) -> str:
     if requested == "auto":
         return "bf16" if device == "cuda" and bf16_supported else "fp32"
     if requested == "bf16" and not bf16_supported:
-        raise ValueError("train.precision: bf16 requested but this device does not support it "
-                         "(use fp32, or auto)")
+        raise ValueError(
+            "train.precision: bf16 requested but this device does not support it "
+            "(use fp32, or auto)"
+        )
     return requested
 
 

@@ -8,6 +8,7 @@ ZeRO quirks handled here, so the loop can stay plain:
   the optimizer's fp32 master copy would overwrite it anyway. The cap is applied in the loss
   instead (loss.py), and to the exported value.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,14 +23,18 @@ def make_logit_scale_1d(model: torch.nn.Module) -> None:
     model.logit_scale = torch.nn.Parameter(model.logit_scale.detach().reshape(1))
 
 
-def create_engine(model: torch.nn.Module, ds_config: dict, schedule: WarmupCosine,
-                  weight_decay: float):
+def create_engine(
+    model: torch.nn.Module, ds_config: dict, schedule: WarmupCosine, weight_decay: float
+):
     import deepspeed
 
     make_logit_scale_1d(model)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=param_groups(model, weight_decay), config=ds_config,
-        lr_scheduler=make_scheduler(schedule))
+        model=model,
+        model_parameters=param_groups(model, weight_decay),
+        config=ds_config,
+        lr_scheduler=make_scheduler(schedule),
+    )
     return engine
 
 

@@ -1,8 +1,9 @@
 """The trained model in open_clip's `local-dir:` layout, loadable without clipforge:
 
-    model, _, preprocess = open_clip.create_model_and_transforms("local-dir:models/clip")
-    tokenizer = open_clip.get_tokenizer("local-dir:models/clip")
+model, _, preprocess = open_clip.create_model_and_transforms("local-dir:models/clip")
+tokenizer = open_clip.get_tokenizer("local-dir:models/clip")
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,14 @@ WEIGHTS_FILE = "open_clip_model.safetensors"
 CONFIG_FILE = "open_clip_config.json"
 
 
-def export_model(state_dict: dict[str, torch.Tensor], model_cfg: dict, preprocess_cfg: dict,
-                 config_yaml: str, out: Path, tokenizer=None) -> None:
+def export_model(
+    state_dict: dict[str, torch.Tensor],
+    model_cfg: dict,
+    preprocess_cfg: dict,
+    config_yaml: str,
+    out: Path,
+    tokenizer=None,
+) -> None:
     """tokenizer: a Hugging Face one (open_clip's HFTokenizer) is saved into the folder, where
     `open_clip.get_tokenizer("local-dir:...")` looks for it; open_clip's own needs no files."""
     from safetensors.torch import save_file

@@ -9,12 +9,13 @@ CLIPFORGE_FAULTS is a comma-separated list of:
   no guess at how fast the machine trains. Without a stop the step waits for ever.
 STEP counts optimizer steps from 1.
 """
+
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -35,7 +36,9 @@ class Faults:
         if step in self.stall_seconds:
             time.sleep(self.stall_seconds[step])
         if step in self.nan_steps:
-            return [(torch.full_like(images, float("nan")), texts) for images, texts in micro_batches]
+            return [
+                (torch.full_like(images, float("nan")), texts) for images, texts in micro_batches
+            ]
         return micro_batches
 
 
@@ -54,6 +57,7 @@ def faults_from_env(environ=os.environ) -> Faults:
         elif kind == "hold":
             holds.add(int(where))
         else:
-            raise ValueError(f"{ENV}: unknown fault {item!r}; use nan@STEP, stall@STEP=SECONDS or "
-                             f"hold@STEP")
+            raise ValueError(
+                f"{ENV}: unknown fault {item!r}; use nan@STEP, stall@STEP=SECONDS or hold@STEP"
+            )
     return Faults(frozenset(nan_steps), stalls, frozenset(holds))

@@ -1,10 +1,11 @@
 """The training loop: fetch a step's micro-batches, take a contrastive step, log, checkpoint."""
+
 from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,7 @@ class StopRequested(Exception):
 @dataclass
 class StopFlag:
     """Set by a signal handler; checked (and agreed across ranks) at step boundaries."""
+
     requested: bool = False
     _previous: dict = field(default_factory=dict)
 
@@ -52,6 +54,7 @@ class StopFlag:
 @dataclass
 class LoopParts:
     """What the loop needs, built by the stage (engine, data, reporting)."""
+
     engine: object
     loss_fn: Callable
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
@@ -65,8 +68,14 @@ class LoopParts:
     faults: Faults = field(default_factory=Faults)
 
 
-def train_clip(parts: LoopParts, train: TrainConfig, plan: BatchPlan, start_step: int,
-               total_steps: int, steps_per_epoch: int) -> dict:
+def train_clip(
+    parts: LoopParts,
+    train: TrainConfig,
+    plan: BatchPlan,
+    start_step: int,
+    total_steps: int,
+    steps_per_epoch: int,
+) -> dict:
     """Run optimizer steps start_step..total_steps-1; returns the final scalars."""
     engine, alerts = parts.engine, parts.alerts
     last: dict = {}
@@ -75,13 +84,14 @@ def train_clip(parts: LoopParts, train: TrainConfig, plan: BatchPlan, start_step
         began = time.perf_counter()
         micro_batches = [next(parts.batches) for _ in range(plan.grad_accum_steps)]
         data_wait = time.perf_counter() - began
-        micro_batches = parts.faults.apply(done, [parts.to_device(b) for b in micro_batches],
-                                           lambda: parts.stop.requested)
+        micro_batches = parts.faults.apply(
+            done, [parts.to_device(b) for b in micro_batches], lambda: parts.stop.requested
+        )
         lr = engine.get_lr()[0]  # the rate this step uses; the scheduler advances inside step()
 
         reduced: dict[str, float] = {}
 
-        def skip_if(loss: float) -> bool:
+        def skip_if(loss: float, done: int = done, reduced: dict = reduced) -> bool:
             reduced["loss"] = _mean_over_ranks(loss, parts.device)
             verdict = alerts.check_loss(done, reduced["loss"])
             if verdict.stop:
@@ -95,10 +105,17 @@ def train_clip(parts: LoopParts, train: TrainConfig, plan: BatchPlan, start_step
             if verdict.stop:
                 raise NonFiniteTrainingError(verdict.message)
         elapsed = time.perf_counter() - began
-        last = {"step": done, "epoch": done / steps_per_epoch, "loss": reduced["loss"],
-                "grad_norm": grad_norm, "lr": lr, "logit_scale": out.logit_scale,
-                "samples_per_s": plan.global_batch_size / elapsed, "step_s": elapsed,
-                "data_wait_s": data_wait}
+        last = {
+            "step": done,
+            "epoch": done / steps_per_epoch,
+            "loss": reduced["loss"],
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "logit_scale": out.logit_scale,
+            "samples_per_s": plan.global_batch_size / elapsed,
+            "step_s": elapsed,
+            "data_wait_s": data_wait,
+        }
         if parts.monitor and (done % train.log_every_steps == 0 or done == total_steps):
             parts.monitor.step(done, last)
             parts.monitor.texts(alerts.drain_events())

@@ -10,10 +10,11 @@ micro-batch only with itself, a different (easier) objective. Instead, as open_c
      are alive, and the gradients of the k backward passes sum to the full-batch gradient.
 ClipLoss with gather_with_grad extends the batch across ranks the same way.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from open_clip.loss import ClipLoss
@@ -31,8 +32,9 @@ def _never(loss: float) -> bool:
 
 
 def make_clip_loss(rank: int, world_size: int) -> ClipLoss:
-    return ClipLoss(local_loss=True, gather_with_grad=True, cache_labels=True, rank=rank,
-                    world_size=world_size)
+    return ClipLoss(
+        local_loss=True, gather_with_grad=True, cache_labels=True, rank=rank, world_size=world_size
+    )
 
 
 def capped(logit_scale: torch.Tensor, max_logit_scale: float) -> torch.Tensor:
@@ -42,12 +44,20 @@ def capped(logit_scale: torch.Tensor, max_logit_scale: float) -> torch.Tensor:
 
 def _encode(engine, images: torch.Tensor, texts: torch.Tensor) -> dict:
     out = engine(image=images, text=texts)
-    return {"image": out["image_features"].float(), "text": out["text_features"].float(),
-            "logit_scale": out["logit_scale"]}
+    return {
+        "image": out["image_features"].float(),
+        "text": out["text_features"].float(),
+        "logit_scale": out["logit_scale"],
+    }
 
 
-def contrastive_step(engine, loss_fn: ClipLoss, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                     max_logit_scale: float, skip_if: Callable[[float], bool] = _never) -> StepOutput:
+def contrastive_step(
+    engine,
+    loss_fn: ClipLoss,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    max_logit_scale: float,
+    skip_if: Callable[[float], bool] = _never,
+) -> StepOutput:
     """Forward/backward every micro-batch of one step and let DeepSpeed take the optimizer step.
 
     `skip_if(loss)` sees the full-batch loss before any backward pass (a collective-safe point:
@@ -65,8 +75,8 @@ def contrastive_step(engine, loss_fn: ClipLoss, micro_batches: Sequence[tuple[to
     for j, (images, texts) in enumerate(micro_batches):
         out = _encode(engine, images, texts)
         if cached_images:
-            all_images = torch.cat(cached_images[:j] + [out["image"]] + cached_images[j + 1:])
-            all_texts = torch.cat(cached_texts[:j] + [out["text"]] + cached_texts[j + 1:])
+            all_images = torch.cat(cached_images[:j] + [out["image"]] + cached_images[j + 1 :])
+            all_texts = torch.cat(cached_texts[:j] + [out["text"]] + cached_texts[j + 1 :])
         else:
             all_images, all_texts = out["image"], out["text"]
         scale = capped(out["logit_scale"], max_logit_scale)

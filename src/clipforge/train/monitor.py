@@ -3,6 +3,7 @@
 Only rank 0 writes. On resume, TensorBoard is told to purge events after the checkpoint's step
 and the TSV keeps only rows up to it, so curves have no doubled segments.
 """
+
 from __future__ import annotations
 
 import csv
@@ -13,16 +14,37 @@ from pathlib import Path
 
 log = logging.getLogger("clipforge.train")
 
-COLUMNS = ("step", "epoch", "loss", "grad_norm", "lr", "logit_scale", "samples_per_s",
-           "step_s", "data_wait_s")
-_TB_NAMES = {"loss": "train/loss", "grad_norm": "train/grad_norm", "lr": "train/lr",
-             "logit_scale": "train/logit_scale", "samples_per_s": "perf/samples_per_s",
-             "step_s": "perf/step_s", "data_wait_s": "perf/data_wait_s"}
+COLUMNS = (
+    "step",
+    "epoch",
+    "loss",
+    "grad_norm",
+    "lr",
+    "logit_scale",
+    "samples_per_s",
+    "step_s",
+    "data_wait_s",
+)
+_TB_NAMES = {
+    "loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    "lr": "train/lr",
+    "logit_scale": "train/logit_scale",
+    "samples_per_s": "perf/samples_per_s",
+    "step_s": "perf/step_s",
+    "data_wait_s": "perf/data_wait_s",
+}
 
 
 class TrainMonitor:
-    def __init__(self, log_dir: Path, metrics_file: Path, start_step: int, total_steps: int,
-                 interactive: bool | None = None):
+    def __init__(
+        self,
+        log_dir: Path,
+        metrics_file: Path,
+        start_step: int,
+        total_steps: int,
+        interactive: bool | None = None,
+    ):
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(log_dir), purge_step=start_step + 1 if start_step else None)
@@ -50,9 +72,16 @@ class TrainMonitor:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(loss=f"{scalars['loss']:.3f}", lr=f"{scalars['lr']:.2e}")
         else:
-            log.info("step %d/%d (%.0f%%) loss %.4f lr %.2e %.1f samples/s ETA %s", step,
-                     self.total_steps, 100 * step / self.total_steps, scalars["loss"],
-                     scalars["lr"], scalars["samples_per_s"], self.eta(step))
+            log.info(
+                "step %d/%d (%.0f%%) loss %.4f lr %.2e %.1f samples/s ETA %s",
+                step,
+                self.total_steps,
+                100 * step / self.total_steps,
+                scalars["loss"],
+                scalars["lr"],
+                scalars["samples_per_s"],
+                self.eta(step),
+            )
 
     def texts(self, events) -> None:
         """Alerts and webhook outcomes as TensorBoard text (events: clipforge.alerts.events.TextEvent)."""

@@ -1,4 +1,5 @@
 """AdamW parameter groups and the learning-rate schedule (pure functions)."""
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     for name, param in model.named_parameters():
         if param.requires_grad:
             (exempt if no_weight_decay(name, param) else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": exempt, "weight_decay": 0.0}]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": exempt, "weight_decay": 0.0},
+    ]
 
 
 class WarmupCosine:

@@ -4,15 +4,16 @@ there), check the replicas agree, export. The train stage (stage.py) is the shel
 The run id fingerprints data, model and training params (checkpoint.run_id): rerunning with the
 same params resumes the run from its latest checkpoint, and ends with the same weights.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -40,6 +41,7 @@ log = logging.getLogger("clipforge.train")
 @dataclass
 class TrainingRun:
     """Everything one rank trains with, built by `set_up`."""
+
     config: Config
     paths: dict[str, Path]
     identity: str  # run-<hash>: the checkpoint and log directory name
@@ -66,14 +68,28 @@ class TrainingRun:
         return self.state.get("resumes", 0) + 1 if self.state else 0
 
     def save(self, step: int, scalars: dict) -> None:
-        self.checkpointer.save(self.engine, step, {
-            "step": step, "run_id": self.identity, "resumes": self.resumes, "scalars": scalars,
-            "config": self.config.to_dict()}, self.config.to_yaml())
+        self.checkpointer.save(
+            self.engine,
+            step,
+            {
+                "step": step,
+                "run_id": self.identity,
+                "resumes": self.resumes,
+                "scalars": scalars,
+                "config": self.config.to_dict(),
+            },
+            self.config.to_yaml(),
+        )
 
     def validate(self, step: int) -> float | None:
-        metrics = validation_metrics(self.engine, make_clip_loss(rank=0, world_size=1),
-                                     self.val_loader(), self.to_device, self.dist.device,
-                                     self.config.train.val_retrieval_samples)
+        metrics = validation_metrics(
+            self.engine,
+            make_clip_loss(rank=0, world_size=1),
+            self.val_loader(),
+            self.to_device,
+            self.dist.device,
+            self.config.train.val_retrieval_samples,
+        )
         if self.monitor:
             for name, value in metrics.items():  # val/loss, val/t2i_r1, ..., val/mean_recall
                 self.monitor.scalar(f"val/{name}", value, step)
@@ -100,49 +116,101 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
     train = config.train
     dist = init_distributed(device)
     plan = _batch_plan(train, dist.world_size)
-    precision = resolve_precision(train.precision, device,
-                                  device == "cuda" and torch.cuda.is_bf16_supported())
+    precision = resolve_precision(
+        train.precision, device, device == "cuda" and torch.cuda.is_bf16_supported()
+    )
     torch.manual_seed(train.seed)
     bundle = _build_model(config)
     files = train_data.split_files(paths["data"], "train")
     steps_per_epoch = _steps_per_epoch(files, plan)
     total_steps = train.max_steps or train.epochs * steps_per_epoch
     identity = run_id(config, manifest)
-    engine, checkpointer = _engine_and_checkpointer(train, plan, device, precision, bundle,
-                                                    paths["checkpoints"] / identity,
-                                                    total_steps, dist.is_main)
+    engine, checkpointer = _engine_and_checkpointer(
+        train,
+        plan,
+        device,
+        precision,
+        bundle,
+        paths["checkpoints"] / identity,
+        total_steps,
+        dist.is_main,
+    )
     state = checkpointer.load(engine)
     start_step = state["step"] if state else 0
-    log.info("%s %s at step %d/%d (%d steps/epoch), batch %d = %d micro x %d accum x %d ranks, "
-             "%s %s ZeRO-%d", "resuming" if state else "starting", identity, start_step, total_steps,
-             steps_per_epoch, plan.global_batch_size, plan.micro_batch_size, plan.grad_accum_steps,
-             plan.world_size, device, precision, train.zero_stage)
-    dataset = train_data.MicroBatches(files, plan, dist.rank, train.seed, total_steps,
-                                      bundle.preprocess_train, bundle.tokenizer)
+    log.info(
+        "%s %s at step %d/%d (%d steps/epoch), batch %d = %d micro x %d accum x %d ranks, "
+        "%s %s ZeRO-%d",
+        "resuming" if state else "starting",
+        identity,
+        start_step,
+        total_steps,
+        steps_per_epoch,
+        plan.global_batch_size,
+        plan.micro_batch_size,
+        plan.grad_accum_steps,
+        plan.world_size,
+        device,
+        precision,
+        train.zero_stage,
+    )
+    dataset = train_data.MicroBatches(
+        files, plan, dist.rank, train.seed, total_steps, bundle.preprocess_train, bundle.tokenizer
+    )
     return TrainingRun(
-        config=config, paths=paths, identity=identity, dist=dist, plan=plan,
-        steps_per_epoch=steps_per_epoch, total_steps=total_steps, bundle=bundle, engine=engine,
-        checkpointer=checkpointer, state=state,
+        config=config,
+        paths=paths,
+        identity=identity,
+        dist=dist,
+        plan=plan,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        bundle=bundle,
+        engine=engine,
+        checkpointer=checkpointer,
+        state=state,
         to_device=_device_mover(device, precision, dist.local_rank),
-        loader=train_data.micro_batch_loader(dataset, start_step * plan.grad_accum_steps,
-                                             train.num_workers, pin_memory=device == "cuda"),
+        loader=train_data.micro_batch_loader(
+            dataset,
+            start_step * plan.grad_accum_steps,
+            train.num_workers,
+            pin_memory=device == "cuda",
+        ),
         val_loader=_validation_loader(paths["data"], plan, dist, train, bundle),
-        monitor=TrainMonitor(paths["logs"] / identity, paths["metrics"] / "train.tsv", start_step,
-                             total_steps) if dist.is_main else None,
-        alerts=_alert_monitor(config, identity, dist))
+        monitor=TrainMonitor(
+            paths["logs"] / identity, paths["metrics"] / "train.tsv", start_step, total_steps
+        )
+        if dist.is_main
+        else None,
+        alerts=_alert_monitor(config, identity, dist),
+    )
 
 
 def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
     """Train from the start step to the end; on rank 0, export the model and the summary."""
-    parts = LoopParts(engine=run.engine, loss_fn=make_clip_loss(run.dist.rank, run.dist.world_size),
-                      batches=iter(run.loader), to_device=run.to_device, monitor=run.monitor,
-                      alerts=run.alerts, save=run.save, validate=run.validate,
-                      device=run.dist.device, stop=stop, faults=faults_from_env())
+    parts = LoopParts(
+        engine=run.engine,
+        loss_fn=make_clip_loss(run.dist.rank, run.dist.world_size),
+        batches=iter(run.loader),
+        to_device=run.to_device,
+        monitor=run.monitor,
+        alerts=run.alerts,
+        save=run.save,
+        validate=run.validate,
+        device=run.dist.device,
+        stop=stop,
+        faults=faults_from_env(),
+    )
     began = time.monotonic()
     with run.alerts:  # starts the stall watchdog now that set-up is over; reports a crash
-        run.alerts.run_started({"steps": run.total_steps, "start_step": run.start_step,
-                                "host": socket.gethostname(), "world_size": run.plan.world_size,
-                                "device": run.dist.device})
+        run.alerts.run_started(
+            {
+                "steps": run.total_steps,
+                "start_step": run.start_step,
+                "host": socket.gethostname(),
+                "world_size": run.plan.world_size,
+                "device": run.dist.device,
+            }
+        )
         if run.state:
             run.alerts.run_restarted(run.resumes, from_step=run.start_step)
         final = _train(run, parts)
@@ -156,8 +224,10 @@ def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
 def _batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
     plan = batch_plan(train, world_size=world_size)
     if plan.world_size != train.num_nodes * train.ranks_per_node:
-        raise StageError(f"world size {plan.world_size} (from the launcher) != train.num_nodes="
-                         f"{train.num_nodes} x train.ranks_per_node={train.ranks_per_node}")
+        raise StageError(
+            f"world size {plan.world_size} (from the launcher) != train.num_nodes="
+            f"{train.num_nodes} x train.ranks_per_node={train.ranks_per_node}"
+        )
     return plan
 
 
@@ -175,15 +245,25 @@ def _steps_per_epoch(files: train_data.SplitFiles, plan: BatchPlan) -> int:
         raise StageError(str(exc)) from None
 
 
-def _engine_and_checkpointer(train: TrainConfig, plan: BatchPlan, device: str, precision: str,
-                             bundle: ClipBundle, run_dir: Path, total_steps: int,
-                             is_main: bool) -> tuple[object, Checkpointer]:
+def _engine_and_checkpointer(
+    train: TrainConfig,
+    plan: BatchPlan,
+    device: str,
+    precision: str,
+    bundle: ClipBundle,
+    run_dir: Path,
+    total_steps: int,
+    is_main: bool,
+) -> tuple[object, Checkpointer]:
     """The DeepSpeed engine, and the run's checkpoint directory cleared of any half-written
     checkpoint (its DeepSpeed config written beside, for inspection)."""
     ds_config = deepspeed_config(train, plan, device, precision)
-    engine = create_engine(bundle.model, ds_config,
-                           WarmupCosine(train.warmup_steps, total_steps, train.min_lr_ratio),
-                           train.weight_decay)
+    engine = create_engine(
+        bundle.model,
+        ds_config,
+        WarmupCosine(train.warmup_steps, total_steps, train.min_lr_ratio),
+        train.weight_decay,
+    )
     checkpointer = Checkpointer(run_dir, train.keep_checkpoints, is_main)
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -198,13 +278,16 @@ def _device_mover(device: str, precision: str, local_rank: int) -> Callable:
 
     def to_device(batch):
         images, texts = batch
-        return images.to(target, dtype=dtype, non_blocking=True), texts.to(target, non_blocking=True)
+        return images.to(target, dtype=dtype, non_blocking=True), texts.to(
+            target, non_blocking=True
+        )
 
     return to_device
 
 
-def _validation_loader(data_dir: Path, plan: BatchPlan, dist: DistInfo, train: TrainConfig,
-                       bundle: ClipBundle) -> Callable:
+def _validation_loader(
+    data_dir: Path, plan: BatchPlan, dist: DistInfo, train: TrainConfig, bundle: ClipBundle
+) -> Callable:
     """A factory of loaders over fixed validation batches, an equal number per rank (ZeRO-3
     needs the same number of forward passes on every rank)."""
     files = train_data.split_files(data_dir, "val")
@@ -217,24 +300,28 @@ def _validation_loader(data_dir: Path, plan: BatchPlan, dist: DistInfo, train: T
     if steps == 0:  # a tiny val split: one smaller batch per rank rather than none
         micro = max(1, files.num_samples // plan.world_size)
         val_plan, steps = BatchPlan(micro * plan.world_size, micro, 1, plan.world_size), 1
-    dataset = train_data.MicroBatches(files, val_plan, dist.rank, train.seed, steps,
-                                      bundle.preprocess_val, bundle.tokenizer)
-    return lambda: train_data.micro_batch_loader(dataset, 0, train.num_workers,
-                                                 pin_memory=dist.device == "cuda")
+    dataset = train_data.MicroBatches(
+        files, val_plan, dist.rank, train.seed, steps, bundle.preprocess_val, bundle.tokenizer
+    )
+    return lambda: train_data.micro_batch_loader(
+        dataset, 0, train.num_workers, pin_memory=dist.device == "cuda"
+    )
 
 
 def _alert_monitor(config: Config, identity: str, dist: DistInfo) -> AlertMonitor:
     try:
-        return AlertMonitor.from_environment(config.alerts, identity, rank=dist.rank,
-                                             local_rank=dist.local_rank)
+        return AlertMonitor.from_environment(
+            config.alerts, identity, rank=dist.rank, local_rank=dist.local_rank
+        )
     except ValueError as exc:  # a malformed CLIPFORGE_ALERT_WEBHOOKS entry (never echoed)
         raise StageError(str(exc)) from None
 
 
 def _train(run: TrainingRun, parts: LoopParts) -> dict:
     try:
-        final = train_clip(parts, run.config.train, run.plan, run.start_step, run.total_steps,
-                           run.steps_per_epoch)
+        final = train_clip(
+            parts, run.config.train, run.plan, run.start_step, run.total_steps, run.steps_per_epoch
+        )
     except StopRequested as stopped:
         run.alerts.run_stopped(stopped.step)
         raise
@@ -245,23 +332,35 @@ def _train(run: TrainingRun, parts: LoopParts) -> dict:
 def _check_replicas(run: TrainingRun) -> None:
     drift = replicas_in_sync(run.engine)
     if drift:
-        raise RuntimeError(f"ranks hold different weights after training (max difference "
-                           f"{drift:g}): the run is not data-parallel; do not use it")
+        raise RuntimeError(
+            f"ranks hold different weights after training (max difference "
+            f"{drift:g}): the run is not data-parallel; do not use it"
+        )
     if run.plan.world_size > 1 and run.dist.is_main:
         log.info("replicas in sync across %d ranks", run.plan.world_size)
 
 
 def _export(run: TrainingRun, final: dict, wall_seconds: float) -> dict:
     """The fp32 model in open_clip's local-dir layout, and metrics/train.json."""
-    state_dict = fp32_state_dict(run.checkpointer.run_dir, run.checkpointer.latest_tag(),
-                                 run.config.train.max_logit_scale)
-    export_model(state_dict, run.bundle.model_cfg, run.bundle.preprocess_cfg, run.config.to_yaml(),
-                 run.paths["model"], tokenizer=run.bundle.tokenizer)
-    summary = {"run_id": run.identity, "steps": run.total_steps,
-               "resumed_from_step": run.start_step,
-               "samples_seen": run.total_steps * run.plan.global_batch_size,
-               "wall_seconds": wall_seconds,
-               **{k: final.get(k) for k in ("loss", "val_loss", "logit_scale", "lr")}}
+    state_dict = fp32_state_dict(
+        run.checkpointer.run_dir, run.checkpointer.latest_tag(), run.config.train.max_logit_scale
+    )
+    export_model(
+        state_dict,
+        run.bundle.model_cfg,
+        run.bundle.preprocess_cfg,
+        run.config.to_yaml(),
+        run.paths["model"],
+        tokenizer=run.bundle.tokenizer,
+    )
+    summary = {
+        "run_id": run.identity,
+        "steps": run.total_steps,
+        "resumed_from_step": run.start_step,
+        "samples_seen": run.total_steps * run.plan.global_batch_size,
+        "wall_seconds": wall_seconds,
+        **{k: final.get(k) for k in ("loss", "val_loss", "logit_scale", "lr")},
+    }
     atomic_write_text(run.paths["metrics"] / "train.json", json.dumps(summary, indent=2) + "\n")
     log.info("exported %s; final loss %s", run.paths["model"], final.get("loss"))
     return summary

@@ -5,14 +5,15 @@ launcher, exit codes. The run itself is train/run.py. Always on DeepSpeed, world
 laptop included. With train.ranks_per_node > 1 and no launcher around it, the stage re-executes
 itself under DeepSpeed's launcher.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
@@ -27,26 +28,45 @@ PARAM_SECTIONS = ("model", "train", "alerts")
 
 
 def _paths(args) -> dict[str, Path]:
-    return {"data": Path(args.data), "checkpoints": Path(args.checkpoints),
-            "model": Path(args.model_out), "logs": Path(args.logs), "metrics": Path(args.metrics)}
+    return {
+        "data": Path(args.data),
+        "checkpoints": Path(args.checkpoints),
+        "model": Path(args.model_out),
+        "logs": Path(args.logs),
+        "metrics": Path(args.metrics),
+    }
 
 
 def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
     manifest = paths["data"] / "manifest.json"
     if not manifest.is_file():
-        raise StageError(f"{manifest} not found: run the data stage first (`dvc repro data` or "
-                         f"`python -m clipforge.data`)")
+        raise StageError(
+            f"{manifest} not found: run the data stage first (`dvc repro data` or "
+            f"`python -m clipforge.data`)"
+        )
     if config.train.num_nodes > 1 and "WORLD_SIZE" not in os.environ:
-        raise StageError("train.num_nodes > 1: start one launcher per node (`fab train --nodes N`, "
-                         "or DeepSpeed's launcher with a hostfile); this command runs one node")
+        raise StageError(
+            "train.num_nodes > 1: start one launcher per node (`fab train --nodes N`, "
+            "or DeepSpeed's launcher with a hostfile); this command runs one node"
+        )
     return manifest.read_bytes()
 
 
 def relaunch_under_deepspeed(config: Config, argv: Sequence[str]) -> int:
     """Re-run this stage as N ranks with DeepSpeed's own launcher (no home-made spawning)."""
-    command = [sys.executable, "-m", "deepspeed.launcher.runner",
-               "--num_gpus", str(config.train.ranks_per_node), "--master_port", str(free_port()),
-               "--no_local_rank", "--module", "clipforge.train", *argv]
+    command = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(config.train.ranks_per_node),
+        "--master_port",
+        str(free_port()),
+        "--no_local_rank",
+        "--module",
+        "clipforge.train",
+        *argv,
+    ]
     env = dict(os.environ)
     if resolve_device(config.train.device) == "cpu":
         env["DS_ACCELERATOR"] = "cpu"  # the launcher would otherwise probe for GPUs itself
@@ -82,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("clipforge.train", "Train CLIP with DeepSpeed on the shards in data/.")
     parser.add_argument("--data", default="data", help="data stage output (default: data)")
     parser.add_argument("--checkpoints", default="checkpoints", help="default: checkpoints")
-    parser.add_argument("--model-out", default="models/clip", help="export dir (default: models/clip)")
+    parser.add_argument(
+        "--model-out", default="models/clip", help="export dir (default: models/clip)"
+    )
     parser.add_argument("--logs", default="logs", help="TensorBoard root (default: logs)")
     parser.add_argument("--metrics", default="metrics", help="metrics dir (default: metrics)")
     argv = list(sys.argv[1:] if argv is None else argv)

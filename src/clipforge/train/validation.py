@@ -12,10 +12,11 @@ number of equal-sized batches (train/stage.py) and this function runs exactly on
 batch on every rank, whatever it keeps for ranking; the kept features then have the same
 shape on every rank, which all_gather needs.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -23,16 +24,26 @@ import torch.distributed as dist
 from clipforge.eval import retrieval_metrics
 
 
-def validation_due(done: int, steps_per_epoch: int, total_steps: int,
-                   val_every_steps: int | None) -> bool:
+def validation_due(
+    done: int, steps_per_epoch: int, total_steps: int, val_every_steps: int | None
+) -> bool:
     """After optimizer step `done`: at epoch ends, at the end, and every val_every_steps."""
-    return (done % steps_per_epoch == 0 or done == total_steps
-            or bool(val_every_steps and done % val_every_steps == 0))
+    return (
+        done % steps_per_epoch == 0
+        or done == total_steps
+        or bool(val_every_steps and done % val_every_steps == 0)
+    )
 
 
 @torch.no_grad()
-def validation_metrics(model, loss_fn: Callable, batches: Iterable, to_device: Callable,
-                       device: str, retrieval_samples: int) -> dict[str, float]:
+def validation_metrics(
+    model,
+    loss_fn: Callable,
+    batches: Iterable,
+    to_device: Callable,
+    device: str,
+    retrieval_samples: int,
+) -> dict[str, float]:
     """{"loss", "t2i_r1", ..., "mean_recall"}, the same on every rank."""
     world = _world_size()
     keep_per_rank = math.ceil(retrieval_samples / world)
@@ -56,8 +67,9 @@ def validation_metrics(model, loss_fn: Callable, batches: Iterable, to_device: C
     if total[1] == 0:  # no validation split
         return {}
     metrics = {"loss": (total[0] / total[1]).item()}
-    image_features, text_features, tokens = (_gather(torch.cat(kept[k]))[:retrieval_samples]
-                                             for k in ("image", "text", "tokens"))
+    image_features, text_features, tokens = (
+        _gather(torch.cat(kept[k]))[:retrieval_samples] for k in ("image", "text", "tokens")
+    )
     # one id per distinct caption: relevance without an N x N x context-length comparison
     caption_ids = torch.unique(tokens, dim=0, return_inverse=True)[1]
     relevant = caption_ids[:, None] == caption_ids[None, :]

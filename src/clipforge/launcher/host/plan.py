@@ -4,11 +4,11 @@ Written by the launcher as <node>/plan.json, read by clipforge.launcher.host.sup
 host. It never holds secrets: those reach the supervisor through its environment only (see the
 supervisor's `launch`).
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
 
 # Environment variables passed from the laptop to the run when set there; values are never written
 # to a file, a log or a command line. The alert webhooks are secrets; the faults
@@ -19,17 +19,18 @@ PASSTHROUGH_ENV = ("CLIPFORGE_ALERT_WEBHOOKS", "CLIPFORGE_FAULTS")
 @dataclass
 class Phase:
     """One command; restarted on abnormal exit when `restartable`."""
+
     name: str
-    argv: List[str]
+    argv: list[str]
     cwd: str
-    env: Dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     restartable: bool = True
     # How to ask the command to stop (checkpoint, then exit). None: SIGINT to its process group,
     # which DVC ignores while its stage runs and the train stage treats like SIGTERM. The docker
     # runtime signals the processes inside the container instead.
-    stop_argv: Optional[List[str]] = None
+    stop_argv: list[str] | None = None
     # Run before each attempt and after an abnormal exit, e.g. remove a leftover container.
-    cleanup_argv: Optional[List[str]] = None
+    cleanup_argv: list[str] | None = None
 
 
 @dataclass
@@ -43,8 +44,10 @@ class RestartPolicy:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts: must be >= 0, got {self.max_restarts}")
         if self.backoff_seconds < 0 or self.backoff_max_seconds < self.backoff_seconds:
-            raise ValueError(f"backoff: need 0 <= backoff_seconds ({self.backoff_seconds}) <= "
-                             f"backoff_max_seconds ({self.backoff_max_seconds})")
+            raise ValueError(
+                f"backoff: need 0 <= backoff_seconds ({self.backoff_seconds}) <= "
+                f"backoff_max_seconds ({self.backoff_max_seconds})"
+            )
         if self.stop_timeout_seconds <= 0:
             raise ValueError(f"stop_timeout_seconds: must be > 0, got {self.stop_timeout_seconds}")
 
@@ -55,13 +58,15 @@ class RestartPolicy:
 
 @dataclass
 class Plan:
-    phases: List[Phase]
+    phases: list[Phase]
     policy: RestartPolicy
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
+    def from_json(cls, text: str) -> Plan:
         raw = json.loads(text)
-        return cls(phases=[Phase(**p) for p in raw["phases"]], policy=RestartPolicy(**raw["policy"]))
+        return cls(
+            phases=[Phase(**p) for p in raw["phases"]], policy=RestartPolicy(**raw["policy"])
+        )

@@ -13,6 +13,7 @@
 
 Every path of a node is a property of its NodeLayout: nothing else spells these names.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,15 +33,17 @@ class NodeLayout:
     node_rank: int
 
     @classmethod
-    def of_node_dir(cls, node_dir: str) -> "NodeLayout":
+    def of_node_dir(cls, node_dir: str) -> NodeLayout:
         """The layout whose node_dir this is; ValueError unless it reads <root>/runs/<run>/node-<rank>."""
         run_dir, node = posixpath.split(posixpath.normpath(node_dir))
         runs_dir, run_id = posixpath.split(run_dir)
         root, runs = posixpath.split(runs_dir)
-        rank = node[len(NODE_PREFIX):]
+        rank = node[len(NODE_PREFIX) :]
         if runs != RUNS or not run_id or not node.startswith(NODE_PREFIX) or not rank.isdigit():
-            raise ValueError(f"{node_dir}: not a node directory of a run "
-                             f"(<root>/{RUNS}/<run>/{NODE_PREFIX}<rank>)")
+            raise ValueError(
+                f"{node_dir}: not a node directory of a run "
+                f"(<root>/{RUNS}/<run>/{NODE_PREFIX}<rank>)"
+            )
         return cls(root=root, run_id=run_id, node_rank=int(rank))
 
     @property

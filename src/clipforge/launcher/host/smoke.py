@@ -9,6 +9,7 @@ That is the round trip a multi-day run depends on, through the real stage, on th
 
 Exit 0 when every check passed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,11 @@ from clipforge.fsutil import atomic_write_bytes, atomic_write_text
 
 
 def tree_digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def run_smoke_check(workspace: Path, command: list[str]) -> dict:
@@ -36,19 +40,22 @@ def run_smoke_check(workspace: Path, command: list[str]) -> dict:
     checks = {"resume command exited 0": code == 0}
     if code == 0:
         resumed = json.loads(summary_path.read_text(encoding="utf-8"))
-        checks["resumed from the final checkpoint"] = \
-            resumed.get("resumed_from_step") == trained.get("steps") and bool(trained.get("steps"))
+        checks["resumed from the final checkpoint"] = resumed.get(
+            "resumed_from_step"
+        ) == trained.get("steps") and bool(trained.get("steps"))
         checks["same run id after reload"] = resumed.get("run_id") == trained.get("run_id")
-        checks["exported weights identical after reload"] = bool(before) and \
-            tree_digests(model_dir) == before
+        checks["exported weights identical after reload"] = (
+            bool(before) and tree_digests(model_dir) == before
+        )
     # The reload rewrote the summary (resumed_from_step, wall time): keep the training's own.
     atomic_write_bytes(summary_path, summary_bytes)
     return {"passed": all(checks.values()), "checks": checks, "trained": trained}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="clipforge.launcher.host.smoke",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="clipforge.launcher.host.smoke", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--workspace", required=True, type=Path)
     parser.add_argument("--result", required=True, type=Path)
     parser.add_argument("command", nargs=argparse.REMAINDER)

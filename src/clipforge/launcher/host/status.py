@@ -5,6 +5,7 @@ supervisor's state (and whether it is really alive), the last row of metrics/tra
 checkpoint, the final summary and smoke result when there are. Laptop side: `summarize` turns that
 into step/total, ETA, elapsed and cost.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,6 @@ import sys
 import time
 from decimal import Decimal
 from pathlib import Path
-from typing import Optional
 
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.supervisor import TERMINAL_STATES, read_json, supervisor_pid
@@ -33,9 +33,22 @@ def collect(layout: NodeLayout) -> dict:
     manifest = Path(layout.output("data/manifest.json"))
     checkpoints = Path(record.get("checkpoints_dir") or layout.output("checkpoints"))
     return {
-        "record": {k: record.get(k) for k in ("run_id", "commit", "host", "node_rank", "num_nodes",
-                                                "gpus_per_node", "runtime", "smoke", "image",
-                                                "created_at", "executor")},
+        "record": {
+            k: record.get(k)
+            for k in (
+                "run_id",
+                "commit",
+                "host",
+                "node_rank",
+                "num_nodes",
+                "gpus_per_node",
+                "runtime",
+                "smoke",
+                "image",
+                "created_at",
+                "executor",
+            )
+        },
         "state": state,
         "supervisor_alive": alive,
         "last_row": rows[-1] if rows else None,
@@ -57,7 +70,7 @@ def _tsv_rows(path: Path) -> list[dict]:
         return []
 
 
-def _steps_per_epoch(params: dict, manifest_path: Path) -> Optional[int]:
+def _steps_per_epoch(params: dict, manifest_path: Path) -> int | None:
     """As clipforge.train.data.steps_per_epoch: full global batches of the training split."""
     manifest = read_json(manifest_path)
     train = params.get("train") or {}
@@ -67,7 +80,7 @@ def _steps_per_epoch(params: dict, manifest_path: Path) -> Optional[int]:
     return sum(int(s["count"]) for s in shards) // int(train["global_batch_size"]) or None
 
 
-def _total_steps(params: dict, manifest_path: Path) -> Optional[int]:
+def _total_steps(params: dict, manifest_path: Path) -> int | None:
     train = params.get("train") or {}
     if train.get("max_steps"):
         return int(train["max_steps"])
@@ -75,7 +88,7 @@ def _total_steps(params: dict, manifest_path: Path) -> Optional[int]:
     return per_epoch * int(train["epochs"]) if per_epoch and train.get("epochs") else None
 
 
-def _latest_checkpoint(checkpoints: Path) -> Optional[str]:
+def _latest_checkpoint(checkpoints: Path) -> str | None:
     markers = sorted(checkpoints.glob("run-*/latest"), key=lambda p: p.stat().st_mtime)
     if not markers:
         return None
@@ -83,7 +96,7 @@ def _latest_checkpoint(checkpoints: Path) -> Optional[str]:
 
 
 # -- laptop side ---------------------------------------------------------------------------------
-def summarize(info: dict, price_per_gpu_hour: Optional[Decimal]) -> list[tuple[str, str]]:
+def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str, str]]:
     """(label, value) rows for the status table."""
     record, state, row = info["record"], info["state"], info.get("last_row") or {}
     total = info.get("total_steps")
@@ -96,24 +109,47 @@ def summarize(info: dict, price_per_gpu_hour: Optional[Decimal]) -> list[tuple[s
     seconds_per_step = _median(info.get("recent_step_seconds") or [])
     gpus = (record.get("gpus_per_node") or 0) * (record.get("num_nodes") or 1)
     rows = [
-        ("run", f"{record.get('run_id')} (commit {str(record.get('commit'))[:10]}, "
-                f"{record.get('runtime')} runtime, {_gpus_text(record)})"),
+        (
+            "run",
+            f"{record.get('run_id')} (commit {str(record.get('commit'))[:10]}, "
+            f"{record.get('runtime')} runtime, {_gpus_text(record)})",
+        ),
         ("state", _state_text(state, info)),
-        ("step", f"{step}/{total if total else '?'}" + (f" (epoch {float(row['epoch']):.2f})"
-                                                         if row.get("epoch") else "")),
+        (
+            "step",
+            f"{step}/{total if total else '?'}"
+            + (f" (epoch {float(row['epoch']):.2f})" if row.get("epoch") else ""),
+        ),
         ("loss", _loss_text(row, info.get("summary"))),
         ("samples/s", f"{float(row['samples_per_s']):.1f}" if row.get("samples_per_s") else "-"),
-        ("ETA", _duration(seconds_per_step * (total - step))
-         if seconds_per_step and total and state.get("state") == "running" else "-"),
+        (
+            "ETA",
+            _duration(seconds_per_step * (total - step))
+            if seconds_per_step and total and state.get("state") == "running"
+            else "-",
+        ),
         ("elapsed", _duration(elapsed) if elapsed is not None else "-"),
         ("restarts", f"{state.get('restarts', 0)}/{state.get('max_restarts', '?')}"),
         ("checkpoint", info.get("latest_checkpoint") or "none yet"),
     ]
-    rows.append(("cost", _cost_text(elapsed, gpus, price_per_gpu_hour, seconds_per_step,
-                                    info.get("steps_per_epoch"))))
+    rows.append(
+        (
+            "cost",
+            _cost_text(
+                elapsed, gpus, price_per_gpu_hour, seconds_per_step, info.get("steps_per_epoch")
+            ),
+        )
+    )
     if info.get("smoke"):
-        rows.append(("smoke", "passed" if info["smoke"].get("passed") else
-                     "FAILED: " + ", ".join(k for k, ok in info["smoke"]["checks"].items() if not ok)))
+        rows.append(
+            (
+                "smoke",
+                "passed"
+                if info["smoke"].get("passed")
+                else "FAILED: "
+                + ", ".join(k for k, ok in info["smoke"]["checks"].items() if not ok),
+            )
+        )
     return rows
 
 
@@ -122,11 +158,13 @@ def _state_text(state: dict, info: dict) -> str:
     if name == "running":
         return f"running (phase {state.get('phase')}, attempt {state.get('attempt')})"
     if name == "lost":
-        return "lost: the supervisor is gone without finishing; `fab train --resume RUN` restarts it"
+        return (
+            "lost: the supervisor is gone without finishing; `fab train --resume RUN` restarts it"
+        )
     return name
 
 
-def _loss_text(row: dict, summary: Optional[dict]) -> str:
+def _loss_text(row: dict, summary: dict | None) -> str:
     if summary and summary.get("loss") is not None:
         val = f", val {summary['val_loss']:.4f}" if summary.get("val_loss") is not None else ""
         return f"{summary['loss']:.4f}{val} (final)"
@@ -139,8 +177,13 @@ def _gpus_text(record: dict) -> str:
     return f"{nodes} node{'s' if nodes != 1 else ''} x {where}"
 
 
-def _cost_text(elapsed: Optional[float], gpus: int, price: Optional[Decimal],
-               seconds_per_step: Optional[float], steps_per_epoch: Optional[int]) -> str:
+def _cost_text(
+    elapsed: float | None,
+    gpus: int,
+    price: Decimal | None,
+    seconds_per_step: float | None,
+    steps_per_epoch: int | None,
+) -> str:
     if not gpus:
         return "- (CPU run)"
     if price is None:
@@ -154,7 +197,7 @@ def _cost_text(elapsed: Optional[float], gpus: int, price: Optional[Decimal],
     return text
 
 
-def _median(values: list[float]) -> Optional[float]:
+def _median(values: list[float]) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -168,7 +211,7 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clipforge.launcher.host.status")
     parser.add_argument("node_dir", type=node_dir_argument, metavar="NODE_DIR")
     print(json.dumps(collect(parser.parse_args(argv).node_dir)))

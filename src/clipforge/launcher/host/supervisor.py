@@ -19,6 +19,7 @@ closing the connection sends it nothing. It makes itself a child subreaper, so p
 by a crashed attempt (ranks, loader workers) are reaped here even where PID 1 does not reap (a
 container running `sleep infinity`), and an attempt is over only when its whole process group is.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from clipforge.fsutil import atomic_write_text
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
@@ -42,14 +42,14 @@ MAX_EXITS_KEPT = 50
 TERMINAL_STATES = ("finished", "stopped", "failed")
 
 
-def read_json(path: str | Path) -> Optional[dict]:
+def read_json(path: str | Path) -> dict | None:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 
 
-def supervisor_pid(layout: NodeLayout) -> Optional[int]:
+def supervisor_pid(layout: NodeLayout) -> int | None:
     """The pid of this node's live supervisor, or None (a stale pid file is not a live one)."""
     try:
         pid = int(Path(layout.pid_file).read_text().strip())
@@ -72,14 +72,20 @@ class Supervisor:
         previous = read_json(layout.state) or {}
         # A supervisor started again on the same node (`fab train --resume`) keeps the count.
         self.state = {
-            "state": "starting", "phase": None, "attempt": 0,
-            "restarts": previous.get("restarts", 0), "max_restarts": self.plan.policy.max_restarts,
-            "supervisor_pid": os.getpid(), "child_pid": None,
-            "started_at": previous.get("started_at", time.time()), "attempt_started_at": None,
-            "finished_at": None, "exits": previous.get("exits", []),
+            "state": "starting",
+            "phase": None,
+            "attempt": 0,
+            "restarts": previous.get("restarts", 0),
+            "max_restarts": self.plan.policy.max_restarts,
+            "supervisor_pid": os.getpid(),
+            "child_pid": None,
+            "started_at": previous.get("started_at", time.time()),
+            "attempt_started_at": None,
+            "finished_at": None,
+            "exits": previous.get("exits", []),
             "passed_env": sorted(name for name in PASSTHROUGH_ENV if name in os.environ),
         }
-        self._child_status: Optional[int] = None
+        self._child_status: int | None = None
 
     # -- state -------------------------------------------------------------------------------
     def _set(self, **changes) -> None:
@@ -123,20 +129,27 @@ class Supervisor:
                 return self._stopped()
             if code == 0:
                 return "done"
-            exits = (self.state["exits"] + [{"phase": phase.name, "attempt": attempt, "code": code,
-                                              "at": time.time()}])[-MAX_EXITS_KEPT:]
+            exits = (
+                self.state["exits"]
+                + [{"phase": phase.name, "attempt": attempt, "code": code, "at": time.time()}]
+            )[-MAX_EXITS_KEPT:]
             self._set(exits=exits)
             restarts = self.state["restarts"]
             if not phase.restartable or restarts >= self.plan.policy.max_restarts:
-                why = "not restartable" if not phase.restartable else \
-                    f"{restarts} restarts used of {self.plan.policy.max_restarts}"
+                why = (
+                    "not restartable"
+                    if not phase.restartable
+                    else f"{restarts} restarts used of {self.plan.policy.max_restarts}"
+                )
                 self._log(f"phase {phase.name} exited with {_describe(code)}; giving up ({why})")
                 self._set(state="failed", child_pid=None, finished_at=time.time())
                 return "failed"
             delay = self.plan.policy.delay_before(restarts + 1)
-            self._log(f"phase {phase.name} exited with {_describe(code)}; restart "
-                      f"{restarts + 1}/{self.plan.policy.max_restarts} in {delay:g}s, from the "
-                      f"latest checkpoint")
+            self._log(
+                f"phase {phase.name} exited with {_describe(code)}; restart "
+                f"{restarts + 1}/{self.plan.policy.max_restarts} in {delay:g}s, from the "
+                f"latest checkpoint"
+            )
             self._set(state="backoff", restarts=restarts + 1, child_pid=None)
             if not self._sleep(delay):
                 return self._stopped()
@@ -149,16 +162,32 @@ class Supervisor:
     def _attempt(self, phase: Phase, attempt: int) -> int:
         """Run the phase once; its exit code (negative: killed by that signal)."""
         if phase.cleanup_argv:
-            subprocess.run(phase.cleanup_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           check=False)
+            subprocess.run(
+                phase.cleanup_argv,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+            )
         self._log(f"phase {phase.name} attempt {attempt}: {' '.join(phase.argv)}")
         env = dict(os.environ, **phase.env)
         self._child_status = None
         with open(self.layout.train_log, "ab") as log:
-            child = subprocess.Popen(phase.argv, cwd=phase.cwd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self._set(state="running", phase=phase.name, attempt=attempt, child_pid=child.pid,
-                  attempt_started_at=time.time())
+            child = subprocess.Popen(
+                phase.argv,
+                cwd=phase.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._set(
+            state="running",
+            phase=phase.name,
+            attempt=attempt,
+            child_pid=child.pid,
+            attempt_started_at=time.time(),
+        )
         group = child.pid  # a new session: the child leads its own process group
         stop_deadline = None
         while self._child_status is None:
@@ -185,18 +214,23 @@ class Supervisor:
             _signal_group(group, signal.SIGKILL)
         self._wait_group_gone(group, REMNANT_GRACE_SECONDS)
         if code != 0 and phase.cleanup_argv:
-            subprocess.run(phase.cleanup_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           check=False)
+            subprocess.run(
+                phase.cleanup_argv,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+            )
         return code
 
     def _ask_to_stop(self, phase: Phase, group: int) -> None:
         if phase.stop_argv:
-            subprocess.run(phase.stop_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           check=False)
+            subprocess.run(
+                phase.stop_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+            )
         else:
             _signal_group(group, signal.SIGINT)
 
-    def _reap(self, attempt_pid: Optional[int] = None) -> None:
+    def _reap(self, attempt_pid: int | None = None) -> None:
         """Collect every exited child (orphans come to us as subreaper); note the attempt's own."""
         while True:
             try:
@@ -287,9 +321,15 @@ def launch(layout: NodeLayout) -> int:
     Path(layout.stop_request).unlink(missing_ok=True)
     env = dict(os.environ, **secrets)
     with open(layout.supervisor_log, "ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", MODULE, "run", layout.node_dir], env=env,
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, close_fds=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", MODULE, "run", layout.node_dir],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
     atomic_write_text(layout.pid_file, f"{process.pid}\n")
     print(json.dumps({"supervisor_pid": process.pid}))
     return 0
@@ -305,7 +345,7 @@ def stop(layout: NodeLayout) -> int:
     return 0
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
     parser.add_argument("command", choices=("launch", "run", "stop"))
     parser.add_argument("node_dir", type=node_dir_argument, metavar="NODE_DIR")
