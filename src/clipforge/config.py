@@ -228,7 +228,13 @@ class TrainConfig(Section):
     global_batch_size: int = knob(
         128, "Contrastive batch: pairs per optimizer step over all ranks.", ge=2
     )
-    micro_batch_size: int = knob(128, "Pairs per forward pass on one rank.", ge=1)
+    micro_batch_size: int | Literal["auto"] = knob(
+        "auto",
+        "Pairs per forward pass on one rank (`auto`: the rank's whole share of the global batch, "
+        "global / (world size x accumulation), on CPU; on GPUs the largest that fits in memory, "
+        "found by a short probe at start-up).",
+        ge=1,
+    )
     grad_accum_steps: int | Literal["auto"] = knob(
         "auto",
         "Micro-batches per rank per step, with feature caching (`auto`: global batch / "
@@ -471,14 +477,24 @@ class BatchPlan:
     world_size: int
 
 
-def batch_plan(train: TrainConfig, world_size: int | None = None) -> BatchPlan:
-    """global batch = micro batch x accumulation x world size, naming every factor when it is not."""
+def batch_plan(
+    train: TrainConfig, world_size: int | None = None, micro_batch_size: int | None = None
+) -> BatchPlan:
+    """global batch = micro batch x accumulation x world size, naming every factor when it is not.
+
+    The global batch is the choice that holds; `auto` factors follow from it. `micro_batch_size`
+    is what a memory probe chose for `train.micro_batch_size: auto` (None: no probe, so the
+    rank's whole share of the global batch, divided by an explicit accumulation)."""
     world = world_size if world_size is not None else train.num_nodes * train.ranks_per_node
-    factors = (
-        f"train.micro_batch_size={train.micro_batch_size} x world size {world} "
-        f"(train.num_nodes={train.num_nodes} x train.ranks_per_node={train.ranks_per_node})"
+    world_text = (
+        f"world size {world} (train.num_nodes={train.num_nodes} x "
+        f"train.ranks_per_node={train.ranks_per_node})"
     )
-    per_step = train.micro_batch_size * world
+    if train.micro_batch_size == "auto" and micro_batch_size is None:
+        return _share_of_each_rank(train, world, world_text)
+    micro = micro_batch_size if train.micro_batch_size == "auto" else train.micro_batch_size
+    factors = f"train.micro_batch_size={micro} x {world_text}"
+    per_step = micro * world
     if train.grad_accum_steps == "auto":
         if train.global_batch_size % per_step:
             raise ConfigError(
@@ -494,7 +510,20 @@ def batch_plan(train: TrainConfig, world_size: int | None = None) -> BatchPlan:
                 f"train.grad_accum_steps={accum} = {per_step * accum}; change one of them or set "
                 f"train.grad_accum_steps: auto"
             )
-    return BatchPlan(train.global_batch_size, train.micro_batch_size, accum, world)
+    return BatchPlan(train.global_batch_size, micro, accum, world)
+
+
+def _share_of_each_rank(train: TrainConfig, world: int, world_text: str) -> BatchPlan:
+    """`micro_batch_size: auto` without a probe: each rank's share in `accum` forward passes."""
+    accum = 1 if train.grad_accum_steps == "auto" else train.grad_accum_steps
+    per_pass = world * accum
+    if train.global_batch_size % per_pass:
+        accum_text = "" if accum == 1 else f" x train.grad_accum_steps={accum} = {per_pass}"
+        raise ConfigError(
+            f"train.global_batch_size: {train.global_batch_size} is not a multiple of "
+            f"{world_text}{accum_text}; choose a global batch that is"
+        )
+    return BatchPlan(train.global_batch_size, train.global_batch_size // per_pass, accum, world)
 
 
 def field_docs(cls: type = Config, prefix: str = "") -> dict[str, str]:

@@ -36,7 +36,7 @@ def production() -> dict[str, dict]:
             "zero_stage": 3,
             "ranks_per_node": 4,
             "global_batch_size": 4096,
-            "micro_batch_size": 1024,
+            "micro_batch_size": "auto",  # probed on the GPUs: no hand-tuned number to OOM on
             "epochs": 5,
             "lr": 5e-4,
             "warmup_steps": 500,

@@ -197,3 +197,30 @@ def test_bad_train_value_stops_the_train_stage_but_not_the_data_stage(tmp_path, 
     assert code == 2
     assert capsys.readouterr().err == "clipforge.train: error: train.lr: got -1.0; must be > 0.0\n"
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_auto_micro_batch_is_each_ranks_share_of_the_global_batch():
+    """The global batch holds whatever the world size: `auto` divides it among the ranks (and
+    among an explicit accumulation), so the default params run on 1 or 4 ranks alike."""
+    for ranks, accum, micro in ((1, "auto", 128), (4, "auto", 32), (4, 2, 16)):
+        train = load_config(
+            None, [f"train.ranks_per_node={ranks}", f"train.grad_accum_steps={accum}"]
+        ).train
+        plan = batch_plan(train)
+        assert (plan.micro_batch_size, plan.world_size) == (micro, ranks)
+        assert plan.micro_batch_size * plan.grad_accum_steps * ranks == 128
+
+
+def test_a_probed_micro_batch_sets_the_accumulation():
+    """A memory probe's choice for `auto` is used as the micro batch; accumulation follows."""
+    train = load_config(None, ["train.global_batch_size=4096", "train.ranks_per_node=4"]).train
+    plan = batch_plan(train, micro_batch_size=256)
+    assert (plan.micro_batch_size, plan.grad_accum_steps) == (256, 4)
+
+
+def test_a_global_batch_the_ranks_cannot_share_names_every_factor(tmp_path):
+    message = _error(tmp_path, {"train": {"global_batch_size": 130, "ranks_per_node": 4}})
+    assert message == (
+        "train.global_batch_size: 130 is not a multiple of world size 4 (train.num_nodes=1 x "
+        "train.ranks_per_node=4); choose a global batch that is"
+    )
