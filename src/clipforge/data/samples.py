@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from clipforge.data.builtin import encode_jpeg
-
 
 @dataclass
 class SkipLog:
@@ -42,6 +40,12 @@ def clean_caption(caption: str | bytes, max_chars: int) -> tuple[str | None, str
     if len(text) > max_chars:
         return None, "caption_too_long"
     return text, None
+
+
+def encode_jpeg(image: Image.Image, quality: int = 95) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
 
 
 # Integer modes PIL gives high-bit-depth greyscale images (16-bit PNG, TIFF): convert("RGB") clips
