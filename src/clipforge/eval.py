@@ -165,12 +165,18 @@ def _run(args) -> None:
     models = [(args.model, None, "--model")]
     if cfg.baseline_model:
         models.append((cfg.baseline_model, cfg.baseline_pretrained, "eval.baseline_model"))
-    try:  # every input is checked before the first model is loaded
-        for spec, pretrained, what in models:
+    problems = []  # every input is checked, and every problem named, before a model loads
+    for spec, pretrained, what in models:
+        try:
             check_model_weights(spec, pretrained, what)
+        except ModelFilesError as exc:
+            problems.append(str(exc))
+    try:
         test_set = testset.load_test_set(Path(args.data))
-    except (ModelFilesError, testset.TestSetError) as exc:
-        raise StageError(str(exc)) from None
+    except testset.TestSetError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise StageError("\n".join(problems))
     import torch
 
     device = (
