@@ -82,29 +82,32 @@ def subprocess_env() -> dict:
     return env
 
 
+def train_argv(root: Path, data: Path, params: Path, checkpoints: Path | None = None) -> list[str]:
+    """The train stage's arguments, writing everything under `root` (the checkpoints under
+    root/checkpoints unless given)."""
+    return [
+        "--params",
+        str(params),
+        "--data",
+        str(data),
+        "--checkpoints",
+        str(checkpoints or root / "checkpoints"),
+        "--model-out",
+        str(root / "models" / "clip"),
+        "--logs",
+        str(root / "logs"),
+        "--metrics",
+        str(root / "metrics"),
+    ]
+
+
 def run_train(root: Path, data: Path, *overrides: str, checkpoints: Path | None = None) -> int:
-    """The train stage in-process (reduced params), writing everything under `root` (the
-    checkpoints under root/checkpoints unless given)."""
+    """The train stage in-process with the reduced params (see train_argv)."""
     from clipforge.train.stage import main
 
     params = write_params(root / "params.yaml")
-    return main(
-        [
-            "--params",
-            str(params),
-            "--data",
-            str(data),
-            "--checkpoints",
-            str(checkpoints or root / "checkpoints"),
-            "--model-out",
-            str(root / "models" / "clip"),
-            "--logs",
-            str(root / "logs"),
-            "--metrics",
-            str(root / "metrics"),
-            *sum((["--set", o] for o in overrides), []),
-        ]
-    )
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    return main([*train_argv(root, data, params, checkpoints), *sets])
 
 
 @pytest.fixture(scope="session")

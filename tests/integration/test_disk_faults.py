@@ -16,7 +16,7 @@ import pytest
 from safetensors.torch import load_file
 
 from clipforge.train.disk import tree_bytes
-from tests.conftest import run_train, subprocess_env, write_params
+from tests.conftest import run_train, subprocess_env, train_argv, write_params
 from tests.mounts import remount, tmpfs
 
 pytestmark = pytest.mark.slow
@@ -45,18 +45,7 @@ def test_checkpoints_made_read_only_mid_run_stop_it_with_a_clear_line(tmp_path, 
                 sys.executable,
                 "-m",
                 "clipforge.train",
-                "--params",
-                str(tmp_path / "params.yaml"),
-                "--data",
-                str(small_data),
-                "--checkpoints",
-                str(checkpoints),
-                "--model-out",
-                str(tmp_path / "models" / "clip"),
-                "--logs",
-                str(tmp_path / "logs"),
-                "--metrics",
-                str(tmp_path / "metrics"),
+                *train_argv(tmp_path, small_data, tmp_path / "params.yaml", checkpoints),
             ],
             env={**subprocess_env(), "CLIPFORGE_FAULTS": "hold@6"},
             stdout=subprocess.DEVNULL,

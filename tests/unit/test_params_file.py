@@ -11,7 +11,7 @@ from clipforge.data.stage import main as data_main
 from clipforge.eval import main as eval_main
 from clipforge.train.stage import main as train_main
 from clipforge.yamlfile import read_yaml_file
-from tests.conftest import write_params
+from tests.conftest import train_argv, write_params
 
 BAD_FILES = {
     "empty": (
@@ -63,31 +63,14 @@ BAD_FILES = {
 
 
 def _stage_argv(stage: str, root, params) -> tuple:
-    argv = ["--params", str(params)]
     if stage == "data":
-        return data_main, [*argv, "--out", str(root / "data")]
+        return data_main, ["--params", str(params), "--out", str(root / "data")]
     if stage == "train":
-        return train_main, [
-            *argv,
-            "--data",
-            str(root / "data"),
-            "--checkpoints",
-            str(root / "checkpoints"),
-            "--model-out",
-            str(root / "models" / "clip"),
-            "--logs",
-            str(root / "logs"),
-            "--metrics",
-            str(root / "metrics"),
-        ]
+        return train_main, train_argv(root, root / "data", params)
+    model = "local-dir:" + str(root / "models" / "clip")
     return eval_main, [
-        *argv,
-        "--model",
-        "local-dir:" + str(root / "models" / "clip"),
-        "--data",
-        str(root / "data" / "test"),
-        "--out",
-        str(root / "metrics" / "eval.json"),
+        *("--params", str(params), "--model", model, "--data", str(root / "data" / "test")),
+        *("--out", str(root / "metrics" / "eval.json")),
     ]
 
 
