@@ -54,9 +54,10 @@ def not_writable_message(path: Path) -> str | None:
     existing = nearest_existing(path)
     if os.access(existing, os.W_OK | os.X_OK):
         return None
+    above = existing != Path(os.path.abspath(path))
     return (
         f"no permission to write {path}"
-        + (f" ({existing} is read-only or not writable)" if existing != Path(path) else "")
+        + (f" ({existing} is read-only or not writable)" if above else "")
         + "; make it writable or choose another folder"
     )
 

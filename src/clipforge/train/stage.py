@@ -73,18 +73,14 @@ def _checked_shards(manifest: Path, raw: bytes) -> int:
     """Training samples the manifest lists, after checking every shard it lists is there."""
     try:
         splits = json.loads(raw)["splits"]
-        shards = [
-            (s["name"], int(s["count"]))
-            for split in ("train", "val")
-            for s in splits[split]["shards"]
-        ]
-        num_train = sum(int(s["count"]) for s in splits["train"]["shards"])
+        names = [shard["name"] for split in ("train", "val") for shard in splits[split]["shards"]]
+        num_train = sum(int(shard["count"]) for shard in splits["train"]["shards"])
     except (ValueError, KeyError, TypeError) as exc:
         raise StageError(
             f"{manifest}: not a data stage manifest ({type(exc).__name__}: {exc}); rerun the data "
             f"stage"
         ) from None
-    missing = [name for name, _ in shards if not (manifest.parent / name).is_file()]
+    missing = [name for name in names if not (manifest.parent / name).is_file()]
     if missing:
         raise StageError(
             f"{manifest.parent / missing[0]} not found ({len(missing)} of the shards "
