@@ -43,6 +43,12 @@ SETTINGS = {
 }
 
 
+try:  # before Fabric reads fabric.yaml on its own terms (see session.check_fabric_yaml)
+    session.check_fabric_yaml(Path(__file__).resolve().parent, SETTINGS)
+except LauncherError as error:
+    sys.exit(f"fab: error: {error}")
+
+
 @dataclass(frozen=True)
 class Invocation:
     """What every task starts from."""

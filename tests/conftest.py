@@ -82,28 +82,32 @@ def subprocess_env() -> dict:
     return env
 
 
-def run_train(root: Path, data: Path, *overrides: str) -> int:
-    """The train stage in-process (reduced params), writing everything under `root`."""
+def train_argv(root: Path, data: Path, params: Path, checkpoints: Path | None = None) -> list[str]:
+    """The train stage's arguments, writing everything under `root` (the checkpoints under
+    root/checkpoints unless given)."""
+    return [
+        "--params",
+        str(params),
+        "--data",
+        str(data),
+        "--checkpoints",
+        str(checkpoints or root / "checkpoints"),
+        "--model-out",
+        str(root / "models" / "clip"),
+        "--logs",
+        str(root / "logs"),
+        "--metrics",
+        str(root / "metrics"),
+    ]
+
+
+def run_train(root: Path, data: Path, *overrides: str, checkpoints: Path | None = None) -> int:
+    """The train stage in-process with the reduced params (see train_argv)."""
     from clipforge.train.stage import main
 
     params = write_params(root / "params.yaml")
-    return main(
-        [
-            "--params",
-            str(params),
-            "--data",
-            str(data),
-            "--checkpoints",
-            str(root / "checkpoints"),
-            "--model-out",
-            str(root / "models" / "clip"),
-            "--logs",
-            str(root / "logs"),
-            "--metrics",
-            str(root / "metrics"),
-            *sum((["--set", o] for o in overrides), []),
-        ]
-    )
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    return main([*train_argv(root, data, params, checkpoints), *sets])
 
 
 @pytest.fixture(scope="session")
@@ -113,3 +117,17 @@ def reference_run(tmp_path_factory, small_data) -> Path:
     root = tmp_path_factory.mktemp("reference-run")
     assert run_train(root, small_data) == 0
     return root
+
+
+@pytest.fixture(scope="session")
+def untrained_model_dir(tmp_path_factory) -> Path:
+    """A randomly initialised clipforge-tiny (32 px) exported in open_clip's local-dir layout, as
+    the train stage exports: a real model folder without a training run. Shared: copy it first."""
+    from clipforge.config import ModelConfig
+    from clipforge.model import build_model
+    from clipforge.train.export import export_model
+
+    bundle = build_model(ModelConfig(image_size=32))
+    out = tmp_path_factory.mktemp("untrained") / "clip"
+    export_model(bundle.model.state_dict(), bundle.model_cfg, bundle.preprocess_cfg, "", out)
+    return out

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from clipforge.yamlfile import yaml_error_line
+
 
 class KubeconfigError(RuntimeError):
     """No usable kubeconfig or context; the message says what to do."""
@@ -39,7 +41,9 @@ def resolve_context(requested: str, environ: Mapping[str, str]) -> str:
         try:
             document = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as error:
-            raise KubeconfigError(f"{path} is not valid YAML: {error}") from None
+            raise KubeconfigError(yaml_error_line(path, error)) from None
+        if not isinstance(document, dict):
+            raise KubeconfigError(f"{path}: not a kubeconfig (expected a YAML mapping)")
         contexts += [entry.get("name", "") for entry in document.get("contexts") or []]
         current = current or document.get("current-context") or ""
     context = requested if requested else current

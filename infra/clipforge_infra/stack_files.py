@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from clipforge.yamlfile import YamlFileError, read_yaml_file
 
 from .contract import PROJECT
 
@@ -37,7 +37,7 @@ class ConfigDeclaration:
 
 
 def load_declarations(project_dir: Path) -> dict[str, ConfigDeclaration]:
-    project = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
+    project = _mapping(project_dir / "Pulumi.yaml")
     return {
         key: ConfigDeclaration(
             key=key,
@@ -68,12 +68,24 @@ def load_stack_values(project_dir: Path, stack: str) -> dict[str, Any]:
             f"no stack file {path}: copy an example (stacks here: {stacks}) to "
             f"Pulumi.{stack}.yaml and edit it"
         )
-    document = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(document, dict):
-        raise StackFileError(f"{path}: not a YAML mapping")
-    config = document.get("config") or {}
+    config = _mapping(path).get("config") or {}
+    if not isinstance(config, dict):
+        raise StackFileError(f"{path}: `config` must be a mapping of {PROJECT}:KEY: value")
     prefix = f"{PROJECT}:"
     return {key[len(prefix) :]: value for key, value in config.items() if key.startswith(prefix)}
+
+
+def _mapping(path: Path) -> dict:
+    """A YAML file's top-level mapping; StackFileError with FILE:LINE:COLUMN when it is not one."""
+    try:
+        document = read_yaml_file(path)
+    except YamlFileError as error:
+        raise StackFileError(str(error)) from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise StackFileError(f"{path}: not a YAML mapping")
+    return document
 
 
 def is_secure(value: Any) -> bool:

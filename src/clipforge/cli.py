@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 from clipforge.config import Config, ConfigError, load_config
 
@@ -39,15 +42,37 @@ def run_stage(
     argv: Sequence[str] | None,
     parser: argparse.ArgumentParser,
 ) -> int:
-    """Parse, run, and turn user errors into one clear line and a non-zero exit code."""
+    """Parse, run, and turn user errors into one clear line per problem (a test set may have
+    several) and a non-zero exit code."""
     args = parser.parse_args(argv)
     configure_logging()
     try:
         body(args)
     except (ConfigError, StageError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"{prog}: error: {line}", file=sys.stderr)
         return EXIT_USAGE
     return 0
+
+
+@contextlib.contextmanager
+def exit_on_stop_signals() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT end the process through SystemExit(128 + signal), so
+    `finally` blocks and context managers clean up (a half-written output, a child process group)
+    instead of the process dying where it stands."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach only the main
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def load_stage_config(args: argparse.Namespace, sections: Sequence[str]) -> Config:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,21 +28,7 @@ import yaml
 
 from clipforge.alerts.config import AlertsConfig
 from clipforge.fields import ConfigError, Section, knob
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that reads `1e-4` as a float, as YAML 1.2 (and DVC's ruamel) do, not a string."""
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_YamlLoader)
+from clipforge.yamlfile import YamlFileError, load_yaml, read_yaml_file
 
 
 @dataclass(kw_only=True)
@@ -61,6 +46,11 @@ class DataConfig(Section):
         None,
         "Input for the `local` source: a folder of images with "
         "same-named .txt captions, a .csv (columns image,caption) or a .jsonl.",
+    )
+    allow_paths_outside_source: bool = knob(
+        False,
+        "local: read images a .csv or .jsonl names outside its own folder (`../x.jpg`, absolute "
+        "paths); off: such rows are skipped as `outside_source`.",
     )
     paths: list[str] = knob(
         [],
@@ -463,10 +453,22 @@ def _read_params(path: str | Path) -> dict:
             f"params file {path} not found: run from the project root or pass --params"
         )
     try:
-        raw = load_yaml(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return raw or {}
+        raw = read_yaml_file(path)
+    except YamlFileError as exc:
+        raise ConfigError(str(exc)) from None
+    # A file that sets nothing is a mistake (a truncated copy, a wrong --params), not a request
+    # for the embedded defaults: running on them would give a result nobody asked for.
+    if raw is None or raw == {}:
+        raise ConfigError(
+            f"{path}: sets no parameters; write at least `recipe: default` to run on the "
+            f"embedded defaults"
+        )
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{path}: must be a mapping of sections (recipe, {', '.join(SECTIONS)}), "
+            f"got a {type(raw).__name__}"
+        )
+    return raw
 
 
 @dataclass(frozen=True)
@@ -524,6 +526,17 @@ def _share_of_each_rank(train: TrainConfig, world: int, world_text: str) -> Batc
             f"{world_text}{accum_text}; choose a global batch that is"
         )
     return BatchPlan(train.global_batch_size, train.global_batch_size // per_pass, accum, world)
+
+
+def steps_per_epoch(num_samples: int, global_batch_size: int) -> int:
+    """Full global batches per epoch; the remainder of an epoch is dropped, as usual."""
+    steps = num_samples // global_batch_size
+    if steps == 0:
+        raise ConfigError(
+            f"train.global_batch_size: {global_batch_size} is larger than the "
+            f"{num_samples} training samples in data/; lower it or add data"
+        )
+    return steps
 
 
 def field_docs(cls: type = Config, prefix: str = "") -> dict[str, str]:

@@ -17,7 +17,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
+from clipforge.data import testset
+from clipforge.data.testset import TestSet
 from clipforge.fsutil import atomic_write_text
+from clipforge.model_files import (
+    LOCAL_DIR,
+    ModelFilesError,
+    check_model_weights,
+    local_dir_weights,
+    looks_like_a_file,
+)
 
 log = logging.getLogger("clipforge.eval")
 
@@ -35,10 +44,15 @@ def recall_at_k(similarity, relevant, ks: Sequence[int] = KS) -> dict[int, float
 
 
 def retrieval_metrics(image_features, text_features, relevant) -> dict[str, float]:
-    """relevant[t, i]: text t describes image i. Features must be L2-normalised."""
+    """relevant[t, i]: text t describes image i. Features must be L2-normalised.
+
+    An image that no caption describes stays in the gallery of text->image queries but is no
+    image->text query: it has no right answer, so counting it would only lower the recall
+    (MUGE's validation set has thousands of such images)."""
     similarity = text_features @ image_features.T
     t2i = recall_at_k(similarity, relevant)
-    i2t = recall_at_k(similarity.T, relevant.T)
+    described = relevant.any(dim=0)
+    i2t = recall_at_k(similarity.T[described], relevant.T[described])
     metrics = {f"t2i_r{k}": t2i[k] for k in KS} | {f"i2t_r{k}": i2t[k] for k in KS}
     metrics["mean_recall"] = sum(metrics.values()) / len(metrics)
     return metrics
@@ -56,16 +70,32 @@ def relevance_matrix(image_ids: list[int], texts):
     return relevant
 
 
-def load_open_clip(spec: str, pretrained: str | None, device: str):
-    """(model, preprocess, tokenizer) through plain open_clip, exactly as a user would."""
+def load_open_clip(spec: str, pretrained: str | None, device: str, what: str | None = None):
+    """(model, preprocess, tokenizer) through plain open_clip, as a user would, except that the
+    weights must fill the whole model (clipforge.model.load_weights): open_clip alone would
+    evaluate a randomly initialised model when a folder has no weights file."""
     import open_clip
 
-    from clipforge.model import register_bundled_configs
+    from clipforge.model import load_weights, register_bundled_configs
 
     register_bundled_configs()
+    what = what or spec
+    if spec.startswith(LOCAL_DIR):
+        weights = local_dir_weights(Path(spec[len(LOCAL_DIR) :]), what)
+    elif pretrained and looks_like_a_file(pretrained):
+        weights = Path(pretrained)
+    else:  # hf-hub:, or an open_clip tag open_clip downloads: a failed download is an error
+        weights = None
     model, _, preprocess = open_clip.create_model_and_transforms(
-        spec, pretrained=pretrained, device=device
+        spec,
+        pretrained=None if weights else pretrained,
+        load_weights=weights is None,
+        pretrained_text=weights is None,  # an HF text tower's own weights: replaced anyway
+        require_pretrained=weights is None,
+        device=device,
     )
+    if weights:
+        load_weights(model, weights, what)
     model.eval()
     return model, preprocess, open_clip.get_tokenizer(spec)
 
@@ -74,12 +104,14 @@ def encode_images(model, preprocess: Callable, images: list[bytes], batch_size: 
     import torch
     from PIL import Image
 
+    from clipforge.data.samples import to_rgb
+
     chunks = []
     with torch.no_grad():
         for start in range(0, len(images), batch_size):
             batch = torch.stack(
                 [
-                    preprocess(Image.open(io.BytesIO(b)).convert("RGB"))
+                    preprocess(to_rgb(Image.open(io.BytesIO(b))))
                     for b in images[start : start + batch_size]
                 ]
             ).to(device)
@@ -99,19 +131,22 @@ def encode_texts(model, tokenizer: Callable, texts: list[str], batch_size: int, 
 
 
 def evaluate(
-    spec: str, pretrained: str | None, test_dir: Path, batch_size: int, device: str
+    spec: str, pretrained: str | None, test_set: TestSet, batch_size: int, device: str, what: str
 ) -> dict:
-    from clipforge.data import testset
-
-    images = list(testset.read_images(test_dir))
-    texts = testset.read_texts(test_dir)
-    model, preprocess, tokenizer = load_open_clip(spec, pretrained, device)
-    image_features = encode_images(model, preprocess, [b for _, b in images], batch_size, device)
-    text_features = encode_texts(model, tokenizer, [t.text for t in texts], batch_size, device)
-    metrics = retrieval_metrics(
-        image_features, text_features, relevance_matrix([i for i, _ in images], texts)
+    """Recall of one model; `what` names it in errors (--model, eval.baseline_model)."""
+    model, preprocess, tokenizer = load_open_clip(spec, pretrained, device, what)
+    image_features = encode_images(model, preprocess, test_set.images, batch_size, device)
+    text_features = encode_texts(
+        model, tokenizer, [t.text for t in test_set.texts], batch_size, device
     )
-    return {**metrics, "num_images": len(images), "num_texts": len(texts)}
+    relevant = relevance_matrix(test_set.image_ids, test_set.texts)
+    metrics = retrieval_metrics(image_features, text_features, relevant)
+    return {
+        **metrics,
+        "num_images": len(test_set.image_ids),
+        "num_texts": len(test_set.texts),
+        "num_i2t_queries": int(relevant.any(dim=0).sum()),  # images some caption describes
+    }
 
 
 def format_table(result: dict) -> str:
@@ -126,36 +161,40 @@ def format_table(result: dict) -> str:
 
 def _run(args) -> None:
     config = load_stage_config(args, PARAM_SECTIONS)
-    test_dir = Path(args.data)
-    for name in ("test_imgs.tsv", "test_texts.jsonl"):
-        if not (test_dir / name).is_file():
-            raise StageError(
-                f"{test_dir / name} not found: --data must be a test set in "
-                f"Chinese-CLIP layout (test_imgs.tsv + test_texts.jsonl)"
-            )
-    if args.model.startswith("local-dir:") and not Path(args.model[10:]).is_dir():
-        raise StageError(f"--model {args.model}: no such directory; run the train stage first")
+    cfg = config.eval
+    models = [(args.model, None, "--model")]
+    if cfg.baseline_model:
+        models.append((cfg.baseline_model, cfg.baseline_pretrained, "eval.baseline_model"))
+    problems = []  # every input is checked, and every problem named, before a model loads
+    for spec, pretrained, what in models:
+        try:
+            check_model_weights(spec, pretrained, what)
+        except ModelFilesError as exc:
+            problems.append(str(exc))
+    try:
+        test_set = testset.load_test_set(Path(args.data))
+    except testset.TestSetError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise StageError("\n".join(problems))
     import torch
 
-    cfg = config.eval
     device = (
         "cuda"
         if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         else "cpu"
     )
     try:
-        result = {
-            "model": args.model,
-            **evaluate(args.model, None, test_dir, cfg.batch_size, device),
-        }
-        if cfg.baseline_model:
-            base = evaluate(
-                cfg.baseline_model, cfg.baseline_pretrained, test_dir, cfg.batch_size, device
-            )
-            result["baseline"] = {"model": cfg.baseline_model, **base}
-            result["delta"] = {k: result[k] - base[k] for k in METRIC_KEYS}
-    except ValueError as exc:
-        raise StageError(f"{test_dir}: {exc}") from None
+        results = [
+            {"model": spec, **evaluate(spec, pretrained, test_set, cfg.batch_size, device, what)}
+            for spec, pretrained, what in models
+        ]
+    except ModelFilesError as exc:
+        raise StageError(str(exc)) from None
+    result = results[0]
+    if cfg.baseline_model:
+        result["baseline"] = results[1]
+        result["delta"] = {k: result[k] - results[1][k] for k in METRIC_KEYS}
     out = Path(args.out)
     atomic_write_text(out, json.dumps(result, ensure_ascii=False, indent=2) + "\n")
     atomic_write_text(out.with_suffix(".config.yaml"), config.to_yaml())

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+log = logging.getLogger("clipforge.fsutil")
 
 
 class AtomicFile:
@@ -71,10 +74,14 @@ def replace_dir_atomically(target: str | Path) -> Iterator[Path]:
 
     The old directory is renamed away before the new one is renamed in, so an interruption
     leaves either the old or the new content at `target` (plus a `.old-*` sibling at worst).
+    A process killed outright (SIGKILL, a lost machine) cannot remove its sibling: the names
+    carry the writer's process id, and the next replacement of `target` removes those whose
+    writer is gone.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    remove_stale_siblings(target)
+    tmp = Path(tempfile.mkdtemp(prefix=_sibling_prefix(target, "partial"), dir=target.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is a normal directory
     try:
         yield tmp
@@ -83,11 +90,40 @@ def replace_dir_atomically(target: str | Path) -> Iterator[Path]:
         raise
     old = None
     if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        old = Path(tempfile.mkdtemp(prefix=_sibling_prefix(target, "old"), dir=target.parent))
         os.replace(target, old / target.name)
     os.replace(tmp, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _sibling_prefix(target: Path, kind: str) -> str:
+    return f".{target.name}.{kind}-{os.getpid()}-"
+
+
+def remove_stale_siblings(target: str | Path) -> list[Path]:
+    """Remove the `.partial-*` / `.old-*` siblings of `target` left by writers that no longer
+    run (a sibling without a process id in its name predates them: stale too). Returns them."""
+    target = Path(target)
+    removed = []
+    for kind in ("partial", "old"):
+        for sibling in target.parent.glob(f".{target.name}.{kind}-*"):
+            pid = sibling.name[len(f".{target.name}.{kind}-") :].split("-", 1)[0]
+            if sibling.is_dir() and not (pid.isdigit() and _running(int(pid))):
+                log.info("removing %s, left by an interrupted run", sibling)
+                shutil.rmtree(sibling, ignore_errors=True)
+                removed.append(sibling)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _umask() -> int:

@@ -20,6 +20,7 @@ import open_clip
 import torch
 
 from clipforge.config import ModelConfig
+from clipforge.model_files import ModelFilesError, weights_file
 
 BUNDLED_CONFIGS = Path(__file__).parent / "model_configs"
 _registered = False
@@ -102,16 +103,35 @@ def build_model(cfg: ModelConfig) -> ClipBundle:
 
 
 def load_pretrained(model: torch.nn.Module, source: str) -> None:
-    """Load weights without executing code: safetensors, or torch.load(weights_only=True)."""
-    path = Path(source.removeprefix("local-dir:"))
-    if source.startswith("local-dir:"):
-        candidates = [path / "open_clip_model.safetensors", path / "open_clip_pytorch_model.bin"]
-        found = [c for c in candidates if c.is_file()]
-        if not found:
-            raise FileNotFoundError(
-                f"model.pretrained: no open_clip weights in {path} (expected {candidates[0].name})"
-            )
-        path = found[0]
-    if not path.is_file():
-        raise FileNotFoundError(f"model.pretrained: {path} not found")
-    open_clip.load_checkpoint(model, str(path), strict=True, weights_only=True)
+    """model.pretrained: `local-dir:PATH` of an export, or a weights file."""
+    load_weights(model, weights_file(source, "model.pretrained"), "model.pretrained")
+
+
+def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
+    """Every parameter of `model` from `path`, without executing code (safetensors, or
+    torch.load(weights_only=True)); ModelFilesError naming the file otherwise. A damaged or
+    partial file, or weights of another architecture, must never leave some parameters at their
+    random initialisation."""
+    try:
+        incompatible = open_clip.load_checkpoint(model, str(path), strict=False, weights_only=True)
+    except Exception as exc:  # safetensors, zip, unpickling and shape errors: all a bad file here
+        raise ModelFilesError(f"{what}: {path} cannot be loaded: {_reason(exc)}") from None
+    missing, unexpected = incompatible.missing_keys, incompatible.unexpected_keys
+    if missing or unexpected:
+        raise ModelFilesError(
+            f"{what}: {path} does not fit the model ({len(missing)} parameters missing"
+            f"{_example(missing)}, {len(unexpected)} unexpected{_example(unexpected)}): a "
+            f"partial file, or weights of another architecture"
+        )
+
+
+def _reason(exc: Exception) -> str:
+    """The informative line of a loader error (torch's start with a line ending in `:`)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return lines[1]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _example(keys: list[str]) -> str:
+    return f", e.g. {keys[0]}" if keys else ""

@@ -255,6 +255,40 @@ def test_misspelt_stack_key_is_refused(tmp_path):
     assert "gpusPerWorkers" in done.stderr and "not declare" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (
+            "config:\n  clipforge-infra:gpusPerWorker: 4\n   clipforge-infra:numWorkers: 2\n",
+            "3:30: mapping values are not allowed here",
+        ),
+        (
+            "config:\n  clipforge-infra:gpusPerWorker: 4\n  clipforge-infra:gpusPerWorker: 8\n",
+            "3:3: key 'clipforge-infra:gpusPerWorker' appears twice in one mapping (first on line 2)",
+        ),
+        ("config: [gpusPerWorker]\n", "`config` must be a mapping of clipforge-infra:KEY: value"),
+    ],
+)
+def test_a_stack_file_that_does_not_parse_is_one_line_naming_it(tmp_path, content, problem):
+    """A broken Pulumi.<stack>.yaml printed a YAML traceback; a key given twice silently kept the
+    last value (Pulumi itself refuses it)."""
+    stub_pulumi(tmp_path / "bin", tmp_path / "log")
+    project = project_with_stack(tmp_path, MY_STACK)
+    (project / "Pulumi.mine.yaml").write_text(content)
+    done = make(
+        "up",
+        tmp_path,
+        "STACK=mine",
+        f"PULUMI_PROJECT_DIR={project}",
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+    )
+    assert done.returncode != 0
+    separator = ":" if problem[0].isdigit() else ": "
+    assert f"make up: {project / 'Pulumi.mine.yaml'}{separator}{problem}\n" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert logged(tmp_path / "log") == []
+
+
 def test_down_refuses_when_the_latest_checkpoint_is_unprotected(tmp_path):
     """`make down` runs the guard first: an unpushed checkpoint off the retained volume stops it
     before Pulumi is even looked for."""

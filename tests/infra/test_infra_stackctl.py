@@ -49,6 +49,20 @@ def test_default_kubeconfig_is_under_home(tmp_path):
     assert resolve_context("", {"HOME": str(tmp_path)}) == "home-ctx"
 
 
+def test_a_kubeconfig_that_does_not_parse_is_one_line_naming_it(tmp_path):
+    config = tmp_path / "config"
+    config.write_text("contexts:\n- name: a\n  - name: b\n")
+    with pytest.raises(KubeconfigError) as raised:
+        resolve_context("", {"KUBECONFIG": str(config)})
+    assert str(raised.value) == (
+        f"{config}:3:3: expected <block end>, but found '-' (while parsing a block mapping on "
+        f"line 2)"
+    )
+    config.write_text("- not a mapping\n")
+    with pytest.raises(KubeconfigError, match="not a kubeconfig"):
+        resolve_context("", {"KUBECONFIG": str(config)})
+
+
 def test_outputs_file_is_replaced_whole_or_not_at_all(tmp_path):
     """Unparseable CLI output leaves the previous outputs file as it was, with no temp file behind."""
     path = tmp_path / "stack-outputs.json"

@@ -54,8 +54,8 @@ def test_export_loads_in_plain_open_clip_with_the_embeddings_eval_uses(
     plain = json.loads(out.read_text())
 
     model, preprocess, tokenizer = load_open_clip(f"local-dir:{model_dir}", None, "cpu")
-    images = [b for _, b in testset.read_images(small_data / "test")][:8]
-    texts = [t.text for t in testset.read_texts(small_data / "test")][:8]
+    test_set = testset.load_test_set(small_data / "test")
+    images, texts = test_set.images[:8], [t.text for t in test_set.texts][:8]
     torch.testing.assert_close(
         encode_images(model, preprocess, images, 4, "cpu"),
         torch.tensor(plain["image"]),

@@ -100,7 +100,7 @@ def _written_captions(data: Path) -> list[str]:
         captions += [
             reader.read(s, i)["txt"].decode() for s, n in enumerate(files.counts) for i in range(n)
         ]
-    captions += [t.text for t in testset.read_texts(data / "test")]
+    captions += [t.text for t in testset.load_test_set(data / "test").texts]
     return captions
 
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
+import pytest
+
+from tests.conftest import REPO
 from tests.launcher.conftest import SMALL_SETS, git, make_fab, set_args
 from tests.launcher.hostprocs import processes_under
-from tests.launcher.sshd import free_port, keygen
+from tests.launcher.sshd import FabRunner, free_port, keygen
 
 
 def _train(fab, sshd, *args, **kwargs):
@@ -175,3 +181,32 @@ def test_data_pull_needs_a_dvc_remote(fab, sshd, remote_root):
     )
     assert result.returncode != 0 and "--data build" in result.stderr
     assert not remote_root.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (
+            "clipforge:\n  min_free_gb: 5\n   python: x\n",
+            ":3:10: mapping values are not allowed here",
+        ),
+        (
+            "clipforge:\n  min_free_gbs: 5\n",
+            ": clipforge.min_free_gbs is not a setting; known: remote_root, python, stack_outputs, "
+            "min_free_gb, backoff_seconds, backoff_max_seconds, stop_timeout_seconds, shm_size, "
+            "registry",
+        ),
+        ("clipforge: 5\n", ": `clipforge` must be a mapping of settings"),
+    ],
+)
+def test_a_broken_fabric_yaml_is_one_line_naming_it(tmp_path, content, problem):
+    """Fabric reads fabric.yaml itself: a YAML mistake was its traceback, a misspelt setting
+    was ignored without a word (the run then used the default)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "fabfile.py", project)
+    (project / "fabric.yaml").write_text(content)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HOME": str(tmp_path)}
+    result = FabRunner(project=project, home=tmp_path, env=env)("status")
+    assert result.returncode == 1
+    assert result.stderr == f"fab: error: {project / 'fabric.yaml'}{problem}\n"

@@ -5,15 +5,22 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import tarfile
+import time
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from clipforge.data.stage import main
-from clipforge.data.testset import check_test_set, read_texts
+from clipforge.data.testset import check_test_set, load_test_set
 from clipforge.fsutil import sha256_file
-from tests.conftest import write_params
+from tests.conftest import subprocess_env, write_params
 
 
 def _jpeg(size=(16, 16), colour=(200, 30, 30)) -> bytes:
@@ -93,8 +100,8 @@ def test_local_source_skips_every_kind_of_bad_item_by_reason(tmp_path, messy_fol
             "data": {
                 "source": "local",
                 "path": str(messy_folder),
-                "val_fraction": 0.2,
-                "test_fraction": 0.2,
+                "val_fraction": 0.0,  # 12 good images: too few for held-out splits
+                "test_fraction": 0.0,
                 "max_image_pixels": 50_000_000,
             }
         },
@@ -120,14 +127,14 @@ def test_local_source_keeps_all_captions_of_a_test_image_together(tmp_path, mess
     from clipforge.data.local import split_of
 
     image = messy_folder.parent / "good0.jpg"
-    seed = next(s for s in range(1000) if split_of(image, s, 0.2, 0.3) == "test")
+    seed = next(s for s in range(1000) if split_of(image, s, 0.0, 0.3) == "test")
     params = write_params(
         tmp_path / "params.yaml",
         {
             "data": {
                 "source": "local",
                 "path": str(messy_folder),
-                "val_fraction": 0.2,
+                "val_fraction": 0.0,
                 "test_fraction": 0.3,
                 "seed": seed,
             }
@@ -135,7 +142,7 @@ def test_local_source_keeps_all_captions_of_a_test_image_together(tmp_path, mess
     )
     out = tmp_path / "data"
     assert main(["--params", str(params), "--out", str(out)]) == 0
-    texts = read_texts(out / "test")
+    texts = load_test_set(out / "test").texts
     ids = {t.image_ids for t in texts if t.text in ("第0张图片，一只猫", "同一张图片的第二条描述")}
     assert len(ids) == 1 and len(next(iter(ids))) == 1
 
@@ -250,3 +257,235 @@ def test_source_inside_the_output_directory_is_refused(tmp_path, capsys):
     assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 2
     assert "inside the output directory" in capsys.readouterr().err
     assert (tmp_path / "data" / "pairs.jsonl").exists()
+
+
+def _pairs_file(root, rows: list[tuple[str, str]]):
+    lines = [
+        json.dumps({"image": image, "caption": caption}, ensure_ascii=False)
+        for image, caption in rows
+    ]
+    (root / "pairs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root / "pairs.jsonl"
+
+
+def _local_params(tmp_path, path, **data):
+    values = {"source": "local", "path": str(path), "val_fraction": 0.0, "test_fraction": 0.0}
+    return write_params(tmp_path / "params.yaml", {"data": {**values, **data}})
+
+
+def _shard_images(data) -> list[bytes]:
+    manifest = json.loads((data / "manifest.json").read_text())
+    images = []
+    for shard in manifest["splits"]["train"]["shards"]:
+        with tarfile.open(data / shard["name"]) as tar:
+            images += [
+                tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".jpg")
+            ]
+    return images
+
+
+def test_rows_naming_images_outside_the_source_folder_are_skipped_unless_allowed(tmp_path):
+    """`../x.jpg` and absolute paths used to be read into the shards: a pairs file from someone
+    else could pull any image of this machine into shared data. Now they are skipped as
+    `outside_source`, unless data.allow_paths_outside_source says otherwise."""
+    root = tmp_path / "src"
+    root.mkdir()
+    rows = []
+    for i in range(4):
+        (root / f"{i}.jpg").write_bytes(_jpeg(colour=(30 * i, 60, 90)))
+        rows.append((f"{i}.jpg", f"第{i}张"))
+    (tmp_path / "up.jpg").write_bytes(_jpeg(colour=(1, 2, 3)))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "abs.jpg").write_bytes(_jpeg(colour=(4, 5, 6)))
+    rows += [("../up.jpg", "上一级"), (str(tmp_path / "elsewhere" / "abs.jpg"), "绝对路径")]
+    rows.append(("sub/../2.jpg", "仍在目录内"))  # leaves and comes back: inside
+    pairs = _pairs_file(root, rows)
+    assert (
+        main(["--params", str(_local_params(tmp_path, pairs)), "--out", str(tmp_path / "a")]) == 0
+    )
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["skipped"]["counts"] == {"outside_source": 2}
+    assert manifest["skipped"]["examples"]["outside_source"] == [f"{pairs}:5", f"{pairs}:6"]
+    assert manifest["splits"]["train"]["count"] == 5
+    allowed = _local_params(tmp_path, pairs, allow_paths_outside_source=True)
+    assert main(["--params", str(allowed), "--out", str(tmp_path / "b")]) == 0
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["skipped"]["counts"] == {} and manifest["splits"]["train"]["count"] == 7
+
+
+def test_folder_problems_each_have_their_own_reason(tmp_path):
+    """A caption without its image was silently ignored; a directory named x.jpg and a symlink
+    loop were counted as missing files."""
+    root = tmp_path / "folder"
+    root.mkdir()
+    for i in range(3):
+        (root / f"{i}.jpg").write_bytes(_jpeg(colour=(70 * i, 20, 20)))
+        (root / f"{i}.txt").write_text(f"第{i}只鸟", encoding="utf-8")
+    (root / "orphan.txt").write_text("没有图片的描述", encoding="utf-8")
+    (root / "dir.jpg").mkdir()
+    (root / "dir.txt").write_text("其实是目录", encoding="utf-8")
+    (root / "loop.jpg").symlink_to("loop.jpg")
+    (root / "loop.txt").write_text("循环链接", encoding="utf-8")
+    (root / "gone.jpg").symlink_to("nowhere.jpg")
+    (root / "gone.txt").write_text("悬空链接", encoding="utf-8")
+    assert main(["--params", str(_local_params(tmp_path, root)), "--out", str(tmp_path / "d")]) == 0
+    skipped = json.loads((tmp_path / "d" / "manifest.json").read_text())["skipped"]
+    assert skipped["counts"] == {
+        "is_a_directory": 1,
+        "missing_file": 1,
+        "missing_image": 1,
+        "symlink_loop": 1,
+    }
+    assert skipped["examples"]["missing_image"] == [str(root / "orphan.txt")]
+    assert skipped["examples"]["symlink_loop"] == [str(root / "loop.jpg")]
+
+
+def test_a_16_bit_greyscale_png_keeps_its_grey_levels(tmp_path):
+    """It was clipped: every value above 255 of 65535 became white (99.6% of this ramp)."""
+    import numpy as np
+
+    root = tmp_path / "folder"
+    root.mkdir()
+    ramp = (np.arange(64 * 64, dtype=np.uint32).reshape(64, 64) * 16).astype(np.uint16)
+    Image.fromarray(ramp).save(root / "deep.png")  # mode I;16
+    (root / "deep.txt").write_text("灰度渐变", encoding="utf-8")
+    assert Image.open(root / "deep.png").mode == "I;16"
+    assert main(["--params", str(_local_params(tmp_path, root)), "--out", str(tmp_path / "d")]) == 0
+    (jpeg,) = _shard_images(tmp_path / "d")
+    grey = np.asarray(Image.open(io.BytesIO(jpeg)).convert("L"), dtype=np.float64)
+    assert np.abs(grey - (ramp >> 8)).mean() < 2.0  # JPEG's own loss only
+    assert (grey >= 254).mean() < 0.05
+
+
+def _many_images(tmp_path, monkeypatch, count: int):
+    """`count` pairs in src/pairs.jsonl, named relative to tmp_path (the working directory): the
+    split hashes image paths, so they must not depend on where pytest puts tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    root = Path("src")
+    root.mkdir()
+    rows = []
+    for i in range(count):
+        (root / f"{i:03d}.jpg").write_bytes(_jpeg(colour=(i * 3 % 256, i * 7 % 256, 99)))
+        rows.append((f"{i:03d}.jpg", f"第{i}张图片"))
+    return _pairs_file(root, rows)
+
+
+def test_held_out_splits_too_small_to_measure_are_refused_naming_the_fraction(
+    tmp_path, small_data, monkeypatch, capsys
+):
+    """64 good images with the default fractions gave 1 validation pair and 1 test image, exit 0
+    without a word. Now: exit 2, one line per split naming the fraction to change; data/ kept."""
+    pairs = _many_images(tmp_path, monkeypatch, 64)
+    out = shutil.copytree(small_data, tmp_path / "data")
+    before = sha256_file(out / "manifest.json")
+    params = _local_params(tmp_path, pairs, val_fraction=0.02, test_fraction=0.02)
+    assert main(["--params", str(params), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "clipforge.data: error: the val split has 1 pair (data.val_fraction=0.02 of 64 usable "
+        "images): too few to measure anything; raise data.val_fraction to about 0.24, or set "
+        "data.val_fraction: 0 to train without validation\n"
+        "clipforge.data: error: the test split has 1 image (data.test_fraction=0.02 of 64 usable "
+        "images): too few to measure anything; raise data.test_fraction to about 0.24, or set "
+        "data.test_dir to a test set\n"
+    )
+    assert sha256_file(out / "manifest.json") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "params.yaml", "src"]
+
+
+def test_a_test_split_too_small_for_recall_at_10_is_a_warning(tmp_path, monkeypatch, caplog):
+    pairs = _many_images(tmp_path, monkeypatch, 64)
+    params = _local_params(tmp_path, pairs, test_fraction=0.1)
+    assert main(["--params", str(params), "--out", "data"]) == 0
+    test = json.loads((tmp_path / "data" / "manifest.json").read_text())["splits"]["test"]
+    assert 2 <= test["images"] < 10
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"the test split has {test['images']} images (data.test_fraction=0.1 of 64 usable "
+        f"images): recall@10 over fewer than 10 is 100% whatever the model; raise "
+        f"data.test_fraction to about 0.24, or set data.test_dir to a test set"
+    ]
+
+
+def _stage_blocked_on_a_fifo(tmp_path):
+    """A data stage started in a subprocess and held, its partial output folder made, reading a
+    CSV that is a FIFO this test writes: stopped there whatever the speed of the machine."""
+    source = tmp_path / "src"
+    source.mkdir(exist_ok=True)
+    fifo = source / "pairs.csv"
+    os.mkfifo(fifo)
+    params = write_params(
+        tmp_path / "params.yaml", {"data": {"source": "local", "path": str(fifo)}}
+    )
+    stage = subprocess.Popen(
+        [sys.executable, "-m", "clipforge.data", "--params", str(params), "--out", "data"],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    writer = os.fdopen(_open_once_read(fifo, stage), "w")
+    writer.write("image,caption\n")
+    writer.flush()
+    return stage, writer
+
+
+def _open_once_read(fifo, stage) -> int:
+    """The FIFO's write end, once the stage has opened it for reading (or a failure if the stage
+    ends first: a plain open would then wait for ever)."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while nobody reads
+        except OSError:
+            assert stage.poll() is None, stage.stderr.read()
+            assert time.monotonic() < deadline, "the stage never opened its source"
+            time.sleep(0.02)
+            continue
+        os.set_blocking(fd, True)
+        return fd
+
+
+def _partials(tmp_path) -> list[str]:
+    return sorted(p.name for p in tmp_path.glob(".data.*"))
+
+
+def test_a_stopped_or_killed_data_stage_leaves_no_partial_folder_for_long(tmp_path, small_data):
+    """SIGTERM: the stage removes its half-written output itself and exits 143. SIGKILL leaves
+    it behind; the next run removes it. data/ stays whole throughout."""
+    shutil.copytree(small_data, tmp_path / "data")
+    before = sha256_file(tmp_path / "data" / "manifest.json")
+    stage, writer = _stage_blocked_on_a_fifo(tmp_path)
+    with writer:
+        assert len(_partials(tmp_path)) == 1
+        stage.send_signal(signal.SIGTERM)
+        assert stage.wait(timeout=60) == 128 + signal.SIGTERM
+    assert _partials(tmp_path) == []
+
+    (tmp_path / "src" / "pairs.csv").unlink()
+    stage, writer = _stage_blocked_on_a_fifo(tmp_path)
+    with writer:
+        stage.kill()
+        stage.wait(timeout=60)
+    (left,) = _partials(tmp_path)
+    assert left.startswith(f".data.partial-{stage.pid}-")
+    assert sha256_file(tmp_path / "data" / "manifest.json") == before
+
+    rerun = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clipforge.data",
+            "--params",
+            str(write_params(tmp_path / "params.yaml")),
+            "--out",
+            "data",
+        ],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"removing {left}, left by an interrupted run" in rerun.stderr
+    assert _partials(tmp_path) == []

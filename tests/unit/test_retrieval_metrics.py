@@ -55,3 +55,14 @@ def test_metrics_have_the_documented_keys_and_a_perfect_model_scores_100():
         "mean_recall",
     }
     assert all(value == 100.0 for value in metrics.values())
+
+
+def test_an_image_no_caption_describes_is_in_the_gallery_but_no_image_to_text_query():
+    """MUGE's validation set has many images no query points to: they make text->image harder
+    (the gallery is bigger) but have no right caption, so as image->text queries they could only
+    lower the recall. A perfect model scores 100 both ways."""
+    image_features = torch.nn.functional.normalize(torch.randn(5, 8), dim=1)
+    texts = [Caption(i, str(i), (i,)) for i in range(3)]  # images 3 and 4: distractors
+    relevant = relevance_matrix(list(range(5)), texts)
+    metrics = retrieval_metrics(image_features, image_features[:3], relevant)
+    assert metrics["i2t_r1"] == 100.0 and metrics["t2i_r1"] == 100.0

@@ -25,6 +25,7 @@ GPU_THROTTLE = "gpu_throttle"
 GPU_ECC = "gpu_ecc"
 GPU_READ_FAILED = "gpu_read_failed"
 GPU_MONITOR_UNAVAILABLE = "gpu_monitor_unavailable"
+DISK_SPACE_LOW = "disk_space_low"
 
 # Lifecycle messages happen a handful of times per run and are the ones a user waits for
 # ("did it finish?"), so the rate limiter never holds them back.

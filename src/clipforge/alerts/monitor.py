@@ -175,6 +175,17 @@ class AlertMonitor:
             {"num_restarts": num_restarts, "from_step": from_step},
         )
 
+    def disk_space_low(self, path: str, free_bytes: int, checkpoint_bytes: int) -> None:
+        """Before a checkpoint save that will leave less room than another one needs."""
+        self._run_event(
+            events.DISK_SPACE_LOW,
+            "warning",
+            f"disk almost full at {path}: {free_bytes:,} bytes free, a checkpoint needs "
+            f"~{checkpoint_bytes:,}; after this one the next save may not fit. Free space there "
+            f"before the run stops on it",
+            {"path": path, "free_bytes": free_bytes, "checkpoint_bytes": checkpoint_bytes},
+        )
+
     def check_loss(self, step: int, loss: float) -> StepVerdict:
         """After the forward pass, before backward: the globally reduced loss of `step`."""
         verdict = self._rules.check_loss(step, float(loss))

@@ -12,12 +12,13 @@ Everything is a pure function of (seed, split, index): the same parameters give 
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from clipforge.data.samples import encode_jpeg
 
 COLOURS = {  # name -> RGB; chosen to stay distinct after JPEG compression at 64 px
     "红色": (215, 40, 40),
@@ -174,12 +175,6 @@ def _draw_shape(
         draw.rectangle([cx - w, cy - r, cx + w, cy + r], fill=colour)
     else:  # pragma: no cover - SHAPES is closed
         raise ValueError(shape)
-
-
-def encode_jpeg(image: Image.Image, quality: int = 95) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="JPEG", quality=quality)
-    return buffer.getvalue()
 
 
 @dataclass(frozen=True)

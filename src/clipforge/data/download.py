@@ -25,13 +25,12 @@ import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from clipforge.cli import StageError
+from clipforge.cli import StageError, exit_on_stop_signals
 from clipforge.config import DataConfig
 
 log = logging.getLogger("clipforge.data")
@@ -156,30 +155,14 @@ def running(argv: list[str], output_dir: Path, log_file: Path) -> Iterator[Runni
         process = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=tool_env(), start_new_session=True
         )
-    previous = _install_stop_handlers()
     try:
-        job = Running(process, output_dir, log_file)
-        yield job
-        job.check_exit()
+        with exit_on_stop_signals():
+            job = Running(process, output_dir, log_file)
+            yield job
+            job.check_exit()
     finally:
-        _restore_handlers(previous)
         if process.poll() is None:
             _stop_group(process)
-
-
-def _install_stop_handlers() -> dict:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
-
-    return {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-
-def _restore_handlers(previous: dict) -> None:
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
 
 
 def _stop_group(process: subprocess.Popen) -> None:

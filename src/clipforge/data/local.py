@@ -1,14 +1,25 @@
 """The `local` source: (image path, caption) records from a folder, a .csv or a .jsonl.
 
 Every record is checked before it can reach a shard; a bad one is skipped with a reason and
-counted, never a crash. Reasons: missing_file, empty_file, too_large, corrupt_image,
-empty_caption, caption_not_utf8, caption_too_long, missing_caption, bad_record.
+counted, never a crash. Reasons: missing_file, is_a_directory, symlink_loop, not_a_regular_file,
+unreadable, outside_source, empty_file, too_large, corrupt_image, empty_caption, caption_not_utf8,
+caption_too_long, missing_caption (a folder image without its .txt), missing_image (a folder
+.txt without its image), bad_record.
+
+A .csv or .jsonl names images relative to its own folder, the source root. A path that leaves it
+(`../x.jpg`, an absolute path elsewhere) is skipped as `outside_source` unless
+`data.allow_paths_outside_source` is set: a list of pairs handed over by someone else must not
+pull arbitrary files of this machine into shards that get shared. The check is on the path as
+written; symbolic links inside the root are the folder owner's own choice and are followed.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import json
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,27 +37,38 @@ class Record:
     origin: str  # where the record came from, for skip reports
 
 
-def read_records(path: Path, skips: SkipLog) -> Iterator[Record]:
+def read_records(path: Path, skips: SkipLog, allow_outside: bool = False) -> Iterator[Record]:
     if path.is_dir():
         yield from _folder_records(path, skips)
     elif path.suffix.lower() == ".csv":
-        yield from _csv_records(path, skips)
+        yield from _csv_records(path, skips, allow_outside)
     elif path.suffix.lower() in {".jsonl", ".json"}:
-        yield from _jsonl_records(path, skips)
+        yield from _jsonl_records(path, skips, allow_outside)
     else:
         raise FileNotFoundError(f"data.path {path}: expected a folder, a .csv or a .jsonl file")
 
 
 def _folder_records(root: Path, skips: SkipLog) -> Iterator[Record]:
-    for image in sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES):
+    files = sorted(root.rglob("*"))
+    images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
+    stems = {p.with_suffix("") for p in images}
+    for caption_file in (p for p in files if p.suffix.lower() == ".txt"):
+        if caption_file.with_suffix("") not in stems:
+            skips.add("missing_image", str(caption_file))
+    for image in images:
         caption_file = image.with_suffix(".txt")
         if not caption_file.is_file():
             skips.add("missing_caption", str(image))
             continue
-        yield Record(image, _decode(caption_file.read_bytes()), str(caption_file))
+        try:
+            caption = _decode(caption_file.read_bytes())
+        except OSError:
+            skips.add("unreadable", str(caption_file))
+            continue
+        yield Record(image, caption, str(caption_file))
 
 
-def _csv_records(path: Path, skips: SkipLog) -> Iterator[Record]:
+def _csv_records(path: Path, skips: SkipLog, allow_outside: bool) -> Iterator[Record]:
     # surrogateescape keeps undecodable bytes so one bad caption is skipped, not the whole file
     with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
         reader = csv.DictReader(f)
@@ -56,18 +78,23 @@ def _csv_records(path: Path, skips: SkipLog) -> Iterator[Record]:
                 f"found {reader.fieldnames}"
             )
         for line, row in enumerate(reader, start=2):
+            origin = f"{path}:{line}"
             if row["image"] is None or row["caption"] is None:
-                skips.add("bad_record", f"{path}:{line}")
+                skips.add("bad_record", origin)
+                continue
+            image = _image_path(path.parent, row["image"], allow_outside)
+            if image is None:
+                skips.add("outside_source", origin)
                 continue
             caption = row["caption"]
             try:
                 caption.encode("utf-8")
             except UnicodeEncodeError:
                 caption = caption.encode("utf-8", errors="surrogateescape")
-            yield Record(path.parent / row["image"], caption, f"{path}:{line}")
+            yield Record(image, caption, origin)
 
 
-def _jsonl_records(path: Path, skips: SkipLog) -> Iterator[Record]:
+def _jsonl_records(path: Path, skips: SkipLog, allow_outside: bool) -> Iterator[Record]:
     with open(path, "rb") as f:
         for line_number, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -88,7 +115,20 @@ def _jsonl_records(path: Path, skips: SkipLog) -> Iterator[Record]:
             ):
                 skips.add("bad_record", origin)
                 continue
-            yield Record(path.parent / item["image"], item["caption"], origin)
+            image = _image_path(path.parent, item["image"], allow_outside)
+            if image is None:
+                skips.add("outside_source", origin)
+                continue
+            yield Record(image, item["caption"], origin)
+
+
+def _image_path(root: Path, name: str, allow_outside: bool) -> Path | None:
+    """The image a row names, relative to the source root; None when it leaves the root (as
+    written: `..` components or an absolute path) and that is not allowed."""
+    image = Path(os.path.normpath(root / name))
+    if allow_outside or image.is_relative_to(os.path.normpath(root)):
+        return image
+    return None
 
 
 def _decode(raw: bytes) -> str | bytes:
@@ -100,9 +140,21 @@ def _decode(raw: bytes) -> str | bytes:
 
 def load_image(path: Path, max_pixels: int) -> tuple[bytes | None, str | None]:
     """(JPEG bytes, None) for a readable image within limits, else (None, skip reason)."""
-    if not path.is_file():
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:  # a dangling symbolic link included
         return None, "missing_file"
-    return decode_image(path.read_bytes(), max_pixels)
+    except OSError as exc:
+        return None, "symlink_loop" if exc.errno == errno.ELOOP else "unreadable"
+    if stat.S_ISDIR(mode):
+        return None, "is_a_directory"
+    if not stat.S_ISREG(mode):  # a FIFO or a device: reading it could block for ever
+        return None, "not_a_regular_file"
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None, "unreadable"
+    return decode_image(raw, max_pixels)
 
 
 def split_of(image: Path, seed: int, val_fraction: float, test_fraction: float) -> str:

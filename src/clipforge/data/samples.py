@@ -8,9 +8,8 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 from PIL import Image
-
-from clipforge.data.builtin import encode_jpeg
 
 
 @dataclass
@@ -43,6 +42,25 @@ def clean_caption(caption: str | bytes, max_chars: int) -> tuple[str | None, str
     return text, None
 
 
+def encode_jpeg(image: Image.Image, quality: int = 95) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+# Integer modes PIL gives high-bit-depth greyscale images (16-bit PNG, TIFF): convert("RGB") clips
+# every value above 255 to white instead of scaling.
+_HIGH_BIT_DEPTH_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """An RGB image of any decoded one; 16-bit greyscale is scaled down to 8 bits, not clipped."""
+    if image.mode in _HIGH_BIT_DEPTH_MODES:
+        values = np.clip(np.asarray(image, dtype=np.int64), 0, 65535) >> 8
+        image = Image.fromarray(values.astype(np.uint8))  # 8-bit: mode L
+    return image.convert("RGB")
+
+
 def decode_image(
     raw: bytes, max_pixels: int, keep_jpeg: bool = False
 ) -> tuple[bytes | None, str | None]:
@@ -60,7 +78,7 @@ def decode_image(
                 image.load()
                 if keep_jpeg and image.format == "JPEG" and image.mode == "RGB":
                     return raw, None
-                rgb = image.convert("RGB")
+                rgb = to_rgb(image)
     except Image.DecompressionBombError:
         return None, "too_large"
     except Exception:  # PIL raises many types for broken files: all mean the same here

@@ -11,15 +11,21 @@ test set at the end (unless data.test_dir supplies the test set).
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 from pathlib import Path
 
+from clipforge.cli import StageError
 from clipforge.config import DataConfig
 from clipforge.data import testset
 from clipforge.data.shards import ShardInfo, ShardReader, ShardWriter
 from clipforge.fsutil import sha256_file
 
 _PENDING_TEST = ".test-pending"
+# A held-out split smaller than this measures nothing: the contrastive loss of one pair is 0 and
+# the recall over one image 100%. Below FEW_HELD_OUT, recall@10 is 100% whatever the model.
+MIN_HELD_OUT = 2
+FEW_HELD_OUT = 10
 
 
 def split_of_identity(identity: str, seed: int, val_fraction: float, test_fraction: float) -> str:
@@ -31,6 +37,54 @@ def split_of_identity(identity: str, seed: int, val_fraction: float, test_fracti
     if u < test_fraction + val_fraction:
         return "val"
     return "train"
+
+
+def check_held_out_sizes(data: DataConfig, splits: dict, num_images: int | None) -> list[str]:
+    """Warnings for a val or test split too small for recall@10; StageError, naming the fraction
+    to change, when one is too small to measure anything. num_images: usable images (None: one
+    pair per image). A split counts only when its fraction asks for one (0: off), the test split
+    only when it is split off here (no data.test_dir)."""
+    if num_images is None:
+        num_images = sum(splits[s]["count"] for s in ("train", "val"))
+        num_images += splits.get("test", {}).get("images", 0)
+    held_out = []
+    if data.val_fraction:
+        held_out.append(("val", splits["val"]["count"], "pairs", data.val_fraction))
+    if data.test_fraction and not data.test_dir:
+        held_out.append(("test", splits["test"]["images"], "images", data.test_fraction))
+    errors, warnings = [], []
+    for split, count, unit, fraction in held_out:
+        if count >= FEW_HELD_OUT:
+            continue
+        unit = unit if count != 1 else unit[:-1]
+        where = (
+            f"the {split} split has {count} {unit} (data.{split}_fraction={fraction:g} of "
+            f"{num_images} usable images)"
+        )
+        remedy = _held_out_remedy(split, num_images)
+        if count < MIN_HELD_OUT:
+            errors.append(f"{where}: too few to measure anything; {remedy}")
+        else:
+            warnings.append(
+                f"{where}: recall@10 over fewer than {FEW_HELD_OUT} is 100% whatever the "
+                f"model; {remedy}"
+            )
+    if errors:
+        raise StageError("\n".join(errors))
+    return warnings
+
+
+def _held_out_remedy(split: str, num_images: int) -> str:
+    other = (
+        "set data.test_dir to a test set"
+        if split == "test"
+        else "set data.val_fraction: 0 to train without validation"
+    )
+    # 1.5 x the minimum: the split is a hash of each image, so its size varies around the share
+    wanted = math.ceil(150 * FEW_HELD_OUT / max(num_images, 1)) / 100
+    if wanted >= 0.5:  # the fractions stay below 0.5
+        return f"add images, or {other}"
+    return f"raise data.{split}_fraction to about {wanted:g}, or {other}"
 
 
 def shard_summary(shards: list[ShardInfo]) -> dict:

@@ -18,12 +18,19 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
+from clipforge.cli import (
+    StageError,
+    exit_on_stop_signals,
+    load_stage_config,
+    run_stage,
+    stage_parser,
+)
 from clipforge.config import Config, DataConfig
 from clipforge.data import builtin, laion, testset, wds_source
 from clipforge.data.local import load_image, read_records, split_of
 from clipforge.data.samples import SkipLog, clean_caption
 from clipforge.data.shards import write_shards
+from clipforge.data.splits import check_held_out_sizes
 from clipforge.data.splits import shard_summary as _shard_summary
 from clipforge.data.splits import test_hashes as _test_hashes
 from clipforge.fsutil import replace_dir_atomically
@@ -47,14 +54,17 @@ def build_dataset(config: Config, out: Path) -> dict:
         splits, source = wds_source.build_splits(data, out, skips)
     else:
         splits, source = _local_splits(data, out, skips)
-    if data.test_dir:
-        splits["test"] = _copy_test_set(Path(data.test_dir), out / "test")
-        source["test_set"] = str(data.test_dir)
     if splits["train"]["count"] == 0:
         raise StageError(
             f"the train split is empty after filtering ({_skip_text(skips)}); "
             f"check data.path(s) and the skip reasons in the log"
         )
+    if data.source != "builtin":  # the built-in source is sized by counts, not fractions
+        for warning in check_held_out_sizes(data, splits, source.get("num_images")):
+            log.warning("%s", warning)
+    if data.test_dir:
+        splits["test"] = _copy_test_set(Path(data.test_dir), out / "test")
+        source["test_set"] = str(data.test_dir)
     manifest = {"source": source, "splits": splits, "skipped": skips.to_dict()}
     (out / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8")
     (out / "config.yaml").write_text(config.to_yaml(), "utf-8")
@@ -94,8 +104,11 @@ def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, di
     held_out = {"val": data.val_fraction, "test": 0.0 if data.test_dir else data.test_fraction}
     buckets: dict[str, list[tuple[str, bytes, str]]] = {"train": [], "val": []}
     test_images: dict[Path, tuple[bytes, list[str]]] = {}
+    images = set()
+    records = read_records(path, skips, data.allow_paths_outside_source)
     try:
-        for record, jpeg, caption in _valid_pairs(read_records(path, skips), data, skips):
+        for record, jpeg, caption in _valid_pairs(records, data, skips):
+            images.add(record.image)
             split = split_of(record.image, data.seed, held_out["val"], held_out["test"])
             if split == "test":
                 test_images.setdefault(record.image, (jpeg, []))[1].append(caption)
@@ -113,7 +126,7 @@ def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, di
             **testset.write_test_set(out / "test", items),
             **_test_hashes(out / "test"),
         }
-    source = {"type": "local", "path": str(path), "seed": data.seed}
+    source = {"type": "local", "path": str(path), "seed": data.seed, "num_images": len(images)}
     return splits, source
 
 
@@ -136,13 +149,10 @@ def _valid_pairs(records, data: DataConfig, skips: SkipLog) -> Iterator[tuple]:
 def _copy_test_set(source: Path, target: Path) -> dict:
     try:
         counts = testset.check_test_set(source)
-    except FileNotFoundError as exc:
+    except testset.TestSetError as exc:
         raise StageError(
-            f"data.test_dir: {exc.filename} not found; expected "
-            f"{testset.IMAGES_FILE} and {testset.TEXTS_FILE} (Chinese-CLIP layout)"
+            "\n".join(f"data.test_dir: {line}" for line in str(exc).splitlines())
         ) from None
-    except ValueError as exc:
-        raise StageError(f"data.test_dir: {source}: {exc}") from None
     target.mkdir(parents=True)
     for name in (testset.IMAGES_FILE, testset.TEXTS_FILE):
         shutil.copyfile(source / name, target / name)
@@ -162,7 +172,9 @@ def _run(args) -> None:
                 f"{key}: {value} is inside the output directory {out}, which the "
                 f"stage replaces; keep source data elsewhere (e.g. datasets/)"
             )
-    with replace_dir_atomically(out) as tmp:
+    # SIGTERM (a stopped `dvc repro`, a scheduler) ends the stage through SystemExit, so the
+    # half-written output is removed on the way out, as on any error.
+    with exit_on_stop_signals(), replace_dir_atomically(out) as tmp:
         manifest = build_dataset(config, tmp)
     splits = manifest["splits"]
     log.info(

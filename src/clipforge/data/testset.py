@@ -5,18 +5,28 @@
 
 A caption may list several images and an image may have several captions (Flickr30K-CN has
 five), so the relevance judgements are the `image_ids` lists, not positions.
+
+A test set is read whole and checked before anything is encoded: a duplicated id shifts every
+recall a little, an unknown id cannot be scored at all, so either is an error, reported with one
+line per problem naming the file, the line and the id.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import io
 import json
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from PIL import Image
+
 IMAGES_FILE = "test_imgs.tsv"
 TEXTS_FILE = "test_texts.jsonl"
+MAX_PROBLEMS_SHOWN = 20
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,31 @@ class Caption:
     text_id: int
     text: str
     image_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TestSet:
+    __test__ = False  # not a pytest test class, whatever its name
+
+    image_ids: list[int]
+    images: list[bytes]  # the image files, in the order of image_ids
+    texts: list[Caption]
+
+    def counts(self) -> dict:
+        return {"images": len(self.image_ids), "texts": len(self.texts)}
+
+
+class TestSetError(ValueError):
+    """Everything wrong with a test set, one line per problem."""
+
+    __test__ = False
+
+    def __init__(self, problems: list[str]):
+        shown = problems[:MAX_PROBLEMS_SHOWN]
+        if len(problems) > len(shown):
+            shown.append(f"... and {len(problems) - len(shown)} more problems")
+        super().__init__("\n".join(shown))
+        self.problems = problems
 
 
 def write_test_set(directory: Path, images: Iterable[tuple[int, bytes, list[str]]]) -> dict:
@@ -44,50 +79,141 @@ def write_test_set(directory: Path, images: Iterable[tuple[int, bytes, list[str]
     return {"images": num_images, "texts": num_texts}
 
 
-def read_images(directory: Path) -> Iterator[tuple[int, bytes]]:
-    with open(Path(directory) / IMAGES_FILE, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            image_id, sep, payload = line.rstrip("\n").partition("\t")
-            if not sep:
-                raise ValueError(f"{IMAGES_FILE}:{line_number}: expected `image_id<TAB>base64`")
-            yield int(image_id), base64.b64decode(payload)
-
-
-def read_texts(directory: Path) -> list[Caption]:
-    texts = []
-    with open(Path(directory) / TEXTS_FILE, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-                texts.append(
-                    Caption(
-                        int(item["text_id"]),
-                        str(item["text"]),
-                        tuple(int(i) for i in item["image_ids"]),
-                    )
-                )
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(
-                    f"{TEXTS_FILE}:{line_number}: expected "
-                    f'{{"text_id", "text", "image_ids"}} ({exc})'
-                ) from None
-    return texts
+def load_test_set(directory: Path) -> TestSet:
+    """The whole test set, checked: ids unique, every referenced image present, no empty file,
+    every image decodable. TestSetError lists every problem found."""
+    directory = Path(directory)
+    problems: list[str] = []
+    images = _read_images(directory / IMAGES_FILE, problems)
+    texts = _read_texts(directory / TEXTS_FILE, set(images), problems)
+    if problems:
+        raise TestSetError(problems)
+    return TestSet(list(images), list(images.values()), texts)
 
 
 def check_test_set(directory: Path) -> dict:
-    """Counts of a test set, after checking that every caption points at an existing image."""
-    image_ids = [image_id for image_id, _ in read_images(directory)]
-    texts = read_texts(directory)
-    known = set(image_ids)
-    for text in texts:
-        missing = [i for i in text.image_ids if i not in known]
-        if missing:
-            raise ValueError(
-                f"{TEXTS_FILE}: text_id {text.text_id} refers to image ids {missing} "
-                f"that are not in {IMAGES_FILE}"
+    """Counts of a test set, once `load_test_set` found nothing wrong with it."""
+    return load_test_set(directory).counts()
+
+
+def _lines(path: Path, what: str, problems: list[str]) -> list[tuple[int, str]]:
+    """Numbered non-blank lines; a missing or empty file is a problem."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [(n, line.rstrip("\r\n")) for n, line in enumerate(f, start=1) if line.strip()]
+    except FileNotFoundError:
+        problems.append(
+            f"{path} not found: a test set in Chinese-CLIP layout has {IMAGES_FILE} and "
+            f"{TEXTS_FILE}"
+        )
+        return []
+    except UnicodeDecodeError as exc:
+        problems.append(f"{path}: not UTF-8 text (byte offset {exc.start})")
+        return []
+    if not lines:
+        problems.append(f"{path}: empty: no {what}")
+    return lines
+
+
+def _read_images(path: Path, problems: list[str]) -> dict[int, bytes]:
+    images: dict[int, bytes] = {}
+    first_line: dict[int, int] = {}
+    for n, line in _lines(path, "images", problems):
+        raw_id, sep, payload = line.partition("\t")
+        if not sep:
+            problems.append(f"{path}:{n}: expected `image_id<TAB>base64`")
+            continue
+        image_id = _int(raw_id)
+        if image_id is None:
+            problems.append(f"{path}:{n}: image id {raw_id!r} is not an integer")
+            continue
+        try:
+            image = base64.b64decode(payload, validate=True)
+        except binascii.Error as exc:
+            problems.append(f"{path}:{n}: image id {image_id}: not base64 ({exc})")
+            continue
+        if image_id in first_line:
+            same = "the same image" if images[image_id] == image else "a different image"
+            problems.append(
+                f"{path}:{n}: image id {image_id} again ({same}; first on line "
+                f"{first_line[image_id]}): ids must be unique"
             )
-    return {"images": len(image_ids), "texts": len(texts)}
+            continue
+        reason = _undecodable(image)
+        if reason:
+            problems.append(f"{path}:{n}: image id {image_id}: not a decodable image ({reason})")
+        first_line[image_id] = n
+        images[image_id] = image
+    return images
+
+
+def _read_texts(path: Path, image_ids: set[int], problems: list[str]) -> list[Caption]:
+    texts: list[Caption] = []
+    first_line: dict[int, int] = {}
+    for n, line in _lines(path, "captions", problems):
+        caption = _caption(line)
+        if caption is None:
+            problems.append(
+                f'{path}:{n}: expected {{"text_id": int, "text": str, "image_ids": [int, ...]}}'
+            )
+            continue
+        where = f"{path}:{n}: text id {caption.text_id}"
+        if caption.text_id in first_line:
+            problems.append(
+                f"{where} again (first on line {first_line[caption.text_id]}): ids must be unique"
+            )
+            continue
+        first_line[caption.text_id] = n
+        if not caption.text.strip():
+            problems.append(f"{where}: empty text")
+        if not caption.image_ids:
+            problems.append(f"{where}: lists no image ids, so it has no right answer")
+        unknown = [i for i in caption.image_ids if i not in image_ids]
+        if unknown and image_ids:  # with no readable image at all, that is the problem reported
+            problems.append(
+                f"{where} refers to image id {unknown[0]}, which {IMAGES_FILE} does not have"
+                + (f" ({len(unknown) - 1} more unknown)" if len(unknown) > 1 else "")
+            )
+        texts.append(caption)
+    return texts
+
+
+def _caption(line: str) -> Caption | None:
+    try:
+        item = json.loads(line)
+        text_id, text, ids = item["text_id"], item["text"], item["image_ids"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    image_ids = [_int(i) for i in ids] if isinstance(ids, list) else [None]
+    if _int(text_id) is None or not isinstance(text, str) or None in image_ids:
+        return None
+    return Caption(_int(text_id), text, tuple(image_ids))
+
+
+def _int(value) -> int | None:
+    """An id: an integer, or a string of one (some converted sets quote them)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value.strip()) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def _undecodable(image: bytes) -> str | None:
+    """None when the image decodes, else why not. JPEGs are decoded at 1/8 scale (draft mode):
+    a damaged file fails just the same, in a fraction of the time."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(image)) as decoded:
+                if decoded.format == "JPEG":
+                    decoded.draft("RGB", (decoded.width // 8 or 1, decoded.height // 8 or 1))
+                decoded.load()
+    except Image.UnidentifiedImageError:
+        return "not an image format Pillow reads"
+    except Exception as exc:  # PIL raises many types for broken files: all mean the same here
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from clipforge.launcher import LauncherError, connection
 from clipforge.launcher.connection import HostSpec, join, probe, q, run
 from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
 from clipforge.launcher.stack import StackOutputs, load_stack_outputs
+from clipforge.yamlfile import YamlFileError, read_yaml_file
 
 DEFAULT_ROOT = "clipforge-runs"  # relative: in the SSH user's home
 
@@ -45,6 +47,29 @@ class Settings:
             )
         if self.stop_timeout_seconds <= 0:
             raise LauncherError("clipforge.stop_timeout_seconds: must be > 0")
+
+
+def check_fabric_yaml(project_dir: Path, known: Iterable[str]) -> None:
+    """Fabric reads fabric.yaml itself, after importing the fabfile: a YAML mistake there is a
+    traceback from its reader, a section that is not a mapping an AmbiguousMergeError, a misspelt
+    setting silently ignored. The fabfile calls this first; LauncherError names the file."""
+    for path in (project_dir / "fabric.yaml", project_dir / "fabric.yml"):
+        if not path.is_file():
+            continue
+        try:
+            document = read_yaml_file(path) or {}
+        except YamlFileError as exc:
+            raise LauncherError(str(exc)) from None
+        if not isinstance(document, dict):
+            raise LauncherError(f"{path}: must be a mapping of Fabric settings")
+        section = document.get("clipforge") or {}
+        if not isinstance(section, dict):
+            raise LauncherError(f"{path}: `clipforge` must be a mapping of settings")
+        unknown = sorted(set(section) - set(known))
+        if unknown:
+            raise LauncherError(
+                f"{path}: clipforge.{unknown[0]} is not a setting; known: {', '.join(known)}"
+            )
 
 
 def settings_from(config) -> Settings:

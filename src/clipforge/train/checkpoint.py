@@ -9,6 +9,12 @@ params), so re-running the stage with the same params resumes the interrupted ru
 `dvc exp run -S train.lr=...` starts a run of its own instead of resuming someone else's.
 `latest` is replaced atomically only after every rank has finished writing, so a run killed
 mid-save resumes from the previous checkpoint.
+
+Before each save, the free space is compared with the size of the previous checkpoint (the first
+one: an estimate from the parameter count): too little stops the run with a clear error before
+anything is written, little enough that the save after this one may not fit is reported (the run
+raises the `disk_space_low` alert). A save that fails anyway (a disk filled by someone else, a
+directory made read-only) is removed and reported as such, not as torch's zip-writer error.
 """
 
 from __future__ import annotations
@@ -20,10 +26,19 @@ import re
 import shutil
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
+from clipforge.cli import StageError
 from clipforge.config import Config
 from clipforge.fsutil import atomic_write_text
+from clipforge.train.disk import (
+    CHECKPOINT_BYTES_PER_PARAMETER,
+    DiskSpace,
+    disk_space,
+    tree_bytes,
+    write_failure_message,
+)
 
 log = logging.getLogger("clipforge.train")
 
@@ -77,18 +92,51 @@ class Checkpointer:
             return []
         return sorted(p.name for p in self.run_dir.iterdir() if p.is_dir() and _TAG.match(p.name))
 
-    def save(self, engine, step: int, client_state: dict, config_yaml: str) -> None:
-        """Every rank calls this; DeepSpeed writes its shards, rank 0 then publishes the tag."""
+    def save(self, engine, step: int, client_state: dict, config_yaml: str) -> DiskSpace:
+        """Every rank calls this; DeepSpeed writes its shards, rank 0 then publishes the tag.
+        StageError, on every rank alike, when the disk has no room for it (see `check_space`).
+        Returns the free space found before saving."""
+        space = self.check_space(engine)
         tag = tag_for(step)
-        engine.save_checkpoint(
-            str(self.run_dir), tag=tag, client_state=client_state, save_latest=False
-        )
-        dist.barrier()
+        try:
+            engine.save_checkpoint(
+                str(self.run_dir), tag=tag, client_state=client_state, save_latest=False
+            )
+            dist.barrier()
+            if self.is_main:
+                (self.run_dir / tag / "config.yaml").write_text(config_yaml, encoding="utf-8")
+                atomic_write_text(self.run_dir / LATEST, tag + "\n")
+        except Exception:
+            shutil.rmtree(self.run_dir / tag, ignore_errors=True)  # `latest` still names the last
+            message = write_failure_message(self.run_dir, space.need)
+            if message is None:
+                raise
+            raise StageError(message) from None
         if self.is_main:
-            (self.run_dir / tag / "config.yaml").write_text(config_yaml, encoding="utf-8")
-            atomic_write_text(self.run_dir / LATEST, tag + "\n")
             self._prune()
         dist.barrier()
+        return space
+
+    def check_space(self, engine) -> DiskSpace:
+        """Free space against the size of the latest checkpoint (the first one: an estimate);
+        StageError on every rank when any rank lacks room, before anything is written."""
+        latest = self.latest_tag()
+        if latest and (self.run_dir / latest).is_dir():
+            need = tree_bytes(self.run_dir / latest)
+        else:
+            need = CHECKPOINT_BYTES_PER_PARAMETER * sum(
+                getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()
+            )
+        space = disk_space(self.run_dir, need)
+        full = torch.tensor([float(space.full)], device=engine.device)
+        dist.all_reduce(full, op=dist.ReduceOp.MAX)  # all ranks save together, or none does
+        if full.item():
+            raise StageError(
+                space.full_message()
+                if space.full
+                else f"another rank has no room for a checkpoint under {self.run_dir}"
+            )
+        return space
 
     def load(self, engine) -> dict | None:
         """Restore the newest complete checkpoint into the engine; its client state, or None."""

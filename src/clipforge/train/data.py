@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from clipforge.config import BatchPlan
+from clipforge.config import BatchPlan, steps_per_epoch
 from clipforge.data.shards import ShardReader
 
 
@@ -124,17 +124,6 @@ class MicroBatches(torch.utils.data.Dataset):
                 images.append(self.transform(Image.open(io.BytesIO(sample["jpg"]))))
             captions.append(sample["txt"].decode("utf-8"))
         return torch.stack(images), self.tokenizer(captions)
-
-
-def steps_per_epoch(num_samples: int, global_batch_size: int) -> int:
-    """Full global batches per epoch; the remainder of an epoch is dropped, as usual."""
-    steps = num_samples // global_batch_size
-    if steps == 0:
-        raise ValueError(
-            f"train.global_batch_size: {global_batch_size} is larger than the "
-            f"{num_samples} training samples in data/; lower it or add data"
-        )
-    return steps
 
 
 def micro_batch_loader(

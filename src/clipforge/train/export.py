@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from clipforge.fsutil import replace_dir_atomically
+from clipforge.model_files import CONFIG_FILE, WEIGHTS_FILES
 
-WEIGHTS_FILE = "open_clip_model.safetensors"
-CONFIG_FILE = "open_clip_config.json"
+WEIGHTS_FILE = WEIGHTS_FILES[0]
 
 
 def export_model(

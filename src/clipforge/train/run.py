@@ -68,7 +68,7 @@ class TrainingRun:
         return self.state.get("resumes", 0) + 1 if self.state else 0
 
     def save(self, step: int, scalars: dict) -> None:
-        self.checkpointer.save(
+        space = self.checkpointer.save(
             self.engine,
             step,
             {
@@ -80,6 +80,8 @@ class TrainingRun:
             },
             self.config.to_yaml(),
         )
+        if space.low:
+            self.alerts.disk_space_low(str(space.path), space.free, space.need)
 
     def validate(self, step: int) -> float | None:
         metrics = validation_metrics(
@@ -136,6 +138,7 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         dist.is_main,
     )
     state = checkpointer.load(engine)
+    checkpointer.check_space(engine)  # a disk without room for the next save fails now, not then
     start_step = state["step"] if state else 0
     log.info(
         "%s %s at step %d/%d (%d steps/epoch), batch %d = %d micro x %d accum x %d ranks, "

@@ -8,6 +8,7 @@ itself under DeepSpeed's launcher.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -17,7 +18,9 @@ from pathlib import Path
 
 from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
-from clipforge.config import Config
+from clipforge.config import Config, steps_per_epoch
+from clipforge.model_files import weights_file
+from clipforge.train.disk import not_writable_message
 from clipforge.train.dist import free_port, resolve_device, under_launcher
 
 log = logging.getLogger("clipforge.train")
@@ -38,6 +41,8 @@ def _paths(args) -> dict[str, Path]:
 
 
 def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
+    """Everything that needs no model, checked before the training stack is imported: the data
+    stage's output, the batch against the data, initial weights, writable output folders."""
     manifest = paths["data"] / "manifest.json"
     if not manifest.is_file():
         raise StageError(
@@ -49,7 +54,39 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
             "train.num_nodes > 1: start one launcher per node (`fab train --nodes N`, "
             "or DeepSpeed's launcher with a hostfile); this command runs one node"
         )
-    return manifest.read_bytes()
+    raw = manifest.read_bytes()
+    num_train = _checked_shards(manifest, raw)
+    try:
+        steps_per_epoch(num_train, config.train.global_batch_size)
+        if config.model.pretrained:
+            weights_file(config.model.pretrained, "model.pretrained")
+    except ValueError as exc:  # ConfigError and ModelFilesError alike
+        raise StageError(str(exc)) from None
+    for key in ("checkpoints", "logs", "metrics", "model"):
+        problem = not_writable_message(paths[key])
+        if problem:
+            raise StageError(problem)
+    return raw
+
+
+def _checked_shards(manifest: Path, raw: bytes) -> int:
+    """Training samples the manifest lists, after checking every shard it lists is there."""
+    try:
+        splits = json.loads(raw)["splits"]
+        names = [shard["name"] for split in ("train", "val") for shard in splits[split]["shards"]]
+        num_train = sum(int(shard["count"]) for shard in splits["train"]["shards"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StageError(
+            f"{manifest}: not a data stage manifest ({type(exc).__name__}: {exc}); rerun the data "
+            f"stage"
+        ) from None
+    missing = [name for name in names if not (manifest.parent / name).is_file()]
+    if missing:
+        raise StageError(
+            f"{manifest.parent / missing[0]} not found ({len(missing)} of the shards "
+            f"{manifest.name} lists are missing): rerun the data stage, or `dvc checkout data`"
+        )
+    return num_train
 
 
 def relaunch_under_deepspeed(config: Config, argv: Sequence[str]) -> int:

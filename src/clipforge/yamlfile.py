@@ -1,0 +1,86 @@
+"""The YAML files users hand the project (params.yaml, Pulumi stack files, fabric.yaml): one loader,
+so a broken file is one line `FILE:LINE:COLUMN: reason` wherever it is read.
+
+The loader reads `1e-4` as a float, as YAML 1.2 (and DVC's ruamel) do, not as a string. It refuses a
+key given twice in one mapping: PyYAML would silently keep the last one, so a second `train:`
+section would replace the first without a word (Pulumi's own YAML reader refuses them too).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class YamlFileError(ValueError):
+    """A YAML file that cannot be read or parsed; the message names the file (and line)."""
+
+
+class _Loader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice in one mapping (first on line {seen[key] + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text; raises yaml.YAMLError (see `read_yaml_file` for the one-line form)."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def read_yaml_file(path: str | Path) -> Any:
+    """The parsed content of a YAML file (None when blank); YamlFileError naming the file, line
+    and column."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise YamlFileError(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise YamlFileError(
+            f"{path}:{line}:{column}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the "
+            f"file as UTF-8"
+        ) from None
+    if not text.strip():  # PyYAML trips over a blank file's tabs; blank is empty
+        return None
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as exc:
+        raise YamlFileError(yaml_error_line(path, exc)) from None
+
+
+def yaml_error_line(path: str | Path, exc: yaml.YAMLError) -> str:
+    """`FILE:LINE:COLUMN: reason` of a parser error (lines and columns counted from 1)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    context_mark = getattr(exc, "context_mark", None)
+    if context and context_mark and (not mark or context_mark.line != mark.line):
+        problem += f" ({context} on line {context_mark.line + 1})"
+    elif context:
+        problem += f" ({context})"
+    return f"{where}: {problem}"
