@@ -40,6 +40,7 @@ SETTINGS = {
     "stop_timeout_seconds": 900,  # a graceful stop gets this long to checkpoint
     "shm_size": "16g",  # docker runtime: /dev/shm for DataLoader workers and NCCL
     "registry": None,  # prefix of the image reference; else $REGISTRY
+    "socket_ifname": None,  # multi-node: the ranks' interface; None: each node's route to node 0
 }
 
 

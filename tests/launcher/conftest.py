@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.alerts.alerts_helpers import WebhookServer
 from tests.conftest import REPO, SMALL_PARAMS
 from tests.launcher.sshd import FabRunner, start_sshd
 
@@ -219,3 +220,12 @@ def smoke_run(project, sshd, tmp_path_factory) -> LaunchedRun:
     final = run.wait_finished()
     assert final["state"] == "finished", (run.node_dir / "train.log").read_text()[-4000:]
     return run
+
+
+@pytest.fixture
+def webhook():
+    """A webhook receiver on 127.0.0.1 recording what it is sent (tests/alerts' own)."""
+    server = WebhookServer()
+    server.start()
+    yield server
+    server.stop()

@@ -205,6 +205,7 @@ class NodeContext:
     user: str  # "uid:gid" on the host
     image: str
     shm_size: str
+    env: dict[str, str] = field(default_factory=dict)  # this node's own, e.g. GLOO_SOCKET_IFNAME
 
 
 def node_plan(
@@ -264,7 +265,7 @@ def node_plan(
                 gpus=options.gpus,
                 user=node.user,
                 shm_size=node.shm_size,
-                env=options.env,
+                env={**options.env, **node.env},
                 data_dir=options.data if options.mounted_data else None,
             )
             phases.append(
@@ -283,7 +284,7 @@ def node_plan(
                     name=name,
                     argv=argv,
                     cwd=layout.code,
-                    env=dict(options.env),
+                    env={**options.env, **node.env},
                     restartable=restartable,
                 )
             )

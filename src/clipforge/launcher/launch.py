@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.image_env import ImageEnvError, parse_image_env
-from clipforge.launcher import LauncherError, preflight
+from clipforge.launcher import LauncherError, network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
@@ -122,17 +122,24 @@ def launch(
 ) -> str:
     """Preflight, ship, start; returns the run id. Raises LauncherError with nothing left running."""
     results = [
-        (h, preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack)))
+        preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack))
         for h in hosts
     ]
-    for host, rows in results:
+    master_addr = network.master_address(hosts[0], stack)
+    interfaces = [None] * len(hosts)
+    if options.nodes > 1:
+        rows, interfaces = network.check_nodes(hosts, master_addr, options.master_port, settings)
+        results = [own + more for own, more in zip(results, rows)]
+    for host, rows in zip(hosts, results):
         say(preflight.format_table(host.label, rows))
-    bad = [h.label for h, rows in results if preflight.failed(rows)]
+    bad = [h.label for h, rows in zip(hosts, results) if preflight.failed(rows)]
     if bad:
         raise LauncherError(f"preflight failed on {', '.join(bad)}; nothing was started")
+    mismatch = preflight.stack_mismatch([h.label for h in hosts], results)
+    if mismatch:
+        raise LauncherError(f"{mismatch}; nothing was started")
     run_id = new_run_id(prepared.source.commit)
     layouts = [NodeLayout(root=h.root, run_id=run_id, node_rank=i) for i, h in enumerate(hosts)]
-    master_addr = _master_address(hosts[0], stack)
     policy = RestartPolicy(
         max_restarts=options.max_restarts,
         backoff_seconds=settings.backoff_seconds,
@@ -156,11 +163,14 @@ def launch(
                 user=uid_gid(host),
                 image=prepared.image,
                 shm_size=settings.shm_size,
+                env=network.socket_env(interfaces[layout.node_rank])
+                if interfaces[layout.node_rank]
+                else {},
             )
             plan = node_plan(
                 options, node, policy, init_dvc=prepared.source.show(".dvc/config") is None
             )
-            _write_run_files(host, layout, prepared, options, hosts, plan, master_addr)
+            _write_run_files(host, layout, prepared, options, hosts, plan, master_addr, interfaces)
         for host, layout in zip(hosts, layouts):
             start_supervisor(host, layout, settings)
             started.append((host, layout))
@@ -174,15 +184,6 @@ def launch(
             probe(host.cxn, remote_python(settings, layout, "supervisor", "stop", layout.node_dir))
         raise
     return run_id
-
-
-def _master_address(host: Host, stack: StackOutputs | None) -> str:
-    """Where the other nodes reach node 0: its cluster DNS name on a stack, else the address the
-    host itself reports first (`hostname -I`)."""
-    if stack:
-        return host.cxn.host
-    result = probe(host.cxn, "hostname -I 2>/dev/null | awk '{print $1}'")
-    return result.stdout.strip() or host.cxn.host
 
 
 def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
@@ -210,6 +211,7 @@ def _write_run_files(
     hosts: list[Host],
     plan,
     master_addr: str,
+    interfaces: list,
 ) -> None:
     record = {
         "run_id": layout.run_id,
@@ -234,6 +236,13 @@ def _write_run_files(
         if options.nodes > 1
         else layout.output("checkpoints"),
         "master": f"{master_addr}:{options.master_port}" if options.nodes > 1 else None,
+        # per node rank: the interface its ranks talk on (GLOO/NCCL_SOCKET_IFNAME), and why
+        "socket_interfaces": [
+            {"interface": i.name, "address": i.address, "chosen_by": i.chosen_by}
+            for i in interfaces
+        ]
+        if options.nodes > 1
+        else None,
         "max_restarts": options.max_restarts,
         "env_passed_through": [n for n in PASSTHROUGH_ENV if n in os.environ],
     }

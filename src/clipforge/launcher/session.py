@@ -34,6 +34,9 @@ class Settings:
     stop_timeout_seconds: float
     shm_size: str
     registry: str | None
+    # Multi-node: the interface the ranks talk on (GLOO/NCCL_SOCKET_IFNAME) on every node; None:
+    # each node's route to the master decides (clipforge.launcher.network).
+    socket_ifname: str | None = None
 
     def __post_init__(self) -> None:
         if self.min_free_gb < 0:
@@ -78,6 +81,7 @@ def settings_from(config) -> Settings:
         stop_timeout_seconds=number("stop_timeout_seconds"),
         shm_size=str(section["shm_size"]),
         registry=registry if registry is not None else os.environ.get("REGISTRY") or None,
+        socket_ifname=optional("socket_ifname"),
     )
 
 
