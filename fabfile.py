@@ -229,10 +229,9 @@ def status(c: Invocation, run=None, price_per_gpu_hour=None):
     }
 )
 def logs(c: Invocation, run=None, follow=False, lines=50):
-    """The run's output (node 0): stage logs, and the supervisor's restart lines."""
+    """The run's output on every node: stage logs, and the supervisors' restart lines."""
     pairs, _ = _nodes(c, run)
-    host, layout = pairs[0]
-    watch.show_logs(host, layout, c.settings, parse_count(lines, "--lines"), follow, _say)
+    watch.show_logs(pairs, c.settings, parse_count(lines, "--lines"), follow, _say)
 
 
 @all_hosts_task(help={"run": "run id (default: the newest)", "port": "local port of the forward"})

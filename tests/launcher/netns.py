@@ -23,12 +23,14 @@ namespaces cannot be created here (not root, no CAP_SYS_ADMIN): callers skip wit
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from tests.launcher.sshd import SshServer, keygen, start_sshd
 SUBNET = "198.51.100"
 LAPTOP_ADDRESS = f"{SUBNET}.1"
 SSH_PORT = 22
+CLONE_NEWNET = 0x40000000
 
 
 class NetnsUnavailable(RuntimeError):
@@ -138,6 +141,29 @@ def test_network(directory: Path, hosts: tuple[str, ...] = ("a", "b")) -> Iterat
 
 
 test_network.__test__ = False
+
+
+def made_in_namespace(netns: str, make: Callable[[], object]):
+    """make()'s result, called on a thread moved into `netns`: the sockets it opens live there
+    for good (a socket keeps its namespace), e.g. a server that only the hosts can reach."""
+    outcome: dict = {}
+
+    def enter_and_make() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            with open(f"/run/netns/{netns}") as handle:
+                if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns into {netns}")
+            outcome["value"] = make()
+        except BaseException as exc:  # handed to the calling thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=enter_and_make)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _add_namespace(net: TestNetwork, netns: str) -> None:

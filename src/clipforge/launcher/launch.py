@@ -297,6 +297,15 @@ def resume(
             raise LauncherError(
                 f"{host.label}: run {layout.run_id} has finished; nothing to resume"
             )
+        commit = (read_remote_json(host, layout.record) or {}).get("commit")
+        checkout = probe(host.cxn, f"git -C {q(layout.code)} rev-parse HEAD").stdout.strip()
+        if checkout != commit:
+            raise LauncherError(
+                f"{host.label}: node {layout.node_rank}'s checkout is at commit "
+                f"{checkout[:10] or '(none)'}, the run's commit is {str(commit)[:10]}: every node "
+                f"must train the same code (`git -C {layout.code} checkout {commit}` there); "
+                f"nothing was started"
+            )
     for host, layout in zip(hosts, layouts):
         say(f"{host.label}: resuming {layout.run_id} node {layout.node_rank}")
         start_supervisor(host, layout, settings)
