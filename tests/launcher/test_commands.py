@@ -178,12 +178,17 @@ def test_docker_run_requests_gpus_mounts_env_shm_and_user():
     assert argv[image_at + 1 :] == ["python", "-m", "clipforge.train"]
 
 
-def test_docker_passes_the_webhook_secret_by_name_only(monkeypatch):
-    """The alert webhooks go in as `--env NAME` (docker copies the value): never on the command line."""
+def test_docker_phases_get_secrets_on_stdin_by_name_only(monkeypatch):
+    """The alert webhooks reach a docker phase through its stdin (the supervisor writes them, the
+    entrypoint reads them): the command line names them and holds no value."""
     monkeypatch.setenv("CLIPFORGE_ALERT_WEBHOOKS", "slack:https://hooks.example/secret")
-    argv = docker_run_argv(_spec(), ["true"])
-    assert "CLIPFORGE_ALERT_WEBHOOKS" in _pairs(argv, "--env")
-    assert not any("secret" in a for a in argv)
+    phase = node_plan(_options(runtime="docker"), _node(), POLICY).phases[0]
+    assert "--interactive" in phase.argv
+    assert "CLIPFORGE_ENV_FROM_STDIN=CLIPFORGE_ALERT_WEBHOOKS,CLIPFORGE_FAULTS" in _pairs(
+        phase.argv, "--env"
+    )
+    assert phase.stdin_env == ["CLIPFORGE_ALERT_WEBHOOKS", "CLIPFORGE_FAULTS"]
+    assert not any("secret" in a for a in phase.argv)
 
 
 def test_docker_cpu_run_has_no_device_request():

@@ -10,7 +10,13 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
-from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan, RestartPolicy
+from clipforge.launcher.host.plan import (
+    ENV_FROM_STDIN,
+    PASSTHROUGH_ENV,
+    Phase,
+    Plan,
+    RestartPolicy,
+)
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.options import TrainOptions
 
@@ -125,6 +131,8 @@ class DockerSpec:
     env: dict[str, str] = field(default_factory=dict)
     read_only: bool = False  # the run dir mounted read-only: the command only looks at the run
     detach: bool = False  # `docker run -d`: returns once the container has started
+    # PASSTHROUGH_ENV (secrets) read from stdin by the entrypoint: the supervisor writes them
+    secrets_on_stdin: bool = False
 
 
 def container_prefix(run_id: str) -> str:
@@ -177,10 +185,10 @@ def docker_run_argv(spec: DockerSpec, inner: list[str]) -> list[str]:
     env = {"HOME": spec.home, "PYTHONPATH": posixpath.join(spec.workdir, "src"), **spec.env}
     for name, value in sorted(env.items()):
         argv += ["--env", f"{name}={value}"]
-    for name in PASSTHROUGH_ENV:
-        # Name only: docker copies the value from its own environment (the supervisor's), so a
-        # secret never appears on a command line.
-        argv += ["--env", name]
+    if spec.secrets_on_stdin:
+        # Names only: the values go to the entrypoint's stdin, so no command line and no
+        # `docker inspect` shows a secret.
+        argv += ["--interactive", "--env", f"{ENV_FROM_STDIN}={','.join(PASSTHROUGH_ENV)}"]
     return argv + [spec.image, *inner]
 
 
@@ -267,6 +275,7 @@ def node_plan(
                 shm_size=node.shm_size,
                 env={**options.env, **node.env},
                 data_dir=options.data if options.mounted_data else None,
+                secrets_on_stdin=True,
             )
             phases.append(
                 Phase(
@@ -276,6 +285,7 @@ def node_plan(
                     restartable=restartable,
                     stop_argv=docker_stop_argv(spec.name),
                     cleanup_argv=docker_cleanup_argv(spec.name),
+                    stdin_env=list(PASSTHROUGH_ENV),
                 )
             )
         else:

@@ -230,11 +230,18 @@ class Supervisor:
                 phase.argv,
                 cwd=phase.cwd,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if phase.stdin_env else subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        if phase.stdin_env:
+            values = "".join(f"{os.environ.get(name, '')}\n" for name in phase.stdin_env)
+            try:
+                child.stdin.write(values.encode())
+                child.stdin.close()
+            except BrokenPipeError:  # the command died at once; its exit code tells
+                pass
         self._set(
             state="running",
             phase=phase.name,
