@@ -103,16 +103,19 @@ def _nodes(c: Invocation, run: str | None):
         "gpus": "GPUs the run will use per host (0: a CPU run; default: 1, or the stack's)",
         "runtime": "docker (default on -H hosts) or host (stack workers: already the image)",
         "data": "an absolute path on the host that must hold a data stage output",
+        "image": "image reference (default: docker/image.env, with $REGISTRY)",
         "accept_new_host_key": "record the key of a host never seen before (fresh hosts)",
     }
 )
-def check(c: Invocation, gpus=None, runtime="auto", data=None, accept_new_host_key=False):
+def check(
+    c: Invocation, gpus=None, runtime="auto", data=None, image=None, accept_new_host_key=False
+):
     """Preflight: SSH, GPUs, disk, Docker + NVIDIA runtime or the image's stack, image, storage."""
     specs, stack = session.host_specs(c.hosts, c.settings)
     wanted = (
         parse_count(gpus, "--gpus") if gpus is not None else (stack.gpus_per_worker if stack else 1)
     )
-    image = launch_mod.image_reference_for(current_source(Path.cwd()), c.settings)
+    image = image or launch_mod.image_reference_for(current_source(Path.cwd()), c.settings)
     any_failed = False
     for spec in specs:
         try:

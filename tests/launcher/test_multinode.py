@@ -55,7 +55,7 @@ class TwoNodeRun:
         return (self.nodes[rank] / "train.log").read_text()
 
     def ends(self) -> list[dict]:
-        return [wait_for_end(node) for node in self.nodes]
+        return [wait_for_end(node, timeout=1800) for node in self.nodes]
 
     def latest_step(self) -> str | None:
         latest = list((self.run_dir / "checkpoints").glob("run-*/latest"))

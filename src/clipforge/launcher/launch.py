@@ -26,7 +26,13 @@ from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
 from clipforge.launcher.options import TrainOptions, resolve_params
-from clipforge.launcher.session import Host, Settings, read_remote_json, remote_python, uid_gid
+from clipforge.launcher.session import (
+    Host,
+    Settings,
+    container_user,
+    read_remote_json,
+    remote_python,
+)
 from clipforge.launcher.source import Source, require_clean, write_bundle
 from clipforge.launcher.stack import StackOutputs
 
@@ -155,12 +161,13 @@ def launch(
                 say(f"{host.label}: shipping {prepared.source.commit[:10]} to {layout.node_dir}")
                 _ship(host, layout, bundle, prepared.source.commit)
         for host, layout in zip(hosts, layouts):
+            user = container_user(host, prepared.image) if options.runtime == "docker" else None
             node = NodeContext(
                 layout=layout,
                 hosts=[h.label for h in hosts],
                 master_addr=master_addr,
                 host_python=settings.python,
-                user=uid_gid(host),
+                user=user or "",
                 image=prepared.image,
                 shm_size=settings.shm_size,
                 env=network.socket_env(interfaces[layout.node_rank])
@@ -170,7 +177,16 @@ def launch(
             plan = node_plan(
                 options, node, policy, init_dvc=prepared.source.show(".dvc/config") is None
             )
-            _write_run_files(host, layout, prepared, options, hosts, plan, master_addr, interfaces)
+            _write_run_files(
+                host, layout, prepared, options, hosts, plan, master_addr, interfaces, user
+            )
+            if user and not user.startswith("0:"):
+                # the containers write the checkout's outputs and their HOME as this user
+                run(
+                    host.cxn,
+                    f"chown -R {q(user)} {q(layout.run_dir)}",
+                    what=f"handing the run directory to the container user {user}",
+                )
         for host, layout in zip(hosts, layouts):
             start_supervisor(host, layout, settings)
             started.append((host, layout))
@@ -212,6 +228,7 @@ def _write_run_files(
     plan,
     master_addr: str,
     interfaces: list,
+    user: str | None,
 ) -> None:
     record = {
         "run_id": layout.run_id,
@@ -225,6 +242,7 @@ def _write_run_files(
         "gpus_per_node": options.gpus,
         "runtime": options.runtime,
         "image": prepared.image,
+        "container_user": user,
         "data": options.data,
         "smoke": options.smoke,
         "executor": "dvc exp run"

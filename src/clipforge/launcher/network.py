@@ -137,7 +137,7 @@ def _start_listener(host: Host, port: int, settings: Settings) -> _Listener:
     nodes try to connect; it also proves the port is free."""
     started = probe(
         host.cxn,
-        f"out=$(mktemp /tmp/clipforge-netprobe.XXXXXX) && "
+        f"out=$(mktemp /tmp/clipforge-netprobe.XXXXXX) || exit 1; "
         f"setsid {q(settings.python)} -c {q(_PROBE_SOURCE)} listen {port} {LISTEN_SECONDS:g} "
         f'> "$out" 2>&1 < /dev/null & echo "$! $out"',
     )
@@ -147,8 +147,10 @@ def _start_listener(host: Host, port: int, settings: Settings) -> _Listener:
     while time.monotonic() < deadline:
         lines = probe(host.cxn, f"cat {q(output)}").stdout.strip().splitlines()
         if lines:
-            state = json.loads(lines[0])
-            listener.error = state.get("error")
+            try:
+                listener.error = json.loads(lines[0]).get("error")
+            except json.JSONDecodeError:
+                listener.error = f"the test listener on the master failed: {lines[-1][:200]}"
             return listener
         time.sleep(0.2)
     listener.error = "the test listener on the master did not start"

@@ -21,7 +21,13 @@ from clipforge.launcher.connection import join, probe, q, run
 from clipforge.launcher.host import status as status_mod
 from clipforge.launcher.host import supervisor
 from clipforge.launcher.host.run_dirs import NODE_PREFIX, NodeLayout, current_marker, runs_dir
-from clipforge.launcher.session import Host, Settings, read_remote_json, remote_python, uid_gid
+from clipforge.launcher.session import (
+    Host,
+    Settings,
+    read_remote_json,
+    recorded_container_user,
+    remote_python,
+)
 
 Say = Callable[[str], None]
 
@@ -149,7 +155,7 @@ def tensorboard(
             record["image"],
             layout,
             "tensorboard",
-            user=uid_gid(host),
+            user=recorded_container_user(host, layout),
             shm_size=settings.shm_size,
             read_only=True,
             detach=True,
