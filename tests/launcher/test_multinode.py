@@ -62,11 +62,14 @@ class TwoNodeRun:
         return latest[0].read_text().strip() if latest else None
 
 
-def start_two_node_run(net, project: Path, base: Path, *extra: str, env: dict | None = None):
-    fab = make_fab(
-        project, base / "home", base / "remote", *(h.sshd for h in net.hosts), prefix=net.on_laptop
-    )
-    launch = fab(
+def net_fab(net, project: Path, base: Path, servers=None):
+    """`fab` in the laptop's namespace, knowing the hosts' keys (or only `servers`')."""
+    servers = servers if servers is not None else [h.sshd for h in net.hosts]
+    return make_fab(project, base / "home", base / "remote", *servers, prefix=net.on_laptop)
+
+
+def train_two_nodes(net, fab, *extra: str, env: dict | None = None):
+    return fab(
         "train",
         "--gpus",
         "0",
@@ -85,7 +88,11 @@ def start_two_node_run(net, project: Path, base: Path, *extra: str, env: dict | 
         env=env,
         timeout=600,
     )
-    return TwoNodeRun(net, fab, base / "remote", launch)
+
+
+def start_two_node_run(net, project: Path, base: Path, *extra: str, env: dict | None = None):
+    fab = net_fab(net, project, base)
+    return TwoNodeRun(net, fab, base / "remote", train_two_nodes(net, fab, *extra, env=env))
 
 
 @pytest.fixture(scope="module")
@@ -243,35 +250,14 @@ def test_a_node_without_a_route_to_the_master_is_refused_before_anything_starts(
     """Node b answers SSH but has no route to node a: the network row says so, nothing starts."""
     a, b = netns_hosts.hosts
     netns_hosts.run(b.netns, "ip", "route", "add", "blackhole", f"{a.address}/32")
+    base = tmp_path_factory.mktemp("no-route")
     try:
-        base = tmp_path_factory.mktemp("no-route")
-        run_root = base / "remote"
-        fab = make_fab(
-            project,
-            base / "home",
-            run_root,
-            *(h.sshd for h in netns_hosts.hosts),
-            prefix=netns_hosts.on_laptop,
-        )
-        result = fab(
-            "train",
-            "--gpus",
-            "0",
-            "--nodes",
-            "2",
-            "--runtime",
-            "host",
-            "--data",
-            "build",
-            hosts=netns_hosts.host_list(),
-            key=netns_hosts.client_key,
-            timeout=300,
-        )
+        result = train_two_nodes(netns_hosts, net_fab(netns_hosts, project, base))
     finally:
         netns_hosts.run(b.netns, "ip", "route", "del", "blackhole", f"{a.address}/32")
     assert result.returncode == 1
     assert f"no route to {a.address}" in result.stdout and "nothing was started" in result.stderr
-    assert not (run_root / "runs").exists()
+    assert not (base / "remote" / "runs").exists()
 
 
 def test_a_wrong_host_key_on_node_b_only_refuses_the_launch(netns_hosts, project, tmp_path_factory):
@@ -279,24 +265,11 @@ def test_a_wrong_host_key_on_node_b_only_refuses_the_launch(netns_hosts, project
     base = tmp_path_factory.mktemp("wrong-key")
     a, b = netns_hosts.hosts
     other = keygen(base / "other_host_key")
-    fab = make_fab(project, base / "home", base / "remote", a.sshd, prefix=netns_hosts.on_laptop)
+    fab = net_fab(netns_hosts, project, base, servers=[a.sshd])
     kind, blob = Path(f"{other}.pub").read_text().split()[:2]
     with open(base / "home" / ".ssh" / "known_hosts", "a") as known:
         known.write(f"{b.address} {kind} {blob}\n")
-    result = fab(
-        "train",
-        "--gpus",
-        "0",
-        "--nodes",
-        "2",
-        "--runtime",
-        "host",
-        "--data",
-        "build",
-        hosts=netns_hosts.host_list(),
-        key=netns_hosts.client_key,
-        timeout=300,
-    )
+    result = train_two_nodes(netns_hosts, fab)
     assert result.returncode == 1 and "host key CHANGED" in result.stderr
     assert b.address in result.stderr
     assert not (base / "remote" / "runs").exists()
