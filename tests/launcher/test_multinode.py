@@ -260,6 +260,19 @@ def test_a_node_without_a_route_to_the_master_is_refused_before_anything_starts(
     assert not (base / "remote" / "runs").exists()
 
 
+def test_an_interface_setting_that_a_node_lacks_is_refused_before_anything_starts(
+    netns_hosts, project, tmp_path_factory
+):
+    """clipforge.socket_ifname names an interface the nodes do not have: refused, saying which
+    interfaces they do have."""
+    base = tmp_path_factory.mktemp("no-ib0")
+    fab = net_fab(netns_hosts, project, base)
+    result = train_two_nodes(netns_hosts, fab, env={"FABRIC_CLIPFORGE_SOCKET_IFNAME": "ib0"})
+    assert result.returncode == 1 and "nothing was started" in result.stderr
+    assert "no interface ib0 with an IPv4 address here (found: eth0, lo)" in result.stdout
+    assert not (base / "remote" / "runs").exists()
+
+
 def test_a_wrong_host_key_on_node_b_only_refuses_the_launch(netns_hosts, project, tmp_path_factory):
     """known_hosts holds another key for node b: refused as CHANGED, nothing started on a."""
     base = tmp_path_factory.mktemp("wrong-key")

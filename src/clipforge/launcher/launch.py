@@ -131,9 +131,9 @@ def launch(
         preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack))
         for h in hosts
     ]
-    master_addr = network.master_address(hosts[0], stack)
-    interfaces = [None] * len(hosts)
+    master_addr, interfaces = "", [None] * len(hosts)
     if options.nodes > 1:
+        master_addr = network.master_address(hosts[0], stack)
         rows, interfaces = network.check_nodes(hosts, master_addr, options.master_port, settings)
         results = [own + more for own, more in zip(results, rows)]
     for host, rows in zip(hosts, results):
@@ -170,9 +170,7 @@ def launch(
                 user=user or "",
                 image=prepared.image,
                 shm_size=settings.shm_size,
-                env=network.socket_env(interfaces[layout.node_rank])
-                if interfaces[layout.node_rank]
-                else {},
+                env=network.socket_env(interfaces[layout.node_rank]),
             )
             plan = node_plan(
                 options, node, policy, init_dvc=prepared.source.show(".dvc/config") is None

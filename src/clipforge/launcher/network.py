@@ -10,7 +10,6 @@ GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME: the interface its route to the master lea
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from dataclasses import dataclass
@@ -29,11 +28,16 @@ LISTEN_SECONDS = 60.0  # node 0's test listener ends by itself, should the launc
 _PROBE_SOURCE = Path(netprobe.__file__).read_text(encoding="utf-8")
 
 
+ROUTE = "route to the master"
+SETTING = "setting clipforge.socket_ifname"
+
+
 @dataclass(frozen=True)
 class NodeInterface:
-    name: str | None  # None: the route could not be found (the row says why)
+    name: str | None  # None: no usable route (`error` says why)
     address: str | None
-    chosen_by: str  # "route to the master" | "setting clipforge.socket_ifname"
+    chosen_by: str  # ROUTE or SETTING
+    error: str | None = None
 
 
 def master_address(host: Host, stack: StackOutputs | None) -> str:
@@ -45,8 +49,9 @@ def master_address(host: Host, stack: StackOutputs | None) -> str:
     return result.stdout.strip() or host.cxn.host
 
 
-def socket_env(interface: NodeInterface) -> dict[str, str]:
-    return {name: interface.name for name in SOCKET_IFNAME_VARS} if interface.name else {}
+def socket_env(interface: NodeInterface | None) -> dict[str, str]:
+    """The ranks' environment for `interface` (None: a single node, nothing to choose)."""
+    return {name: interface.name for name in SOCKET_IFNAME_VARS} if interface else {}
 
 
 def check_nodes(
@@ -70,22 +75,39 @@ def check_nodes(
 
 def _interface(host: Host, master: str, settings: Settings) -> NodeInterface:
     if settings.socket_ifname:
-        return NodeInterface(settings.socket_ifname, None, "setting clipforge.socket_ifname")
+        addresses = _run_probe(host, settings, "interfaces")
+        name = settings.socket_ifname
+        if name not in addresses:
+            found = ", ".join(sorted(addresses)) or "none"
+            error = f"no interface {name} with an IPv4 address here (found: {found})"
+            return NodeInterface(None, None, SETTING, error)
+        return NodeInterface(name, addresses[name], SETTING)
     found = _run_probe(host, settings, "route", master)
-    return NodeInterface(found.get("interface"), found.get("address"), "route to the master")
+    name, address = found.get("interface"), found.get("address")
+    if "error" in found:
+        error = found["error"]
+    elif name in (None, "lo"):
+        error = (
+            f"the route to the master {master} leaves by {name or 'no interface'} "
+            f"(source {address}): the other nodes could not connect back"
+        )
+    else:
+        error = None
+    return NodeInterface(None if error else name, address, ROUTE, error)
 
 
 def _route_row(interface: NodeInterface, master: str) -> Row:
-    if interface.chosen_by != "route to the master":
-        return Row("network", OK, f"interface {interface.name} ({interface.chosen_by})")
-    if interface.name is None or interface.name == "lo" or interface.address is None:
+    if interface.error:
         return Row(
             "network",
             FAIL,
-            f"the route to the master {master} leaves by "
-            f"{interface.name or 'no interface with address ' + str(interface.address)}: other "
-            f"nodes could not connect back; set clipforge.socket_ifname "
-            f"(FABRIC_CLIPFORGE_SOCKET_IFNAME) to the interface of the network between the nodes",
+            f"{interface.error}; check the routes between the nodes, or set "
+            f"clipforge.socket_ifname (FABRIC_CLIPFORGE_SOCKET_IFNAME) to the interface of the "
+            f"network between them",
+        )
+    if interface.chosen_by == SETTING:
+        return Row(
+            "network", OK, f"ranks talk on {interface.name} ({interface.address}, {SETTING})"
         )
     return Row(
         "network",
@@ -107,17 +129,18 @@ def _reach_row(host: Host, master: str, port: int, settings: Settings) -> Row:
 
 
 def _run_probe(host: Host, settings: Settings, *args: str) -> dict:
-    result = probe(
-        host.cxn,
-        f"{q(settings.python)} - {' '.join(q(a) for a in args)}",
-        in_stream=io.StringIO(_PROBE_SOURCE),
-    )
+    # The source as an argument: Invoke copies an in_stream to the channel a byte at a time.
+    result = probe(host.cxn, _probe_command(settings, *args))
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         raise LauncherError(
             f"{host.label}: the network probe failed: {(result.stderr or result.stdout).strip()[-300:]}"
         ) from None
+
+
+def _probe_command(settings: Settings, *args: str) -> str:
+    return f"{q(settings.python)} -c {q(_PROBE_SOURCE)} {' '.join(q(a) for a in args)}"
 
 
 @dataclass
@@ -138,7 +161,7 @@ def _start_listener(host: Host, port: int, settings: Settings) -> _Listener:
     started = probe(
         host.cxn,
         f"out=$(mktemp /tmp/clipforge-netprobe.XXXXXX) || exit 1; "
-        f"setsid {q(settings.python)} -c {q(_PROBE_SOURCE)} listen {port} {LISTEN_SECONDS:g} "
+        f"setsid {_probe_command(settings, 'listen', str(port), f'{LISTEN_SECONDS:g}')} "
         f'> "$out" 2>&1 < /dev/null & echo "$! $out"',
     )
     pid, _, output = started.stdout.strip().partition(" ")

@@ -1,9 +1,10 @@
 """Network facts of a node, found on the node itself before a multi-node run starts.
 
-The launcher sends this file's source to the host's python over SSH (`python3 - route ADDR`):
-it runs before the run's code is shipped, so it is one standard-library file.
+The launcher sends this file's source to the host's python over SSH (`python3 -c SOURCE route
+ADDR`): it runs before the run's code is shipped, so it is one standard-library file.
 
   route ADDR               the interface and source address this host uses to reach ADDR
+  interfaces               every interface with an IPv4 address, and that address
   listen PORT SECONDS      accept TCP connections on PORT for up to SECONDS (prints `listening`)
   connect ADDR PORT SECS   one TCP connection to ADDR:PORT (prints `ok`, or the error)
 
@@ -84,6 +85,8 @@ def main(argv: list[str]) -> int:
     command, *args = argv
     if command == "route":
         result = route(args[0])
+    elif command == "interfaces":
+        result = interface_addresses()
     elif command == "listen":
         result = listen(int(args[0]), float(args[1]))
     elif command == "connect":
