@@ -51,6 +51,7 @@ def main() -> None:
     finally:
         engine.stop()
         shutil.rmtree(root, ignore_errors=True)
+        root.with_name(root.name + ".log").unlink(missing_ok=True)
     print(f"| image | {reference} ({int(size) / 1e9:.2f} GB, storage driver {driver}) |")
     print(f"| cold build (base + image) | {cold:.0f} s |")
     print(f"| cached (`make image-cpu` again) | {cached:.1f} s |")

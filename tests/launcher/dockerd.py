@@ -87,7 +87,7 @@ def start_dockerd(root: Path | None = None) -> DockerEngine:
     root = root or data_root()
     root.mkdir(parents=True, exist_ok=True)
     exec_root = Path(tempfile.mkdtemp(prefix="cfd-", dir="/tmp"))
-    log = exec_root / "dockerd.log"
+    log = root.with_name(root.name + ".log")  # beside the data root: kept for a post-mortem
     process = subprocess.Popen(
         [
             DOCKERD,

@@ -168,7 +168,7 @@ def test_docker_run_requests_gpus_mounts_env_shm_and_user():
     assert _pairs(argv, "--gpus") == ["4"] and _pairs(argv, "--shm-size") == ["16g"]
     assert _pairs(argv, "--user") == ["1000:1000"] and _pairs(argv, "--network") == ["host"]
     assert _pairs(argv, "--volume") == ["/srv/r/runs/x:/srv/r/runs/x", "/mnt/data:/mnt/data:ro"]
-    assert "memlock=-1" in _pairs(argv, "--ulimit")
+    assert "memlock=-1" in _pairs(argv, "--ulimit")  # pinned memory for CUDA and NCCL
     env = _pairs(argv, "--env")
     assert (
         "HOME=/srv/r/runs/x/node-0/home" in env
@@ -196,6 +196,7 @@ def test_docker_cpu_run_has_no_device_request():
     plan = node_plan(_options(gpus=0, runtime="docker"), _node(), POLICY)
     argv = plan.phases[0].argv
     assert "--gpus" not in argv and "DS_ACCELERATOR=cpu" in _pairs(argv, "--env")
+    assert not any(limit.startswith("memlock") for limit in _pairs(argv, "--ulimit"))
     assert argv[argv.index("registry.example/clipforge:tag") + 1 :][:3] == ["python", "-m", "dvc"]
 
 

@@ -71,6 +71,7 @@ def cpu_image(engine) -> str:
     stale = [name for name in listed.stdout.split() if name != reference]
     if stale:
         engine.docker("rmi", *stale)
+    engine.docker("container", "prune", "--force")  # e.g. a failed build's
     engine.docker("image", "prune", "--force")
     return reference
 

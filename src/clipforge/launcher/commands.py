@@ -168,8 +168,6 @@ def docker_run_argv(spec: DockerSpec, inner: list[str]) -> list[str]:
         "--shm-size",
         spec.shm_size,
         "--ulimit",
-        "memlock=-1",
-        "--ulimit",
         "stack=67108864",
         "--user",
         spec.user,
@@ -179,7 +177,10 @@ def docker_run_argv(spec: DockerSpec, inner: list[str]) -> list[str]:
         f"{spec.run_dir}:{spec.run_dir}" + (":ro" if spec.read_only else ""),
     ]
     if spec.gpus:
-        argv += ["--gpus", str(spec.gpus)]  # a device request for that many GPUs
+        # a device request for that many GPUs; unlimited locked memory for CUDA's pinned host
+        # buffers and NCCL. Not asked for on the CPU: some engines (rootless, sandboxed) may not
+        # raise it, and nothing there needs it.
+        argv += ["--gpus", str(spec.gpus), "--ulimit", "memlock=-1"]
     if spec.data_dir:
         argv += ["--volume", f"{spec.data_dir}:{spec.data_dir}:ro"]
     env = {"HOME": spec.home, "PYTHONPATH": posixpath.join(spec.workdir, "src"), **spec.env}
