@@ -208,7 +208,9 @@ def test_docker_phases_stop_and_clean_their_container():
     name = _pairs(phase.argv, "--name")[0]
     assert name == "clipforge-20260101-000000-abcdef12-n0-train"
     assert (
-        phase.stop_argv == docker_stop_argv(name) == ["docker", "exec", name, "kill", "-INT", "-1"]
+        phase.stop_argv
+        == docker_stop_argv(name)
+        == ["docker", "exec", name, "sh", "-c", "kill -INT -1"]
     )
     assert phase.cleanup_argv == ["docker", "rm", "--force", name]
 

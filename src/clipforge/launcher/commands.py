@@ -195,8 +195,9 @@ def docker_run_argv(spec: DockerSpec, inner: list[str]) -> list[str]:
 
 def docker_stop_argv(name: str) -> list[str]:
     """SIGINT to every process in the container but its init: the train stage checkpoints and
-    exits, DVC (which ignores SIGINT while its stage runs) then exits, and so does the container."""
-    return ["docker", "exec", name, "kill", "-INT", "-1"]
+    exits, DVC (which ignores SIGINT while its stage runs) then exits, and so does the container.
+    The shell's own `kill`: a minimal image has no kill program (procps)."""
+    return ["docker", "exec", name, "sh", "-c", "kill -INT -1"]
 
 
 def docker_cleanup_argv(name: str) -> list[str]:
