@@ -314,7 +314,10 @@ def resume(
                 f"{host.label}: run {layout.run_id} has finished; nothing to resume"
             )
         commit = (read_remote_json(host, layout.record) or {}).get("commit")
-        checkout = probe(host.cxn, f"git -C {q(layout.code)} rev-parse HEAD").stdout.strip()
+        # safe.directory: with the docker runtime the checkout belongs to the container's user
+        checkout = probe(
+            host.cxn, f"git -c safe.directory={q(layout.code)} -C {q(layout.code)} rev-parse HEAD"
+        ).stdout.strip()
         if checkout != commit:
             raise LauncherError(
                 f"{host.label}: node {layout.node_rank}'s checkout is at commit "
