@@ -200,6 +200,10 @@ def launch(
     return run_id
 
 
+def launched_by() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
 def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
     run(
         host.cxn,
@@ -214,6 +218,15 @@ def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
         f"git -C {q(layout.code)} -c advice.detachedHead=false checkout --quiet {q(commit)} "
         f"&& rm {q(remote_bundle)}",
         what="cloning the shipped commit",
+    )
+    # `dvc exp run` commits (e.g. when a run resumes with params it changed): it needs an
+    # identity, which a fresh host or a container's empty HOME does not have. The launcher's.
+    user = getpass.getuser()
+    run(
+        host.cxn,
+        f"git -C {q(layout.code)} config user.name {q(user)} && "
+        f"git -C {q(layout.code)} config user.email {q(launched_by())}",
+        what="setting the checkout's git identity",
     )
 
 
@@ -233,7 +246,7 @@ def _write_run_files(
         "commit": prepared.source.commit,
         "dirty_paths_not_shipped": prepared.source.dirty,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "launched_by": f"{getpass.getuser()}@{socket.gethostname()}",
+        "launched_by": launched_by(),
         "hosts": [h.label for h in hosts],
         "host": hosts[0].label,
         "num_nodes": options.nodes,
