@@ -21,6 +21,8 @@ include infra/infra.mk
 help:
 	@echo "make demo   - create .venv, run the pipeline (dvc repro) on the built-in dataset, show metrics"
 	@echo "make test   - create .venv and run the test suite"
+	@echo "make test-integration - the docker runtime against a private engine and the CPU image"
+	@echo "make image-cpu - build (or find) the CPU image; prints its reference"
 	@echo "make lint   - ruff check + ruff format --check (make test runs it first)"
 	@echo "make format - let ruff fix imports and formatting"
 	@echo "make env    - only create/refresh .venv"

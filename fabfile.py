@@ -40,6 +40,7 @@ SETTINGS = {
     "stop_timeout_seconds": 900,  # a graceful stop gets this long to checkpoint
     "shm_size": "16g",  # docker runtime: /dev/shm for DataLoader workers and NCCL
     "registry": None,  # prefix of the image reference; else $REGISTRY
+    "socket_ifname": None,  # multi-node: the ranks' interface; None: each node's route to node 0
 }
 
 
@@ -108,16 +109,19 @@ def _nodes(c: Invocation, run: str | None):
         "gpus": "GPUs the run will use per host (0: a CPU run; default: 1, or the stack's)",
         "runtime": "docker (default on -H hosts) or host (stack workers: already the image)",
         "data": "an absolute path on the host that must hold a data stage output",
+        "image": "image reference (default: docker/image.env, with $REGISTRY)",
         "accept_new_host_key": "record the key of a host never seen before (fresh hosts)",
     }
 )
-def check(c: Invocation, gpus=None, runtime="auto", data=None, accept_new_host_key=False):
+def check(
+    c: Invocation, gpus=None, runtime="auto", data=None, image=None, accept_new_host_key=False
+):
     """Preflight: SSH, GPUs, disk, Docker + NVIDIA runtime or the image's stack, image, storage."""
     specs, stack = session.host_specs(c.hosts, c.settings)
     wanted = (
         parse_count(gpus, "--gpus") if gpus is not None else (stack.gpus_per_worker if stack else 1)
     )
-    image = launch_mod.image_reference_for(current_source(Path.cwd()), c.settings)
+    image = image or launch_mod.image_reference_for(current_source(Path.cwd()), c.settings)
     any_failed = False
     for spec in specs:
         try:
@@ -234,10 +238,9 @@ def status(c: Invocation, run=None, price_per_gpu_hour=None):
     }
 )
 def logs(c: Invocation, run=None, follow=False, lines=50):
-    """The run's output (node 0): stage logs, and the supervisor's restart lines."""
+    """The run's output on every node: stage logs, and the supervisors' restart lines."""
     pairs, _ = _nodes(c, run)
-    host, layout = pairs[0]
-    watch.show_logs(host, layout, c.settings, parse_count(lines, "--lines"), follow, _say)
+    watch.show_logs(pairs, c.settings, parse_count(lines, "--lines"), follow, _say)
 
 
 @all_hosts_task(help={"run": "run id (default: the newest)", "port": "local port of the forward"})

@@ -4,6 +4,8 @@
 #   make lock                       re-resolve docker/requirements.lock from pyproject.toml (uv)
 #   make pin-base                   resolve the base images' digests (docker buildx imagetools)
 #   make smoke-pinned               data -> train -> eval on the image's locked stack, CPU, 1 rank
+#   make image-cpu                  the CPU image: the locked stack on Debian, classic builder
+#   make test-integration           the docker runtime against a private engine and the CPU image
 # The image name and tag live in docker/image.env, the one place infra/ and the launcher read.
 
 # Including this file must not make `image` the default goal of the including Makefile.
@@ -17,7 +19,7 @@ DOCKER ?= docker
 IMAGE_PYTHON = $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 UV = $(if $(wildcard $(VENV)/bin/uv),$(VENV)/bin/uv,uv)
 
-.PHONY: image image-push lock pin-base smoke-pinned
+.PHONY: image image-push image-cpu lock pin-base smoke-pinned test-integration
 
 image:
 	@DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' docker/build.sh build
@@ -34,5 +36,16 @@ pin-base:
 # ~10 minutes and 2.5 GB on a fresh machine: not part of `make test`; .ci/run calls it.
 smoke-pinned: env
 	CLIPFORGE_PINNED_SMOKE=1 $(PY) -m pytest tests/docker/test_pinned_stack.py $(PYTEST_ARGS)
+
+# Prints the image reference (clipforge-cpu:<IMAGE_TAG>-<inputs hash>); builds only when needed.
+image-cpu:
+	@DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' docker/build-cpu.sh
+
+# The launcher's docker runtime end to end: a private dockerd, the CPU image (built once, ~15 min
+# cold, then cached by its inputs' hash), fab train/status/logs/stop/resume/fetch/check against it.
+# Outside `make test` for the cold build's time; .ci/run calls it.
+test-integration: env
+	scripts/setup-system.sh
+	CLIPFORGE_DOCKER_TESTS=1 $(PY) -m pytest tests/launcher/test_docker_runtime.py $(PYTEST_ARGS)
 
 .DEFAULT_GOAL := $(DOCKER_MK_SAVED_DEFAULT_GOAL)

@@ -12,6 +12,10 @@
 #                                    stable host identity); default: a new key per container
 #   CLIPFORGE_SSHD_DIR               sshd's private working directory (default ~/.clipforge-sshd)
 #   CLIPFORGE_GIT_COMMIT             the commit the image was built from (set by the image)
+#   CLIPFORGE_ENV_FROM_STDIN=A,B     read the values of A and B from stdin, one line each (empty:
+#                                    left unset), before the command; the command's stdin is then
+#                                    /dev/null. Secrets (alert webhooks) arrive this way: a value
+#                                    given with `docker run --env` stays in `docker inspect`.
 # sshd runs as the container's (non-root) user, accepts only that user and only public keys.
 set -euo pipefail
 
@@ -110,11 +114,26 @@ EOF
   echo "clipforge-entrypoint: sshd listening on port $port for $user (keys: $keys; log: $dir/sshd.log)" >&2
 }
 
+env_from_stdin() {
+  local names name value
+  IFS=',' read -ra names <<<"$CLIPFORGE_ENV_FROM_STDIN"
+  for name in "${names[@]}"; do
+    [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "CLIPFORGE_ENV_FROM_STDIN: '$name' is not a variable name"
+    IFS= read -r value || true
+    if [ -n "$value" ]; then export "$name=$value"; fi
+  done
+  unset CLIPFORGE_ENV_FROM_STDIN
+}
+
 [ $# -gt 0 ] || die "no command given (the image's default is bash)"
 report >&2
 if [ "${CLIPFORGE_SSHD:-0}" = 1 ]; then
   start_sshd
 elif [ "${CLIPFORGE_SSHD:-0}" != 0 ]; then
   die "CLIPFORGE_SSHD=${CLIPFORGE_SSHD}: use 1 (start sshd) or 0 (default, off)"
+fi
+if [ -n "${CLIPFORGE_ENV_FROM_STDIN:-}" ]; then
+  env_from_stdin
+  exec "$@" </dev/null
 fi
 exec "$@"

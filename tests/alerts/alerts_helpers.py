@@ -30,7 +30,7 @@ class WebhookServer:
     """Records every POST; answers with scripted statuses (default 200) after an optional hold,
     and with `retry_after` as the Retry-After header of every error reply when it is set."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.received: list[Received] = []
         self.num_answered = 0
         self.statuses: deque[int] = deque()
@@ -64,15 +64,15 @@ class WebhookServer:
             def log_message(self, *args) -> None:  # keep pytest output quiet
                 pass
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = ThreadingHTTPServer((host, 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
 
     def url(self, kind: str = "") -> str:
-        port = self._httpd.server_address[1]
-        url = f"http://127.0.0.1:{port}/open-apis/bot/v2/hook/{SECRET}"
+        host, port = self._httpd.server_address[:2]
+        url = f"http://{host}:{port}/open-apis/bot/v2/hook/{SECRET}"
         return f"{kind}:{url}" if kind else url
 
     def wait_for(self, count: int) -> list[Received]:

@@ -92,6 +92,23 @@ def test_command_replaces_the_entrypoint_and_keeps_its_exit_code(tmp_path):
     assert int(out.strip()) == proc.pid
 
 
+def test_environment_from_stdin_reaches_the_command_and_nothing_else(tmp_path):
+    """CLIPFORGE_ENV_FROM_STDIN=A,B: one line per name on stdin; an empty line leaves its name
+    unset; the command then reads an empty stdin and does not see the variable list."""
+    env = base_env(tmp_path, CLIPFORGE_ENV_FROM_STDIN="HOOKS,FAULTS")
+    script = (
+        'echo "hooks=$HOOKS faults=${FAULTS-unset} list=${CLIPFORGE_ENV_FROM_STDIN-unset}"; cat'
+    )
+    result = run(["sh", "-c", script], env, input="slack:https://x/y z\n\nnot for the command\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "hooks=slack:https://x/y z faults=unset list=unset\n"
+
+
+def test_a_bad_name_in_the_stdin_environment_is_refused(tmp_path):
+    result = run(["true"], base_env(tmp_path, CLIPFORGE_ENV_FROM_STDIN="OK,BAD-NAME"), input="")
+    assert result.returncode != 0 and "'BAD-NAME' is not a variable name" in result.stderr
+
+
 def test_no_command_is_an_error(tmp_path):
     """Without a command (the image's CMD is bash) the entrypoint fails with a message."""
     result = run([], base_env(tmp_path))

@@ -6,6 +6,8 @@ import json
 import re
 import subprocess
 
+import pytest
+
 from tests.docker.conftest import DOCKER_DIR, dev_tool
 
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
@@ -28,16 +30,21 @@ def hadolint(text: str) -> list[dict]:
     return json.loads(result.stdout)
 
 
-def test_dockerfile_has_no_hadolint_finding_above_info():
-    """hadolint reports no warning or error on docker/Dockerfile."""
-    findings = hadolint(DOCKERFILE.read_text(encoding="utf-8"))
+DOCKERFILES = (DOCKERFILE, DOCKER_DIR / "Dockerfile.cpu")
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_has_no_hadolint_finding_above_info(dockerfile):
+    """hadolint reports no warning or error on the GPU image's Dockerfile and the CPU image's."""
+    findings = hadolint(dockerfile.read_text(encoding="utf-8"))
     assert [f for f in findings if f["level"] in ABOVE_INFO] == []
 
 
-def test_dockerfile_silences_only_the_documented_rule_and_it_is_still_needed():
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_silences_only_the_documented_rule_and_it_is_still_needed(dockerfile):
     """The only `hadolint ignore` is DL3008, and without the pragma hadolint would report it:
     no stale or undocumented suppressions."""
-    text = DOCKERFILE.read_text(encoding="utf-8")
+    text = dockerfile.read_text(encoding="utf-8")
     ignored = set(re.findall(r"#\s*hadolint ignore=([A-Z0-9,]+)", text))
     assert {rule for group in ignored for rule in group.split(",")} == ALLOWED_IGNORES
     unsilenced = re.sub(r"^#\s*hadolint ignore=.*\n", "", text, flags=re.MULTILINE)

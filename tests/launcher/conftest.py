@@ -7,6 +7,7 @@ session fixture here (smoke_run), one shared by a module's tests a fixture of th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.alerts.alerts_helpers import WebhookServer
 from tests.conftest import REPO, SMALL_PARAMS
+from tests.launcher.netns import NetnsUnavailable, test_network
 from tests.launcher.sshd import FabRunner, start_sshd
 
 
@@ -61,6 +64,19 @@ def sshd(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def netns_hosts(tmp_path_factory):
+    """Two hosts of their own, `a` and `b`, and a laptop namespace to reach them from
+    (tests/launcher/netns.py); skipped, saying why, where namespaces cannot be made."""
+    stack = contextlib.ExitStack()
+    try:
+        net = stack.enter_context(test_network(tmp_path_factory.mktemp("netns")))
+    except NetnsUnavailable as exc:
+        pytest.skip(f"network namespaces unavailable: {exc}")
+    with stack:
+        yield net
+
+
+@pytest.fixture(scope="session")
 def project(tmp_path_factory) -> Path:
     """The project as it is in this checkout (tracked and new files), committed in a repository
     of its own: what `fab train` ships is exactly the code under test."""
@@ -94,12 +110,15 @@ def git(cwd: Path, *args: str) -> str:
     ).stdout
 
 
-def make_fab(project: Path, home: Path, remote_root: Path, sshd) -> FabRunner:
-    """`fab` as a user runs it in the project: HOME with a known_hosts that knows the server."""
+def make_fab(
+    project: Path, home: Path, remote_root: Path, *servers, prefix: tuple[str, ...] = ()
+) -> FabRunner:
+    """`fab` as a user runs it in the project: HOME with a known_hosts that knows the servers;
+    `prefix` runs it elsewhere (in the laptop's network namespace)."""
     (home / ".ssh").mkdir(parents=True, exist_ok=True, mode=0o700)
     known = home / ".ssh" / "known_hosts"
     if not known.exists():
-        known.write_text(sshd.known_hosts_line)
+        known.write_text("".join(server.known_hosts_line for server in servers))
     env = {
         k: v
         for k, v in os.environ.items()
@@ -118,7 +137,7 @@ def make_fab(project: Path, home: Path, remote_root: Path, sshd) -> FabRunner:
             "FABRIC_CLIPFORGE_STOP_TIMEOUT_SECONDS": "180",
         }
     )
-    return FabRunner(project=project, home=home, env=env)
+    return FabRunner(project=project, home=home, env=env, prefix=prefix)
 
 
 @pytest.fixture
@@ -219,3 +238,12 @@ def smoke_run(project, sshd, tmp_path_factory) -> LaunchedRun:
     final = run.wait_finished()
     assert final["state"] == "finished", (run.node_dir / "train.log").read_text()[-4000:]
     return run
+
+
+@pytest.fixture
+def webhook():
+    """A webhook receiver on 127.0.0.1 recording what it is sent (tests/alerts' own)."""
+    server = WebhookServer()
+    server.start()
+    yield server
+    server.stop()

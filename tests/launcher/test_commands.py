@@ -168,7 +168,7 @@ def test_docker_run_requests_gpus_mounts_env_shm_and_user():
     assert _pairs(argv, "--gpus") == ["4"] and _pairs(argv, "--shm-size") == ["16g"]
     assert _pairs(argv, "--user") == ["1000:1000"] and _pairs(argv, "--network") == ["host"]
     assert _pairs(argv, "--volume") == ["/srv/r/runs/x:/srv/r/runs/x", "/mnt/data:/mnt/data:ro"]
-    assert "memlock=-1" in _pairs(argv, "--ulimit")
+    assert "memlock=-1" in _pairs(argv, "--ulimit")  # pinned memory for CUDA and NCCL
     env = _pairs(argv, "--env")
     assert (
         "HOME=/srv/r/runs/x/node-0/home" in env
@@ -178,12 +178,17 @@ def test_docker_run_requests_gpus_mounts_env_shm_and_user():
     assert argv[image_at + 1 :] == ["python", "-m", "clipforge.train"]
 
 
-def test_docker_passes_the_webhook_secret_by_name_only(monkeypatch):
-    """The alert webhooks go in as `--env NAME` (docker copies the value): never on the command line."""
+def test_docker_phases_get_secrets_on_stdin_by_name_only(monkeypatch):
+    """The alert webhooks reach a docker phase through its stdin (the supervisor writes them, the
+    entrypoint reads them): the command line names them and holds no value."""
     monkeypatch.setenv("CLIPFORGE_ALERT_WEBHOOKS", "slack:https://hooks.example/secret")
-    argv = docker_run_argv(_spec(), ["true"])
-    assert "CLIPFORGE_ALERT_WEBHOOKS" in _pairs(argv, "--env")
-    assert not any("secret" in a for a in argv)
+    phase = node_plan(_options(runtime="docker"), _node(), POLICY).phases[0]
+    assert "--interactive" in phase.argv
+    assert "CLIPFORGE_ENV_FROM_STDIN=CLIPFORGE_ALERT_WEBHOOKS,CLIPFORGE_FAULTS" in _pairs(
+        phase.argv, "--env"
+    )
+    assert phase.stdin_env == ["CLIPFORGE_ALERT_WEBHOOKS", "CLIPFORGE_FAULTS"]
+    assert not any("secret" in a for a in phase.argv)
 
 
 def test_docker_cpu_run_has_no_device_request():
@@ -191,6 +196,7 @@ def test_docker_cpu_run_has_no_device_request():
     plan = node_plan(_options(gpus=0, runtime="docker"), _node(), POLICY)
     argv = plan.phases[0].argv
     assert "--gpus" not in argv and "DS_ACCELERATOR=cpu" in _pairs(argv, "--env")
+    assert not any(limit.startswith("memlock") for limit in _pairs(argv, "--ulimit"))
     assert argv[argv.index("registry.example/clipforge:tag") + 1 :][:3] == ["python", "-m", "dvc"]
 
 
@@ -202,7 +208,9 @@ def test_docker_phases_stop_and_clean_their_container():
     name = _pairs(phase.argv, "--name")[0]
     assert name == "clipforge-20260101-000000-abcdef12-n0-train"
     assert (
-        phase.stop_argv == docker_stop_argv(name) == ["docker", "exec", name, "kill", "-INT", "-1"]
+        phase.stop_argv
+        == docker_stop_argv(name)
+        == ["docker", "exec", name, "sh", "-c", "kill -INT -1"]
     )
     assert phase.cleanup_argv == ["docker", "rm", "--force", name]
 

@@ -20,8 +20,21 @@ from tests.conftest import REPO
 SRC = REPO / "src"
 HOST_PACKAGE = "clipforge.launcher.host"
 # Project modules the host side may use: its own package, the packages that contain it (they run
-# first on import), and the atomic writes (clipforge.fsutil).
-ALLOWED_PROJECT = ("clipforge", "clipforge.fsutil", "clipforge.launcher", HOST_PACKAGE)
+# first on import), the atomic writes (clipforge.fsutil), and the alert delivery the supervisor
+# shares with the stage (clipforge.alerts' events, config, formats, targets, delivery).
+ALLOWED_PROJECT = (
+    "clipforge",
+    "clipforge.fsutil",
+    "clipforge.launcher",
+    HOST_PACKAGE,
+    "clipforge.alerts",
+    "clipforge.alerts.config",
+    "clipforge.alerts.delivery",
+    "clipforge.alerts.events",
+    "clipforge.alerts.formats",
+    "clipforge.alerts.targets",
+    "clipforge.fields",
+)
 
 
 def _module_file(name: str, src: Path) -> Path | None:
@@ -87,7 +100,7 @@ def _host_modules() -> list[str]:
 
 def test_the_host_side_imports_only_the_standard_library_and_itself():
     """Every import reachable from a host module is standard library, the host package, the
-    packages above it, or clipforge.fsutil (which holds to the same rule)."""
+    packages above it, or the allowed project modules (which hold to the same rule)."""
     modules = _host_modules()
     assert f"{HOST_PACKAGE}.supervisor" in modules and f"{HOST_PACKAGE}.status" in modules
     assert outside_imports(modules, SRC, ALLOWED_PROJECT) == {}

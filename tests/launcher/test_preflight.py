@@ -68,3 +68,25 @@ def _rows(output: str) -> dict[str, str]:
                     rows[name] = status
                     break
     return rows
+
+
+def test_nodes_with_different_images_or_stacks_are_named():
+    """The nodes of a run must agree on the image's ID (docker) or the stack's versions (host):
+    a difference names each node's; agreement, or a pullable image with no ID yet, passes."""
+    from clipforge.launcher.preflight import OK, Row, stack_mismatch
+
+    def image(detail: str) -> list[Row]:
+        return [Row("ssh", OK, "Linux"), Row("image", OK, detail)]
+
+    labels = ["a:22", "b:22"]
+    same = image("clipforge:t present (sha256:1111)")
+    assert stack_mismatch(labels, [same, same]) is None
+    assert stack_mismatch(labels, [image("clipforge:t pullable")] * 2) is None
+    found = stack_mismatch(labels, [same, image("clipforge:t present (sha256:2222)")])
+    assert (
+        "the nodes do not run the same image" in found
+        and "b:22: clipforge:t present (sha256:2222)" in found
+    )
+    host_a = [Row("python env", OK, "python 3.11, torch 2.1.2")]
+    host_b = [Row("python env", OK, "python 3.11, torch 2.14.1")]
+    assert "same python env" in stack_mismatch(labels, [host_a, host_b])

@@ -21,8 +21,8 @@ def _node(root: Path) -> NodeLayout:
     return NodeLayout(root=str(root), run_id="run", node_rank=0)
 
 
-def _supervisor(command: str, root: Path, **kwargs):
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+def _supervisor(command: str, root: Path, env: dict | None = None, **kwargs):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), **(env or {}))
     return subprocess.Popen(
         [sys.executable, "-m", MODULE, command, _node(root).node_dir],
         env=env,
@@ -32,7 +32,9 @@ def _supervisor(command: str, root: Path, **kwargs):
     )
 
 
-def _supervise(root: Path, *phases: Phase, max_restarts: int = 3, wait: bool = True):
+def _supervise(
+    root: Path, *phases: Phase, max_restarts: int = 3, wait: bool = True, env: dict | None = None
+):
     node = _node(root)
     Path(node.node_dir).mkdir(parents=True, exist_ok=True)
     policy = RestartPolicy(
@@ -42,7 +44,7 @@ def _supervise(root: Path, *phases: Phase, max_restarts: int = 3, wait: bool = T
         stop_timeout_seconds=30,
     )
     Path(node.plan).write_text(Plan(phases=list(phases), policy=policy).to_json())
-    process = _supervisor("run", root, cwd=node.node_dir)
+    process = _supervisor("run", root, env, cwd=node.node_dir)
     if wait:
         process.wait(timeout=120)
     return process
@@ -81,6 +83,40 @@ def test_gives_up_after_max_restarts(tmp_path):
     assert process.returncode == 1 and state["state"] == "failed"
     assert state["restarts"] == 2 and len(state["exits"]) == 3
     assert "giving up" in _log(tmp_path)
+
+
+def test_the_same_rendezvous_error_twice_gives_up_at_once_with_an_alert(tmp_path, webhook):
+    """Two attempts in a row ending on the same rendezvous error (ports differ, as they do): the
+    supervisor gives up after the second, with restarts left, says why and alerts the webhook."""
+    script = (
+        'n=$(cat count 2>/dev/null || echo 0); echo $((n+1)) > count; echo "RuntimeError: '
+        "Gloo connectFullMesh failed with ... SO_ERROR: Connection refused, "
+        'remote=[127.0.0.1]:2652$n"; exit 1'
+    )
+    process = _supervise(
+        tmp_path,
+        _sh("train", script, tmp_path),
+        max_restarts=5,
+        env={"CLIPFORGE_ALERT_WEBHOOKS": webhook.url()},
+    )
+    state = _state(tmp_path)
+    assert process.returncode == 1 and state["state"] == "failed"
+    assert state["restarts"] == 1 and (tmp_path / "count").read_text() == "2\n"
+    assert "the same rendezvous error twice in a row" in state["reason"]
+    alert = webhook.wait_for(1)[0].body
+    assert "run_failed" in json.dumps(alert) and "connectFullMesh" in json.dumps(alert)
+    assert "delivered" in _log(tmp_path)
+
+
+def test_a_rendezvous_error_once_is_restarted_as_any_crash(tmp_path):
+    """A rendezvous error followed by another kind of failure is not a repeat: restarts go on."""
+    script = (
+        "n=$(cat count 2>/dev/null || echo 0); echo $((n+1)) > count; "
+        'if [ "$n" = 0 ]; then echo "DistNetworkError: failed to connect to 10.0.0.1:29500"; '
+        'elif [ "$n" = 1 ]; then echo "CUDA error: an illegal memory access"; fi; [ "$n" -ge 2 ]'
+    )
+    process = _supervise(tmp_path, _sh("train", script, tmp_path), max_restarts=5)
+    assert process.returncode == 0 and _state(tmp_path)["restarts"] == 2
 
 
 def test_stop_request_interrupts_the_phase_and_restarts_nothing(tmp_path):

@@ -47,7 +47,8 @@ class AlertsConfig(Section):
     stall_timeout_seconds: float = knob(
         900.0,
         "Alert when no step completed for this long (a hung collective or a dead GPU); "
-        "must exceed the longest step, checkpoint save or validation.",
+        "also how long a collective waits for a peer before it fails (a restart follows). "
+        "Must exceed the longest step, checkpoint save or validation.",
         gt=0.0,
     )
     min_seconds_between_repeats: float = knob(

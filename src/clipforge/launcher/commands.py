@@ -10,7 +10,13 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
-from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan, RestartPolicy
+from clipforge.launcher.host.plan import (
+    ENV_FROM_STDIN,
+    PASSTHROUGH_ENV,
+    Phase,
+    Plan,
+    RestartPolicy,
+)
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.options import TrainOptions
 
@@ -125,6 +131,8 @@ class DockerSpec:
     env: dict[str, str] = field(default_factory=dict)
     read_only: bool = False  # the run dir mounted read-only: the command only looks at the run
     detach: bool = False  # `docker run -d`: returns once the container has started
+    # PASSTHROUGH_ENV (secrets) read from stdin by the entrypoint: the supervisor writes them
+    secrets_on_stdin: bool = False
 
 
 def container_prefix(run_id: str) -> str:
@@ -160,8 +168,6 @@ def docker_run_argv(spec: DockerSpec, inner: list[str]) -> list[str]:
         "--shm-size",
         spec.shm_size,
         "--ulimit",
-        "memlock=-1",
-        "--ulimit",
         "stack=67108864",
         "--user",
         spec.user,
@@ -171,23 +177,27 @@ def docker_run_argv(spec: DockerSpec, inner: list[str]) -> list[str]:
         f"{spec.run_dir}:{spec.run_dir}" + (":ro" if spec.read_only else ""),
     ]
     if spec.gpus:
-        argv += ["--gpus", str(spec.gpus)]  # a device request for that many GPUs
+        # a device request for that many GPUs; unlimited locked memory for CUDA's pinned host
+        # buffers and NCCL. Not asked for on the CPU: some engines (rootless, sandboxed) may not
+        # raise it, and nothing there needs it.
+        argv += ["--gpus", str(spec.gpus), "--ulimit", "memlock=-1"]
     if spec.data_dir:
         argv += ["--volume", f"{spec.data_dir}:{spec.data_dir}:ro"]
     env = {"HOME": spec.home, "PYTHONPATH": posixpath.join(spec.workdir, "src"), **spec.env}
     for name, value in sorted(env.items()):
         argv += ["--env", f"{name}={value}"]
-    for name in PASSTHROUGH_ENV:
-        # Name only: docker copies the value from its own environment (the supervisor's), so a
-        # secret never appears on a command line.
-        argv += ["--env", name]
+    if spec.secrets_on_stdin:
+        # Names only: the values go to the entrypoint's stdin, so no command line and no
+        # `docker inspect` shows a secret.
+        argv += ["--interactive", "--env", f"{ENV_FROM_STDIN}={','.join(PASSTHROUGH_ENV)}"]
     return argv + [spec.image, *inner]
 
 
 def docker_stop_argv(name: str) -> list[str]:
     """SIGINT to every process in the container but its init: the train stage checkpoints and
-    exits, DVC (which ignores SIGINT while its stage runs) then exits, and so does the container."""
-    return ["docker", "exec", name, "kill", "-INT", "-1"]
+    exits, DVC (which ignores SIGINT while its stage runs) then exits, and so does the container.
+    The shell's own `kill`: a minimal image has no kill program (procps)."""
+    return ["docker", "exec", name, "sh", "-c", "kill -INT -1"]
 
 
 def docker_cleanup_argv(name: str) -> list[str]:
@@ -205,6 +215,7 @@ class NodeContext:
     user: str  # "uid:gid" on the host
     image: str
     shm_size: str
+    env: dict[str, str] = field(default_factory=dict)  # this node's own, e.g. GLOO_SOCKET_IFNAME
 
 
 def node_plan(
@@ -264,8 +275,9 @@ def node_plan(
                 gpus=options.gpus,
                 user=node.user,
                 shm_size=node.shm_size,
-                env=options.env,
+                env={**options.env, **node.env},
                 data_dir=options.data if options.mounted_data else None,
+                secrets_on_stdin=True,
             )
             phases.append(
                 Phase(
@@ -275,6 +287,7 @@ def node_plan(
                     restartable=restartable,
                     stop_argv=docker_stop_argv(spec.name),
                     cleanup_argv=docker_cleanup_argv(spec.name),
+                    stdin_env=list(PASSTHROUGH_ENV),
                 )
             )
         else:
@@ -283,7 +296,7 @@ def node_plan(
                     name=name,
                     argv=argv,
                     cwd=layout.code,
-                    env=dict(options.env),
+                    env={**options.env, **node.env},
                     restartable=restartable,
                 )
             )

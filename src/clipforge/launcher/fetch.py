@@ -18,7 +18,7 @@ from clipforge.launcher import LauncherError
 from clipforge.launcher.commands import IMAGE_PYTHON, docker_run_argv, run_container
 from clipforge.launcher.connection import join, probe, q, run
 from clipforge.launcher.host.run_dirs import NodeLayout
-from clipforge.launcher.session import Host, Settings, read_remote_json, uid_gid
+from clipforge.launcher.session import Host, Settings, read_remote_json, recorded_container_user
 
 RESULTS = ("metrics", "models/clip", "logs")  # inside the DVC workspace, written by rank 0
 
@@ -98,7 +98,11 @@ def push(host: Host, layout: NodeLayout, settings: Settings, say: Callable[[str]
     record = read_remote_json(host, layout.record) or {}
     if record.get("runtime") == "docker":
         spec = run_container(
-            record["image"], layout, "push", user=uid_gid(host), shm_size=settings.shm_size
+            record["image"],
+            layout,
+            "push",
+            user=recorded_container_user(host, layout),
+            shm_size=settings.shm_size,
         )
         command = join(docker_run_argv(spec, [IMAGE_PYTHON, "-m", "dvc", "push"]))
     else:

@@ -20,13 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.image_env import ImageEnvError, parse_image_env
-from clipforge.launcher import LauncherError, preflight
+from clipforge.launcher import LauncherError, network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
 from clipforge.launcher.options import TrainOptions, resolve_params
-from clipforge.launcher.session import Host, Settings, read_remote_json, remote_python, uid_gid
+from clipforge.launcher.session import (
+    Host,
+    Settings,
+    container_user,
+    read_remote_json,
+    remote_python,
+)
 from clipforge.launcher.source import Source, require_clean, write_bundle
 from clipforge.launcher.stack import StackOutputs
 
@@ -122,17 +128,24 @@ def launch(
 ) -> str:
     """Preflight, ship, start; returns the run id. Raises LauncherError with nothing left running."""
     results = [
-        (h, preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack)))
+        preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack))
         for h in hosts
     ]
-    for host, rows in results:
+    master_addr, interfaces = "", [None] * len(hosts)
+    if options.nodes > 1:
+        master_addr = network.master_address(hosts[0], stack)
+        rows, interfaces = network.check_nodes(hosts, master_addr, options.master_port, settings)
+        results = [own + more for own, more in zip(results, rows)]
+    for host, rows in zip(hosts, results):
         say(preflight.format_table(host.label, rows))
-    bad = [h.label for h, rows in results if preflight.failed(rows)]
+    bad = [h.label for h, rows in zip(hosts, results) if preflight.failed(rows)]
     if bad:
         raise LauncherError(f"preflight failed on {', '.join(bad)}; nothing was started")
+    mismatch = preflight.stack_mismatch([h.label for h in hosts], results)
+    if mismatch:
+        raise LauncherError(f"{mismatch}; nothing was started")
     run_id = new_run_id(prepared.source.commit)
     layouts = [NodeLayout(root=h.root, run_id=run_id, node_rank=i) for i, h in enumerate(hosts)]
-    master_addr = _master_address(hosts[0], stack)
     policy = RestartPolicy(
         max_restarts=options.max_restarts,
         backoff_seconds=settings.backoff_seconds,
@@ -148,19 +161,30 @@ def launch(
                 say(f"{host.label}: shipping {prepared.source.commit[:10]} to {layout.node_dir}")
                 _ship(host, layout, bundle, prepared.source.commit)
         for host, layout in zip(hosts, layouts):
+            user = container_user(host, prepared.image) if options.runtime == "docker" else None
             node = NodeContext(
                 layout=layout,
                 hosts=[h.label for h in hosts],
                 master_addr=master_addr,
                 host_python=settings.python,
-                user=uid_gid(host),
+                user=user or "",
                 image=prepared.image,
                 shm_size=settings.shm_size,
+                env=network.socket_env(interfaces[layout.node_rank]),
             )
             plan = node_plan(
                 options, node, policy, init_dvc=prepared.source.show(".dvc/config") is None
             )
-            _write_run_files(host, layout, prepared, options, hosts, plan, master_addr)
+            _write_run_files(
+                host, layout, prepared, options, hosts, plan, master_addr, interfaces, user
+            )
+            if user and not user.startswith("0:"):
+                # the containers write the checkout's outputs and their HOME as this user
+                run(
+                    host.cxn,
+                    f"chown -R {q(user)} {q(layout.run_dir)}",
+                    what=f"handing the run directory to the container user {user}",
+                )
         for host, layout in zip(hosts, layouts):
             start_supervisor(host, layout, settings)
             started.append((host, layout))
@@ -176,13 +200,8 @@ def launch(
     return run_id
 
 
-def _master_address(host: Host, stack: StackOutputs | None) -> str:
-    """Where the other nodes reach node 0: its cluster DNS name on a stack, else the address the
-    host itself reports first (`hostname -I`)."""
-    if stack:
-        return host.cxn.host
-    result = probe(host.cxn, "hostname -I 2>/dev/null | awk '{print $1}'")
-    return result.stdout.strip() or host.cxn.host
+def launched_by() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
@@ -200,6 +219,15 @@ def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
         f"&& rm {q(remote_bundle)}",
         what="cloning the shipped commit",
     )
+    # `dvc exp run` commits (e.g. when a run resumes with params it changed): it needs an
+    # identity, which a fresh host or a container's empty HOME does not have. The launcher's.
+    user = getpass.getuser()
+    run(
+        host.cxn,
+        f"git -C {q(layout.code)} config user.name {q(user)} && "
+        f"git -C {q(layout.code)} config user.email {q(launched_by())}",
+        what="setting the checkout's git identity",
+    )
 
 
 def _write_run_files(
@@ -210,19 +238,22 @@ def _write_run_files(
     hosts: list[Host],
     plan,
     master_addr: str,
+    interfaces: list,
+    user: str | None,
 ) -> None:
     record = {
         "run_id": layout.run_id,
         "commit": prepared.source.commit,
         "dirty_paths_not_shipped": prepared.source.dirty,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "launched_by": f"{getpass.getuser()}@{socket.gethostname()}",
+        "launched_by": launched_by(),
         "hosts": [h.label for h in hosts],
         "host": hosts[0].label,
         "num_nodes": options.nodes,
         "gpus_per_node": options.gpus,
         "runtime": options.runtime,
         "image": prepared.image,
+        "container_user": user,
         "data": options.data,
         "smoke": options.smoke,
         "executor": "dvc exp run"
@@ -234,6 +265,13 @@ def _write_run_files(
         if options.nodes > 1
         else layout.output("checkpoints"),
         "master": f"{master_addr}:{options.master_port}" if options.nodes > 1 else None,
+        # per node rank: the interface its ranks talk on (GLOO/NCCL_SOCKET_IFNAME), and why
+        "socket_interfaces": [
+            {"interface": i.name, "address": i.address, "chosen_by": i.chosen_by}
+            for i in interfaces
+        ]
+        if options.nodes > 1
+        else None,
         "max_restarts": options.max_restarts,
         "env_passed_through": [n for n in PASSTHROUGH_ENV if n in os.environ],
     }
@@ -287,6 +325,18 @@ def resume(
         if state.get("state") == "finished":
             raise LauncherError(
                 f"{host.label}: run {layout.run_id} has finished; nothing to resume"
+            )
+        commit = (read_remote_json(host, layout.record) or {}).get("commit")
+        # safe.directory: with the docker runtime the checkout belongs to the container's user
+        checkout = probe(
+            host.cxn, f"git -c safe.directory={q(layout.code)} -C {q(layout.code)} rev-parse HEAD"
+        ).stdout.strip()
+        if checkout != commit:
+            raise LauncherError(
+                f"{host.label}: node {layout.node_rank}'s checkout is at commit "
+                f"{checkout[:10] or '(none)'}, the run's commit is {str(commit)[:10]}: every node "
+                f"must train the same code (`git -C {layout.code} checkout {commit}` there); "
+                f"nothing was started"
             )
     for host, layout in zip(hosts, layouts):
         say(f"{host.label}: resuming {layout.run_id} node {layout.node_rank}")

@@ -130,8 +130,10 @@ def _docker(cxn: Connection, spec: CheckSpec) -> Row:
 
 
 def _image(cxn: Connection, spec: CheckSpec) -> Row:
-    if probe(cxn, f"docker image inspect --format '{{{{.Id}}}}' {q(spec.image)}").ok:
-        return Row("image", OK, f"{spec.image} present")
+    present = probe(cxn, f"docker image inspect --format '{{{{.Id}}}}' {q(spec.image)}")
+    if present.ok:
+        # The ID, so that the nodes of a run can be held to the same image (stack_mismatch).
+        return Row("image", OK, f"{spec.image} present ({present.stdout.strip()[:19]})")
     if probe(cxn, f"docker manifest inspect {q(spec.image)}").ok:
         return Row("image", OK, f"{spec.image} pullable")
     return Row(
@@ -182,6 +184,23 @@ def _mount(cxn: Connection, role: str, path: str) -> Row:
     return Row(
         name, OK if writable else FAIL, f"{path} mounted" + ("" if writable else ", NOT writable")
     )
+
+
+# What every node of a run must agree on: the image (by ID) or the host's own stack (versions).
+STACK_ROWS = ("image", "python env")
+
+
+def stack_mismatch(labels: list[str], results: list[list[Row]]) -> str | None:
+    """Which of STACK_ROWS differs between the nodes, naming each node's; None when all agree."""
+    for name in STACK_ROWS:
+        details = [next((r.detail for r in rows if r.name == name), None) for rows in results]
+        if len(set(details)) > 1:
+            listing = "; ".join(f"{label}: {detail}" for label, detail in zip(labels, details))
+            return (
+                f"the nodes do not run the same {name} ({listing}): every node of a run needs "
+                f"the same one"
+            )
+    return None
 
 
 def format_table(host: str, rows: list[Row]) -> str:

@@ -36,6 +36,9 @@ class Settings:
     stop_timeout_seconds: float
     shm_size: str
     registry: str | None
+    # Multi-node: the interface the ranks talk on (GLOO/NCCL_SOCKET_IFNAME) on every node; None:
+    # each node's route to the master decides (clipforge.launcher.network).
+    socket_ifname: str | None = None
 
     def __post_init__(self) -> None:
         if self.min_free_gb < 0:
@@ -103,6 +106,7 @@ def settings_from(config) -> Settings:
         stop_timeout_seconds=number("stop_timeout_seconds"),
         shm_size=str(section["shm_size"]),
         registry=registry if registry is not None else os.environ.get("REGISTRY") or None,
+        socket_ifname=optional("socket_ifname"),
     )
 
 
@@ -176,9 +180,22 @@ def remote_python(settings: Settings, layout: NodeLayout, module: str, *args: st
     )
 
 
-def uid_gid(host: Host) -> str:
-    """The SSH user's `uid:gid`: a run's containers run as them, so its files stay theirs."""
-    return run(host.cxn, "echo $(id -u):$(id -g)", what="id").stdout.strip()
+def container_user(host: Host, image: str) -> str:
+    """`uid:gid` a run's containers run as: the SSH user's, so the run's files stay theirs; but
+    never root (rented boxes often log in as root): then the image's own non-root user, to whom
+    the launcher hands the run directory."""
+    user = run(host.cxn, "echo $(id -u):$(id -g)", what="id").stdout.strip()
+    if not user.startswith("0:"):
+        return user
+    configured = probe(host.cxn, f"docker image inspect --format '{{{{.Config.User}}}}' {q(image)}")
+    image_user = configured.stdout.strip() if configured.ok else ""
+    return image_user if image_user and image_user.split(":")[0] not in ("0", "root") else user
+
+
+def recorded_container_user(host: Host, layout: NodeLayout) -> str:
+    """The container user the run was launched with (its record), for later containers."""
+    record = read_remote_json(host, layout.record) or {}
+    return record.get("container_user") or container_user(host, record.get("image", ""))
 
 
 def read_remote_json(host: Host, path: str) -> dict | None:

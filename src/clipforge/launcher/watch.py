@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import posixpath
 import signal
+import threading
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -20,7 +21,13 @@ from clipforge.launcher.connection import join, probe, q, run
 from clipforge.launcher.host import status as status_mod
 from clipforge.launcher.host import supervisor
 from clipforge.launcher.host.run_dirs import NODE_PREFIX, NodeLayout, current_marker, runs_dir
-from clipforge.launcher.session import Host, Settings, read_remote_json, remote_python, uid_gid
+from clipforge.launcher.session import (
+    Host,
+    Settings,
+    read_remote_json,
+    recorded_container_user,
+    remote_python,
+)
 
 Say = Callable[[str], None]
 
@@ -54,23 +61,41 @@ def show_status(
 
 
 def show_logs(
-    host: Host, layout: NodeLayout, settings: Settings, lines: int, follow: bool, say: Say
+    nodes: list[tuple[Host, NodeLayout]], settings: Settings, lines: int, follow: bool, say: Say
 ) -> None:
-    info = collect(host, layout, settings)
-    alive = info["supervisor_alive"]
-    if follow and alive:
-        pid = info["state"].get("supervisor_pid")
-        # Ends by itself when the supervisor does (run finished, stopped or failed).
-        host.cxn.run(
-            f"tail -n {lines} -F --pid={int(pid)} {q(layout.train_log)} 2>/dev/null",
-            warn=True,
-            in_stream=False,
-        )
+    """Each node's train.log (under a `node N (host)` header when there are several); --follow
+    follows them all, each line tagged with its node, until their supervisors end."""
+    several = len(nodes) > 1
+    infos = [collect(host, layout, settings) for host, layout in nodes]
+    if follow and any(info["supervisor_alive"] for info in infos):
+        threads = [
+            threading.Thread(target=_follow, args=(host, layout, info, lines, several))
+            for (host, layout), info in zip(nodes, infos)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
         return
-    result = run(host.cxn, f"tail -n {lines} {q(layout.train_log)}", what="reading train.log")
-    say(result.stdout.rstrip("\n"))
+    for host, layout in nodes:
+        if several:
+            say(f"==> node {layout.node_rank} ({host.label}) <==")
+        result = run(host.cxn, f"tail -n {lines} {q(layout.train_log)}", what="reading train.log")
+        say(result.stdout.rstrip("\n"))
     if follow:
-        say(f"(run {layout.run_id} is {info['state'].get('state')}: nothing more to follow)")
+        state = infos[0]["state"].get("state")
+        say(f"(run {nodes[0][1].run_id} is {state}: nothing more to follow)")
+
+
+def _follow(host: Host, layout: NodeLayout, info: dict, lines: int, tag: bool) -> None:
+    pid = info["state"].get("supervisor_pid")
+    if not info["supervisor_alive"] or not pid:
+        return
+    # Ends by itself when the supervisor does (run finished, stopped or failed).
+    command = f"tail -n {lines} -F --pid={int(pid)} {q(layout.train_log)} 2>/dev/null"
+    if tag:
+        command += f" | sed -u 's/^/[node {layout.node_rank}] /'"
+    host.cxn.run(command, warn=True, in_stream=False)
 
 
 def stop(nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say) -> None:
@@ -130,7 +155,7 @@ def tensorboard(
             record["image"],
             layout,
             "tensorboard",
-            user=uid_gid(host),
+            user=recorded_container_user(host, layout),
             shm_size=settings.shm_size,
             read_only=True,
             detach=True,

@@ -51,7 +51,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(device: str, timeout_minutes: int = 30) -> DistInfo:
+def init_distributed(device: str, timeout_seconds: float = 1800.0) -> DistInfo:
     """Initialise torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPUs)."""
     if device == "cpu":
         # DeepSpeed picks its accelerator at import time; without this it probes for CUDA/XPU/...
@@ -71,7 +71,7 @@ def init_distributed(device: str, timeout_minutes: int = 30) -> DistInfo:
         torch.cuda.set_device(local_rank)
     deepspeed.init_distributed(
         dist_backend="gloo" if device == "cpu" else "nccl",
-        timeout=datetime.timedelta(minutes=timeout_minutes),
+        timeout=datetime.timedelta(seconds=timeout_seconds),
     )
     return DistInfo(
         rank=int(os.environ["RANK"]),

@@ -116,7 +116,9 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
 def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str) -> TrainingRun:
     """Process group, model, engine (resumed from the latest checkpoint), data and monitors."""
     train = config.train
-    dist = init_distributed(device)
+    # A collective waiting longer than the stall timeout waits on a dead or cut-off peer: it fails
+    # then (and the supervisor restarts or gives up) instead of hanging on for torch's default.
+    dist = init_distributed(device, timeout_seconds=config.alerts.stall_timeout_seconds)
     plan = _batch_plan(train, dist.world_size)
     precision = resolve_precision(
         train.precision, device, device == "cuda" and torch.cuda.is_bf16_supported()

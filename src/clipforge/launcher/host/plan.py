@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, field
 # to a file, a log or a command line. The alert webhooks are secrets; the faults
 # (clipforge.train.faults) let a failure path be tried on a real host.
 PASSTHROUGH_ENV = ("CLIPFORGE_ALERT_WEBHOOKS", "CLIPFORGE_FAULTS")
+# Names a container reads from its stdin at start, one value per line (docker/entrypoint.sh):
+# docker would keep a value given with `--env` in the container's config, for `docker inspect`.
+ENV_FROM_STDIN = "CLIPFORGE_ENV_FROM_STDIN"
 
 
 @dataclass
@@ -31,6 +34,9 @@ class Phase:
     stop_argv: list[str] | None = None
     # Run before each attempt and after an abnormal exit, e.g. remove a leftover container.
     cleanup_argv: list[str] | None = None
+    # Environment variables whose values (from the supervisor's environment, "" when unset) the
+    # command reads on its stdin, one per line, in this order: see ENV_FROM_STDIN.
+    stdin_env: list[str] = field(default_factory=list)
 
 
 @dataclass

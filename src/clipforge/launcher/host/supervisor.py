@@ -13,6 +13,9 @@ crash, a GPU falling off the bus, an OOM kill) is started again after a back-off
 `max_restarts` restarts in all; the train stage resumes from its latest checkpoint by itself, so a
 restart is just the same command again. Exit 0 moves on; a stop request (the `stop` file, or
 SIGTERM/SIGINT to the supervisor) asks the phase to checkpoint and exit and restarts nothing.
+Two attempts in a row that end on the same rendezvous error (the nodes cannot connect: a wrong
+address, a link down, a firewall) are a fault no restart fixes: the supervisor gives up at once.
+Whenever it gives up, it says why in the log and sends a `run_failed` alert to the webhooks.
 
 Detached = a new session (setsid) with no terminal and stdin/stdout away from the SSH channel, so
 closing the connection sends it nothing. It makes itself a child subreaper, so processes orphaned
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +36,7 @@ import time
 from pathlib import Path
 
 from clipforge.fsutil import atomic_write_text
+from clipforge.launcher.host.alert import send_run_failed
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 
@@ -40,6 +45,14 @@ POLL_SECONDS = 0.5
 REMNANT_GRACE_SECONDS = 30.0  # after an attempt ended, leftovers get this long before SIGKILL
 MAX_EXITS_KEPT = 50
 TERMINAL_STATES = ("finished", "stopped", "failed")
+# Errors of setting up the process group across nodes (torch.distributed's store, gloo, NCCL
+# bootstrap): the same one twice in a row means the next restart would meet it again.
+RENDEZVOUS_ERRORS = re.compile(
+    r"[^\n]*(?:Gloo connectFullMesh failed|DistNetworkError|DistStoreError|"
+    r"failed to connect to|timed out connecting|Timed out waiting for clients|"
+    r"Socket Timeout|No route to host|Network is unreachable)[^\n]*"
+)
+OUTPUT_SCANNED_BYTES = 256 * 1024  # of an attempt's output, the end: where its fatal error is
 
 
 def read_json(path: str | Path) -> dict | None:
@@ -47,6 +60,16 @@ def read_json(path: str | Path) -> dict | None:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+def rendezvous_error(output: str) -> tuple[str, str] | None:
+    """The last rendezvous error line of an attempt's output, and its signature (digits blanked:
+    ports and pids differ between attempts, the fault does not); None when there is none."""
+    lines = RENDEZVOUS_ERRORS.findall(output)
+    if not lines:
+        return None
+    line = lines[-1].strip()
+    return re.sub(r"\d+", "#", line), line
 
 
 def supervisor_pid(layout: NodeLayout) -> int | None:
@@ -86,6 +109,7 @@ class Supervisor:
             "passed_env": sorted(name for name in PASSTHROUGH_ENV if name in os.environ),
         }
         self._child_status: int | None = None
+        self._attempt_log_start = 0  # where the current attempt's output begins in train.log
 
     # -- state -------------------------------------------------------------------------------
     def _set(self, **changes) -> None:
@@ -120,6 +144,7 @@ class Supervisor:
 
     def _run_phase(self, phase: Phase) -> str:
         attempt = 0
+        last_rendezvous_error = None
         while True:
             if self.stop_requested():
                 return self._stopped()
@@ -135,15 +160,23 @@ class Supervisor:
             )[-MAX_EXITS_KEPT:]
             self._set(exits=exits)
             restarts = self.state["restarts"]
+            rendezvous = rendezvous_error(self._attempt_output())
+            if rendezvous and last_rendezvous_error == rendezvous[0]:
+                return self._give_up(
+                    phase,
+                    code,
+                    f"the same rendezvous error twice in a row: {rendezvous[1][:300]}; "
+                    f"a restart cannot fix it: check that every node reaches the master "
+                    f"(`fab check`, the network rows of `fab train`), then resume the run",
+                )
+            last_rendezvous_error = rendezvous[0] if rendezvous else None
             if not phase.restartable or restarts >= self.plan.policy.max_restarts:
                 why = (
                     "not restartable"
                     if not phase.restartable
                     else f"{restarts} restarts used of {self.plan.policy.max_restarts}"
                 )
-                self._log(f"phase {phase.name} exited with {_describe(code)}; giving up ({why})")
-                self._set(state="failed", child_pid=None, finished_at=time.time())
-                return "failed"
+                return self._give_up(phase, code, why)
             delay = self.plan.policy.delay_before(restarts + 1)
             self._log(
                 f"phase {phase.name} exited with {_describe(code)}; restart "
@@ -153,6 +186,26 @@ class Supervisor:
             self._set(state="backoff", restarts=restarts + 1, child_pid=None)
             if not self._sleep(delay):
                 return self._stopped()
+
+    def _give_up(self, phase: Phase, code: int, why: str) -> str:
+        message = (
+            f"node {self.layout.node_rank}: phase {phase.name} exited with {_describe(code)}; "
+            f"giving up ({why})"
+        )
+        self._log(message)
+        self._set(state="failed", child_pid=None, finished_at=time.time(), reason=why)
+        self._log(send_run_failed(message, self.layout.run_id))
+        return "failed"
+
+    def _attempt_output(self) -> str:
+        with open(self.layout.train_log, "rb") as log:
+            log.seek(
+                max(
+                    self._attempt_log_start,
+                    os.path.getsize(self.layout.train_log) - OUTPUT_SCANNED_BYTES,
+                )
+            )
+            return log.read().decode("utf-8", errors="replace")
 
     def _stopped(self) -> str:
         self._log("stopped on request")
@@ -169,6 +222,7 @@ class Supervisor:
                 check=False,
             )
         self._log(f"phase {phase.name} attempt {attempt}: {' '.join(phase.argv)}")
+        self._attempt_log_start = os.path.getsize(self.layout.train_log)
         env = dict(os.environ, **phase.env)
         self._child_status = None
         with open(self.layout.train_log, "ab") as log:
@@ -176,11 +230,18 @@ class Supervisor:
                 phase.argv,
                 cwd=phase.cwd,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if phase.stdin_env else subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        if phase.stdin_env:
+            values = "".join(f"{os.environ.get(name, '')}\n" for name in phase.stdin_env)
+            try:
+                child.stdin.write(values.encode())
+                child.stdin.close()
+            except BrokenPipeError:  # the command died at once; its exit code tells
+                pass
         self._set(
             state="running",
             phase=phase.name,

@@ -1,0 +1,180 @@
+"""Multi-node networking, checked on the nodes before anything starts: where node 0 is reached,
+which interface each node's ranks talk on, and whether every node reaches the master's port.
+
+torch.distributed's gloo (and NCCL) take a node's address from its hostname unless told an
+interface; on many fresh boxes the hostname resolves to 127.0.0.1 or 127.0.1.1, so each rank
+advertises its loopback and the peers' connections are refused. Each node therefore gets
+GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME: the interface its route to the master leaves by, or the
+`socket_ifname` setting when the user names one. The run record keeps which, and why.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from clipforge.launcher import LauncherError
+from clipforge.launcher.connection import probe, q
+from clipforge.launcher.host import netprobe
+from clipforge.launcher.preflight import FAIL, OK, Row
+from clipforge.launcher.session import Host, Settings
+from clipforge.launcher.stack import StackOutputs
+
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+CONNECT_TIMEOUT_SECONDS = 5.0
+LISTEN_SECONDS = 60.0  # node 0's test listener ends by itself, should the launcher vanish
+_PROBE_SOURCE = Path(netprobe.__file__).read_text(encoding="utf-8")
+
+
+ROUTE = "route to the master"
+SETTING = "setting clipforge.socket_ifname"
+
+
+@dataclass(frozen=True)
+class NodeInterface:
+    name: str | None  # None: no usable route (`error` says why)
+    address: str | None
+    chosen_by: str  # ROUTE or SETTING
+    error: str | None = None
+
+
+def master_address(host: Host, stack: StackOutputs | None) -> str:
+    """Where the other nodes reach node 0: its cluster DNS name on a stack, else the address the
+    host itself reports first (`hostname -I`)."""
+    if stack:
+        return host.cxn.host
+    result = probe(host.cxn, "hostname -I 2>/dev/null | awk '{print $1}'")
+    return result.stdout.strip() or host.cxn.host
+
+
+def socket_env(interface: NodeInterface | None) -> dict[str, str]:
+    """The ranks' environment for `interface` (None: a single node, nothing to choose)."""
+    return {name: interface.name for name in SOCKET_IFNAME_VARS} if interface else {}
+
+
+def check_nodes(
+    hosts: list[Host], master: str, port: int, settings: Settings
+) -> tuple[list[list[Row]], list[NodeInterface]]:
+    """A `network` row per node, and each node's interface toward the master."""
+    interfaces = [_interface(h, master, settings) for h in hosts]
+    rows = [[_route_row(iface, master)] for iface in interfaces]
+    listener = _start_listener(hosts[0], port, settings)
+    try:
+        if listener.error:
+            rows[0].append(Row("rendezvous", FAIL, f"{listener.error} (--master-port)"))
+        else:
+            rows[0].append(Row("rendezvous", OK, f"port {port} free on the master {master}"))
+            for host, host_rows in zip(hosts[1:], rows[1:]):
+                host_rows.append(_reach_row(host, master, port, settings))
+    finally:
+        listener.stop()
+    return rows, interfaces
+
+
+def _interface(host: Host, master: str, settings: Settings) -> NodeInterface:
+    if settings.socket_ifname:
+        addresses = _run_probe(host, settings, "interfaces")
+        name = settings.socket_ifname
+        if name not in addresses:
+            found = ", ".join(sorted(addresses)) or "none"
+            error = f"no interface {name} with an IPv4 address here (found: {found})"
+            return NodeInterface(None, None, SETTING, error)
+        return NodeInterface(name, addresses[name], SETTING)
+    found = _run_probe(host, settings, "route", master)
+    name, address = found.get("interface"), found.get("address")
+    if "error" in found:
+        error = found["error"]
+    elif name in (None, "lo"):
+        error = (
+            f"the route to the master {master} leaves by {name or 'no interface'} "
+            f"(source {address}): the other nodes could not connect back"
+        )
+    else:
+        error = None
+    return NodeInterface(None if error else name, address, ROUTE, error)
+
+
+def _route_row(interface: NodeInterface, master: str) -> Row:
+    if interface.error:
+        return Row(
+            "network",
+            FAIL,
+            f"{interface.error}; check the routes between the nodes, or set "
+            f"clipforge.socket_ifname (FABRIC_CLIPFORGE_SOCKET_IFNAME) to the interface of the "
+            f"network between them",
+        )
+    if interface.chosen_by == SETTING:
+        return Row(
+            "network", OK, f"ranks talk on {interface.name} ({interface.address}, {SETTING})"
+        )
+    return Row(
+        "network",
+        OK,
+        f"ranks talk on {interface.name} ({interface.address}), the route to {master}",
+    )
+
+
+def _reach_row(host: Host, master: str, port: int, settings: Settings) -> Row:
+    found = _run_probe(host, settings, "connect", master, str(port), str(CONNECT_TIMEOUT_SECONDS))
+    if "error" in found:
+        return Row(
+            "rendezvous",
+            FAIL,
+            f"cannot reach the master {master}:{port} ({found['error']}): check the link, "
+            f"routes and firewall between the nodes",
+        )
+    return Row("rendezvous", OK, f"reaches the master {master}:{port}")
+
+
+def _run_probe(host: Host, settings: Settings, *args: str) -> dict:
+    # The source as an argument: Invoke copies an in_stream to the channel a byte at a time.
+    result = probe(host.cxn, _probe_command(settings, *args))
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise LauncherError(
+            f"{host.label}: the network probe failed: {(result.stderr or result.stdout).strip()[-300:]}"
+        ) from None
+
+
+def _probe_command(settings: Settings, *args: str) -> str:
+    return f"{q(settings.python)} -c {q(_PROBE_SOURCE)} {' '.join(q(a) for a in args)}"
+
+
+@dataclass
+class _Listener:
+    host: Host
+    pid: str | None
+    output: str
+    error: str | None
+
+    def stop(self) -> None:
+        if self.pid:
+            probe(self.host.cxn, f"kill {q(self.pid)} 2>/dev/null; rm -f {q(self.output)}")
+
+
+def _start_listener(host: Host, port: int, settings: Settings) -> _Listener:
+    """A TCP listener on node 0's rendezvous port, detached from the SSH channel, while the other
+    nodes try to connect; it also proves the port is free."""
+    started = probe(
+        host.cxn,
+        f"out=$(mktemp /tmp/clipforge-netprobe.XXXXXX) || exit 1; "
+        f"setsid {_probe_command(settings, 'listen', str(port), f'{LISTEN_SECONDS:g}')} "
+        f'> "$out" 2>&1 < /dev/null & echo "$! $out"',
+    )
+    pid, _, output = started.stdout.strip().partition(" ")
+    listener = _Listener(host, pid or None, output, None)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        lines = probe(host.cxn, f"cat {q(output)}").stdout.strip().splitlines()
+        if lines:
+            try:
+                listener.error = json.loads(lines[0]).get("error")
+            except json.JSONDecodeError:
+                listener.error = f"the test listener on the master failed: {lines[-1][:200]}"
+            return listener
+        time.sleep(0.2)
+    listener.error = "the test listener on the master did not start"
+    return listener
