@@ -23,13 +23,13 @@ INFRA_STACKCTL = PYTHONPATH="$(INFRA_DIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON
 
 .PHONY: up down preview
 
-up:
+up:  ## create or update the GPU stack: make up STACK=<name> [REGISTRY=<host/org>]
 	$(INFRA_STACKCTL) up
 
-preview:
+preview:  ## what make up would change: make preview STACK=<name>
 	$(INFRA_STACKCTL) preview
 
-down:
+down:  ## release the GPUs, keep volumes: make down STACK=<name> [FORCE=1]
 	$(INFRA_STACKCTL) down --checkpoints "$(CHECKPOINTS_DIR)" \
 		$(foreach dir,$(RETAINED_DIRS),--retained "$(dir)") $(if $(filter 1 yes true,$(FORCE)),--force)
 

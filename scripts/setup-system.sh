@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# System packages the local stack needs (Debian/Ubuntu):
-#   numactl         DeepSpeed's launcher binds CPU ranks with it
-#   openssh-server  the launcher tests run a real sshd on 127.0.0.1
-# Idempotent: installs only what is missing.
+# Debian/Ubuntu packages, each installed only when missing (with sudo when not root):
+#   scripts/setup-system.sh numactl          the local stack: DeepSpeed's launcher binds CPU ranks
+#                                            with it (make env, so make demo and make test)
+#   scripts/setup-system.sh openssh-server   the launcher tests only: they run a real sshd on
+#                                            127.0.0.1 (make test)
 set -euo pipefail
 
+present() {
+  case "$1" in
+    numactl) command -v numactl >/dev/null 2>&1 ;;
+    openssh-server) [ -x /usr/sbin/sshd ] ;;
+    *) echo "setup-system: unknown package $1 (known: numactl, openssh-server)" >&2; exit 2 ;;
+  esac
+}
+
 missing=()
-command -v numactl >/dev/null 2>&1 || missing+=(numactl)
-[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+for package in "$@"; do
+  present "$package" || missing+=("$package")
+done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then
