@@ -21,7 +21,7 @@ include infra/infra.mk
 # Every target a user runs carries a `## what it does` comment on its rule line: `make help`
 # lists them, from this file and the files it includes.
 help:  ## this list
-	@awk -F':[^#]*## ' '/^[a-zA-Z0-9_-]+:[^=]*## /{printf "make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk -F':[^#]*## ' '/^[a-zA-Z0-9_-]+:[^=]*## /{printf "%s %-16s %s\n", "make", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(ENV_STAMP): pyproject.toml scripts/setup-system.sh
 	scripts/setup-system.sh numactl
