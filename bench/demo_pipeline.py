@@ -57,13 +57,13 @@ def main() -> None:
         ("no-op dvc repro", f"{noop:.1f} s (target <= 5 s)"),
         (
             "t2i R@1",
-            f"{metrics['t2i_r1']:.2f} % = {metrics['t2i_r1'] / chance:.1f}x chance "
+            f"{metrics['t2i_r01']:.2f} % = {metrics['t2i_r01'] / chance:.1f}x chance "
             f"({chance:.2f} %, {metrics['num_images']} images; target >= 10x)",
         ),
-        ("t2i R@5 / R@10", f"{metrics['t2i_r5']:.2f} / {metrics['t2i_r10']:.2f} %"),
+        ("t2i R@5 / R@10", f"{metrics['t2i_r05']:.2f} / {metrics['t2i_r10']:.2f} %"),
         (
             "i2t R@1 / R@5 / R@10",
-            f"{metrics['i2t_r1']:.2f} / {metrics['i2t_r5']:.2f} / {metrics['i2t_r10']:.2f} %",
+            f"{metrics['i2t_r01']:.2f} / {metrics['i2t_r05']:.2f} / {metrics['i2t_r10']:.2f} %",
         ),
         ("mean recall", f"{metrics['mean_recall']:.2f} %"),
     ]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
+from clipforge.config import weights_included
 from clipforge.fsutil import atomic_write_text
 
 log = logging.getLogger("clipforge.eval")
@@ -24,7 +25,9 @@ log = logging.getLogger("clipforge.eval")
 # The params sections this stage reads (dvc.yaml's params: recipe plus these).
 PARAM_SECTIONS = ("eval",)
 KS = (1, 5, 10)
-METRIC_KEYS = tuple(f"{d}_r{k}" for d in ("t2i", "i2t") for k in KS) + ("mean_recall",)
+# R@k named with two digits (t2i_r01, t2i_r05, t2i_r10) so that tools listing keys in sorted
+# order (dvc metrics show, TensorBoard's tag list) show them as R@1, R@5, R@10.
+METRIC_KEYS = tuple(f"{d}_r{k:02d}" for d in ("t2i", "i2t") for k in KS) + ("mean_recall",)
 
 
 def recall_at_k(similarity, relevant, ks: Sequence[int] = KS) -> dict[int, float]:
@@ -39,7 +42,7 @@ def retrieval_metrics(image_features, text_features, relevant) -> dict[str, floa
     similarity = text_features @ image_features.T
     t2i = recall_at_k(similarity, relevant)
     i2t = recall_at_k(similarity.T, relevant.T)
-    metrics = {f"t2i_r{k}": t2i[k] for k in KS} | {f"i2t_r{k}": i2t[k] for k in KS}
+    metrics = {f"t2i_r{k:02d}": t2i[k] for k in KS} | {f"i2t_r{k:02d}": i2t[k] for k in KS}
     metrics["mean_recall"] = sum(metrics.values()) / len(metrics)
     return metrics
 
@@ -57,17 +60,39 @@ def relevance_matrix(image_ids: list[int], texts):
 
 
 def load_open_clip(spec: str, pretrained: str | None, device: str):
-    """(model, preprocess, tokenizer) through plain open_clip, exactly as a user would."""
+    """(model, preprocess, tokenizer) through plain open_clip, exactly as a user would. Weights
+    that cannot be had (no network and not cached, an unknown tag) are a StageError in one line."""
     import open_clip
 
     from clipforge.model import register_bundled_configs
 
     register_bundled_configs()
-    model, _, preprocess = open_clip.create_model_and_transforms(
-        spec, pretrained=pretrained, device=device
-    )
+    # The hub logs every retry of a failed download (twice: through its handler and the root
+    # one), open_clip logs the failure again before raising it: the failure is reported once,
+    # below.
+    logging.disable(logging.ERROR)
+    try:
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            spec, pretrained=pretrained, device=device
+        )
+    except (RuntimeError, OSError) as exc:
+        raise StageError(_weights_error(spec, pretrained, exc)) from None
+    finally:
+        logging.disable(logging.NOTSET)
     model.eval()
     return model, preprocess, open_clip.get_tokenizer(spec)
+
+
+def _weights_error(spec: str, pretrained: str | None, exc: Exception) -> str:
+    what = f"{spec}" + (f" with pretrained {pretrained}" if pretrained else "")
+    reason = " ".join(str(exc).split())
+    if "download" in reason.lower() or "offline" in reason.lower():
+        return (
+            f"{what}: the weights are not in the local cache (HF_HOME) and could not be "
+            f"downloaded (no network?): run once where the Hugging Face hub is reachable, or "
+            f"give a weights file as pretrained"
+        )
+    return f"{what}: cannot load the weights: {reason[:300]}"
 
 
 def encode_images(model, preprocess: Callable, images: list[bytes], batch_size: int, device: str):
@@ -100,7 +125,8 @@ def encode_texts(model, tokenizer: Callable, texts: list[str], batch_size: int, 
 
 def evaluate(
     spec: str, pretrained: str | None, test_dir: Path, batch_size: int, device: str
-) -> dict:
+) -> tuple[dict, dict]:
+    """(recall metrics, test set counts)."""
     from clipforge.data import testset
 
     images = list(testset.read_images(test_dir))
@@ -111,15 +137,22 @@ def evaluate(
     metrics = retrieval_metrics(
         image_features, text_features, relevance_matrix([i for i, _ in images], texts)
     )
-    return {**metrics, "num_images": len(images), "num_texts": len(texts)}
+    return metrics, {"num_images": len(images), "num_texts": len(texts)}
 
 
-def format_table(result: dict) -> str:
-    rows = [("model", *METRIC_KEYS), (result["model"], *(f"{result[k]:.2f}" for k in METRIC_KEYS))]
-    if "baseline" in result:
-        base = result["baseline"]
-        rows.append((base["model"], *(f"{base[k]:.2f}" for k in METRIC_KEYS)))
-        rows.append(("delta", *(f"{result['delta'][k]:+.2f}" for k in METRIC_KEYS)))
+def _tags_text(name: str) -> str:
+    import open_clip
+
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    return f"tags for {name}: {', '.join(tags)}" if tags else f"open_clip has no tags for {name}"
+
+
+def format_table(metrics: dict, info: dict) -> str:
+    rows = [("model", *METRIC_KEYS), (info["model"], *(f"{metrics[k]:.2f}" for k in METRIC_KEYS))]
+    if "baseline" in metrics:
+        base = metrics["baseline"]
+        rows.append((info["baseline"]["model"], *(f"{base[k]:.2f}" for k in METRIC_KEYS)))
+        rows.append(("delta", *(f"{metrics['delta'][k]:+.2f}" for k in METRIC_KEYS)))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(r, widths)) for r in rows)
 
@@ -135,6 +168,11 @@ def _run(args) -> None:
             )
     if args.model.startswith("local-dir:") and not Path(args.model[10:]).is_dir():
         raise StageError(f"--model {args.model}: no such directory; run the train stage first")
+    if not weights_included(args.model) and not args.pretrained:
+        raise StageError(
+            f"--model {args.model}: an open_clip architecture, whose weights would be random: "
+            f"name them with --pretrained TAG or FILE ({_tags_text(args.model)})"
+        )
     import torch
 
     cfg = config.eval
@@ -144,22 +182,27 @@ def _run(args) -> None:
         else "cpu"
     )
     try:
-        result = {
-            "model": args.model,
-            **evaluate(args.model, None, test_dir, cfg.batch_size, device),
-        }
+        metrics, counts = evaluate(args.model, args.pretrained, test_dir, cfg.batch_size, device)
+        info = {"model": args.model, "pretrained": args.pretrained, "test_set": str(test_dir)}
+        info.update(counts)
         if cfg.baseline_model:
-            base = evaluate(
+            base, _ = evaluate(
                 cfg.baseline_model, cfg.baseline_pretrained, test_dir, cfg.batch_size, device
             )
-            result["baseline"] = {"model": cfg.baseline_model, **base}
-            result["delta"] = {k: result[k] - base[k] for k in METRIC_KEYS}
+            metrics["baseline"] = base
+            metrics["delta"] = {k: metrics[k] - base[k] for k in METRIC_KEYS}
+            info["baseline"] = {"model": cfg.baseline_model, "pretrained": cfg.baseline_pretrained}
     except ValueError as exc:
         raise StageError(f"{test_dir}: {exc}") from None
     out = Path(args.out)
-    atomic_write_text(out, json.dumps(result, ensure_ascii=False, indent=2) + "\n")
+    # The metrics file holds only what compares models (dvc metrics show lists every key of
+    # it); what was evaluated, on how many images and texts, goes beside it.
+    atomic_write_text(out, json.dumps(metrics, indent=2) + "\n")
+    atomic_write_text(
+        out.with_suffix(".info.json"), json.dumps(info, ensure_ascii=False, indent=2) + "\n"
+    )
     atomic_write_text(out.with_suffix(".config.yaml"), config.to_yaml())
-    print(format_table(result))
+    print(format_table(metrics, info))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,6 +212,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="local-dir:models/clip",
         help="open_clip model: local-dir:PATH, hf-hub:ORG/REPO or a name "
         "(default: local-dir:models/clip)",
+    )
+    parser.add_argument(
+        "--pretrained",
+        metavar="TAG|FILE",
+        help="weights of an open_clip --model NAME: a pretrained tag (e.g. openai) or a file",
     )
     parser.add_argument("--data", default="data/test", help="test set dir (default: data/test)")
     parser.add_argument("--out", default="metrics/eval.json", help="default: metrics/eval.json")

@@ -85,7 +85,7 @@ def test_metrics_and_plots_show(pipeline_repo, tmp_path):
     shown = _dvc(pipeline_repo, "metrics", "show", "--json")
     metrics = json.loads(shown.stdout)
     flat = json.dumps(metrics)
-    assert "t2i_r1" in flat and "mean_recall" in flat and "val_loss" in flat
+    assert "t2i_r01" in flat and "mean_recall" in flat and "val_loss" in flat
     _dvc(pipeline_repo, "plots", "show", "--out", str(tmp_path / "plots"))
     html = (tmp_path / "plots" / "index.html").read_text()
     assert "loss" in html and "learning_rate" in html
@@ -96,4 +96,4 @@ def test_exp_run_with_a_changed_param_reruns_train_and_eval_only(pipeline_repo):
     assert "Running stage 'train'" in result.stdout and "Running stage 'eval'" in result.stdout
     assert "Running stage 'data'" not in result.stdout
     shown = json.dumps(json.loads(_dvc(pipeline_repo, "exp", "show", "--json").stdout))
-    assert "0.0005" in shown and "t2i_r1" in shown  # the experiment's params and its metrics
+    assert "0.0005" in shown and "t2i_r01" in shown  # the experiment's params and its metrics

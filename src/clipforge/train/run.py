@@ -91,7 +91,7 @@ class TrainingRun:
             self.config.train.val_retrieval_samples,
         )
         if self.monitor:
-            for name, value in metrics.items():  # val/loss, val/t2i_r1, ..., val/mean_recall
+            for name, value in metrics.items():  # val/loss, val/t2i_r01, ..., val/mean_recall
                 self.monitor.scalar(f"val/{name}", value, step)
         return metrics.get("loss")
 
