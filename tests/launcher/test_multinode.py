@@ -59,8 +59,8 @@ def test_every_node_runs_its_own_launcher_and_the_run_finishes(two_node_run):
     assert two_node_run.node1_state["state"] == "finished", (
         two_node_run.node1 / "train.log"
     ).read_text()[-3000:]
-    summary = json.loads((two_node_run.code / "metrics" / "train.json").read_text())
-    assert summary["steps"] == 8
+    info = json.loads((two_node_run.code / "metrics" / "train.info.json").read_text())
+    assert info["steps"] == 8
     log0 = (two_node_run.node_dir / "train.log").read_text()
     assert "1 micro x" not in log0 and "x 2 ranks" in log0
 

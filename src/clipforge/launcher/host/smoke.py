@@ -31,7 +31,7 @@ def tree_digests(root: Path) -> dict[str, str]:
 
 
 def run_smoke_check(workspace: Path, command: list[str]) -> dict:
-    summary_path = workspace / "metrics" / "train.json"
+    summary_path = workspace / "metrics" / "train.info.json"
     model_dir = workspace / "models" / "clip"
     summary_bytes = summary_path.read_bytes()
     trained = json.loads(summary_bytes)
@@ -47,7 +47,7 @@ def run_smoke_check(workspace: Path, command: list[str]) -> dict:
         checks["exported weights identical after reload"] = (
             bool(before) and tree_digests(model_dir) == before
         )
-    # The reload rewrote the summary (resumed_from_step, wall time): keep the training's own.
+    # The reload rewrote the run's record (resumed_from_step, wall time): keep the training's own.
     atomic_write_bytes(summary_path, summary_bytes)
     return {"passed": all(checks.values()), "checks": checks, "trained": trained}
 
