@@ -364,6 +364,8 @@ class Config:
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "recipe"}
+# The sections each pipeline stage reads, besides `recipe`: all it loads and checks.
+STAGE_SECTIONS = {"data": ("data",), "train": ("model", "train", "alerts"), "eval": ("eval",)}
 _SECTION_TYPES = {
     "data": DataConfig,
     "model": ModelConfig,

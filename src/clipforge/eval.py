@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
-from clipforge.config import weights_included
+from clipforge.config import STAGE_SECTIONS, weights_included
 from clipforge.fsutil import atomic_write_text
 
 log = logging.getLogger("clipforge.eval")
 
 # The params sections this stage reads (dvc.yaml's params: recipe plus these).
-PARAM_SECTIONS = ("eval",)
+PARAM_SECTIONS = STAGE_SECTIONS["eval"]
 KS = (1, 5, 10)
 # R@k named with two digits (t2i_r01, t2i_r05, t2i_r10) so that tools listing keys in sorted
 # order (dvc metrics show, TensorBoard's tag list) show them as R@1, R@5, R@10.
@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--data", default="data/test", help="test set dir (default: data/test)")
     parser.add_argument("--out", default="metrics/eval.json", help="default: metrics/eval.json")
-    return run_stage("clipforge.eval", _run, argv, parser)
+    return run_stage("clipforge.eval", _run, argv, parser, PARAM_SECTIONS)
 
 
 if __name__ == "__main__":
