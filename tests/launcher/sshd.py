@@ -63,6 +63,8 @@ def start_sshd(directory: Path) -> SshServer:
         path.chmod(0o600)
     user = _user()
     port = free_port()
+    home = directory / "home"
+    home.mkdir(exist_ok=True)
     config = directory / "sshd_config"
     config.write_text(f"""\
 Port {port}
@@ -77,6 +79,8 @@ KbdInteractiveAuthentication no
 UsePAM no
 # The temporary directory belongs to the test, not to a hardened home.
 StrictModes no
+# What a run writes in the SSH user's home (its list of run roots) stays in the test's.
+SetEnv HOME={home}
 PermitRootLogin prohibit-password
 Subsystem sftp internal-sftp
 LogLevel ERROR

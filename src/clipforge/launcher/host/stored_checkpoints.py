@@ -1,6 +1,6 @@
 """The newest checkpoint of every run on this host, as JSON: what `make down` must not lose.
 
-Run on each worker as a script fed on stdin (`python3 - [--retained DIR]... [--root DIR]...`):
+Run on each worker as a script given whole (`python3 -c SOURCE [--retained DIR]... [--root DIR]...`):
 standard library only, importing nothing of clipforge, since the runs on a host may hold any
 version of the code.
 
