@@ -100,26 +100,6 @@ def test_changed_host_key_is_refused_even_with_accept_new(project, sshd, tmp_pat
     assert result.returncode != 0 and "host key CHANGED" in result.stdout
 
 
-def test_gpus_on_a_host_without_gpus(fab, sshd, remote_root):
-    """`fab train --gpus 4` on a host without GPUs fails its preflight; nothing is shipped."""
-    result = fab(
-        "train",
-        "--gpus",
-        "4",
-        "--runtime",
-        "host",
-        "--data",
-        "build",
-        *set_args(SMALL_SETS + ["train.micro_batch_size=8"]),  # 8 x 4 ranks = 32
-        hosts=sshd.address,
-        key=sshd.client_key,
-    )
-    assert result.returncode != 0
-    assert "gpus" in result.stdout and "FAIL" in result.stdout
-    assert "preflight failed" in result.stderr and "nothing was started" in result.stderr
-    assert _nothing_started(remote_root)
-
-
 def test_dirty_tree_is_refused(project, sshd, tmp_path):
     """Uncommitted changes: refused before connecting, naming the changed file and --allow-dirty."""
     clone = tmp_path / "clone"
