@@ -3,7 +3,6 @@ empty, and `fab train` ships the clone as it is."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from clipforge.launcher.source import current_source, require_clean
 from clipforge.resolve import main as resolve_main
-from tests.conftest import REPO, subprocess_env, write_params
+from tests.conftest import git, subprocess_env, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -21,37 +20,21 @@ VENV = Path(sys.executable).parent.parent
 SMALL = {"train": {"epochs": 1}}
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-
-
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory) -> Path:
-    """A clone of the project as committed here (tracked and new files), with the reduced params
-    committed in it (and the resolved params they give): what a user gets from `git clone`."""
+def clone(project, tmp_path_factory) -> Path:
+    """A clone of the project as committed here, its params reduced (with the resolved params
+    they give) in a commit of their own: what a user gets from `git clone`."""
     base = tmp_path_factory.mktemp("clean-clone")
     origin = base / "origin"
-    listed = _git(REPO, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-    for name in filter(None, listed.split("\0")):
-        if (REPO / name).is_file():
-            (origin / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, origin / name)
+    git(base, "clone", "--quiet", str(project), str(origin))
     write_params(origin / "params.yaml", SMALL)
     for stage in ("data", "train", "eval"):
         out = origin / "resolved" / f"{stage}.yaml"
         assert (
             resolve_main([stage, "--params", str(origin / "params.yaml"), "--out", str(out)]) == 0
         )
-    _git(origin, "init", "-q")
-    _git(origin, "add", "-A")
-    _git(origin, "commit", "-qm", "the project")
-    _git(base, "clone", "-q", str(origin), "clone")
+    git(origin, "commit", "--quiet", "-am", "reduced params")
+    git(base, "clone", "--quiet", str(origin), "clone")
     return base / "clone"
 
 
@@ -88,5 +71,5 @@ def test_demo_and_the_readme_commands_leave_the_clone_clean(clone, demo):
     dvc = str(VENV / "bin" / "dvc")
     _run(clone, dvc, "plots", "show")
     _run(clone, dvc, "exp", "show", "--no-pager")
-    assert _git(clone, "status", "--porcelain", "--untracked-files=all") == ""
+    assert git(clone, "status", "--porcelain", "--untracked-files=all") == ""
     require_clean(current_source(clone), allow_dirty=False)

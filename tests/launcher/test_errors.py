@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tests.launcher.conftest import SMALL_SETS, git, make_fab, set_args
+from tests.conftest import git
+from tests.launcher.conftest import SMALL_SETS, make_fab, set_args
 from tests.launcher.hostprocs import processes_under
 from tests.launcher.sshd import free_port, keygen
 

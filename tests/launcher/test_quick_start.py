@@ -67,10 +67,10 @@ def test_own_box_smoke_trains_on_the_defaults(own_box):
 
 
 def test_own_box_status_logs_and_fetch(own_box, tmp_path):
-    """`fab status`, `fab logs`, `fab fetch` on the finished run."""
-    status = own_box.run_fab("status")
+    """`fab status --price-per-gpu-hour`, `fab logs --follow`, `fab fetch` on the finished run."""
+    status = own_box.run_fab("status", "--price-per-gpu-hour", "1.85")
     assert status.returncode == 0 and "4/4" in status.stdout and "passed" in status.stdout
-    logs = own_box.run_fab("logs")
+    logs = own_box.run_fab("logs", "--follow")
     assert logs.returncode == 0 and "smoke: PASSED" in logs.stdout
     fetched = own_box.run_fab("fetch", "--to", str(tmp_path))
     assert fetched.returncode == 0, fetched.stderr
@@ -188,10 +188,14 @@ def test_gpus_4_on_own_box_stops_only_at_the_gpu_row(fab, sshd, remote_root, arg
 
 
 def test_gpus_4_on_the_stack_stops_only_at_the_gpu_rows(stack):
-    """On the stack: `fab check` (the stack's 4 GPUs per worker) and `fab train --gpus 4 --nodes
-    2`: every worker's GPU row fails, nothing else."""
+    """On the stack: `fab check` (the stack's 4 GPUs per worker), and the documented `fab train
+    --gpus 4 ...` on both workers: every worker's GPU row fails, nothing else."""
     fab, root = stack
-    for args in (("check",), ("train", "--gpus", "4", "--nodes", "2")):
+    for args in (
+        ("check",),
+        ("train", "--gpus", "4", "--smoke", "--data", "build", "--nodes", "2"),
+        ("train", "--gpus", "4", "--set", "recipe=production", "--nodes", "2"),
+    ):
         result = fab(*args)
         assert result.returncode == 1, result.stdout + result.stderr
         rows = _rows(result.stdout)

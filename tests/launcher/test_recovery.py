@@ -14,7 +14,8 @@ import uuid
 import pytest
 
 from clipforge.train.monitor import COLUMNS
-from tests.launcher.conftest import RUN_SETS, git, launch_run, make_fab, set_args
+from tests.conftest import git
+from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args
 from tests.launcher.hostprocs import (
     environment_of,
     files_containing,

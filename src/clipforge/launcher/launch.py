@@ -216,10 +216,14 @@ def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
     )
     remote_bundle = posixpath.join(layout.node_dir, "code.bundle")
     host.cxn.put(str(bundle), remote_bundle)
+    # DVC commits experiments and stashes a crashed attempt's changes in the checkout: git needs an
+    # identity there, which a fresh host (or the container's HOME) does not have.
     run(
         host.cxn,
         f"git clone --quiet {q(remote_bundle)} {q(layout.code)} && "
         f"git -C {q(layout.code)} -c advice.detachedHead=false checkout --quiet {q(commit)} "
+        f"&& git -C {q(layout.code)} config user.name 'clipforge launcher' "
+        f"&& git -C {q(layout.code)} config user.email clipforge@localhost "
         f"&& rm {q(remote_bundle)}",
         what="cloning the shipped commit",
     )
