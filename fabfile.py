@@ -1,7 +1,7 @@
 """Launch, watch, stop and recover training runs on GPU hosts over SSH (see docs/launcher.md).
 
-  fab check  [--gpus N] [--runtime docker|host]       preflight every host
-  fab train  --gpus N [--nodes N] [--set k=v ...] [--smoke] [--runtime docker|host] [--data ...]
+  fab check  [--gpus N] [--runtime host|docker]       preflight every host
+  fab train  --gpus N [--nodes N] [--set k=v ...] [--smoke] [--runtime host|docker] [--data ...]
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
 
 Hosts: `fab -H user@host[:port][,...] -i KEY <task>`, or without -H the workers of the stack that
@@ -94,11 +94,6 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _runtime(runtime: str, from_stack: bool) -> str:
-    """`auto`: `host` on stack workers (they run the image), `docker` on other hosts."""
-    return ("host" if from_stack else "docker") if runtime == "auto" else runtime
-
-
 def _nodes(c: Invocation, run: str | None):
     hosts, stack = session.open_hosts(c.hosts, c.config, c.settings)
     return [(h, session.node_layout(h, i, run)) for i, h in enumerate(hosts)], stack
@@ -107,14 +102,14 @@ def _nodes(c: Invocation, run: str | None):
 @all_hosts_task(
     help={
         "gpus": "GPUs the run will use per host (0: a CPU run; default: 1, or the stack's)",
-        "runtime": "docker (default on -H hosts) or host (stack workers: already the image)",
+        "runtime": "host (default: the host's own Python stack) or docker (the pinned image)",
         "data": "an absolute path on the host that must hold a data stage output",
         "image": "image reference (default: docker/image.env, with $REGISTRY)",
         "accept_new_host_key": "record the key of a host never seen before (fresh hosts)",
     }
 )
 def check(
-    c: Invocation, gpus=None, runtime="auto", data=None, image=None, accept_new_host_key=False
+    c: Invocation, gpus=None, runtime="host", data=None, image=None, accept_new_host_key=False
 ):
     """Preflight: SSH, GPUs, disk, Docker + NVIDIA runtime or the image's stack, image, storage."""
     specs, stack = session.host_specs(c.hosts, c.settings)
@@ -132,7 +127,7 @@ def check(
             continue
         check_spec = preflight.CheckSpec(
             gpus=wanted,
-            runtime=_runtime(runtime, stack is not None),
+            runtime=runtime,
             image=image,
             remote_root=host.root,
             python=c.settings.python,
@@ -154,8 +149,9 @@ def check(
         "nodes": "machines: one DeepSpeed launcher per node (no-SSH mode), hosts in -H order",
         "set_": "override a parameter, as `dvc exp run -S` (repeatable)",
         "smoke": "a few steps, a checkpoint saved and loaded back: validate a host first",
-        "runtime": "docker: inside the pinned image; host: in place (the host is the image)",
-        "data": "pull (DVC remote, default), build (data stage on the host) or /mounted/path",
+        "runtime": "host (default): the host's own Python stack; docker: the pinned image",
+        "data": "auto (default: pull if the commit has a DVC remote, else build), pull, build "
+        "(the data stage on the host) or /mounted/path",
         "allow_dirty": "ship the current commit even with uncommitted changes (not shipped)",
         "image": "image reference (default: docker/image.env, with $REGISTRY)",
         "max_restarts": "restarts after crashes before giving up",
@@ -170,8 +166,8 @@ def train(
     nodes=1,
     set_=None,
     smoke=False,
-    runtime="auto",
-    data="pull",
+    runtime="host",
+    data="auto",
     allow_dirty=False,
     image=None,
     max_restarts=5,
@@ -187,19 +183,20 @@ def train(
     specs, stack = session.host_specs(c.hosts, c.settings)
     if gpus is None and stack is None:
         raise LauncherError("--gpus: how many GPUs per node (0: CPU)")
+    source = current_source(Path.cwd())
     options = make_options(
         gpus=parse_count(gpus, "--gpus") if gpus is not None else stack.gpus_per_worker,
         nodes=parse_count(nodes, "--nodes"),
         sets=list(set_ or []),
         smoke=smoke,
-        runtime=_runtime(runtime, stack is not None),
+        runtime=runtime,
         allow_dirty=allow_dirty,
-        data=data,
+        data=launch_mod.choose_data(source, data, _say),
         image=image,
         max_restarts=parse_count(max_restarts, "--max-restarts"),
         master_port=parse_count(master_port, "--master-port"),
     )
-    prepared = launch_mod.prepare(current_source(Path.cwd()), options, c.settings)
+    prepared = launch_mod.prepare(source, options, c.settings)
     chosen = launch_mod.select_nodes(specs, options, from_stack=stack is not None)
     hosts = [session.open_host(s, c.config, c.settings, stack, accept_new_host_key) for s in chosen]
     run_id = launch_mod.launch(hosts, prepared, options, c.settings, stack, _say)

@@ -11,9 +11,6 @@ INFRA_DIR := infra
 PULUMI_PROJECT_DIR ?= $(INFRA_DIR)
 # The outputs file the launcher reads (written atomically by make up / make down).
 STACK_OUTPUTS ?= $(INFRA_DIR)/stack-outputs.json
-# Teardown guard: where the latest checkpoint is looked for, and which directories are retained storage.
-CHECKPOINTS_DIR ?= checkpoints
-RETAINED_DIRS ?= /workspace/checkpoints
 STACK ?=
 REGISTRY ?=
 FORCE ?=
@@ -23,14 +20,13 @@ INFRA_STACKCTL = PYTHONPATH="$(INFRA_DIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON
 
 .PHONY: up down preview
 
-up:
+up:  ## create or update the GPU stack: make up STACK=<name> [REGISTRY=<host/org>]
 	$(INFRA_STACKCTL) up
 
-preview:
+preview:  ## what make up would change: make preview STACK=<name>
 	$(INFRA_STACKCTL) preview
 
-down:
-	$(INFRA_STACKCTL) down --checkpoints "$(CHECKPOINTS_DIR)" \
-		$(foreach dir,$(RETAINED_DIRS),--retained "$(dir)") $(if $(filter 1 yes true,$(FORCE)),--force)
+down:  ## release the GPUs, keep volumes: make down STACK=<name> [FORCE=1]
+	$(INFRA_STACKCTL) down $(if $(filter 1 yes true,$(FORCE)),--force)
 
 .DEFAULT_GOAL := $(INFRA_SAVED_DEFAULT_GOAL)

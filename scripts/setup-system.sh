@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# System packages the local stack needs (Debian/Ubuntu):
-#   numactl         DeepSpeed's launcher binds CPU ranks with it
-#   openssh-server  the launcher tests run a real sshd on 127.0.0.1
-#   iproute2        the multi-node tests give each "host" a network namespace (`ip netns`)
-#   docker.io       the docker-runtime tests start a private Docker engine
-#   debootstrap     makes the Debian base of the CPU image (make image-cpu)
-# Idempotent: installs only what is missing.
+# Debian/Ubuntu packages, each installed only when missing (with sudo when not root):
+#   scripts/setup-system.sh numactl          the local stack: DeepSpeed's launcher binds CPU ranks
+#                                            with it (make env, so make demo and make test)
+#   scripts/setup-system.sh openssh-server   the launcher tests only: they run a real sshd on
+#                                            127.0.0.1 (make test)
+#   scripts/setup-system.sh iproute2         the multi-node tests give each "host" a network
+#                                            namespace with `ip netns` (make test)
+#   scripts/setup-system.sh docker.io debootstrap   a private Docker engine and the Debian base of
+#                                            the CPU image (make image-cpu, make test-integration)
 set -euo pipefail
 
+present() {
+  case "$1" in
+    numactl) command -v numactl >/dev/null 2>&1 ;;
+    openssh-server) [ -x /usr/sbin/sshd ] ;;
+    iproute2) command -v ip >/dev/null 2>&1 ;;
+    docker.io) [ -x /usr/sbin/dockerd ] ;;
+    debootstrap) command -v debootstrap >/dev/null 2>&1 ;;
+    *) echo "setup-system: unknown package $1 (known: numactl, openssh-server, iproute2, docker.io, debootstrap)" >&2; exit 2 ;;
+  esac
+}
+
 missing=()
-command -v numactl >/dev/null 2>&1 || missing+=(numactl)
-[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
-command -v ip >/dev/null 2>&1 || missing+=(iproute2)
-[ -x /usr/sbin/dockerd ] || missing+=(docker.io)
-command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+for package in "$@"; do
+  present "$package" || missing+=("$package")
+done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then

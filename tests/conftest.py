@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,37 @@ def untrained_model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("untrained") / "clip"
     export_model(bundle.model.state_dict(), bundle.model_cfg, bundle.preprocess_cfg, "", out)
     return out
+
+
+@pytest.fixture(scope="session")
+def project(tmp_path_factory) -> Path:
+    """The project as it is in this checkout (tracked and new files), committed in a repository
+    of its own: what `fab train` ships is exactly the code under test."""
+    root = tmp_path_factory.mktemp("project")
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, (n.decode() for n in listed)):
+        source = REPO / name
+        if source.is_file():
+            target = root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+            target.chmod(source.stat().st_mode & 0o777)
+    git(root, "init", "--quiet")
+    git(root, "add", "--all")
+    git(root, "commit", "--quiet", "-m", "snapshot under test")
+    return root
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=test", "-c", "user.email=test@example.org", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout

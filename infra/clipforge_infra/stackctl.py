@@ -1,8 +1,9 @@
 """`make up` / `make down` / `make preview`: checks, then the Pulumi CLI, then the outputs file.
 
     up       select (or create) the stack, `pulumi up` with released=false, write the outputs file
-    down     teardown guard, then `pulumi up` with released=true: GPU workers and TensorBoard are
-             deleted, namespace, volumes and secrets stay (the stack is never destroyed)
+    down     teardown guard (no run on the workers may lose its newest checkpoint), then `pulumi
+             up` with released=true: GPU workers and TensorBoard are deleted, namespace, volumes
+             and secrets stay (the stack is never destroyed)
     preview  `pulumi preview` of what `up` would do
 
 Before calling Pulumi: the stack file exists and sets only declared keys, the kubeconfig holds the
@@ -62,7 +63,8 @@ class PulumiInvocation:
 def prepare_invocation(args: argparse.Namespace, environ: Mapping[str, str]) -> PulumiInvocation:
     if not args.stack:
         raise StackctlError(
-            "no stack: run `make up STACK=<name>` (stack files: infra/Pulumi.<name>.yaml)"
+            f"no stack: run `make {args.command} STACK=<name>` (stack files: "
+            f"infra/Pulumi.<name>.yaml)"
         )
     declarations = load_declarations(args.project_dir)
     stack_values = load_stack_values(args.project_dir, args.stack)
@@ -184,18 +186,7 @@ def access_lines(outputs: Mapping) -> list[str]:
     return lines
 
 
-def guard_args(args: argparse.Namespace) -> list[str]:
-    guard = ["--checkpoints", str(args.checkpoints)]
-    for root in args.retained:
-        guard += ["--retained", str(root)]
-    return guard + (["--force"] if args.force else [])
-
-
 def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    if args.command == "down":
-        # Before anything else: a refused guard must leave the cluster exactly as it was.
-        if teardown_guard.main(guard_args(args)) != 0:
-            return teardown_guard.EXIT_REFUSED
     invocation = prepare_invocation(args, environ)
     print(
         f"stack {invocation.stack}: context {invocation.context}; "
@@ -203,6 +194,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     )
     pulumi = Pulumi(invocation)
     pulumi.run("stack", "select", "--create")
+    if args.command == "down":
+        # Before any change: a refusal leaves the cluster exactly as it was.
+        outputs = json.loads(pulumi.run("stack", "output", "--json", capture=True) or "{}")
+        if not teardown_guard.guard(
+            outputs, Path.cwd(), args.force, f"make down STACK={args.stack}"
+        ):
+            return teardown_guard.EXIT_REFUSED
     with pulumi.transient_config():
         if args.command == "preview":
             pulumi.run("preview", "--diff")
@@ -233,14 +231,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--image-env", type=Path, default=infra_dir.parent / "docker" / "image.env")
     parser.add_argument("--outputs", type=Path, default=infra_dir / "stack-outputs.json")
     parser.add_argument(
-        "--force", action="store_true", help="down: release even if the checkpoint could be lost"
+        "--force", action="store_true", help="down: release even if a checkpoint could be lost"
     )
-    parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"))
-    parser.add_argument("--retained", type=Path, action="append", default=[])
-    args = parser.parse_args(argv)
-    if not args.retained:
-        args.retained = [Path(teardown_guard.DEFAULT_RETAINED)]
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,60 +1,66 @@
-"""Teardown guard: refuse to release the GPUs while the latest checkpoint could be lost.
+"""Teardown guard: `make down` releases the stack's GPU workers only when no run on them would
+lose its newest checkpoint.
 
-`make down` runs it first. The latest checkpoint is the tag named by ``latest`` in the most recently
-modified ``run-<12 hex>`` directory (the train stage's layout). It counts as safe when
-
-- it lies on retained storage: its real path (symlinks resolved) is under one of ``--retained``
-  (default /workspace/checkpoints, the mount path of the stack's protected checkpoints volume), or
-- every file of it is in the DVC remote: DVC 3 stores content by MD5 at
-  ``<remote>/files/md5/<2 hex>/<30 hex>``, so the check needs no dvc.lock entry and also covers a
-  checkpoint written after the last `dvc commit`. The default remote is asked of DVC itself
-  (`dvc config`), so a remote set in the global or system config counts as DVC would count it.
-
-Otherwise it exits non-zero, saying what to do, unless ``--force`` (FORCE=1). No checkpoint at all
-means nothing to lose. Standard library only (DVC is run as a command): it also runs inside the
-worker image.
+`make down` runs it once the stack, the Pulumi CLI and the cluster are known good, with the
+stack's outputs (`pulumi stack output`). Each worker is reached as `fab` reaches it (SSH with the
+stack's pinned host key, through the port-forward or CLIPFORGE_SSH_GATEWAY) and lists the newest
+checkpoint of every run on it (clipforge.launcher.host.stored_checkpoints, run by its python3).
+Whether a checkpoint is safe is `checkpoint_safety`'s call, the one place of that rule: it lies
+on retained storage (a volume the stack keeps across `make down`), or every file of it is in the
+DVC remote (DVC 3 stores content by MD5 at ``<remote>/files/md5/<2 hex>/<30 hex>``, so no
+dvc.lock entry is needed; the default remote is asked of DVC itself, so a remote set in the global
+or system config counts as DVC would count it). Checkpoints on this machine (a demo's
+checkpoints/) are not on the stack, and not the guard's business.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
+import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-RUN_DIR_RE = re.compile(r"^run-[0-9a-f]{12}$")
-TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-DEFAULT_RETAINED = "/workspace/checkpoints"
+from fabric import Config
+
+from clipforge.launcher import LauncherError
+from clipforge.launcher.connection import connect, join, label, q, run, targets
+from clipforge.launcher.host import stored_checkpoints
+from clipforge.launcher.stack import parse_stack_outputs
+
 EXIT_REFUSED = 3
-_MD5_CHUNK_BYTES = 8 * 2**20
+# The run roots a launch on the stack uses unless clipforge.remote_root says otherwise; roots
+# launches recorded on a worker are looked at too.
+DEFAULT_ROOT_NAME = "clipforge-runs"
 
 
 class GuardError(RuntimeError):
-    """The guard could not decide (unreadable `latest`, unlistable remote): treated as a refusal."""
-
-
-@dataclass(frozen=True)
-class LatestCheckpoint:
-    run_dir: Path
-    tag: str
-
-    @property
-    def tag_dir(self) -> Path:
-        return self.run_dir / self.tag
-
-    def __str__(self) -> str:
-        return f"{self.run_dir.name}/{self.tag}"
+    """The guard could not decide (an unreachable worker, an unlistable remote): a refusal."""
 
 
 @dataclass(frozen=True)
 class Verdict:
     safe: bool
     reason: str
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """The newest checkpoint of one training run on a worker (see stored_checkpoints)."""
+
+    host: str
+    run: str
+    training_run: str
+    tag: str
+    path: str
+    retained: str | None  # the retained directory it lies under, if any
+    md5: dict[str, str] | None  # file -> md5, when not retained
+    problem: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.host} run {self.run}: {self.training_run}/{self.tag} ({self.path})"
 
 
 class RemoteStore(Protocol):
@@ -114,74 +120,61 @@ class ListedDvcRemote:
         }
 
 
-def find_latest_checkpoint(checkpoints_dir: Path) -> LatestCheckpoint | None:
-    """The tag named by ``latest`` in the most recently modified run directory that has one."""
-    if not checkpoints_dir.is_dir():
-        return None
-    runs = [
-        path
-        for path in checkpoints_dir.iterdir()
-        if path.is_dir() and RUN_DIR_RE.match(path.name) and (path / "latest").is_file()
-    ]
-    if not runs:
-        return None
-    run_dir = max(runs, key=lambda path: (path.stat().st_mtime, path.name))
-    tag = (run_dir / "latest").read_text().strip()
-    if not TAG_RE.match(tag):
-        raise GuardError(f"{run_dir / 'latest'} does not hold a tag name")
-    return LatestCheckpoint(run_dir=run_dir, tag=tag)
-
-
-def retained_root(path: Path, retained: Iterable[Path]) -> Path | None:
-    """The retained root that ``path`` really lies under (after resolving symlinks), if any."""
-    real = path.resolve()
-    for root in retained:
-        if real.is_relative_to(root.resolve()):
-            return root
-    return None
-
-
-def file_md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(_MD5_CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def assess(checkpoints_dir: Path, retained: Sequence[Path], remote: RemoteStore | None) -> Verdict:
-    """Is the latest checkpoint under ``checkpoints_dir`` safe from a release of the workers?"""
-    latest = find_latest_checkpoint(checkpoints_dir)
-    if latest is None:
-        return Verdict(True, f"no checkpoint under {checkpoints_dir}: nothing to lose")
-    files = (
-        sorted(path for path in latest.tag_dir.rglob("*") if path.is_file())
-        if latest.tag_dir.is_dir()
-        else []
-    )
-    if not files:
+def checkpoint_safety(checkpoint: StoredCheckpoint, remote: RemoteStore | None) -> Verdict:
+    """Would this checkpoint survive the release of its worker?"""
+    if checkpoint.problem:
+        return Verdict(False, f"{checkpoint}: {checkpoint.problem}")
+    if checkpoint.retained:
+        return Verdict(True, f"{checkpoint} is on retained storage ({checkpoint.retained})")
+    files = checkpoint.md5 or {}
+    if remote is None:
         return Verdict(
-            False,
-            f"{latest.run_dir / 'latest'} names {latest.tag}, but {latest.tag_dir} "
-            "is missing or empty",
+            False, f"{checkpoint} is not on retained storage and no DVC remote is configured"
         )
-    root = retained_root(latest.tag_dir, retained)
-    if root is not None:
-        return Verdict(True, f"latest checkpoint {latest} is on retained storage ({root})")
-    # Checked after the retained roots: hashing a multi-GB checkpoint is the expensive path.
-    if remote is not None:
-        missing = [path for path in files if not remote.has(file_md5(path))]
-        if not missing:
-            return Verdict(True, f"latest checkpoint {latest} is in the {remote.description}")
-        where = f"{len(missing)} of its {len(files)} files are not in the {remote.description}"
-    else:
-        where = "no DVC remote is configured"
-    shown = ", ".join(str(root) for root in retained) or "none given"
+    missing = [name for name, md5 in files.items() if not remote.has(md5)]
+    if not missing:
+        return Verdict(True, f"{checkpoint} is in the {remote.description}")
     return Verdict(
         False,
-        f"latest checkpoint {latest} ({latest.tag_dir}) is not on retained storage "
-        f"({shown}) and {where}",
+        f"{checkpoint} is not on retained storage and {len(missing)} of its {len(files)} files "
+        f"are not in the {remote.description}",
     )
+
+
+def stored_on_stack(outputs: dict) -> list[StoredCheckpoint]:
+    """The newest checkpoint of every run on the stack's workers (none when it has no workers)."""
+    if outputs.get("released") is True or not outputs.get("workers"):
+        return []
+    try:
+        stack = parse_stack_outputs(outputs, Path("pulumi stack output"))
+        specs, _ = targets([], lambda: stack)
+    except LauncherError as error:
+        raise GuardError(str(error)) from None
+    volumes = outputs.get("volumes") if isinstance(outputs.get("volumes"), dict) else {}
+    retained = [
+        v["mount_path"] for v in volumes.values() if isinstance(v, dict) and v.get("retained")
+    ]
+    roots = [f"{path}/{DEFAULT_ROOT_NAME}" for path in stack.mount_paths.values()]
+    arguments = [*(f"--retained={p}" for p in retained), *(f"--root={p}" for p in roots)]
+    arguments.append(f"--root=~/{DEFAULT_ROOT_NAME}")
+    script = Path(stored_checkpoints.__file__).read_text(encoding="utf-8")
+    found: dict[str, StoredCheckpoint] = {}
+    for spec in specs:
+        try:
+            cxn = connect(spec, Config(), accept_new_host_key=False)
+            listed = run(
+                cxn, f"python3 -c {q(script)} {join(arguments)}", what="listing the checkpoints"
+            )
+        except LauncherError as error:
+            raise GuardError(
+                f"cannot check the checkpoints on worker {spec.host} ({error}); from outside the "
+                f"cluster the workers are reached through `kubectl -n {stack.namespace} "
+                f"port-forward pod/clipforge-worker-0 {stack.ssh_port}:{stack.ssh_port}`"
+            ) from None
+        for entry in json.loads(listed.stdout):
+            checkpoint = StoredCheckpoint(host=label(cxn), **entry)
+            found.setdefault(checkpoint.path, checkpoint)  # shared storage: seen by every node
+    return list(found.values())
 
 
 class UnknownRemote:
@@ -228,65 +221,43 @@ def open_remote(url: str) -> RemoteStore:
     return LocalDvcRemote(Path(url).expanduser())
 
 
-def find_remote(args: argparse.Namespace) -> RemoteStore | None:
-    """--dvc-remote, else the repository's default remote; a failed look-up counts only if the
-    remote is needed."""
+def find_remote(repo: Path) -> RemoteStore | None:
+    """The repository's default DVC remote; a failed look-up counts only if the remote is needed."""
     try:
-        url = args.dvc_remote if args.dvc_remote else dvc_remote_url(args.dvc_repo)
+        url = dvc_remote_url(repo)
     except GuardError as error:
         return UnknownRemote(str(error))
     return open_remote(url) if url else None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="teardown_guard", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--checkpoints",
-        type=Path,
-        default=Path("checkpoints"),
-        help="directory holding run-<12 hex>/ checkpoint runs (default: checkpoints)",
-    )
-    parser.add_argument(
-        "--retained",
-        type=Path,
-        action="append",
-        help=f"a directory on retained storage; repeatable (default: {DEFAULT_RETAINED})",
-    )
-    parser.add_argument(
-        "--dvc-repo",
-        type=Path,
-        default=Path("."),
-        help="DVC repository whose default remote counts as durable (default: .)",
-    )
-    parser.add_argument(
-        "--dvc-remote", help="remote URL or directory, instead of the repository's default"
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="release even when the checkpoint could be lost"
-    )
-    args = parser.parse_args(argv)
-
-    retained = args.retained if args.retained is not None else [Path(DEFAULT_RETAINED)]
+def guard(outputs: dict, remote_repo: Path, force: bool, command: str) -> bool:
+    """Print the verdict on every checkpoint of the stack; True when the release may go ahead.
+    `command`: what the user ran (`make down STACK=...`), for the messages."""
     try:
-        verdict = assess(args.checkpoints, retained, find_remote(args))
+        checkpoints = stored_on_stack(outputs)
+        remote = find_remote(remote_repo) if any(not c.retained for c in checkpoints) else None
+        verdicts = [checkpoint_safety(c, remote) for c in checkpoints]
     except GuardError as error:
-        verdict = Verdict(False, str(error))
-    if verdict.safe:
-        print(f"teardown guard: ok, {verdict.reason}")
-        return 0
-    if args.force:
-        print(
-            f"teardown guard: FORCE=1, releasing anyway although {verdict.reason}", file=sys.stderr
-        )
-        return 0
+        verdicts = [Verdict(False, str(error))]
+    unsafe = [v.reason for v in verdicts if not v.safe]
+    if not verdicts:
+        print("teardown guard: ok, no checkpoint on the stack's workers: nothing to lose")
+    for verdict in verdicts:
+        if verdict.safe:
+            print(f"teardown guard: ok, {verdict.reason}")
+    if not unsafe:
+        return True
+    if force:
+        for reason in unsafe:
+            print(f"teardown guard: FORCE=1, releasing anyway although {reason}", file=sys.stderr)
+        return True
+    for reason in unsafe:
+        print(f"teardown guard: refusing to release the GPUs: {reason}", file=sys.stderr)
     print(
-        f"teardown guard: refusing to release the GPUs: {verdict.reason}.\n"
-        "  Push it first (`dvc commit` if needed, then `dvc push`), or keep checkpoints on the retained\n"
-        "  volume, or run `make down FORCE=1` to release anyway and lose it.",
+        "  Keep runs on the retained checkpoints volume (fab's default run root), or push the\n"
+        "  checkpoint to the DVC remote from the worker, or run `"
+        + command
+        + " FORCE=1` to release anyway and lose it.",
         file=sys.stderr,
     )
-    return EXIT_REFUSED
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return False

@@ -33,6 +33,12 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
         help="override a parameter, e.g. --set train.lr=1e-4 (repeatable; the value "
         "is YAML, as with `dvc exp run -S`)",
     )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the params this stage would run with (params file, its recipe, --set), "
+        "checked, as YAML; then exit",
+    )
     return parser
 
 
@@ -41,12 +47,17 @@ def run_stage(
     body: Callable[[argparse.Namespace], None],
     argv: Sequence[str] | None,
     parser: argparse.ArgumentParser,
+    sections: Sequence[str],
 ) -> int:
     """Parse, run, and turn user errors into one clear line per problem (a test set may have
-    several) and a non-zero exit code."""
+    several) and a non-zero exit code. `sections`: the params sections the stage reads (what
+    --print-config shows)."""
     args = parser.parse_args(argv)
     configure_logging()
     try:
+        if args.print_config:
+            print(load_stage_config(args, sections).to_yaml(), end="")
+            return 0
         body(args)
     except (ConfigError, StageError) as exc:
         for line in str(exc).splitlines():

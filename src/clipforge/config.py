@@ -272,7 +272,7 @@ class TrainConfig(Section):
     )
     val_retrieval_samples: int = knob(
         1000,
-        "Validation pairs ranked for `val/t2i_r1`... (the "
+        "Validation pairs ranked for `val/t2i_r01`... (the "
         "gallery size: recall falls as it grows, so keep it fixed "
         "to compare runs).",
         ge=2,
@@ -309,6 +309,22 @@ class EvalConfig(Section):
             raise ConfigError(
                 "eval.baseline_pretrained: set only together with eval.baseline_model"
             )
+        if (
+            self.baseline_model
+            and not weights_included(self.baseline_model)
+            and not self.baseline_pretrained
+        ):
+            raise ConfigError(
+                f"eval.baseline_pretrained: required with eval.baseline_model "
+                f"{self.baseline_model!r}, an open_clip architecture whose weights would "
+                f"otherwise be random (a tag such as openai, or a weights file)"
+            )
+
+
+def weights_included(model: str) -> bool:
+    """Does an open_clip model spec bring its weights (`local-dir:`, `hf-hub:`)? A bare name is an
+    architecture: without pretrained weights, a random model."""
+    return model.startswith(("local-dir:", "hf-hub:"))
 
 
 @dataclass(kw_only=True)
@@ -338,6 +354,8 @@ class Config:
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "recipe"}
+# The sections each pipeline stage reads, besides `recipe`: all it loads and checks.
+STAGE_SECTIONS = {"data": ("data",), "train": ("model", "train", "alerts"), "eval": ("eval",)}
 _SECTION_TYPES = {
     "data": DataConfig,
     "model": ModelConfig,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
+from clipforge.config import STAGE_SECTIONS, weights_included
 from clipforge.data import testset
 from clipforge.data.testset import TestSet
 from clipforge.fsutil import atomic_write_text
@@ -31,9 +32,11 @@ from clipforge.model_files import (
 log = logging.getLogger("clipforge.eval")
 
 # The params sections this stage reads (dvc.yaml's params: recipe plus these).
-PARAM_SECTIONS = ("eval",)
+PARAM_SECTIONS = STAGE_SECTIONS["eval"]
 KS = (1, 5, 10)
-METRIC_KEYS = tuple(f"{d}_r{k}" for d in ("t2i", "i2t") for k in KS) + ("mean_recall",)
+# R@k named with two digits (t2i_r01, t2i_r05, t2i_r10) so that tools listing keys in sorted
+# order (dvc metrics show, TensorBoard's tag list) show them as R@1, R@5, R@10.
+METRIC_KEYS = tuple(f"{d}_r{k:02d}" for d in ("t2i", "i2t") for k in KS) + ("mean_recall",)
 
 
 def recall_at_k(similarity, relevant, ks: Sequence[int] = KS) -> dict[int, float]:
@@ -53,7 +56,7 @@ def retrieval_metrics(image_features, text_features, relevant) -> dict[str, floa
     t2i = recall_at_k(similarity, relevant)
     described = relevant.any(dim=0)
     i2t = recall_at_k(similarity.T[described], relevant.T[described])
-    metrics = {f"t2i_r{k}": t2i[k] for k in KS} | {f"i2t_r{k}": i2t[k] for k in KS}
+    metrics = {f"t2i_r{k:02d}": t2i[k] for k in KS} | {f"i2t_r{k:02d}": i2t[k] for k in KS}
     metrics["mean_recall"] = sum(metrics.values()) / len(metrics)
     return metrics
 
@@ -73,7 +76,8 @@ def relevance_matrix(image_ids: list[int], texts):
 def load_open_clip(spec: str, pretrained: str | None, device: str, what: str | None = None):
     """(model, preprocess, tokenizer) through plain open_clip, as a user would, except that the
     weights must fill the whole model (clipforge.model.load_weights): open_clip alone would
-    evaluate a randomly initialised model when a folder has no weights file."""
+    evaluate a randomly initialised model when a folder has no weights file. Weights that cannot
+    be had (no network and not cached, an unknown tag) are a StageError in one line."""
     import open_clip
 
     from clipforge.model import load_weights, register_bundled_configs
@@ -86,18 +90,39 @@ def load_open_clip(spec: str, pretrained: str | None, device: str, what: str | N
         weights = Path(pretrained)
     else:  # hf-hub:, or an open_clip tag open_clip downloads: a failed download is an error
         weights = None
-    model, _, preprocess = open_clip.create_model_and_transforms(
-        spec,
-        pretrained=None if weights else pretrained,
-        load_weights=weights is None,
-        pretrained_text=weights is None,  # an HF text tower's own weights: replaced anyway
-        require_pretrained=weights is None,
-        device=device,
-    )
+    # The hub logs every retry of a failed download (twice: through its handler and the root
+    # one), open_clip logs the failure again before raising it: the failure is reported once,
+    # below.
+    logging.disable(logging.ERROR)
+    try:
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            spec,
+            pretrained=None if weights else pretrained,
+            load_weights=weights is None,
+            pretrained_text=weights is None,  # an HF text tower's own weights: replaced anyway
+            require_pretrained=weights is None,
+            device=device,
+        )
+    except (RuntimeError, OSError) as exc:
+        raise StageError(_weights_error(spec, pretrained, exc)) from None
+    finally:
+        logging.disable(logging.NOTSET)
     if weights:
         load_weights(model, weights, what)
     model.eval()
     return model, preprocess, open_clip.get_tokenizer(spec)
+
+
+def _weights_error(spec: str, pretrained: str | None, exc: Exception) -> str:
+    what = f"{spec}" + (f" with pretrained {pretrained}" if pretrained else "")
+    reason = " ".join(str(exc).split())
+    if "download" in reason.lower() or "offline" in reason.lower():
+        return (
+            f"{what}: the weights are not in the local cache (HF_HOME) and could not be "
+            f"downloaded (no network?): run once where the Hugging Face hub is reachable, or "
+            f"give a weights file as pretrained"
+        )
+    return f"{what}: cannot load the weights: {reason[:300]}"
 
 
 def encode_images(model, preprocess: Callable, images: list[bytes], batch_size: int, device: str):
@@ -132,29 +157,36 @@ def encode_texts(model, tokenizer: Callable, texts: list[str], batch_size: int, 
 
 def evaluate(
     spec: str, pretrained: str | None, test_set: TestSet, batch_size: int, device: str, what: str
-) -> dict:
-    """Recall of one model; `what` names it in errors (--model, eval.baseline_model)."""
+) -> tuple[dict, dict]:
+    """(recall metrics, test set counts) of one model; `what` names it in errors (--model,
+    eval.baseline_model)."""
     model, preprocess, tokenizer = load_open_clip(spec, pretrained, device, what)
     image_features = encode_images(model, preprocess, test_set.images, batch_size, device)
     text_features = encode_texts(
         model, tokenizer, [t.text for t in test_set.texts], batch_size, device
     )
     relevant = relevance_matrix(test_set.image_ids, test_set.texts)
-    metrics = retrieval_metrics(image_features, text_features, relevant)
-    return {
-        **metrics,
+    counts = {
         "num_images": len(test_set.image_ids),
         "num_texts": len(test_set.texts),
         "num_i2t_queries": int(relevant.any(dim=0).sum()),  # images some caption describes
     }
+    return retrieval_metrics(image_features, text_features, relevant), counts
 
 
-def format_table(result: dict) -> str:
-    rows = [("model", *METRIC_KEYS), (result["model"], *(f"{result[k]:.2f}" for k in METRIC_KEYS))]
-    if "baseline" in result:
-        base = result["baseline"]
-        rows.append((base["model"], *(f"{base[k]:.2f}" for k in METRIC_KEYS)))
-        rows.append(("delta", *(f"{result['delta'][k]:+.2f}" for k in METRIC_KEYS)))
+def _tags_text(name: str) -> str:
+    import open_clip
+
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    return f"tags for {name}: {', '.join(tags)}" if tags else f"open_clip has no tags for {name}"
+
+
+def format_table(metrics: dict, info: dict) -> str:
+    rows = [("model", *METRIC_KEYS), (info["model"], *(f"{metrics[k]:.2f}" for k in METRIC_KEYS))]
+    if "baseline" in metrics:
+        base = metrics["baseline"]
+        rows.append((info["baseline"]["model"], *(f"{base[k]:.2f}" for k in METRIC_KEYS)))
+        rows.append(("delta", *(f"{metrics['delta'][k]:+.2f}" for k in METRIC_KEYS)))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(r, widths)) for r in rows)
 
@@ -162,11 +194,24 @@ def format_table(result: dict) -> str:
 def _run(args) -> None:
     config = load_stage_config(args, PARAM_SECTIONS)
     cfg = config.eval
-    models = [(args.model, None, "--model")]
+    models = [(args.model, args.pretrained, "--model", "--pretrained")]
     if cfg.baseline_model:
-        models.append((cfg.baseline_model, cfg.baseline_pretrained, "eval.baseline_model"))
+        models.append(
+            (
+                cfg.baseline_model,
+                cfg.baseline_pretrained,
+                "eval.baseline_model",
+                "eval.baseline_pretrained",
+            )
+        )
     problems = []  # every input is checked, and every problem named, before a model loads
-    for spec, pretrained, what in models:
+    for spec, pretrained, what, weights_option in models:
+        if not weights_included(spec) and not pretrained:
+            problems.append(
+                f"{what} {spec}: an open_clip architecture, whose weights would be random: "
+                f"name them with {weights_option} TAG or FILE ({_tags_text(spec)})"
+            )
+            continue
         try:
             check_model_weights(spec, pretrained, what)
         except ModelFilesError as exc:
@@ -185,20 +230,27 @@ def _run(args) -> None:
         else "cpu"
     )
     try:
-        results = [
-            {"model": spec, **evaluate(spec, pretrained, test_set, cfg.batch_size, device, what)}
-            for spec, pretrained, what in models
+        (metrics, counts), *baseline = [
+            evaluate(spec, pretrained, test_set, cfg.batch_size, device, what)
+            for spec, pretrained, what, _ in models
         ]
     except ModelFilesError as exc:
         raise StageError(str(exc)) from None
-    result = results[0]
-    if cfg.baseline_model:
-        result["baseline"] = results[1]
-        result["delta"] = {k: result[k] - results[1][k] for k in METRIC_KEYS}
+    info = {"model": args.model, "pretrained": args.pretrained, "test_set": args.data, **counts}
+    if baseline:
+        base = baseline[0][0]
+        metrics["baseline"] = base
+        metrics["delta"] = {k: metrics[k] - base[k] for k in METRIC_KEYS}
+        info["baseline"] = {"model": cfg.baseline_model, "pretrained": cfg.baseline_pretrained}
     out = Path(args.out)
-    atomic_write_text(out, json.dumps(result, ensure_ascii=False, indent=2) + "\n")
+    # The metrics file holds only what compares models (dvc metrics show lists every key of
+    # it); what was evaluated, on how many images and texts, goes beside it.
+    atomic_write_text(out, json.dumps(metrics, indent=2) + "\n")
+    atomic_write_text(
+        out.with_suffix(".info.json"), json.dumps(info, ensure_ascii=False, indent=2) + "\n"
+    )
     atomic_write_text(out.with_suffix(".config.yaml"), config.to_yaml())
-    print(format_table(result))
+    print(format_table(metrics, info))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,9 +261,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="open_clip model: local-dir:PATH, hf-hub:ORG/REPO or a name "
         "(default: local-dir:models/clip)",
     )
+    parser.add_argument(
+        "--pretrained",
+        metavar="TAG|FILE",
+        help="weights of an open_clip --model NAME: a pretrained tag (e.g. openai) or a file",
+    )
     parser.add_argument("--data", default="data/test", help="test set dir (default: data/test)")
     parser.add_argument("--out", default="metrics/eval.json", help="default: metrics/eval.json")
-    return run_stage("clipforge.eval", _run, argv, parser)
+    return run_stage("clipforge.eval", _run, argv, parser, PARAM_SECTIONS)
 
 
 if __name__ == "__main__":

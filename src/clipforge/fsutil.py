@@ -1,5 +1,9 @@
 """Writes that are all-or-nothing: a reader never sees a half-written file or directory.
 
+What is written gets the mode any tool would give it: 0666 / 0777 less the umask (tempfile's
+mkstemp and mkdtemp make private files, unreadable to teammates on shared storage), or the mode
+of the file it replaces.
+
 Standard library only: the launcher's host side (clipforge.launcher.host) writes through it, under
 a host's own python3.
 """
@@ -10,10 +14,10 @@ import contextlib
 import hashlib
 import logging
 import os
+import secrets
 import shutil
 import stat
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 log = logging.getLogger("clipforge.fsutil")
@@ -27,7 +31,7 @@ class AtomicFile:
         self.committed = False
 
     def commit(self, target: str | Path) -> None:
-        with contextlib.suppress(FileNotFoundError):  # mkstemp made it private: keep the old mode
+        with contextlib.suppress(FileNotFoundError):  # a replaced file keeps its mode
             os.chmod(self.path, stat.S_IMODE(os.stat(target).st_mode))
         os.replace(self.path, target)
         self.committed = True
@@ -43,9 +47,10 @@ def atomic_file(
     committed is removed when the block ends, error or not."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
-    os.close(fd)
-    staged = AtomicFile(Path(name))
+    name = _create_unique(
+        directory, prefix, suffix, lambda p: os.close(os.open(p, _NEW_FILE, 0o666))
+    )
+    staged = AtomicFile(name)
     try:
         yield staged
     finally:
@@ -81,8 +86,7 @@ def replace_dir_atomically(target: str | Path) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_siblings(target)
-    tmp = Path(tempfile.mkdtemp(prefix=_sibling_prefix(target, "partial"), dir=target.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is a normal directory
+    tmp = _create_unique(target.parent, _sibling_prefix(target, "partial"), "", os.mkdir)
     try:
         yield tmp
     except BaseException:
@@ -90,7 +94,7 @@ def replace_dir_atomically(target: str | Path) -> Iterator[Path]:
         raise
     old = None
     if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=_sibling_prefix(target, "old"), dir=target.parent))
+        old = _create_unique(target.parent, _sibling_prefix(target, "old"), "", os.mkdir)
         os.replace(target, old / target.name)
     os.replace(tmp, target)
     if old is not None:
@@ -126,10 +130,21 @@ def _running(pid: int) -> bool:
     return True
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+
+
+def _create_unique(
+    directory: Path, prefix: str, suffix: str, create: Callable[[Path], None]
+) -> Path:
+    """A new file or directory of a name no one else holds. `create` makes it with the mode any
+    tool would use (os.open 0666, os.mkdir 0777), which the kernel reduces by the umask."""
+    while True:
+        path = directory / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            create(path)
+        except FileExistsError:
+            continue
+        return path
 
 
 def sha256_file(path: str | Path, chunk_bytes: int = 1 << 20) -> str:

@@ -67,10 +67,12 @@ def test_it_ran_on_exactly_the_pinned_versions(smoke):
 
 
 def test_training_finished_and_exported_a_model(smoke):
-    """metrics/train.json records a completed run with finite losses; models/clip was exported."""
+    """metrics/train.json records finite losses of a completed run (train.info.json); models/clip
+    was exported."""
     _, project = smoke
+    info = json.loads((project / "metrics" / "train.info.json").read_text())
+    assert info["steps"] > 0 and info["resumed_from_step"] == 0
     summary = json.loads((project / "metrics" / "train.json").read_text())
-    assert summary["steps"] > 0 and summary["resumed_from_step"] == 0
     assert math.isfinite(summary["loss"]) and math.isfinite(summary["val_loss"])
     assert any((project / "models" / "clip").iterdir())
 
@@ -127,6 +129,6 @@ def test_a_hugging_face_text_tower_trains_on_the_pinned_stack(smoke, tmp_path):
         env={**os.environ, "PYTHONPATH": str(REPO / "src"), "DS_ACCELERATOR": "cpu"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((tmp_path / "metrics" / "train.json").read_text())["steps"] == 2
+    assert json.loads((tmp_path / "metrics" / "train.info.json").read_text())["steps"] == 2
     exported = json.loads((tmp_path / "clip" / "open_clip_config.json").read_text())
     assert exported["model_cfg"]["text_cfg"]["hf_model_name"] == str(tower)

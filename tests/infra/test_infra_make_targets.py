@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from infra_harness import INFRA_DIR, REPO
+from stack_worker import forget_roots, record_root, stack_outputs, write_run
 
 from clipforge.image_env import read_image_env
 
@@ -55,8 +56,8 @@ def kubeconfig(path: Path, *contexts: str, current: str = "") -> Path:
     return path
 
 
-def stub_pulumi(bin_dir: Path, log: Path, fail_on: str = "") -> None:
-    """A `pulumi` that logs argv as JSON lines, prints STUB_OUTPUTS for `stack output`, and exits 1
+def stub_pulumi(bin_dir: Path, log: Path, fail_on: str = "", outputs: dict = STUB_OUTPUTS) -> None:
+    """A `pulumi` that logs argv as JSON lines, prints `outputs` for `stack output`, and exits 1
     for the subcommand ``fail_on``."""
     bin_dir.mkdir(exist_ok=True)
     script = bin_dir / "pulumi"
@@ -70,7 +71,7 @@ def stub_pulumi(bin_dir: Path, log: Path, fail_on: str = "") -> None:
         if args[:1] == [{fail_on!r}]:
             sys.exit(1)
         if args[:2] == ["stack", "output"]:
-            print(json.dumps({STUB_OUTPUTS!r}))
+            print(json.dumps({outputs!r}))
         """)
     )
     script.chmod(0o755)
@@ -289,47 +290,79 @@ def test_a_stack_file_that_does_not_parse_is_one_line_naming_it(tmp_path, conten
     assert logged(tmp_path / "log") == []
 
 
-def test_down_refuses_when_the_latest_checkpoint_is_unprotected(tmp_path):
-    """`make down` runs the guard first: an unpushed checkpoint off the retained volume stops it
-    before Pulumi is even looked for."""
-    run = tmp_path / "scratch" / "run-0123456789ab"
-    (run / "step-00000100").mkdir(parents=True)
-    (run / "step-00000100" / "model.pt").write_bytes(b"weights")
-    (run / "latest").write_text("step-00000100")
-    stub_pulumi(tmp_path / "bin", tmp_path / "log")
+def test_down_without_stack_names_the_target_that_was_run(tmp_path):
+    """`make down` / `make preview` without STACK say to run that same target with STACK=, never
+    `make up` (which would start paying for GPUs)."""
+    for target in ("down", "preview"):
+        done = make(target, tmp_path)
+        assert done.returncode != 0 and f"`make {target} STACK=<name>`" in done.stderr
+        assert "make up" not in done.stderr
+
+
+def test_down_checks_stack_and_cli_before_any_checkpoint(tmp_path):
+    """A checkout holding a demo's checkpoints/: `make down` first wants the Pulumi CLI; those
+    local checkpoints are not the stack's and play no part."""
+    run = tmp_path / "checkpoints" / "run-0123456789ab"
+    (run / "step-00000093").mkdir(parents=True)
+    (run / "latest").write_text("step-00000093")
     done = make(
         "down",
         tmp_path,
         "STACK=example-1x4",
-        f"CHECKPOINTS_DIR={tmp_path / 'scratch'}",
-        f"RETAINED_DIRS={tmp_path / 'volume'}",
-        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "my-gpu-cluster")),
     )
     assert done.returncode != 0
-    assert "refusing to release the GPUs" in done.stderr
-    assert logged(tmp_path / "log") == []
+    assert "Pulumi CLI is not on PATH" in done.stderr and "checkpoint" not in done.stderr
 
 
-def test_down_with_force_proceeds_to_release(tmp_path):
-    """FORCE=1 lets `make down` go past the guard to the release: `pulumi up` with released=true,
-    never `pulumi destroy`."""
-    run = tmp_path / "scratch" / "run-0123456789ab"
-    (run / "step-00000100").mkdir(parents=True)
-    (run / "step-00000100" / "model.pt").write_bytes(b"weights")
-    (run / "latest").write_text("step-00000100")
-    project = project_with_stack(tmp_path, MY_STACK)
-    stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make(
+@pytest.fixture
+def stack_with_unsafe_run(sshd, tmp_path):
+    """A stack (Pulumi stub) whose worker holds a run off retained storage, no DVC remote; the
+    user's default key in HOME (which make() sets to tmp_path)."""
+    (tmp_path / ".ssh").mkdir()
+    shutil.copy(sshd.client_key, tmp_path / ".ssh" / "id_ed25519")
+    forget_roots(sshd)
+    write_run(tmp_path / "worker-disk", "20260101-000000-abcdef12", 70)
+    record_root(sshd, tmp_path / "worker-disk")
+    (tmp_path / "volume").mkdir()
+    stub_pulumi(
+        tmp_path / "bin", tmp_path / "log", outputs=stack_outputs(sshd, tmp_path / "volume")
+    )
+    return project_with_stack(tmp_path, MY_STACK)
+
+
+def _down(tmp_path, project, *variables):
+    return make(
         "down",
         tmp_path,
         "STACK=mine",
-        "FORCE=1",
         f"PULUMI_PROJECT_DIR={project}",
-        f"CHECKPOINTS_DIR={tmp_path / 'scratch'}",
-        f"RETAINED_DIRS={tmp_path / 'volume'}",
+        *variables,
         path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
         KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
+        CLIPFORGE_SSH_GATEWAY="none",
     )
+
+
+def test_down_refuses_while_a_run_on_the_stack_would_lose_its_checkpoint(
+    stack_with_unsafe_run, tmp_path
+):
+    """`make down STACK=mine`: the guard reaches the worker, finds a run whose newest checkpoint
+    is neither on retained storage nor in a DVC remote, and stops before any change, naming the
+    run and `make down STACK=mine FORCE=1`."""
+    done = _down(tmp_path, stack_with_unsafe_run)
+    assert done.returncode != 0
+    assert "refusing to release the GPUs" in done.stderr and "step-00000070" in done.stderr
+    assert "20260101-000000-abcdef12" in done.stderr
+    assert "`make down STACK=mine FORCE=1`" in done.stderr
+    calls = logged(tmp_path / "log")
+    assert [c[:2] for c in calls] == [["stack", "select"], ["stack", "output"]]
+
+
+def test_down_with_force_proceeds_to_release(stack_with_unsafe_run, tmp_path):
+    """FORCE=1 lets `make down` go past the guard to the release: `pulumi up` with released=true,
+    never `pulumi destroy`."""
+    done = _down(tmp_path, stack_with_unsafe_run, "FORCE=1")
     assert done.returncode == 0, done.stderr
     assert "releasing anyway" in done.stderr
     calls = logged(tmp_path / "log")

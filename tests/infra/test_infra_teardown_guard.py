@@ -1,5 +1,6 @@
-"""The teardown guard on real directories standing for scratch disk, the retained volume and a DVC
-remote (a real DVC repository with a local remote, pushed with the real `dvc push`)."""
+"""The teardown guard on real parts: a worker reached over a real sshd on 127.0.0.1 (this machine,
+its "volumes" temporary directories), runs laid out as `fab train` lays them out, and a DVC
+remote filled by the real `dvc push`."""
 
 from __future__ import annotations
 
@@ -11,284 +12,157 @@ from pathlib import Path
 
 import pytest
 from infra_harness import INFRA_DIR  # noqa: F401  (puts infra/ on sys.path)
+from stack_worker import forget_roots, record_root, stack_outputs, write_run
 
-from clipforge_infra import teardown_guard
+from clipforge.launcher.host.stored_checkpoints import newest_checkpoints
 from clipforge_infra.teardown_guard import (
-    EXIT_REFUSED,
-    ListedDvcRemote,
     LocalDvcRemote,
-    assess,
-    find_latest_checkpoint,
+    StoredCheckpoint,
+    checkpoint_safety,
+    guard,
 )
+from tests.launcher.sshd import free_port
 
 DVC = Path(sys.executable).with_name("dvc")
-needs_dvc = pytest.mark.skipif(
-    not DVC.exists(), reason="dvc is not installed next to this Python (pyproject extra `infra`)"
-)
 
 
-def write_checkpoint(checkpoints: Path, run: str, step: int, mtime: float | None = None) -> Path:
-    """A checkpoint in the train stage's layout: run-<hex>/step-N/ files, then `latest` naming it."""
-    tag = f"step-{step:08d}"
-    tag_dir = checkpoints / run / tag
-    (tag_dir / "global_step").mkdir(parents=True)
-    (tag_dir / "global_step" / "mp_rank_00_model_states.pt").write_bytes(os.urandom(2048))
-    (tag_dir / "zero_to_fp32.py").write_text(f"# step {step}\n")
-    (checkpoints / run / "latest").write_text(tag)
-    if mtime is not None:
-        os.utime(checkpoints / run, (mtime, mtime))
-    return tag_dir
-
-
-def guard(*args: str) -> int:
-    return teardown_guard.main(list(args))
-
-
-def test_refuses_when_the_latest_checkpoint_is_only_on_scratch_disk(tmp_path, capsys):
-    """A checkpoint on a non-retained directory with no DVC remote makes the guard refuse."""
-    write_checkpoint(tmp_path / "scratch", "run-0123456789ab", 100)
-    code = guard(
-        "--checkpoints",
-        str(tmp_path / "scratch"),
-        "--retained",
-        str(tmp_path / "volume"),
-        "--dvc-repo",
-        str(tmp_path),
+def checkpoint(**changes) -> StoredCheckpoint:
+    values = dict(
+        host="w0",
+        run="20260101-000000-abcdef12",
+        training_run="run-0123456789ab",
+        tag="step-00000100",
+        path="/scratch/x",
+        retained=None,
+        md5={"a.pt": "0" * 32},
     )
-    assert code == EXIT_REFUSED
-    err = capsys.readouterr().err
-    assert "refusing" in err and "run-0123456789ab/step-00000100" in err and "FORCE=1" in err
+    return StoredCheckpoint(**{**values, **changes})
 
 
-def test_force_proceeds_despite_an_unsafe_checkpoint(tmp_path, capsys):
-    """--force (FORCE=1) exits 0 and still warns what may be lost."""
-    write_checkpoint(tmp_path / "scratch", "run-0123456789ab", 100)
-    code = guard(
-        "--checkpoints",
-        str(tmp_path / "scratch"),
-        "--retained",
-        str(tmp_path / "volume"),
-        "--dvc-repo",
-        str(tmp_path),
-        "--force",
+# -- the rule ------------------------------------------------------------------------------------
+def test_a_checkpoint_on_retained_storage_is_safe():
+    assert checkpoint_safety(checkpoint(retained="/workspace/checkpoints", md5=None), None).safe
+
+
+def test_a_checkpoint_elsewhere_without_a_remote_is_not():
+    verdict = checkpoint_safety(checkpoint(), None)
+    assert (
+        not verdict.safe and "no DVC remote" in verdict.reason and "step-00000100" in verdict.reason
     )
-    assert code == 0
-    assert "releasing anyway" in capsys.readouterr().err
 
 
-def test_checkpoint_on_retained_volume_through_a_symlink_is_safe(tmp_path, capsys):
-    """checkpoints/ linked into the retained volume counts as retained (the real path is checked)."""
-    volume = tmp_path / "volume"
-    write_checkpoint(volume, "run-0123456789ab", 200)
-    (tmp_path / "repo").mkdir()
-    (tmp_path / "repo" / "checkpoints").symlink_to(volume)
-    code = guard(
-        "--checkpoints",
-        str(tmp_path / "repo" / "checkpoints"),
-        "--retained",
-        str(volume),
-        "--dvc-repo",
-        str(tmp_path / "repo"),
-    )
-    assert code == 0
-    assert "retained storage" in capsys.readouterr().out
+def test_latest_naming_a_missing_checkpoint_is_not_safe():
+    verdict = checkpoint_safety(checkpoint(problem="`latest` names step-2, which is missing"), None)
+    assert not verdict.safe and "missing" in verdict.reason
 
 
-def test_no_checkpoint_means_nothing_to_lose(tmp_path):
-    """An absent or empty checkpoints directory lets the release go ahead."""
-    assert guard("--checkpoints", str(tmp_path / "absent"), "--dvc-repo", str(tmp_path)) == 0
-
-
-def test_latest_run_is_the_most_recently_modified_one(tmp_path):
-    """Of two runs, the guard judges the one modified last, whatever the names sort to."""
-    checkpoints = tmp_path / "checkpoints"
-    write_checkpoint(checkpoints, "run-ffffffffffff", 100, mtime=1_000_000)
-    write_checkpoint(checkpoints, "run-000000000000", 300, mtime=2_000_000)
-    (checkpoints / "run-aaaaaaaaaaaa").mkdir()  # no `latest`: an aborted run, ignored
-    latest = find_latest_checkpoint(checkpoints)
-    assert (latest.run_dir.name, latest.tag) == ("run-000000000000", "step-00000300")
-
-
-def test_latest_naming_a_missing_tag_is_refused(tmp_path):
-    """`latest` pointing at a tag directory that does not exist is not a safe checkpoint."""
-    checkpoints = tmp_path / "checkpoints"
-    write_checkpoint(checkpoints, "run-0123456789ab", 100)
-    (checkpoints / "run-0123456789ab" / "latest").write_text("step-00000200")
-    verdict = assess(checkpoints, [checkpoints], remote=None)
-    assert not verdict.safe and "step-00000200" in verdict.reason
-
-
-def dvc_env() -> dict:
-    return {**os.environ, "PATH": f"{DVC.parent}{os.pathsep}{os.environ['PATH']}"}
-
-
-@pytest.fixture(scope="module")
-def dvc_template(tmp_path_factory):
-    """git + DVC initialised once; its default remote is the sibling directory remote/, stored as a
-    relative path so that every copy of the repository gets a remote of its own."""
+@pytest.fixture
+def pushed(tmp_path) -> tuple[Path, Path]:
+    """A DVC repository whose default remote holds, after a real `dvc push`, a checkpoint's
+    files; returns (the checkpoint, the remote)."""
     if not DVC.exists():
         pytest.skip("dvc is not installed next to this Python")
-    template = tmp_path_factory.mktemp("dvc-template") / "repo"
-    template.mkdir()
+    repo, remote = tmp_path / "repo", tmp_path / "remote"
+    repo.mkdir()
+    tag_dir = write_run(repo, "r1", 100)
+    env = {**os.environ, "PATH": f"{DVC.parent}{os.pathsep}{os.environ['PATH']}"}
     for command in (
         ["git", "init", "-q"],
         [str(DVC), "init", "-q"],
-        [str(DVC), "remote", "add", "-d", "store", "../remote"],
+        [str(DVC), "remote", "add", "-d", "store", str(remote)],
+        [str(DVC), "add", "-q", str(tag_dir.relative_to(repo))],
+        [str(DVC), "push", "-q"],
     ):
-        subprocess.run(command, cwd=template, env=dvc_env(), check=True, capture_output=True)
-    return template
+        subprocess.run(command, cwd=repo, env=env, check=True, capture_output=True)
+    return tag_dir, remote
 
 
-@pytest.fixture
-def dvc_repo(tmp_path, dvc_template):
-    """A fresh copy of the template repository with a checkpoint added (`dvc add`, not pushed)."""
-    repo, remote = tmp_path / "repo", tmp_path / "remote"
-    shutil.copytree(dvc_template, repo, symlinks=True)
-
-    def run(*command):
-        subprocess.run(command, cwd=repo, env=dvc_env(), check=True, capture_output=True)
-
-    tag_dir = write_checkpoint(repo / "checkpoints", "run-0123456789ab", 100)
-    run(str(DVC), "add", "-q", str(tag_dir.relative_to(repo)))
-    return repo, remote, tag_dir, run
-
-
-@needs_dvc
-def test_checkpoint_pushed_to_the_dvc_remote_is_safe(dvc_repo, capsys):
-    """After a real `dvc push`, the repository's default remote holds the checkpoint: release is allowed."""
-    repo, remote, _, run = dvc_repo
-    run(str(DVC), "push", "-q")
-    code = guard(
-        "--checkpoints",
-        str(repo / "checkpoints"),
-        "--retained",
-        str(remote.parent / "volume"),
-        "--dvc-repo",
-        str(repo),
-    )
-    assert code == 0
-    assert "DVC remote" in capsys.readouterr().out
-
-
-@needs_dvc
-def test_checkpoint_added_but_not_pushed_is_refused(dvc_repo):
-    """`dvc add` without `dvc push` leaves the remote without the checkpoint: refused."""
-    repo, remote, _, _ = dvc_repo
-    verdict = assess(repo / "checkpoints", [], LocalDvcRemote(remote))
-    assert not verdict.safe and "not in the DVC remote" in verdict.reason
-
-
-@needs_dvc
-def test_partially_pushed_checkpoint_is_refused(dvc_repo):
-    """A remote missing one file of the checkpoint (an interrupted push) does not count."""
-    repo, remote, _, run = dvc_repo
-    run(str(DVC), "push", "-q")
+def test_a_checkpoint_whose_files_are_all_in_the_remote_is_safe(pushed, tmp_path):
+    """Its md5s, as the worker computes them, are found in the remote `dvc push` filled; one file
+    missing there (an interrupted push) makes it unsafe again."""
+    tag_dir, remote = pushed
+    (entry,) = newest_checkpoints([str(tag_dir.parents[6])], retained=[])
+    stored = StoredCheckpoint(host="w0", **entry)
+    assert checkpoint_safety(stored, LocalDvcRemote(remote)).safe
     objects = sorted(
-        path
-        for path in (remote / "files" / "md5").rglob("*")
-        if path.is_file() and not path.name.endswith(".dir")
+        p for p in (remote / "files" / "md5").rglob("*") if p.is_file() and p.suffix != ".dir"
     )
     objects[0].unlink()
-    verdict = assess(repo / "checkpoints", [], LocalDvcRemote(remote))
+    verdict = checkpoint_safety(stored, LocalDvcRemote(remote))
     assert not verdict.safe and "1 of its 2 files" in verdict.reason
 
 
-@needs_dvc
-def test_url_remote_is_checked_with_dvc_ls_url(dvc_repo):
-    """A remote reached through `dvc ls-url` (here a local path) is judged the same way."""
-    repo, remote, _, run = dvc_repo
-    listed = ListedDvcRemote(str(remote), dvc=str(DVC))
-    assert not assess(repo / "checkpoints", [], listed).safe
-    run(str(DVC), "push", "-q")
-    assert assess(repo / "checkpoints", [], ListedDvcRemote(str(remote), dvc=str(DVC))).safe
-
-
-def test_guard_runs_without_third_party_packages(tmp_path):
-    """The guard imports only the standard library, so it also runs inside the worker image."""
-    write_checkpoint(tmp_path / "scratch", "run-0123456789ab", 100)
-    script = INFRA_DIR / "clipforge_infra" / "teardown_guard.py"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-I",
-            "-S",
-            str(script),
-            "--checkpoints",
-            str(tmp_path / "scratch"),
-            "--dvc-repo",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
+# -- what a worker lists -------------------------------------------------------------------------
+def test_a_worker_lists_the_newest_checkpoint_of_each_run_with_its_real_place(tmp_path):
+    """Runs under a root (a checkout's checkpoints/, a multi-node run's shared ones): each
+    training run's `latest`, its real path (the symlink into the retained volume resolved)."""
+    volume, scratch = tmp_path / "volume", tmp_path / "scratch"
+    on_volume = write_run(volume / "clipforge-runs", "r1", 200, shared=True)
+    (scratch).mkdir()
+    (scratch / "runs").symlink_to(volume / "clipforge-runs" / "runs")
+    off_volume = write_run(tmp_path / "elsewhere", "r2", 50)
+    entries = newest_checkpoints(
+        [str(scratch), str(tmp_path / "elsewhere")], retained=[str(volume)]
     )
-    assert done.returncode == EXIT_REFUSED, done.stderr
+    by_run = {e["run"]: e for e in entries}
+    assert by_run["r1"]["path"] == str(on_volume) and by_run["r1"]["retained"] == str(volume)
+    assert by_run["r2"]["tag"] == "step-00000050" and by_run["r2"]["retained"] is None
+    assert set(by_run["r2"]["md5"]) == {"global_step/mp_rank_00_model_states.pt", "zero_to_fp32.py"}
+    assert off_volume.is_dir()
 
 
+# -- the stack, through SSH ----------------------------------------------------------------------
 @pytest.fixture
-def dvc_config_dirs(tmp_path, monkeypatch) -> dict[str, Path]:
-    """DVC's global and system config directories, sandboxed in tmp_path for this test."""
-    dirs = {level: tmp_path / f"dvc-{level}-config" for level in ("global", "system")}
-    for level, path in dirs.items():
-        path.mkdir()
-        monkeypatch.setenv(f"DVC_{level.upper()}_CONFIG_DIR", str(path))
-    return dirs
+def worker(sshd, tmp_path, monkeypatch):
+    """The outputs of a one-worker stack (this machine), reached from inside the cluster with the
+    user's default key; the stack's retained checkpoints volume, a directory here."""
+    home = tmp_path / "laptop"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(sshd.client_key, home / ".ssh" / "id_ed25519")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("CLIPFORGE_SSH_GATEWAY", "none")
+    volume = tmp_path / "volumes" / "checkpoints"
+    volume.mkdir(parents=True)
+    forget_roots(sshd)
+    return stack_outputs(sshd, volume), volume
 
 
-@needs_dvc
-@pytest.mark.parametrize("level", ["global", "system"])
-def test_default_remote_set_only_outside_the_repository_counts(
-    dvc_repo, dvc_config_dirs, level, capsys
-):
-    """A default remote set in DVC's global or system config (none in the repository) is the one
-    the guard checks, as DVC itself would use it for `dvc push`."""
-    repo, _, _, run = dvc_repo
-    outside = repo.parent / f"{level}-remote"
-    run(str(DVC), "remote", "default", "--unset")
-    run(str(DVC), "remote", "add", f"--{level}", "-d", "outside", str(outside))
-    args = (
-        "--checkpoints",
-        str(repo / "checkpoints"),
-        "--retained",
-        str(repo.parent / "volume"),
-        "--dvc-repo",
-        str(repo),
-    )
-    assert guard(*args) == EXIT_REFUSED
-    assert f"not in the DVC remote {outside}" in capsys.readouterr().err
-    run(str(DVC), "push", "-q")
-    assert guard(*args) == 0
-    assert f"DVC remote {outside}" in capsys.readouterr().out
+def test_runs_on_the_retained_volume_let_make_down_go_ahead(worker, tmp_path, capsys):
+    """A run under the default root on the checkpoints volume: released, each checkpoint named."""
+    outputs, volume = worker
+    write_run(volume / "clipforge-runs", "r1", 200)
+    assert guard(outputs, tmp_path, force=False, command="make down STACK=mine")
+    out = capsys.readouterr().out
+    assert "r1" in out and "on retained storage" in out
 
 
-@needs_dvc
-def test_unreadable_dvc_config_refuses_only_when_the_remote_is_needed(
-    dvc_repo, dvc_config_dirs, capsys
-):
-    """A DVC config DVC cannot parse refuses a checkpoint only a remote could vouch for, saying
-    so; a checkpoint on retained storage is still safe."""
-    repo, _, _, _ = dvc_repo
-    (dvc_config_dirs["global"] / "config").write_text("[core\n")
-    checkpoints = repo / "checkpoints"
-    assert (
-        guard(
-            "--checkpoints",
-            str(checkpoints),
-            "--retained",
-            str(repo.parent / "volume"),
-            "--dvc-repo",
-            str(repo),
-        )
-        == EXIT_REFUSED
-    )
-    assert "cannot read the DVC config" in capsys.readouterr().err
-    assert (
-        guard(
-            "--checkpoints",
-            str(checkpoints),
-            "--retained",
-            str(checkpoints),
-            "--dvc-repo",
-            str(repo),
-        )
-        == 0
-    )
+def test_a_run_off_retained_storage_stops_make_down(worker, sshd, tmp_path, capsys):
+    """A run whose root (recorded by its launch) is on the worker's own disk, no DVC remote:
+    refused, naming the run, its checkpoint and the command that would override."""
+    outputs, _ = worker
+    write_run(tmp_path / "worker-disk", "r2", 70)
+    record_root(sshd, tmp_path / "worker-disk")
+    (tmp_path / "laptop-repo").mkdir()
+    assert not guard(outputs, tmp_path / "laptop-repo", force=False, command="make down STACK=mine")
+    err = capsys.readouterr().err
+    assert "refusing to release the GPUs" in err and "r2" in err and "step-00000070" in err
+    assert "`make down STACK=mine FORCE=1`" in err
+    assert guard(outputs, tmp_path / "laptop-repo", force=True, command="make down STACK=mine")
+    assert "releasing anyway" in capsys.readouterr().err
+
+
+def test_an_unreachable_worker_stops_make_down(worker, tmp_path, capsys):
+    """A worker the guard cannot reach cannot be checked: refused, naming it."""
+    outputs, _ = worker
+    outputs["ssh"]["port"] = free_port()
+    assert not guard(outputs, tmp_path, force=False, command="make down STACK=mine")
+    assert "cannot check the checkpoints on worker 127.0.0.1" in capsys.readouterr().err
+
+
+def test_a_stack_without_workers_has_nothing_to_lose(tmp_path, capsys):
+    """Never brought up, or already released: nothing to check, whatever lies on this machine
+    (a demo's checkpoints/ in the checkout is not on the stack)."""
+    write_run(tmp_path, "demo", 93)
+    assert guard({}, tmp_path, force=False, command="make down STACK=mine")
+    assert guard({"released": True, "workers": []}, tmp_path, False, "make down STACK=mine")
+    assert "nothing to lose" in capsys.readouterr().out

@@ -36,7 +36,8 @@ def _dvc(repo: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProc
 
 @pytest.fixture(scope="module")
 def pipeline_repo(tmp_path_factory) -> Path:
-    """A clone-like git repository with the project's pipeline files and code, after `dvc repro`."""
+    """A clone-like git repository with the project's pipeline files and code, after `dvc repro`
+    and a commit of its results."""
     repo = tmp_path_factory.mktemp("pipeline")
     for name in ("dvc.yaml", ".dvcignore"):
         shutil.copy(REPO / name, repo / name)
@@ -51,6 +52,12 @@ def pipeline_repo(tmp_path_factory) -> Path:
     ):
         subprocess.run(command, cwd=repo, check=True)
     _dvc(repo, "repro")
+    # committed as DVC asks: dvc.lock, the resolved params, the metrics
+    for command in (
+        ["git", "add", "-A"],
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "repro"],
+    ):
+        subprocess.run(command, cwd=repo, check=True)
     return repo
 
 
@@ -64,15 +71,19 @@ def test_repro_runs_data_train_eval_and_writes_the_documented_layout(pipeline_re
         "models/clip/open_clip_config.json",
         "models/clip/open_clip_model.safetensors",
         "metrics/train.tsv",
+        "metrics/val.tsv",
         "metrics/train.json",
+        "metrics/train.info.json",
         "metrics/eval.json",
+        "metrics/eval.info.json",
+        "resolved/train.yaml",
         "dvc.lock",
     ):
         assert (pipeline_repo / path).exists(), path
     assert any((pipeline_repo / "checkpoints").iterdir())
     assert any((pipeline_repo / "logs").iterdir())
     lock = (pipeline_repo / "dvc.lock").read_text()
-    assert all(f"  {stage}:" in lock for stage in ("data", "train", "eval"))
+    assert all(f"  {stage}:" in lock for stage in ("params@train", "data", "train", "eval"))
 
 
 def test_second_repro_runs_nothing(pipeline_repo):
@@ -81,14 +92,34 @@ def test_second_repro_runs_nothing(pipeline_repo):
     assert "up to date" in result.stdout.lower()
 
 
-def test_metrics_and_plots_show(pipeline_repo, tmp_path):
-    shown = _dvc(pipeline_repo, "metrics", "show", "--json")
-    metrics = json.loads(shown.stdout)
-    flat = json.dumps(metrics)
-    assert "t2i_r1" in flat and "mean_recall" in flat and "val_loss" in flat
+def test_metrics_show_compares_models_only_with_recall_in_order(pipeline_repo):
+    """`dvc metrics show`: recall, mean recall and the final losses, no bookkeeping; DVC sorts
+    the columns, and the names make that R@1, R@5, R@10."""
+    table = _dvc(pipeline_repo, "metrics", "show").stdout
+    header = table.splitlines()[0].split()
+    assert header == [
+        "Path",
+        "i2t_r01",
+        "i2t_r05",
+        "i2t_r10",
+        "logit_scale",
+        "loss",
+        "mean_recall",
+        "t2i_r01",
+        "t2i_r05",
+        "t2i_r10",
+        "val_loss",
+    ]
+
+
+def test_plots_are_the_declared_curves_only(pipeline_repo, tmp_path):
+    """`dvc plots show`: train and val loss, val recall, lr and throughput, against the step; no
+    chart DVC would add by itself."""
+    shown = json.loads(_dvc(pipeline_repo, "plots", "show", "--json").stdout)["data"]
+    assert list(shown) == ["loss", "val_recall", "learning_rate", "throughput"]
     _dvc(pipeline_repo, "plots", "show", "--out", str(tmp_path / "plots"))
     html = (tmp_path / "plots" / "index.html").read_text()
-    assert "loss" in html and "learning_rate" in html
+    assert "val_recall" in html and "mean_recall" in html
 
 
 def test_exp_run_with_a_changed_param_reruns_train_and_eval_only(pipeline_repo):
@@ -96,4 +127,23 @@ def test_exp_run_with_a_changed_param_reruns_train_and_eval_only(pipeline_repo):
     assert "Running stage 'train'" in result.stdout and "Running stage 'eval'" in result.stdout
     assert "Running stage 'data'" not in result.stdout
     shown = json.dumps(json.loads(_dvc(pipeline_repo, "exp", "show", "--json").stdout))
-    assert "0.0005" in shown and "t2i_r1" in shown  # the experiment's params and its metrics
+    assert "0.0005" in shown and "t2i_r01" in shown  # the experiment's params and its metrics
+
+
+def test_a_recipe_experiment_shows_the_values_it_trains_with(pipeline_repo):
+    """`dvc exp run -S recipe=production` (its params stage only): `dvc params diff` and
+    `dvc exp show` carry the recipe's lr, ZeRO stage and ranks, not params.yaml's (whose keys
+    the small config sets, the global batch among them, keep their values: user choices)."""
+    sets = ("-S", "recipe=production", "-S", "train.micro_batch_size=auto")
+    _dvc(pipeline_repo, "exp", "run", *sets, "params@train")
+    try:
+        diff = json.loads(_dvc(pipeline_repo, "params", "diff", "--json").stdout)
+        changed = {k: (v["old"], v["new"]) for k, v in diff["resolved/train.yaml"].items()}
+        assert changed["train.lr"] == (0.001, 0.0005)
+        assert changed["train.zero_stage"] == (1, 3)
+        assert changed["train.ranks_per_node"] == (1, 4)
+        assert "train.global_batch_size" not in changed
+        shown = json.loads(_dvc(pipeline_repo, "exp", "show", "--json").stdout)
+        assert "'zero_stage': 3" in str(shown) and "'lr': 0.0005" in str(shown)
+    finally:
+        subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clipforge.data import testset
-from clipforge.eval import encode_images, encode_texts, load_open_clip
+from clipforge.eval import METRIC_KEYS, encode_images, encode_texts, load_open_clip
 from clipforge.eval import main as eval_main
 from tests.conftest import subprocess_env, write_params
 
@@ -91,12 +91,14 @@ def test_eval_stage_writes_metrics_with_the_documented_keys(
         == 0
     )
     metrics = json.loads(out.read_text())
-    for key in ("t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10", "mean_recall"):
-        assert 0.0 <= metrics[key] <= 100.0
-    assert metrics["t2i_r1"] <= metrics["t2i_r5"] <= metrics["t2i_r10"]
-    assert (metrics["num_images"], metrics["num_texts"]) == (24, 48)
+    assert list(metrics) == list(METRIC_KEYS)  # recall only: the counts are in eval.info.json
+    assert all(0.0 <= metrics[key] <= 100.0 for key in METRIC_KEYS)
+    assert metrics["t2i_r01"] <= metrics["t2i_r05"] <= metrics["t2i_r10"]
+    info = json.loads((tmp_path / "metrics" / "eval.info.json").read_text())
+    assert (info["num_images"], info["num_texts"]) == (24, 48)
+    assert info["model"] == f"local-dir:{reference_run / 'models/clip'}"
     assert (tmp_path / "metrics" / "eval.config.yaml").is_file()
-    assert "t2i_r1" in capsys.readouterr().out  # the table
+    assert "t2i_r01" in capsys.readouterr().out  # the table
 
 
 def test_baseline_model_adds_its_numbers_and_the_delta(reference_run, small_data, tmp_path):
@@ -119,7 +121,8 @@ def test_baseline_model_adds_its_numbers_and_the_delta(reference_run, small_data
         == 0
     )
     metrics = json.loads(out.read_text())
-    assert metrics["baseline"]["t2i_r1"] == metrics["t2i_r1"]  # the same model twice
+    assert metrics["baseline"]["t2i_r01"] == metrics["t2i_r01"]  # the same model twice
+    assert json.loads((tmp_path / "eval.info.json").read_text())["baseline"]["model"] == model
     assert metrics["delta"]["mean_recall"] == 0.0
 
 
@@ -144,3 +147,75 @@ def test_eval_on_a_missing_model_or_test_set_is_a_clear_error(tmp_path, small_da
     assert eval_main(["--params", str(params), "--data", str(tmp_path)]) == 2
     assert "test_imgs.tsv not found" in capsys.readouterr().err
     assert not (tmp_path / "e.json").exists()
+
+
+def test_an_architecture_name_needs_its_pretrained_weights(tmp_path, small_data, capsys):
+    """`--model ViT-B-32` alone would evaluate random weights: refused in one line naming
+    --pretrained and the tags open_clip has for it; nothing written."""
+    params = write_params(tmp_path / "params.yaml")
+    out = tmp_path / "e.json"
+    argv = ["--params", str(params), "--data", str(small_data / "test"), "--out", str(out)]
+    assert eval_main([*argv, "--model", "ViT-B-32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--pretrained" in err and "openai" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_pretrained_weights_file_is_evaluated(reference_run, small_data, tmp_path):
+    """`--model NAME --pretrained FILE` loads that file into the architecture: the trained
+    weights give the same recall as the exported model they come from."""
+    params = write_params(tmp_path / "params.yaml")
+    argv = ["--params", str(params), "--data", str(small_data / "test")]
+    exported = reference_run / "models" / "clip"
+    model_cfg = json.loads((exported / "open_clip_config.json").read_text())["model_cfg"]
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny-32.json").write_text(json.dumps(model_cfg))
+    import open_clip
+
+    open_clip.add_model_config(tmp_path / "configs" / "tiny-32.json")
+    weights = exported / "open_clip_model.safetensors"
+    by_name = tmp_path / "by-name.json"
+    assert (
+        eval_main(
+            [*argv, "--model", "tiny-32", "--pretrained", str(weights), "--out", str(by_name)]
+        )
+        == 0
+    )
+    by_dir = tmp_path / "by-dir.json"
+    assert eval_main([*argv, "--model", f"local-dir:{exported}", "--out", str(by_dir)]) == 0
+    assert json.loads(by_name.read_text()) == json.loads(by_dir.read_text())
+    assert json.loads((tmp_path / "by-name.info.json").read_text())["pretrained"] == str(weights)
+
+
+def test_weights_that_cannot_be_downloaded_are_one_line(tmp_path, small_data):
+    """Pretrained weights neither cached nor downloadable (here the hub is offline): one line
+    saying so and what to do, exit 2, no retry noise, no traceback, nothing written."""
+    params = write_params(tmp_path / "params.yaml")
+    out = tmp_path / "e.json"
+    env = {**subprocess_env(), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clipforge.eval",
+            "--params",
+            str(params),
+            "--model",
+            "ViT-B-32",
+            "--pretrained",
+            "openai",
+            "--data",
+            str(small_data / "test"),
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "ViT-B-32 with pretrained openai" in lines[0] and "could not be downloaded" in lines[0]
+    assert not out.exists()

@@ -135,14 +135,14 @@ def test_training_updates_the_hf_tower_weights(hf_run):
 
 
 def test_validation_recall_is_logged_every_val_every_steps(hf_run):
-    """TensorBoard gets val/t2i_r1 ... val/mean_recall at steps 2 and 4 (val_every_steps=2)."""
+    """TensorBoard gets val/t2i_r01 ... val/mean_recall at steps 2 and 4 (val_every_steps=2)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (run_dir,) = (hf_run["root"] / "logs").iterdir()
     events = EventAccumulator(str(run_dir))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    for tag in ("val/loss", "val/t2i_r1", "val/t2i_r5", "val/i2t_r1", "val/mean_recall"):
+    for tag in ("val/loss", "val/t2i_r01", "val/t2i_r05", "val/i2t_r01", "val/mean_recall"):
         assert tag in tags
         assert [e.step for e in events.Scalars(tag)] == list(range(VAL_EVERY, STEPS + 1, VAL_EVERY))
-    assert all(0.0 <= e.value <= 100.0 for e in events.Scalars("val/t2i_r1"))
+    assert all(0.0 <= e.value <= 100.0 for e in events.Scalars("val/t2i_r01"))

@@ -82,7 +82,9 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads((killed / "metrics" / "train.json").read_text())
-    assert summary["resumed_from_step"] == 4
+    assert (
+        json.loads((killed / "metrics" / "train.info.json").read_text())["resumed_from_step"] == 4
+    )
 
     expected = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
     got = load_file(str(killed / "models" / "clip" / "open_clip_model.safetensors"))

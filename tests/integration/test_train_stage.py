@@ -51,6 +51,49 @@ def test_tensorboard_events_hold_every_training_scalar(reference_run):
     assert "alerts/run_started/text_summary" in events.Tags()["tensors"]
 
 
+def test_tensorboard_names_the_run_and_records_its_hyperparameters(reference_run):
+    """The run's name in TensorBoard says model, batch, lr and ZeRO stage before the run id, and
+    its hparams table gets the resolved values (the batch split, the steps) and which scalars
+    to compare runs by."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    (log_dir,) = (reference_run / "logs").iterdir()
+    (run_dir,) = (reference_run / "checkpoints").iterdir()
+    assert log_dir.name == f"clipforge-tiny-b32-lr0.001-zero1-{run_dir.name}"
+    events = EventAccumulator(str(log_dir)).Reload()
+    contents = events.PluginTagToContent("hparams")
+    parsed = [plugin_data_pb2.HParamsPluginData.FromString(c) for c in contents.values()]
+    start = next(p.session_start_info for p in parsed if p.HasField("session_start_info"))
+    values = {k: v.number_value or v.string_value for k, v in start.hparams.items()}
+    assert values["lr"] == pytest.approx(1e-3) and values["global_batch_size"] == 32
+    assert (values["micro_batch_size"], values["grad_accum_steps"]) == (16, 2)
+    assert values["total_steps"] == 12 and values["recipe"] == "default"
+    experiment = next(p.experiment for p in parsed if p.HasField("experiment"))
+    assert {m.name.tag for m in experiment.metric_infos} >= {"val/loss", "val/mean_recall"}
+
+
+def test_validation_curves_are_a_tsv_like_tensorboard(reference_run):
+    """metrics/val.tsv: one row per validation (epoch ends), val loss and recall as in
+    TensorBoard, for `dvc plots`; every row names the run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    lines = (reference_run / "metrics" / "val.tsv").read_text().splitlines()
+    header, rows = (
+        lines[0].split("\t"),
+        [dict(zip(lines[0].split("\t"), line.split("\t"))) for line in lines[1:]],
+    )
+    assert header[:2] == ["step", "loss"] and "t2i_r01" in header and "mean_recall" in header
+    assert [int(r["step"]) for r in rows] == [6, 12]
+    (log_dir,) = (reference_run / "logs").iterdir()
+    events = EventAccumulator(str(log_dir)).Reload()
+    for name in ("loss", "t2i_r01", "mean_recall"):
+        tb = [e.value for e in events.Scalars(f"val/{name}")]
+        assert [float(r[name]) for r in rows] == pytest.approx(tb, rel=1e-5)
+    (run_dir,) = (reference_run / "checkpoints").iterdir()
+    assert {r["run_id"] for r in rows} == {run_dir.name}
+
+
 def test_metrics_tsv_matches_tensorboard_and_loss_goes_down(reference_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -65,7 +108,8 @@ def test_metrics_tsv_matches_tensorboard_and_loss_goes_down(reference_run):
     assert [float(r[2]) for r in rows] == pytest.approx([e.value for e in tb], rel=1e-5)
     assert float(rows[-1][2]) < float(rows[0][2])
     summary = json.loads((reference_run / "metrics" / "train.json").read_text())
-    assert summary["steps"] == 12 and summary["loss"] == pytest.approx(float(rows[-1][2]), rel=1e-5)
+    assert summary["loss"] == pytest.approx(float(rows[-1][2]), rel=1e-5)
+    assert json.loads((reference_run / "metrics" / "train.info.json").read_text())["steps"] == 12
 
 
 def test_export_is_fp32_open_clip_local_dir_with_capped_temperature(reference_run):
@@ -89,7 +133,8 @@ def test_rerun_of_a_finished_run_resumes_at_the_end_and_exports_the_same_model(
     assert all((before[k] == after[k]).all() for k in before)
     summary = json.loads((tmp_path / "run" / "metrics" / "train.json").read_text())
     reference = json.loads((reference_run / "metrics" / "train.json").read_text())
-    assert summary["resumed_from_step"] == 12
+    info = json.loads((tmp_path / "run" / "metrics" / "train.info.json").read_text())
+    assert info["resumed_from_step"] == 12
     assert (summary["loss"], summary["val_loss"]) == (reference["loss"], reference["val_loss"])
 
 
@@ -104,7 +149,7 @@ def test_changed_params_start_a_run_of_their_own(reference_run, small_data, tmp_
     )
     runs = sorted(p.name for p in (root / "checkpoints").iterdir())
     assert len(runs) == 2
-    assert json.loads((root / "metrics" / "train.json").read_text())["resumed_from_step"] == 0
+    assert json.loads((root / "metrics" / "train.info.json").read_text())["resumed_from_step"] == 0
 
 
 def test_missing_data_is_a_clear_error(tmp_path, capsys):

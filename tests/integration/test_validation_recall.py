@@ -139,7 +139,7 @@ def test_identical_captions_count_as_relevant():
     metrics = validation_metrics(
         model, contrastive_loss, [(images, _tokens(CAPTIONS))], lambda b: b, "cpu", 1000
     )
-    assert metrics["t2i_r1"] == pytest.approx(100.0) and metrics["i2t_r1"] == pytest.approx(100.0)
+    assert metrics["t2i_r01"] == pytest.approx(100.0) and metrics["i2t_r01"] == pytest.approx(100.0)
 
 
 def test_only_the_first_retrieval_samples_are_ranked():
@@ -160,5 +160,5 @@ def test_only_the_first_retrieval_samples_are_ranked():
     full = validation_metrics(
         model, contrastive_loss, [(images, _tokens(CAPTIONS))], lambda b: b, "cpu", 1000
     )
-    assert capped["t2i_r1"] == pytest.approx(100.0) and full["t2i_r1"] < 100.0
+    assert capped["t2i_r01"] == pytest.approx(100.0) and full["t2i_r01"] < 100.0
     assert capped["loss"] == pytest.approx(full["loss"])

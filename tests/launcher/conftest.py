@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.alerts.alerts_helpers import WebhookServer
-from tests.conftest import REPO, SMALL_PARAMS
+from tests.conftest import SMALL_PARAMS
 from tests.launcher.netns import NetnsUnavailable, test_network
 from tests.launcher.sshd import FabRunner, start_sshd
 
@@ -74,40 +74,6 @@ def netns_hosts(tmp_path_factory):
         pytest.skip(f"network namespaces unavailable: {exc}")
     with stack:
         yield net
-
-
-@pytest.fixture(scope="session")
-def project(tmp_path_factory) -> Path:
-    """The project as it is in this checkout (tracked and new files), committed in a repository
-    of its own: what `fab train` ships is exactly the code under test."""
-    root = tmp_path_factory.mktemp("project")
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for name in filter(None, (n.decode() for n in listed)):
-        source = REPO / name
-        if source.is_file():
-            target = root / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(source.read_bytes())
-            target.chmod(source.stat().st_mode & 0o777)
-    git(root, "init", "--quiet")
-    git(root, "add", "--all")
-    git(root, "commit", "--quiet", "-m", "snapshot under test")
-    return root
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=test", "-c", "user.email=test@example.org", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
 
 
 def make_fab(

@@ -77,6 +77,8 @@ def start_sshd(
     user = _user()
     port = port or free_port()
     environment = " ".join(f"{k}={v}" for k, v in (set_env or {}).items())
+    home = directory / "home"
+    home.mkdir(exist_ok=True)
     config = directory / "sshd_config"
     config.write_text(f"""\
 Port {port}
@@ -91,10 +93,11 @@ KbdInteractiveAuthentication no
 UsePAM no
 # The temporary directory belongs to the test, not to a hardened home.
 StrictModes no
+# What a run writes in the SSH user's home (its list of run roots) stays in the test's.
+SetEnv HOME={home} {environment}
 PermitRootLogin prohibit-password
 Subsystem sftp internal-sftp
 LogLevel ERROR
-{f"SetEnv {environment}" if environment else ""}
 """)
     if os.geteuid() == 0:
         # sshd started as root insists on its privilege separation directory; the Debian package

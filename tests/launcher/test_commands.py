@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from clipforge.config import batch_plan
 from clipforge.launcher import LauncherError
 from clipforge.launcher.commands import (
     DockerSpec,
@@ -20,7 +21,8 @@ from clipforge.launcher.commands import (
 )
 from clipforge.launcher.host.plan import RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
-from clipforge.launcher.options import make_options
+from clipforge.launcher.options import make_options, resolve_params
+from tests.conftest import REPO
 
 POLICY = RestartPolicy(
     max_restarts=5, backoff_seconds=1, backoff_max_seconds=2, stop_timeout_seconds=9
@@ -230,3 +232,33 @@ def test_bad_options_are_refused_by_name(changes, message):
     """Each bad option fails with a message naming it."""
     with pytest.raises(LauncherError, match=message.replace("/", ".")):
         _options(**changes)
+
+
+@pytest.mark.parametrize("recipe", ["default", "production"])
+@pytest.mark.parametrize("gpus, nodes", [(0, 1), (1, 1), (4, 1), (8, 1), (0, 2), (4, 2), (8, 4)])
+def test_the_committed_params_resolve_on_any_gpus_and_nodes(recipe, gpus, nodes):
+    """`fab train --gpus N [--nodes N]` on the committed params, as they are or with
+    `--set recipe=production`: the global batch holds, each rank takes its share."""
+    options = _options(gpus=gpus, nodes=nodes, sets=[f"recipe={recipe}"])
+    config = resolve_params((REPO / "params.yaml").read_text(), options.overrides)
+    plan = batch_plan(config.train)
+    assert plan.world_size == nodes * max(gpus, 1)
+    assert plan.global_batch_size == (4096 if recipe == "production" else 128)
+    assert plan.micro_batch_size * plan.world_size * plan.grad_accum_steps == plan.global_batch_size
+
+
+@pytest.mark.parametrize("gpus, nodes", [(0, 1), (3, 1), (4, 1), (0, 3), (6, 2)])
+def test_smoke_takes_a_batch_every_world_divides(gpus, nodes):
+    """--smoke: 16 pairs per rank whatever the world (3 GPUs included, which 128 would not
+    split), over committed params that set their own micro batch; a user --set still wins."""
+    params = (
+        (REPO / "params.yaml")
+        .read_text()
+        .replace("micro_batch_size: auto", "micro_batch_size: 128")
+    )
+    options = _options(gpus=gpus, nodes=nodes, smoke=True)
+    plan = batch_plan(resolve_params(params, options.overrides).train)
+    assert (plan.micro_batch_size, plan.grad_accum_steps) == (16, 1)
+    assert plan.global_batch_size == 16 * nodes * max(gpus, 1)
+    mine = _options(gpus=gpus, nodes=nodes, smoke=True, sets=["train.max_steps=6"])
+    assert resolve_params(params, mine.overrides).train.max_steps == 6

@@ -7,11 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import uuid
 
 import pytest
 
+from clipforge.train.monitor import COLUMNS
+from tests.conftest import git
 from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args
 from tests.launcher.hostprocs import (
     environment_of,
@@ -62,11 +65,12 @@ def test_killed_training_process_is_restarted(killed_run):
 def test_restarted_run_ends_like_an_uninterrupted_one(killed_run, smoke_run):
     """After the restart the stage resumed from its checkpoint and ended with the same final
     metrics and the same exported weights as the uninterrupted training."""
+    info = json.loads((killed_run.code / "metrics" / "train.info.json").read_text())
+    reference_info = json.loads((smoke_run.node_dir / "smoke.json").read_text())["trained"]
+    assert info["resumed_from_step"] >= killed_run.killed_after_step > 0
+    assert (info["run_id"], info["steps"]) == (reference_info["run_id"], reference_info["steps"])
     summary = json.loads((killed_run.code / "metrics" / "train.json").read_text())
-    reference = json.loads((smoke_run.node_dir / "smoke.json").read_text())["trained"]
-    assert summary["resumed_from_step"] >= killed_run.killed_after_step > 0
-    for key in ("run_id", "steps", "loss", "val_loss", "logit_scale"):
-        assert summary[key] == reference[key], key
+    assert summary == json.loads((smoke_run.code / "metrics" / "train.json").read_text())
     assert _digests(killed_run.code / "models" / "clip") == _digests(
         smoke_run.code / "models" / "clip"
     )
@@ -89,13 +93,39 @@ def test_alert_webhooks_reach_the_run_but_no_file(killed_run):
     assert record["env_passed_through"] == ["CLIPFORGE_ALERT_WEBHOOKS"]
 
 
+STALE_RUN = "run-000000000000"
+
+
 @pytest.fixture(scope="module")
-def stopped_run(project, sshd, tmp_path_factory):
-    """A run stopped with `fab stop` once it has trained a step. Its step 3 is held until the stop
-    arrives (CLIPFORGE_FAULTS=hold@3), so the run cannot end first however fast this machine is;
-    `fab train --resume` later runs without the hold."""
+def project_with_results(project, tmp_path_factory):
+    """The project as a user's repository that commits its results, as DVC asks: metrics/ of an
+    earlier 93-step run (final loss 1.8089), stale for any new run shipped from it."""
+    clone = tmp_path_factory.mktemp("with-results") / "project"
+    git(clone.parent, "clone", "--quiet", str(project), str(clone))
+    metrics = clone / "metrics"
+    metrics.mkdir()
+    rows = ["\t".join(COLUMNS)] + [
+        "\t".join(
+            f"{step}" if c == "step" else STALE_RUN if c == "run_id" else "1.8089" for c in COLUMNS
+        )
+        for step in (90, 93)
+    ]
+    (metrics / "train.tsv").write_text("\n".join(rows) + "\n")
+    (metrics / "train.json").write_text(json.dumps({"loss": 1.8089, "val_loss": 1.8382}))
+    (metrics / "train.info.json").write_text(json.dumps({"run_id": STALE_RUN, "steps": 93}))
+    git(clone, "add", "metrics")
+    git(clone, "commit", "--quiet", "-m", "results of an earlier run")
+    return clone
+
+
+@pytest.fixture(scope="module")
+def stopped_run(project_with_results, sshd, tmp_path_factory):
+    """A run stopped with `fab stop` once it has trained a step, shipped from a checkout holding
+    an earlier run's metrics. Its step 3 is held until the stop arrives (CLIPFORGE_FAULTS=hold@3),
+    so the run cannot end first however fast this machine is; `fab status` looks at it while
+    held; `fab train --resume` later runs without the hold."""
     base = tmp_path_factory.mktemp("stopped-run")
-    fab = make_fab(project, base / "home", base / "remote", sshd)
+    fab = make_fab(project_with_results, base / "home", base / "remote", sshd)
     run = launch_run(
         fab,
         sshd,
@@ -103,17 +133,19 @@ def stopped_run(project, sshd, tmp_path_factory):
         *set_args(RUN_SETS),
         env={"CLIPFORGE_FAULTS": f"hold@{HELD_STEP}"},
     )
-    # metrics/train.tsv is committed (the demo's): wait for this run's own first row
+    # metrics/train.tsv is committed (an earlier run's): wait for this run's own first row
     tsv = run.code / "metrics" / "train.tsv"
-    committed = tsv.read_text() if tsv.is_file() else None
     run.wait_until(
         lambda: (
             tsv.is_file()
-            and tsv.read_text() != committed
-            and len(tsv.read_text().splitlines()) >= 2
+            and any(
+                row.split("\t")[-1] not in (STALE_RUN, "run_id")
+                for row in tsv.read_text().splitlines()
+            )
         ),
         what="first metrics row",
     )
+    run.status_while_held = run.run_fab("status")
     run.clean_while_running = run.run_fab("clean")
     follower = run.fab.popen("logs", "--follow", hosts=sshd.address, key=sshd.client_key)
     run.stop_result = run.run_fab("stop")
@@ -122,6 +154,19 @@ def stopped_run(project, sshd, tmp_path_factory):
     run.state_after_stop = run.state()
     run.processes_after_stop = processes_under(run.root)
     return run
+
+
+def test_status_shows_this_run_not_the_checkouts_old_results(stopped_run):
+    """The checkout holds an earlier run's metrics (93 steps, final loss 1.8089); while this run
+    is held at step 3, `fab status` shows this run's own step of its 8 and its own loss: no final
+    loss, and an ETA that is not zero."""
+    result = stopped_run.status_while_held
+    assert result.returncode == 0, result.stderr
+    rows = dict(re.findall(r"^  (\w[\w/]*)\s+(.+)$", result.stdout, re.MULTILINE))
+    done, total = map(int, rows["step"].split()[0].split("/"))
+    assert total == 8 and 1 <= done < HELD_STEP, result.stdout
+    assert "1.8089" not in rows["loss"] and "(final)" not in rows["loss"]
+    assert rows["state"].startswith("running") and rows["ETA"] not in ("0m00s", "-")
 
 
 def test_launch_returns_while_the_run_goes_on(stopped_run):
@@ -152,8 +197,9 @@ def test_resume_after_stop_trains_on_to_the_same_result(stopped_run, smoke_run):
     assert result.returncode == 0, result.stdout + result.stderr
     assert stopped_run.wait_finished()["state"] == "finished"
     summary = json.loads((stopped_run.code / "metrics" / "train.json").read_text())
-    reference = json.loads((smoke_run.node_dir / "smoke.json").read_text())["trained"]
-    assert summary["resumed_from_step"] == stopped_at
+    reference = json.loads((smoke_run.code / "metrics" / "train.json").read_text())
+    info = json.loads((stopped_run.code / "metrics" / "train.info.json").read_text())
+    assert info["resumed_from_step"] == stopped_at
     assert summary["loss"] == reference["loss"] and summary["val_loss"] == reference["val_loss"]
 
 

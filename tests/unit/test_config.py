@@ -58,6 +58,17 @@ def test_choice_outside_the_allowed_values(tmp_path):
     assert message == "train.precision: got 'fp16'; allowed: auto, bf16, fp32"
 
 
+def test_a_baseline_architecture_needs_its_pretrained_weights(tmp_path):
+    """eval.baseline_model naming an open_clip architecture without eval.baseline_pretrained
+    would compare against random weights: refused, naming the key; a local-dir: model brings
+    its own weights."""
+    message = _error(tmp_path, {"eval": {"baseline_model": "ViT-B-32"}})
+    assert message.startswith("eval.baseline_pretrained: required") and "ViT-B-32" in message
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"eval": {"baseline_model": "local-dir:models/base"}}))
+    assert load_config(path).eval.baseline_model == "local-dir:models/base"
+
+
 def test_inconsistent_batch_names_every_factor(tmp_path):
     message = _error(
         tmp_path,

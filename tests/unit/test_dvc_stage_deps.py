@@ -18,13 +18,20 @@ import yaml
 from tests.conftest import REPO
 
 SRC = REPO / "src"
-PIPELINE = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
-# The module holding each stage's main() and PARAM_SECTIONS.
+PIPELINE = {
+    name: stage.get("do", stage)  # a foreach stage: its template
+    for name, stage in yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))[
+        "stages"
+    ].items()
+}
+# The module holding each pipeline stage's main() and PARAM_SECTIONS.
 STAGE_MODULES = {
     "data": "clipforge.data.stage",
     "train": "clipforge.train.stage",
     "eval": "clipforge.eval",
 }
+# Every stage of dvc.yaml: the pipeline stages, and `params`, which resolves their params.
+ALL_STAGES = sorted({*STAGE_MODULES, "params"})
 
 
 def module_file(name: str) -> Path | None:
@@ -98,19 +105,19 @@ def test_the_import_graph_follows_imports_inside_functions_and_packages():
     } <= stage_files("train")
 
 
-@pytest.mark.parametrize("stage", sorted(STAGE_MODULES))
+@pytest.mark.parametrize("stage", ALL_STAGES)
 def test_code_deps_are_exactly_the_modules_the_stage_imports(stage):
     """A module the stage imports and dvc.yaml misses would not rerun it when edited; a file
     dvc.yaml names that the stage never imports would rerun it for nothing."""
     imported = stage_files(stage)
-    assert module_file(STAGE_MODULES[stage]) in imported
+    assert module_file(STAGE_MODULES.get(stage, "clipforge.resolve")) in imported
     covered = set().union(*(python_files(dep) for dep in code_deps(stage)))
     missing = sorted(str(p.relative_to(REPO)) for p in imported - covered)
     extra = sorted(str(p.relative_to(REPO)) for p in covered - imported)
     assert (missing, extra) == ([], [])
 
 
-@pytest.mark.parametrize("stage", sorted(STAGE_MODULES))
+@pytest.mark.parametrize("stage", ALL_STAGES)
 def test_data_deps_are_read_by_the_stage(stage):
     """A dep without Python files (bundled model configs) is named by a module the stage runs."""
     sources = [p.read_text(encoding="utf-8") for p in stage_files(stage)]
@@ -121,6 +128,7 @@ def test_data_deps_are_read_by_the_stage(stage):
 
 @pytest.mark.parametrize("stage", sorted(STAGE_MODULES))
 def test_params_are_the_sections_the_stage_reads(stage):
-    """dvc.yaml's params of a stage are `recipe` and the sections the stage loads and checks."""
+    """dvc.yaml's params of a stage are `recipe` and the sections the stage loads and checks, as
+    resolved for it (resolved/<stage>.yaml, written by the `params` stage)."""
     sections = importlib.import_module(STAGE_MODULES[stage]).PARAM_SECTIONS
-    assert PIPELINE[stage]["params"] == ["recipe", *sections]
+    assert PIPELINE[stage]["params"] == [{f"resolved/{stage}.yaml": ["recipe", *sections]}]

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from clipforge.fsutil import atomic_file, atomic_write_text
+from clipforge.fsutil import atomic_file, atomic_write_text, replace_dir_atomically
 
 
 def test_replacing_a_file_keeps_its_mode(tmp_path):
@@ -41,3 +41,23 @@ def test_an_error_or_no_commit_leaves_no_trace_and_the_old_file(tmp_path):
     with atomic_file(tmp_path) as staged:
         staged.path.write_text("not needed")
     assert os.listdir(tmp_path) == ["input.parquet"] and target.read_text() == "old\n"
+
+
+@pytest.mark.parametrize(
+    "umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775)]
+)
+def test_new_outputs_follow_the_umask(tmp_path, umask, file_mode, dir_mode):
+    """A new file or directory (an exported model, metrics) gets the mode any tool would give it,
+    readable by teammates on shared storage when the umask allows, not a private 0600."""
+    previous = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "metrics" / "eval.json", "{}\n")
+        with replace_dir_atomically(tmp_path / "models" / "clip") as staged:
+            (staged / "open_clip_config.json").write_text("{}\n")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "metrics" / "eval.json").stat().st_mode & 0o777 == file_mode
+    assert (tmp_path / "models" / "clip").stat().st_mode & 0o777 == dir_mode
+    assert (
+        tmp_path / "models" / "clip" / "open_clip_config.json"
+    ).stat().st_mode & 0o777 == file_mode

@@ -46,11 +46,11 @@ def test_metrics_have_the_documented_keys_and_a_perfect_model_scores_100():
     texts = [Caption(i, str(i), (i,)) for i in range(4)]
     metrics = retrieval_metrics(features, features, relevance_matrix(list(range(4)), texts))
     assert set(metrics) == {
-        "t2i_r1",
-        "t2i_r5",
+        "t2i_r01",
+        "t2i_r05",
         "t2i_r10",
-        "i2t_r1",
-        "i2t_r5",
+        "i2t_r01",
+        "i2t_r05",
         "i2t_r10",
         "mean_recall",
     }
@@ -65,4 +65,4 @@ def test_an_image_no_caption_describes_is_in_the_gallery_but_no_image_to_text_qu
     texts = [Caption(i, str(i), (i,)) for i in range(3)]  # images 3 and 4: distractors
     relevant = relevance_matrix(list(range(5)), texts)
     metrics = retrieval_metrics(image_features, image_features[:3], relevant)
-    assert metrics["i2t_r1"] == 100.0 and metrics["t2i_r1"] == 100.0
+    assert metrics["i2t_r01"] == 100.0 and metrics["t2i_r01"] == 100.0

@@ -25,7 +25,7 @@ from clipforge.cli import (
     run_stage,
     stage_parser,
 )
-from clipforge.config import Config, DataConfig
+from clipforge.config import STAGE_SECTIONS, Config, DataConfig
 from clipforge.data import builtin, laion, testset, wds_source
 from clipforge.data.local import load_image, read_records, split_of
 from clipforge.data.samples import SkipLog, clean_caption
@@ -39,7 +39,7 @@ log = logging.getLogger("clipforge.data")
 
 MANIFEST = "manifest.json"
 # The params sections this stage reads (dvc.yaml's params: recipe plus these).
-PARAM_SECTIONS = ("data",)
+PARAM_SECTIONS = STAGE_SECTIONS["data"]
 
 
 def build_dataset(config: Config, out: Path) -> dict:
@@ -196,4 +196,4 @@ def _skip_text_from(manifest: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("clipforge.data", "Build webdataset shards and the test set in data/.")
     parser.add_argument("--out", default="data", help="output directory (default: data)")
-    return run_stage("clipforge.data", _run, argv, parser)
+    return run_stage("clipforge.data", _run, argv, parser, PARAM_SECTIONS)

@@ -5,7 +5,7 @@ Two sides:
   source, launch, watch, fetch); it holds no training logic, it runs `dvc exp run` / DeepSpeed's
   launcher;
 - clipforge.launcher.host is what runs on the GPU host (plan, run directories, supervisor, status,
-  smoke), standard library only.
+  smoke, stored checkpoints), standard library only.
 
 Standard library only here too: importing the host side imports this package first.
 """

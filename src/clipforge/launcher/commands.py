@@ -110,6 +110,8 @@ def smoke_argv(python: str, layout: NodeLayout, resume: list[str]) -> list[str]:
         layout.code,
         "--result",
         layout.smoke_result,
+        "--node-rank",
+        str(layout.node_rank),
         "--",
         *resume,
     ]

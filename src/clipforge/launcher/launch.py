@@ -25,6 +25,7 @@ from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
+from clipforge.launcher.host.stored_checkpoints import RUN_ROOTS_FILE
 from clipforge.launcher.options import TrainOptions, resolve_params
 from clipforge.launcher.session import (
     Host,
@@ -53,8 +54,11 @@ def prepare(source: Source, options: TrainOptions, settings: Settings) -> Prepar
     require_clean(source, options.allow_dirty)
     config = resolve_params(source.show("params.yaml"), options.overrides)
     image = options.image or image_reference_for(source, settings)
-    if options.data == "pull":
-        _require_pullable(source)
+    if options.data == "pull" and (why := _pull_blocker(source)):
+        raise LauncherError(
+            f"--data pull: {why}; run `dvc repro data && dvc push` and commit dvc.lock, or use "
+            f"--data build (the data stage on the host) or --data /mounted/path"
+        )
     return Prepared(
         source=source, params=config.to_dict(), params_yaml=config.to_yaml(), image=image
     )
@@ -71,20 +75,26 @@ def image_reference_for(source: Source, settings: Settings) -> str:
         raise LauncherError(str(exc)) from None
 
 
-def _require_pullable(source: Source) -> None:
+def choose_data(source: Source, requested: str, say: Callable[[str], None]) -> str:
+    """`--data auto` (the default): pull the data the commit locks from its DVC remote when it
+    can, else build it on the host, saying so. Any other value stands."""
+    if requested != "auto":
+        return requested
+    why = _pull_blocker(source)
+    if why is None:
+        return "pull"
+    say(f"data: {why}, so the data stage runs on the host (--data build)")
+    return "build"
+
+
+def _pull_blocker(source: Source) -> str | None:
+    """Why `dvc pull data` cannot work for this commit; None when it can."""
     lock = source.show("dvc.lock")
-    dvc_config = source.show(".dvc/config") or ""
-    if lock is None or "data:" not in lock:
-        raise LauncherError(
-            "--data pull: the commit has no dvc.lock entry for the data stage; run "
-            "`dvc repro data && dvc push` and commit dvc.lock, or use --data build "
-            "(run the data stage on the host) or --data /mounted/path"
-        )
-    if "remote" not in dvc_config:
-        raise LauncherError(
-            "--data pull: no DVC remote in the commit's .dvc/config (`dvc remote add "
-            "-d ...`); or use --data build or --data /mounted/path"
-        )
+    if lock is None or "  data:" not in lock:
+        return "the commit's dvc.lock has no entry for the data stage"
+    if "remote" not in (source.show(".dvc/config") or ""):
+        return "the commit's .dvc/config names no DVC remote (`dvc remote add -d ...`)"
+    return None
 
 
 def select_nodes(specs: list, options: TrainOptions, from_stack: bool) -> list:
@@ -144,6 +154,8 @@ def launch(
     mismatch = preflight.stack_mismatch([h.label for h in hosts], results)
     if mismatch:
         raise LauncherError(f"{mismatch}; nothing was started")
+    for host in hosts:
+        _record_run_root(host)
     run_id = new_run_id(prepared.source.commit)
     layouts = [NodeLayout(root=h.root, run_id=run_id, node_rank=i) for i, h in enumerate(hosts)]
     policy = RestartPolicy(
@@ -204,6 +216,17 @@ def launched_by() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
+def _record_run_root(host: Host) -> None:
+    """Note the run root in the host's list, where `make down` looks for checkpoints to keep."""
+    roots = f'"$HOME"/{RUN_ROOTS_FILE}'
+    run(
+        host.cxn,
+        f'mkdir -p "$HOME"/{posixpath.dirname(RUN_ROOTS_FILE)} && '
+        f"{{ grep -qxF {q(host.root)} {roots} 2>/dev/null || echo {q(host.root)} >> {roots}; }}",
+        what="recording the run root",
+    )
+
+
 def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
     run(
         host.cxn,
@@ -212,21 +235,16 @@ def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
     )
     remote_bundle = posixpath.join(layout.node_dir, "code.bundle")
     host.cxn.put(str(bundle), remote_bundle)
+    # DVC commits experiments and stashes a crashed attempt's changes in the checkout: git needs an
+    # identity there, which a fresh host (or the container's HOME) does not have. The launcher's.
     run(
         host.cxn,
         f"git clone --quiet {q(remote_bundle)} {q(layout.code)} && "
         f"git -C {q(layout.code)} -c advice.detachedHead=false checkout --quiet {q(commit)} "
+        f"&& git -C {q(layout.code)} config user.name {q(getpass.getuser())} "
+        f"&& git -C {q(layout.code)} config user.email {q(launched_by())} "
         f"&& rm {q(remote_bundle)}",
         what="cloning the shipped commit",
-    )
-    # `dvc exp run` commits (e.g. when a run resumes with params it changed): it needs an
-    # identity, which a fresh host or a container's empty HOME does not have. The launcher's.
-    user = getpass.getuser()
-    run(
-        host.cxn,
-        f"git -C {q(layout.code)} config user.name {q(user)} && "
-        f"git -C {q(layout.code)} config user.email {q(launched_by())}",
-        what="setting the checkout's git identity",
     )
 
 

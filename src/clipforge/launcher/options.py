@@ -22,6 +22,9 @@ SMOKE_OVERRIDES = (
     "train.log_every_steps=1",
     "train.warmup_steps=1",
 )
+# A smoke run's global batch: this many pairs per rank, whatever the world size, so that any
+# --gpus/--nodes divides it; micro batch and accumulation follow.
+SMOKE_PAIRS_PER_RANK = 16
 # Set from --gpus/--nodes; setting them with --set as well would be ambiguous.
 LAUNCH_KEYS = ("train.ranks_per_node", "train.num_nodes")
 DATA_MODES = ("pull", "build")
@@ -36,7 +39,8 @@ class TrainOptions:
     runtime: Literal["docker", "host"]
     allow_dirty: bool = False
     # `pull` (DVC remote), `build` (run the data stage on the host) or an absolute path on the host
-    # holding a data stage output (a mounted volume).
+    # holding a data stage output (a mounted volume); `fab train --data auto` is resolved to one
+    # of them first (launch.choose_data).
     data: str
     master_port: int = 29500
     max_restarts: int = 5
@@ -52,7 +56,7 @@ class TrainOptions:
             raise LauncherError(f"--runtime: `docker` or `host`, got {self.runtime!r}")
         if self.data not in DATA_MODES and not self.data.startswith("/"):
             raise LauncherError(
-                f"--data: `pull`, `build` or an absolute path on the host, got {self.data!r}"
+                f"--data: `auto`, `pull`, `build` or an absolute path on the host, got {self.data!r}"
             )
         if not 0 < self.master_port < 65536:
             raise LauncherError(f"--master-port: a TCP port, got {self.master_port}")
@@ -100,7 +104,15 @@ def make_options(
         if gpus == 0
         else [f"train.ranks_per_node={gpus}"]
     )
-    smoke_sets = list(SMOKE_OVERRIDES) if smoke else []
+    smoke_sets = []
+    if smoke:
+        world = nodes * max(gpus, 1)
+        smoke_sets = [
+            *SMOKE_OVERRIDES,
+            f"train.global_batch_size={SMOKE_PAIRS_PER_RANK * world}",
+            "train.micro_batch_size=auto",
+            "train.grad_accum_steps=auto",
+        ]
     return TrainOptions(
         gpus=gpus,
         nodes=nodes,

@@ -158,8 +158,10 @@ def _python_env(cxn: Connection, spec: CheckSpec) -> Row:
         return Row(
             "python env",
             FAIL,
-            f"{spec.python}: {_one_line(result.stderr or result.stdout)} "
-            f"(--runtime host runs on the host's own stack: the image's)",
+            f"{spec.python}: {_one_line(result.stderr or result.stdout)}: --runtime host "
+            f"trains with this Python; give the host the stack (`make env` in a clone of the "
+            f"project there, then set clipforge.python to its .venv/bin/python), or use "
+            f"--runtime docker with a pushed image",
         )
     py, torch, ds, dvc, clip = (result.stdout.split() + ["?"] * 5)[:5]
     return Row(

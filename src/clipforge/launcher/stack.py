@@ -48,6 +48,11 @@ def load_stack_outputs(path: Path) -> StackOutputs:
         raise LauncherError(
             f"{path}: not readable JSON ({exc}); rerun `make up` to rewrite it"
         ) from None
+    return parse_stack_outputs(raw, path)
+
+
+def parse_stack_outputs(raw: Any, path: Path) -> StackOutputs:
+    """The outputs (`pulumi stack output --json`, read from `path`), checked key by key."""
     if not isinstance(raw, dict):
         raise LauncherError(
             f"{path}: expected a JSON object (pulumi stack output --json); rerun `make up`"

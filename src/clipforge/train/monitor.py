@@ -1,16 +1,21 @@
-"""What a run reports while it trains: TensorBoard events, a TSV for `dvc plots`, progress.
+"""What a run reports while it trains: TensorBoard events, TSVs for `dvc plots`, progress.
 
 Only rank 0 writes. On resume, TensorBoard is told to purge events after the checkpoint's step
-and the TSV keeps only rows up to it, so curves have no doubled segments.
+and the TSVs keep only this run's rows up to it, so curves have no doubled segments. Every TSV
+row carries the run id: a reader (`fab status`) can tell this run's rows from a file another
+run left in the checkout.
 """
 
 from __future__ import annotations
 
 import csv
 import logging
+import re
 import sys
 import time
 from pathlib import Path
+
+from clipforge.eval import METRIC_KEYS
 
 log = logging.getLogger("clipforge.train")
 
@@ -24,7 +29,10 @@ COLUMNS = (
     "samples_per_s",
     "step_s",
     "data_wait_s",
+    "run_id",
 )
+# One row per validation: the val loss and retrieval recall curves.
+VAL_COLUMNS = ("step", "loss", *METRIC_KEYS, "run_id")
 _TB_NAMES = {
     "loss": "train/loss",
     "grad_norm": "train/grad_norm",
@@ -34,13 +42,48 @@ _TB_NAMES = {
     "step_s": "perf/step_s",
     "data_wait_s": "perf/data_wait_s",
 }
+# The scalars TensorBoard's hparams table shows next to each run's hyperparameters.
+HPARAM_METRICS = ("train/loss", "val/loss", "val/mean_recall", "val/t2i_r01")
+
+
+def run_label(
+    model_name: str, global_batch_size: int, lr: float, zero_stage: int, run_id: str
+) -> str:
+    """The run's name in TensorBoard (its log directory): what tells runs apart at a glance,
+    then the run id that names its checkpoints."""
+    model = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name)
+    return f"{model}-b{global_batch_size}-lr{lr:g}-zero{zero_stage}-{run_id}"
+
+
+class TsvLog:
+    """A TSV that grows by one row at a time, rewritten whole each time (small: one row per log
+    interval; never torn). Started at a resumed step, it keeps the run's own rows up to it."""
+
+    def __init__(self, path: Path, columns: tuple[str, ...], run_id: str, start_step: int):
+        self.path, self.columns, self.run_id = path, columns, run_id
+        self.rows = _kept_rows(path, run_id, start_step)
+        self._write()
+
+    def append(self, values: dict) -> None:
+        row = {c: values.get(c, "") for c in self.columns}
+        row["run_id"] = self.run_id
+        self.rows.append(row)
+        self._write()
+
+    def _write(self) -> None:
+        from clipforge.fsutil import atomic_write_text
+
+        lines = ["\t".join(self.columns)]
+        lines += ["\t".join(_fmt(row[c]) for c in self.columns) for row in self.rows]
+        atomic_write_text(self.path, "\n".join(lines) + "\n")
 
 
 class TrainMonitor:
     def __init__(
         self,
         log_dir: Path,
-        metrics_file: Path,
+        metrics_dir: Path,
+        run_id: str,
         start_step: int,
         total_steps: int,
         interactive: bool | None = None,
@@ -48,9 +91,8 @@ class TrainMonitor:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(log_dir), purge_step=start_step + 1 if start_step else None)
-        self.metrics_file = metrics_file
-        self._rows = _kept_rows(metrics_file, start_step)
-        self._write_rows()
+        self.train_rows = TsvLog(metrics_dir / "train.tsv", COLUMNS, run_id, start_step)
+        self.val_rows = TsvLog(metrics_dir / "val.tsv", VAL_COLUMNS, run_id, start_step)
         self.start_step = start_step
         self.total_steps = total_steps
         self.started = time.monotonic()
@@ -61,13 +103,21 @@ class TrainMonitor:
 
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
+    def hparams(self, values: dict[str, int | float | str | bool]) -> None:
+        """The run's hyperparameters for TensorBoard's hparams table, in the run's own events
+        (SummaryWriter.add_hparams would start another run beside it)."""
+        from torch.utils.tensorboard.summary import hparams
+
+        writer = self.writer._get_file_writer()
+        for summary in hparams(values, dict.fromkeys(HPARAM_METRICS, 0.0)):
+            writer.add_summary(summary)
+
     def step(self, step: int, scalars: dict[str, float]) -> None:
         """Record the scalars of optimizer step `step` (1-based: steps done so far)."""
         for name, value in scalars.items():
             if name in _TB_NAMES and value is not None:
                 self.writer.add_scalar(_TB_NAMES[name], value, step)
-        self._rows.append({c: scalars.get(c, step if c == "step" else "") for c in COLUMNS})
-        self._write_rows()
+        self.train_rows.append({**scalars, "step": step})
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(loss=f"{scalars['loss']:.3f}", lr=f"{scalars['lr']:.2e}")
@@ -88,9 +138,14 @@ class TrainMonitor:
         for event in events:
             self.writer.add_text(event.tag, event.text, event.step)
 
-    def scalar(self, name: str, value: float, step: int) -> None:
-        self.writer.add_scalar(name, value, step)
-        log.info("step %d: %s %.4f", step, name, value)
+    def validation(self, step: int, metrics: dict[str, float]) -> None:
+        """val/loss, val/t2i_r01, ..., val/mean_recall: TensorBoard, val.tsv and the log."""
+        for name, value in metrics.items():
+            self.writer.add_scalar(f"val/{name}", value, step)
+        self.val_rows.append({**metrics, "step": step})
+        log.info(
+            "step %d: validation %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        )
 
     def eta(self, step: int) -> str:
         done = step - self.start_step
@@ -105,21 +160,17 @@ class TrainMonitor:
         if self.bar is not None:
             self.bar.close()
 
-    def _write_rows(self) -> None:
-        # Rewritten whole at each log step: small (one row per log interval), and never torn.
-        from clipforge.fsutil import atomic_write_text
-
-        lines = ["\t".join(COLUMNS)]
-        lines += ["\t".join(_fmt(row[c]) for c in COLUMNS) for row in self._rows]
-        atomic_write_text(self.metrics_file, "\n".join(lines) + "\n")
-
 
 def _fmt(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def _kept_rows(path: Path, start_step: int) -> list[dict]:
+def _kept_rows(path: Path, run_id: str, start_step: int) -> list[dict]:
     if not start_step or not path.is_file():
         return []
     with open(path, encoding="utf-8", newline="") as f:
-        return [row for row in csv.DictReader(f, delimiter="\t") if int(row["step"]) <= start_step]
+        return [
+            row
+            for row in csv.DictReader(f, delimiter="\t")
+            if row.get("run_id") == run_id and int(row["step"]) <= start_step
+        ]

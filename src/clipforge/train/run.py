@@ -31,7 +31,7 @@ from clipforge.train.export import export_model
 from clipforge.train.faults import faults_from_env
 from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip
 from clipforge.train.loss import make_clip_loss
-from clipforge.train.monitor import TrainMonitor
+from clipforge.train.monitor import TrainMonitor, run_label
 from clipforge.train.optim import WarmupCosine
 from clipforge.train.validation import validation_metrics
 
@@ -92,9 +92,8 @@ class TrainingRun:
             self.dist.device,
             self.config.train.val_retrieval_samples,
         )
-        if self.monitor:
-            for name, value in metrics.items():  # val/loss, val/t2i_r1, ..., val/mean_recall
-                self.monitor.scalar(f"val/{name}", value, step)
+        if self.monitor and metrics:
+            self.monitor.validation(step, metrics)
         return metrics.get("loss")
 
 
@@ -181,9 +180,7 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
             pin_memory=device == "cuda",
         ),
         val_loader=_validation_loader(paths["data"], plan, dist, train, bundle),
-        monitor=TrainMonitor(
-            paths["logs"] / identity, paths["metrics"] / "train.tsv", start_step, total_steps
-        )
+        monitor=_monitor(config, plan, paths, identity, start_step, total_steps)
         if dist.is_main
         else None,
         alerts=_alert_monitor(config, identity, dist),
@@ -313,6 +310,45 @@ def _validation_loader(
     )
 
 
+def _monitor(
+    config: Config,
+    plan: BatchPlan,
+    paths: dict[str, Path],
+    identity: str,
+    start_step: int,
+    total_steps: int,
+) -> TrainMonitor:
+    """TensorBoard under a name that says what the run is; its hyperparameters in the hparams
+    table (once, when the run starts: a resumed run keeps them)."""
+    train = config.train
+    label = run_label(
+        config.model.name, plan.global_batch_size, train.lr, train.zero_stage, identity
+    )
+    monitor = TrainMonitor(
+        paths["logs"] / label, paths["metrics"], identity, start_step, total_steps
+    )
+    if not start_step:
+        monitor.hparams(
+            {
+                "recipe": config.recipe,
+                "model": config.model.name,
+                "text_tower": config.model.text_tower or "",
+                "global_batch_size": plan.global_batch_size,
+                "micro_batch_size": plan.micro_batch_size,
+                "grad_accum_steps": plan.grad_accum_steps,
+                "world_size": plan.world_size,
+                "lr": train.lr,
+                "warmup_steps": train.warmup_steps,
+                "total_steps": total_steps,
+                "weight_decay": train.weight_decay,
+                "zero_stage": train.zero_stage,
+                "precision": train.precision,
+                "seed": train.seed,
+            }
+        )
+    return monitor
+
+
 def _alert_monitor(config: Config, identity: str, dist: DistInfo) -> AlertMonitor:
     try:
         return AlertMonitor.from_environment(
@@ -346,7 +382,7 @@ def _check_replicas(run: TrainingRun) -> None:
 
 
 def _export(run: TrainingRun, final: dict, wall_seconds: float) -> dict:
-    """The fp32 model in open_clip's local-dir layout, and metrics/train.json."""
+    """The fp32 model in open_clip's local-dir layout, metrics/train.json and train.info.json."""
     state_dict = fp32_state_dict(
         run.checkpointer.run_dir, run.checkpointer.latest_tag(), run.config.train.max_logit_scale
     )
@@ -358,14 +394,18 @@ def _export(run: TrainingRun, final: dict, wall_seconds: float) -> dict:
         run.paths["model"],
         tokenizer=run.bundle.tokenizer,
     )
-    summary = {
+    # train.json: what compares models (dvc metrics show lists every key); train.info.json: the
+    # run's bookkeeping.
+    metrics = {k: final.get(k) for k in ("loss", "val_loss", "logit_scale")}
+    info = {
         "run_id": run.identity,
         "steps": run.total_steps,
         "resumed_from_step": run.start_step,
         "samples_seen": run.total_steps * run.plan.global_batch_size,
         "wall_seconds": wall_seconds,
-        **{k: final.get(k) for k in ("loss", "val_loss", "logit_scale", "lr")},
+        "final_lr": final.get("lr"),
     }
-    atomic_write_text(run.paths["metrics"] / "train.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run.paths["metrics"] / "train.json", json.dumps(metrics, indent=2) + "\n")
+    atomic_write_text(run.paths["metrics"] / "train.info.json", json.dumps(info, indent=2) + "\n")
     log.info("exported %s; final loss %s", run.paths["model"], final.get("loss"))
-    return summary
+    return {**metrics, **info}

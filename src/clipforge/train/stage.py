@@ -18,7 +18,7 @@ from pathlib import Path
 
 from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
-from clipforge.config import Config, steps_per_epoch
+from clipforge.config import STAGE_SECTIONS, Config, steps_per_epoch
 from clipforge.model_files import weights_file
 from clipforge.train.disk import not_writable_message
 from clipforge.train.dist import free_port, resolve_device, under_launcher
@@ -27,7 +27,7 @@ log = logging.getLogger("clipforge.train")
 
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request with a checkpoint saved; rerun resumes
 # The params sections this stage reads (dvc.yaml's params: recipe plus these).
-PARAM_SECTIONS = ("model", "train", "alerts")
+PARAM_SECTIONS = STAGE_SECTIONS["train"]
 
 
 def _paths(args) -> dict[str, Path]:
@@ -146,4 +146,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--metrics", default="metrics", help="metrics dir (default: metrics)")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser.set_defaults(argv=argv)
-    return run_stage("clipforge.train", _run, argv, parser)
+    return run_stage("clipforge.train", _run, argv, parser, PARAM_SECTIONS)

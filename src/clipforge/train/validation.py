@@ -44,7 +44,7 @@ def validation_metrics(
     device: str,
     retrieval_samples: int,
 ) -> dict[str, float]:
-    """{"loss", "t2i_r1", ..., "mean_recall"}, the same on every rank."""
+    """{"loss", "t2i_r01", ..., "mean_recall"}, the same on every rank."""
     world = _world_size()
     keep_per_rank = math.ceil(retrieval_samples / world)
     total = torch.zeros(2, device=device)

@@ -4,8 +4,10 @@ The first half trained a few steps through DVC and saved checkpoints. This runs 
 again with the same params: it must resume from the final checkpoint (`resumed_from_step` equal
 to the steps), train nothing more, and export weights identical to the ones exported before.
 That is the round trip a multi-day run depends on, through the real stage, on the real host.
+In a multi-node run every node runs the command again (the ranks meet across nodes); node 0,
+whose rank 0 writes the metrics and the model, checks them.
 
-  python -m clipforge.launcher.host.smoke --workspace CODE --result FILE -- <train command...>
+  python -m clipforge.launcher.host.smoke --workspace CODE --result FILE [--node-rank N] -- <train command...>
 
 Exit 0 when every check passed.
 """
@@ -30,8 +32,11 @@ def tree_digests(root: Path) -> dict[str, str]:
     }
 
 
-def run_smoke_check(workspace: Path, command: list[str]) -> dict:
-    summary_path = workspace / "metrics" / "train.json"
+def run_smoke_check(workspace: Path, command: list[str], node_rank: int = 0) -> dict:
+    if node_rank:
+        code = subprocess.call(command, cwd=workspace)
+        return {"passed": code == 0, "checks": {"resume command exited 0": code == 0}}
+    summary_path = workspace / "metrics" / "train.info.json"
     model_dir = workspace / "models" / "clip"
     summary_bytes = summary_path.read_bytes()
     trained = json.loads(summary_bytes)
@@ -47,7 +52,7 @@ def run_smoke_check(workspace: Path, command: list[str]) -> dict:
         checks["exported weights identical after reload"] = (
             bool(before) and tree_digests(model_dir) == before
         )
-    # The reload rewrote the summary (resumed_from_step, wall time): keep the training's own.
+    # The reload rewrote the run's record (resumed_from_step, wall time): keep the training's own.
     atomic_write_bytes(summary_path, summary_bytes)
     return {"passed": all(checks.values()), "checks": checks, "trained": trained}
 
@@ -58,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workspace", required=True, type=Path)
     parser.add_argument("--result", required=True, type=Path)
+    parser.add_argument("--node-rank", type=int, default=0)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    result = run_smoke_check(args.workspace, command)
+    result = run_smoke_check(args.workspace, command, args.node_rank)
     atomic_write_text(args.result, json.dumps(result, indent=2) + "\n")
     for name, ok in result["checks"].items():
         print(f"smoke: {'ok  ' if ok else 'FAIL'} {name}", flush=True)

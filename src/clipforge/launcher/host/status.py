@@ -4,6 +4,11 @@ Host side (`python -m clipforge.launcher.host.status NODE_DIR` prints JSON): the
 supervisor's state (and whether it is really alive), the last row of metrics/train.tsv, the latest
 checkpoint, the final summary and smoke result when there are. Laptop side: `summarize` turns that
 into step/total, ETA, elapsed and cost.
+
+Only this run's own metrics count. The shipped checkout may hold metrics of another run (a user's
+committed results): the rows and the summary are kept only when their run id is one this launch
+trained, i.e. names a run directory in this launch's own checkpoints directory (which no commit
+holds: checkpoints/ is never committed, and the train stage creates it before its first row).
 """
 
 from __future__ import annotations
@@ -29,9 +34,12 @@ def collect(layout: NodeLayout) -> dict:
     alive = supervisor_pid(layout) is not None
     if state.get("state") not in TERMINAL_STATES and not alive and state:
         state["state"] = "lost"  # the supervisor died without saying so (host reboot, kill -9)
-    rows = _tsv_rows(Path(layout.output("metrics/train.tsv")))
     manifest = Path(layout.output("data/manifest.json"))
     checkpoints = Path(record.get("checkpoints_dir") or layout.output("checkpoints"))
+    own = {path.name for path in checkpoints.glob("run-*") if path.is_dir()}
+    rows = [
+        r for r in _tsv_rows(Path(layout.output("metrics/train.tsv"))) if r.get("run_id") in own
+    ]
     return {
         "record": {
             k: record.get(k)
@@ -56,10 +64,19 @@ def collect(layout: NodeLayout) -> dict:
         "total_steps": _total_steps(record.get("params") or {}, manifest),
         "steps_per_epoch": _steps_per_epoch(record.get("params") or {}, manifest),
         "latest_checkpoint": _latest_checkpoint(checkpoints),
-        "summary": read_json(layout.output("metrics/train.json")),
+        "summary": _own_summary(layout, own),
         "smoke": read_json(layout.smoke_result),
         "host_time": time.time(),
     }
+
+
+def _own_summary(layout: NodeLayout, own: set[str]) -> dict | None:
+    """The final losses (train.json) and the run's record of itself (train.info.json), once the
+    run has written them."""
+    info = read_json(layout.output("metrics/train.info.json"))
+    if not info or info.get("run_id") not in own:
+        return None
+    return {**(read_json(layout.output("metrics/train.json")) or {}), **info}
 
 
 def _tsv_rows(path: Path) -> list[dict]:

@@ -1,0 +1,106 @@
+"""The newest checkpoint of every run on this host, as JSON: what `make down` must not lose.
+
+Run on each worker as a script given whole (`python3 -c SOURCE [--retained DIR]... [--root DIR]...`):
+standard library only, importing nothing of clipforge, since the runs on a host may hold any
+version of the code.
+
+Runs live under run roots: each root `fab train` recorded on this host (RUN_ROOTS_FILE in the
+home directory, one absolute path a line), and each --root given. In a root, every run's
+checkpoints directories (run.json's `checkpoints_dir`, and each node checkout's checkpoints/)
+hold one `run-<id>/` per training run, whose `latest` names its newest checkpoint. For each such
+checkpoint the output gives its real path (symlinks resolved), the --retained directory it lies
+under, and, when it lies under none, the md5 of each of its files: the caller looks for those in
+the DVC remote (DVC 3 stores a file under its md5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import sys
+
+RUN_ROOTS_FILE = ".clipforge/run-roots"  # under the home directory
+_MD5_CHUNK_BYTES = 8 * 2**20
+
+
+def recorded_roots() -> list[str]:
+    try:
+        with open(os.path.join(os.path.expanduser("~"), RUN_ROOTS_FILE), encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def checkpoints_dirs(root: str) -> list[tuple[str, str]]:
+    """(run id, checkpoints directory) of every run under `root`."""
+    found = []
+    for run_dir in sorted(glob.glob(os.path.join(root, "runs", "*"))):
+        run = os.path.basename(run_dir)
+        candidates = glob.glob(os.path.join(run_dir, "node-*", "code", "checkpoints"))
+        try:
+            with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+                candidates.append(json.load(f).get("checkpoints_dir") or "")
+        except (OSError, ValueError):
+            pass
+        found += [(run, path) for path in sorted(set(candidates)) if os.path.isdir(path)]
+    return found
+
+
+def describe(run: str, training_run_dir: str, retained: list[str]) -> dict:
+    """The newest checkpoint of one training run: where it really is, and whether retained."""
+    with open(os.path.join(training_run_dir, "latest"), encoding="utf-8") as f:
+        tag = f.read().strip()
+    path = os.path.realpath(os.path.join(training_run_dir, tag))
+    entry = {
+        "run": run,
+        "training_run": os.path.basename(training_run_dir),
+        "tag": tag,
+        "path": path,
+        "retained": None,
+        "md5": None,
+        "problem": None,
+    }
+    files = sorted(os.path.join(top, name) for top, _, names in os.walk(path) for name in names)
+    if not files:
+        entry["problem"] = f"`latest` names {tag}, which is missing or empty"
+        return entry
+    for directory in retained:
+        real = os.path.realpath(directory)
+        if path == real or path.startswith(real.rstrip("/") + "/"):
+            entry["retained"] = directory
+            return entry
+    entry["md5"] = {os.path.relpath(name, path): _md5(name) for name in files}
+    return entry
+
+
+def _md5(path: str) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_MD5_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def newest_checkpoints(roots: list[str], retained: list[str]) -> list[dict]:
+    entries = []
+    for root in dict.fromkeys(os.path.expanduser(r) for r in roots):
+        for run, directory in checkpoints_dirs(root):
+            for latest in sorted(glob.glob(os.path.join(directory, "run-*", "latest"))):
+                entries.append(describe(run, os.path.dirname(latest), retained))
+    return entries
+
+
+def main(argv: list | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--retained", action="append", default=[], help="retained storage")
+    parser.add_argument("--root", action="append", default=[], help="a run root to look in too")
+    args = parser.parse_args(argv)
+    print(json.dumps(newest_checkpoints(recorded_roots() + args.root, args.retained)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The Makefile as a user meets it: `make help` lists every target, and `make demo` installs only
+what the demo needs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO
+
+MAKE = shutil.which("make")
+pytestmark = pytest.mark.skipif(MAKE is None, reason="make is not installed")
+
+
+def _make(*args: str) -> str:
+    done = subprocess.run(
+        [MAKE, "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def phony_targets() -> set[str]:
+    """The targets declared .PHONY in the Makefile and every file it includes: the commands."""
+    database = subprocess.run(
+        [MAKE, "-pRrq", "-f", "Makefile"], cwd=REPO, capture_output=True, text=True, timeout=120
+    ).stdout
+    declared = re.search(r"^\.PHONY: (.*)$", database, re.MULTILINE)
+    return set(declared.group(1).split())
+
+
+def test_help_lists_every_target_with_what_it_does():
+    """`make help` (also the default goal) names each command target of the Makefile and of the
+    files it includes (infra/infra.mk, docker/docker.mk), each with its description."""
+    listed = {}
+    for line in _make("help").splitlines():
+        name, _, description = line.removeprefix("make ").partition(" ")
+        listed[name] = description.strip()
+    commands = phony_targets()
+    assert {"demo", "test", "up", "down", "image-push", "smoke-pinned"} <= commands
+    assert set(listed) == commands
+    assert all(listed.values()), listed
+    assert _make() == _make("help")
+
+
+def test_demo_installs_no_package_only_the_tests_need():
+    """`make demo` sets up numactl (the local stack) but not openssh-server, which only the
+    launcher tests use; `make test` sets that up."""
+    demo = _make("-n", "-B", "demo")
+    assert "scripts/setup-system.sh numactl" in demo and "openssh-server" not in demo
+    assert "scripts/setup-system.sh openssh-server" in _make("-n", "-B", "test")
