@@ -24,6 +24,9 @@ COLUMNS = (
     "samples_per_s",
     "step_s",
     "data_wait_s",
+    "data_wait_share",
+    "mfu",
+    "peak_mem_gb",
 )
 _TB_NAMES = {
     "loss": "train/loss",
@@ -33,7 +36,79 @@ _TB_NAMES = {
     "samples_per_s": "perf/samples_per_s",
     "step_s": "perf/step_s",
     "data_wait_s": "perf/data_wait_s",
+    "data_wait_share": "perf/data_wait_share",
+    "mfu": "perf/mfu",
+    "peak_mem_gb": "perf/peak_mem_gb",
 }
+
+
+class PerfMeter:
+    """Throughput per log interval and over the whole run, from the host clock.
+
+    The loop waits for the device once per step (train/loop.py), so wall time between two
+    readings is device time too. samples/s counts global samples; MFU is per
+    clipforge.train.flops; data-wait share is the part of the wall time spent waiting for the
+    loader; peak memory is this rank's (GPU: the allocator's peak; CPU: the process's peak RSS).
+    """
+
+    def __init__(
+        self,
+        samples_per_step: int,
+        flops_per_sample: float | None,
+        peak_flops_per_rank: float | None,
+        world_size: int,
+        device: str,
+    ):
+        self.samples_per_step = samples_per_step
+        self.flops_per_sample = flops_per_sample
+        self.peak_flops_per_rank = peak_flops_per_rank
+        self.world_size = world_size
+        self.device = device
+        now = time.perf_counter()
+        self._interval = [now, 0, 0.0]  # began, steps, data wait seconds
+        self._run = [now, 0, 0.0]
+
+    def step_done(self, data_wait_seconds: float) -> None:
+        for totals in (self._interval, self._run):
+            totals[1] += 1
+            totals[2] += data_wait_seconds
+
+    def interval(self) -> dict[str, float | None]:
+        """The figures since the previous call (or the start)."""
+        figures = self._figures(*self._interval)
+        self._interval = [time.perf_counter(), 0, 0.0]
+        return figures
+
+    def run(self) -> dict[str, float | None]:
+        """The figures of every step this process took: the end-of-run summary's."""
+        return self._figures(*self._run)
+
+    def _figures(self, began: float, steps: int, data_wait: float) -> dict[str, float | None]:
+        from clipforge.train.flops import mfu
+
+        seconds = max(time.perf_counter() - began, 1e-9)
+        samples_per_s = steps * self.samples_per_step / seconds
+        utilisation = mfu(
+            samples_per_s, self.flops_per_sample, self.peak_flops_per_rank, self.world_size
+        )
+        return {
+            "samples_per_s": samples_per_s,
+            "step_s": seconds / max(steps, 1),
+            "data_wait_s": data_wait / max(steps, 1),
+            "data_wait_share": data_wait / seconds,
+            "mfu": utilisation,
+            "peak_mem_gb": peak_memory_gb(self.device),
+        }
+
+
+def peak_memory_gb(device: str) -> float:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 1e9
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
 
 
 class TrainMonitor:
@@ -66,20 +141,26 @@ class TrainMonitor:
         for name, value in scalars.items():
             if name in _TB_NAMES and value is not None:
                 self.writer.add_scalar(_TB_NAMES[name], value, step)
-        self._rows.append({c: scalars.get(c, step if c == "step" else "") for c in COLUMNS})
+        self._rows.append(
+            {c: _or_blank(scalars.get(c, step if c == "step" else "")) for c in COLUMNS}
+        )
         self._write_rows()
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(loss=f"{scalars['loss']:.3f}", lr=f"{scalars['lr']:.2e}")
         else:
             log.info(
-                "step %d/%d (%.0f%%) loss %.4f lr %.2e %.1f samples/s ETA %s",
+                "step %d/%d (%.0f%%) loss %.4f lr %.2e %.1f samples/s MFU %s data wait %.0f%% "
+                "peak mem %.1f GB ETA %s",
                 step,
                 self.total_steps,
                 100 * step / self.total_steps,
                 scalars["loss"],
                 scalars["lr"],
                 scalars["samples_per_s"],
+                _percent(scalars.get("mfu")),
+                100 * scalars["data_wait_share"],
+                scalars["peak_mem_gb"],
                 self.eta(step),
             )
 
@@ -112,6 +193,14 @@ class TrainMonitor:
         lines = ["\t".join(COLUMNS)]
         lines += ["\t".join(_fmt(row[c]) for c in COLUMNS) for row in self._rows]
         atomic_write_text(self.metrics_file, "\n".join(lines) + "\n")
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
+def _or_blank(value):
+    return "" if value is None else value
 
 
 def _fmt(value) -> str:

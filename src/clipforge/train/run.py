@@ -25,13 +25,19 @@ from clipforge.model import ClipBundle, build_model
 from clipforge.train import data as train_data
 from clipforge.train.checkpoint import Checkpointer, run_id
 from clipforge.train.dist import DistInfo, init_distributed, resolve_device
-from clipforge.train.ds_config import deepspeed_config, resolve_precision
-from clipforge.train.engine import create_engine, fp32_state_dict, replicas_in_sync
+from clipforge.train.ds_config import deepspeed_config, resolve_precision, uses_autocast
+from clipforge.train.engine import (
+    create_engine,
+    forward_autocast,
+    fp32_state_dict,
+    replicas_in_sync,
+)
 from clipforge.train.export import export_model
 from clipforge.train.faults import faults_from_env
+from clipforge.train.flops import flops_per_sample, peak_flops
 from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip
 from clipforge.train.loss import make_clip_loss
-from clipforge.train.monitor import TrainMonitor
+from clipforge.train.monitor import PerfMeter, TrainMonitor
 from clipforge.train.optim import WarmupCosine
 from clipforge.train.validation import validation_metrics
 
@@ -46,6 +52,7 @@ class TrainingRun:
     paths: dict[str, Path]
     identity: str  # run-<hash>: the checkpoint and log directory name
     dist: DistInfo
+    precision: str  # "bf16" or "fp32", resolved for the device
     plan: BatchPlan
     steps_per_epoch: int
     total_steps: int
@@ -62,6 +69,13 @@ class TrainingRun:
     @property
     def start_step(self) -> int:
         return self.state["step"] if self.state else 0
+
+    @property
+    def autocast(self) -> Callable:
+        """The context of every forward: bf16 autocast where the weights stay fp32."""
+        return forward_autocast(
+            self.dist.device, uses_autocast(self.precision, self.config.train.zero_stage)
+        )
 
     @property
     def resumes(self) -> int:
@@ -89,6 +103,7 @@ class TrainingRun:
             self.to_device,
             self.dist.device,
             self.config.train.val_retrieval_samples,
+            self.autocast,
         )
         if self.monitor:
             for name, value in metrics.items():  # val/loss, val/t2i_r1, ..., val/mean_recall
@@ -161,6 +176,7 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         paths=paths,
         identity=identity,
         dist=dist,
+        precision=precision,
         plan=plan,
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
@@ -198,6 +214,8 @@ def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
         validate=run.validate,
         device=run.dist.device,
         stop=stop,
+        perf=_perf_meter(run),
+        autocast=run.autocast,
         faults=faults_from_env(),
     )
     began = time.monotonic()
@@ -216,7 +234,8 @@ def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
         final = _train(run, parts)
         _check_replicas(run)
         if run.dist.is_main:
-            summary = _export(run, final, wall_seconds=round(time.monotonic() - began, 1))
+            perf = parts.perf.run() if run.total_steps > run.start_step else {}
+            summary = _export(run, final, round(time.monotonic() - began, 1), perf)
             run.alerts.run_finished({k: summary[k] for k in ("steps", "loss", "val_loss")})
     return final
 
@@ -340,7 +359,19 @@ def _check_replicas(run: TrainingRun) -> None:
         log.info("replicas in sync across %d ranks", run.plan.world_size)
 
 
-def _export(run: TrainingRun, final: dict, wall_seconds: float) -> dict:
+def _perf_meter(run: TrainingRun) -> PerfMeter:
+    """MFU's inputs: FLOPs from the model config, the peak of this rank's device (rank 0 only:
+    it alone reports, and on CPU the peak is measured)."""
+    return PerfMeter(
+        run.plan.global_batch_size,
+        flops_per_sample(run.bundle.model_cfg),
+        peak_flops(run.dist.device, run.precision) if run.dist.is_main else None,
+        run.plan.world_size,
+        run.dist.device,
+    )
+
+
+def _export(run: TrainingRun, final: dict, wall_seconds: float, perf: dict) -> dict:
     """The fp32 model in open_clip's local-dir layout, and metrics/train.json."""
     state_dict = fp32_state_dict(
         run.checkpointer.run_dir, run.checkpointer.latest_tag(), run.config.train.max_logit_scale
@@ -360,6 +391,8 @@ def _export(run: TrainingRun, final: dict, wall_seconds: float) -> dict:
         "samples_seen": run.total_steps * run.plan.global_batch_size,
         "wall_seconds": wall_seconds,
         **{k: final.get(k) for k in ("loss", "val_loss", "logit_scale", "lr")},
+        # this process's steps (a resumed run: those after the resume)
+        **{k: perf.get(k) for k in ("samples_per_s", "mfu", "peak_mem_gb", "data_wait_share")},
     }
     atomic_write_text(run.paths["metrics"] / "train.json", json.dumps(summary, indent=2) + "\n")
     log.info("exported %s; final loss %s", run.paths["model"], final.get("loss"))
