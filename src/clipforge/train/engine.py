@@ -29,7 +29,11 @@ def make_logit_scale_1d(model: torch.nn.Module) -> None:
 
 
 def create_engine(
-    model: torch.nn.Module, ds_config: dict, schedule: WarmupCosine, weight_decay: float
+    model: torch.nn.Module,
+    ds_config: dict,
+    schedule: WarmupCosine,
+    weight_decay: float,
+    compile_model: bool = False,
 ):
     import deepspeed
 
@@ -40,6 +44,8 @@ def create_engine(
         config=ds_config,
         lr_scheduler=make_scheduler(schedule),
     )
+    if compile_model:
+        engine.compile()  # torch.compile of the module's forward, DeepSpeed's hooks kept
     return engine
 
 
