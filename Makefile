@@ -13,7 +13,7 @@ IMG2DATASET_VENV ?= .venv-img2dataset
 IMG2DATASET_STAMP := $(IMG2DATASET_VENV)/.clipforge-tool
 PYTEST_ARGS ?=
 
-.PHONY: help env img2dataset-env demo test lint format clean-outputs
+.PHONY: help env img2dataset-env demo test lint format clean-outputs bench-wheels
 
 # make up / down / preview (Pulumi, infra/)
 include infra/infra.mk
@@ -25,6 +25,7 @@ help:
 	@echo "make format - let ruff fix imports and formatting"
 	@echo "make env    - only create/refresh .venv"
 	@echo "make img2dataset-env - create .venv-img2dataset, the downloader of data.source: laion-parquet"
+	@echo "make bench-wheels - fill bench/wheels/ for bench/gpu-run.sh on an offline GPU machine"
 
 $(ENV_STAMP): pyproject.toml scripts/setup-system.sh
 	scripts/setup-system.sh
@@ -61,6 +62,10 @@ lint: env
 format: env
 	$(VENV)/bin/ruff check --fix $(LINTED)
 	$(VENV)/bin/ruff format $(LINTED)
+
+# The wheels bench/gpu-run.sh installs on an offline GPU machine (kept out of git).
+bench-wheels: env
+	PYTHON=$(PY) scripts/bench-wheels.sh bench/wheels
 
 clean-outputs:
 	rm -rf data checkpoints models logs metrics

@@ -123,7 +123,11 @@ def markdown(data: dict) -> str:
         lines += ["## (a) loader alone, 256 px JPEGs", "", "| workers | images/s |", "|---:|---:|"]
         lines += [f"| {w} | {r:.0f} |" for w, r in data["loader"]["images_per_s"].items()]
         gpu = data["loader"].get("gpu_decode_images_per_s")
-        lines += ["", f"GPU decode_jpeg (batched, + resize): {gpu if gpu is None else round(gpu)} images/s", ""]
+        lines += [
+            "",
+            f"GPU decode_jpeg (batched, + resize): {gpu if gpu is None else round(gpu)} images/s",
+            "",
+        ]
     if "step" in data:
         lines += [
             "## (b) train step, in-memory batches",
@@ -167,7 +171,7 @@ def _pct(value) -> str:
 
 
 def _tflops(value) -> str:
-    return "-" if value is None else f"{value / 1e12:.0f}"
+    return "-" if value is None else f"{value / 1e12:.3g}"
 
 
 def _gflop(value) -> str:
@@ -426,7 +430,12 @@ def measure_steps(profile: Profile, bundle, env: dict, report: Report) -> list[d
     configs += [(z, m, False) for z in (2, 3) for m in profile.micro_batches]
     results = []
     for zero, micro, compiled in configs:
-        row = {"zero": zero, "micro": micro, "accum": profile.global_batch // micro, "compile": compiled}
+        row = {
+            "zero": zero,
+            "micro": micro,
+            "accum": profile.global_batch // micro,
+            "compile": compiled,
+        }
         try:
             stepper = Stepper(profile, bundle, zero, micro, compiled)
             batches = _synthetic_micro_batches(profile, stepper, bundle)
@@ -492,7 +501,10 @@ def _torch_device(device: str):
 
 def real_run(profile: Profile, workdir: Path) -> dict:
     """data stage -> train stage stopped by SIGTERM after a held step -> rerun resumes -> done."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     sets = [
         f"model.name={profile.model}",
         f"model.image_size={profile.image_size}",
@@ -511,13 +523,20 @@ def real_run(profile: Profile, workdir: Path) -> dict:
     ]
     args = ["--params", str(REPO / "params.yaml"), *sum((["--set", s] for s in sets), [])]
     subprocess.run(
-        [sys.executable, "-m", "clipforge.data", *args], cwd=workdir, env=env, check=True,
+        [sys.executable, "-m", "clipforge.data", *args],
+        cwd=workdir,
+        env=env,
+        check=True,
         stdout=subprocess.DEVNULL,
     )
     train = [sys.executable, "-m", "clipforge.train", *args]
     held = subprocess.Popen(
-        train, cwd=workdir, env={**env, "CLIPFORGE_FAULTS": f"hold@{profile.run_hold_step}"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        train,
+        cwd=workdir,
+        env={**env, "CLIPFORGE_FAULTS": f"hold@{profile.run_hold_step}"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     tsv = workdir / "metrics" / "train.tsv"
     deadline = time.monotonic() + 300
@@ -578,7 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="folder for gpu-bench.json/.md")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, seconds")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["loader", "step", "end_to_end", "train_run"])
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["loader", "step", "end_to_end", "train_run"]
+    )
     args = parser.parse_args(argv)
     profile = DRY if args.dry_run else FULL
     if profile.device == "cpu":

@@ -18,7 +18,9 @@ def _model_states_per_gpu(name: str, ranks: int) -> dict[int, float]:
 
     model = open_clip.create_model(name, device="meta")  # shapes only: no memory, no time
     params = sum(p.numel() for p in model.parameters())
-    largest_layer = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    largest_layer = max(
+        sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
+    )
     return {
         # DeepSpeed's bf16 mode at ZeRO-1 (the estimator has no ZeRO-1 entry): bf16 weights and
         # gradients, the fp32 accumulation buffer, fp32 master weights + 2 moments partitioned
@@ -32,7 +34,11 @@ def _model_states_per_gpu(name: str, ranks: int) -> dict[int, float]:
 def test_production_large_uses_zero3_where_zero1_model_states_take_a_quarter_of_the_gpu():
     config = load_config(None, ["recipe=production-large"])
     train = config.train
-    assert (config.model.name, train.zero_stage, train.grad_checkpointing) == ("ViT-bigG-14", 3, True)
+    assert (config.model.name, train.zero_stage, train.grad_checkpointing) == (
+        "ViT-bigG-14",
+        3,
+        True,
+    )
     states = _model_states_per_gpu(config.model.name, train.ranks_per_node * train.num_nodes)
     assert states[3] < states[2] < states[1]  # each stage frees memory for activations
     assert states[1] > GPU_MEMORY / 4  # ZeRO-1 would spend over a quarter of each GPU on them

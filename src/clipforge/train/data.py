@@ -68,7 +68,9 @@ class EpochOrder:
     @lru_cache(maxsize=4)  # noqa: B019
     def _windows(self, epoch: int) -> tuple[list[np.ndarray], np.ndarray]:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.counts))
-        windows = [order[i : i + self.window_shards] for i in range(0, len(order), self.window_shards)]
+        windows = [
+            order[i : i + self.window_shards] for i in range(0, len(order), self.window_shards)
+        ]
         ends = np.cumsum([sum(self.counts[s] for s in w) for w in windows])
         return windows, ends
 
@@ -234,7 +236,9 @@ SHM_SHARE = 0.5  # of /dev/shm's free space the loaders of one node may fill
 MAX_PREFETCH = 4
 
 
-def prefetch_factor(chunk_bytes: int, num_workers: int, ranks_per_node: int, free_bytes: int) -> int:
+def prefetch_factor(
+    chunk_bytes: int, num_workers: int, ranks_per_node: int, free_bytes: int
+) -> int:
     """Chunks each worker may hold ready in shared memory: up to MAX_PREFETCH, as many as the
     node's /dev/shm share allows. Raises ValueError when not even one fits."""
     if num_workers == 0:

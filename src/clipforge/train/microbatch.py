@@ -25,7 +25,9 @@ import torch
 
 log = logging.getLogger("clipforge.train")
 
-SAFETY_MARGIN = 0.10  # share of the device's memory kept free: fragmentation, NCCL, the feature cache
+SAFETY_MARGIN = (
+    0.10  # share of the device's memory kept free: fragmentation, NCCL, the feature cache
+)
 PLAN_FILE = "batch_plan.json"  # in the run directory: the probed micro batch, reused on resume
 
 
