@@ -93,6 +93,14 @@ class DataConfig(Section):
         lt=0.5,
     )
     samples_per_shard: int = knob(2000, "Samples per webdataset tar shard.", ge=1)
+    resize_to: int | None = knob(
+        None,
+        "Bring every train/val image's shorter side down to this many pixels before sharding "
+        "(e.g. 224, ViT-B/32's input): fewer pixels to decode in every epoch, for one lossy "
+        "re-encoding; null: keep images as they come.",
+        ge=16,
+        le=4096,
+    )
     max_image_pixels: int = knob(
         50_000_000,
         "Images with more pixels are skipped as `too_large` "

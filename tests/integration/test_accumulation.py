@@ -55,7 +55,14 @@ def test_accumulated_gradient_of_every_parameter_equals_the_big_batch_gradient(
     precision; and the temperature cap lands on DeepSpeed's fp32 master weight."""
     stage_args = [str(s) for s in stages]
     outcome = _worker(
-        tmp_path, "--world", str(world), "--stages", *stage_args, "--rtol", str(FP32_RTOL), "--clamp"
+        tmp_path,
+        "--world",
+        str(world),
+        "--stages",
+        *stage_args,
+        "--rtol",
+        str(FP32_RTOL),
+        "--clamp",
     )
     for stage in stages:
         for k in (1, 2, 4):
