@@ -6,6 +6,7 @@ gradient norms and timings otherwise stay where they are until a log interval re
 
 from __future__ import annotations
 
+import functools
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -67,19 +68,21 @@ def agree(loss: torch.Tensor, grad_norm, stop_requested: bool, device: str) -> A
     A non-finite loss must be known before backward so the step can be skipped whole, on every
     rank at once; that read is unavoidable. The previous step's gradient norm (long computed by
     now) and the stop flag ride along, so they cost no collective or wait of their own."""
-    norm = torch.zeros((), device=device) if grad_norm is None else grad_norm
-    values = torch.stack(
-        [
-            loss.detach().float().reshape(()),
-            torch.as_tensor(norm, device=device).float().reshape(()),
-            torch.tensor(float(stop_requested), device=device),
-        ]
-    )
+    norm = 0.0 if grad_norm is None else grad_norm  # (`or` would read a tensor back)
+    values = torch.stack([_on_device(v, device) for v in (loss, norm, float(stop_requested))])
     world = dist.get_world_size()
     if world > 1:
         dist.all_reduce(values)
     loss_sum, norm_sum, stops = values.tolist()
     return Agreed(loss_sum / world, None if grad_norm is None else norm_sum / world, stops > 0)
+
+
+def _on_device(value, device: str) -> torch.Tensor:
+    """A 0-dim fp32 tensor on the device: filled there, never copied from the host (a copy to
+    the GPU from pageable memory would wait for the work queued before it)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().reshape(())
+    return torch.full((), float(value), device=device)
 
 
 @dataclass
@@ -101,6 +104,52 @@ class LoopParts:
     faults: Faults = field(default_factory=Faults)
 
 
+class StepChecks:
+    """The alert rules at their points in a step, fed by the step's one synchronisation.
+
+    Before backward: the previous update's gradient norm (computed on the device since) and this
+    step's loss, both agreed across ranks by `agree`. So every rank reaches the same skip or stop
+    verdict, and a gradient norm is checked one step late, never at the cost of a wait."""
+
+    def __init__(self, alerts: AlertMonitor, stop: StopFlag, device: str):
+        self.alerts = alerts
+        self.stop = stop
+        self.device = device
+        self.agreed: Agreed | None = None  # this step's
+        self.pending: tuple[int, object] | None = None  # (step, grad norm on the device)
+
+    def before_backward(self, step: int, loss: torch.Tensor) -> bool:
+        """True: the loss is not finite, skip the step (the alert rules count it)."""
+        previous, self.pending = self.pending, None
+        norm = previous[1] if previous else None
+        self.agreed = agree(loss, norm, self.stop.requested, self.device)
+        if previous:
+            self._check_update(previous[0], self.agreed.previous_grad_norm)
+        verdict = self.alerts.check_loss(step, self.agreed.loss)
+        if verdict.stop:
+            raise NonFiniteTrainingError(verdict.message)
+        return verdict.skip
+
+    def updated(self, step: int, grad_norm) -> None:
+        self.pending = (step, grad_norm)
+
+    def pending_grad_norm(self) -> float | None:
+        """The last update's gradient norm, read from the device (None: no update this step)."""
+        norm = self.pending[1] if self.pending else None
+        return None if norm is None else float(norm)
+
+    def finish(self) -> None:
+        """The last update of the run has no next step to check it."""
+        if self.pending:
+            self._check_update(self.pending[0], self.pending_grad_norm())
+            self.pending = None
+
+    def _check_update(self, step: int, grad_norm: float | None) -> None:
+        verdict = self.alerts.check_update(step, grad_norm)
+        if verdict.stop:
+            raise NonFiniteTrainingError(verdict.message)
+
+
 def train_clip(
     parts: LoopParts,
     train: TrainConfig,
@@ -111,10 +160,8 @@ def train_clip(
 ) -> dict:
     """Run optimizer steps start_step..total_steps-1; returns the final scalars."""
     engine, alerts = parts.engine, parts.alerts
+    checks = StepChecks(alerts, parts.stop, parts.device)
     last: dict = {}
-    unchecked: tuple[int, object] | None = (
-        None  # (step, grad norm on the device) of the last update
-    )
     for step in range(start_step, total_steps):
         done = step + 1  # optimizer steps taken once this one is: the step's number everywhere
         began = time.perf_counter()
@@ -124,34 +171,21 @@ def train_clip(
             done, [parts.to_device(b) for b in micro_batches], lambda: parts.stop.requested
         )
         lr = engine.get_lr()[0]  # the rate this step uses; the scheduler advances inside step()
-        agreed: list[Agreed] = []
-
-        def skip_if(loss: torch.Tensor, done: int = done, agreed: list = agreed) -> bool:
-            nonlocal unchecked
-            previous = unchecked
-            agreed.append(agree(loss, previous and previous[1], parts.stop.requested, parts.device))
-            if previous:
-                _check_update(alerts, previous[0], agreed[0].previous_grad_norm)
-                unchecked = None
-            verdict = alerts.check_loss(done, agreed[0].loss)
-            if verdict.stop:
-                raise NonFiniteTrainingError(verdict.message)
-            return verdict.skip
-
+        skip_if = functools.partial(checks.before_backward, done)
         out = contrastive_step(engine, parts.loss_fn, micro_batches, skip_if, parts.autocast)
         if not out.skipped:
             clamp_logit_scale(engine, train.max_logit_scale)
-            unchecked = (done, engine.get_global_grad_norm())
+            checks.updated(done, engine.get_global_grad_norm())
         parts.perf.step_done(data_wait)
         logged = done % train.log_every_steps == 0 or done == total_steps
         saved = done % train.save_every_steps == 0 or done == total_steps
-        stopping = done < total_steps and agreed[0].stop
-        last = {"step": done, "epoch": done / steps_per_epoch, "loss": agreed[0].loss, "lr": lr}
-        if logged or saved or stopping:  # read back only what is reported
-            last["grad_norm"] = _host_grad_norm(unchecked[1]) if unchecked else None
+        stopping = done < total_steps and checks.agreed.stop
+        last = {"step": done, "epoch": done / steps_per_epoch, "loss": checks.agreed.loss, "lr": lr}
+        if logged or saved or stopping:  # read back from the device only what is reported
+            last["grad_norm"] = checks.pending_grad_norm()
             last["logit_scale"] = float(out.logit_scale)
-        if done == total_steps and unchecked:  # the last update has no next step to check it
-            _check_update(alerts, done, last["grad_norm"])
+        if done == total_steps:
+            checks.finish()
         if logged:
             last.update(parts.perf.interval())
             if parts.monitor:
@@ -166,13 +200,3 @@ def train_clip(
         if stopping:
             raise StopRequested(done)
     return last
-
-
-def _host_grad_norm(norm) -> float | None:
-    return None if norm is None else float(norm)
-
-
-def _check_update(alerts: AlertMonitor, step: int, grad_norm: float | None) -> None:
-    verdict = alerts.check_update(step, grad_norm)
-    if verdict.stop:
-        raise NonFiniteTrainingError(verdict.message)

@@ -14,6 +14,7 @@ CPU process under an address-space limit (the tests).
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import logging
@@ -120,6 +121,42 @@ def probe_micro_batch(share: int, fits: Callable[[int], bool]) -> int:
             "even 1; set train.grad_checkpointing: true, a higher train.zero_stage, or a "
             "smaller model"
         )
+    return chosen
+
+
+def probe_on_gpu(
+    model: torch.nn.Module,
+    model_cfg: dict,
+    device: torch.device,
+    share: int,
+    world_size: int,
+    deepspeed_bf16: bool,
+    autocast: Callable[[], AbstractContextManager],
+) -> int:
+    """The largest micro batch whose forward + backward fits this rank's GPU with the engine's
+    later needs held back. Runs on a copy in the training dtype: the weights stay untouched."""
+    dtype = torch.bfloat16 if deepspeed_bf16 else torch.float32
+    probe = copy.deepcopy(model).to(device, dtype)
+    try:
+        fits = forward_backward_fits(
+            probe,
+            device,
+            dtype,
+            model_cfg["vision_cfg"]["image_size"],
+            model_cfg["text_cfg"].get("context_length", 77),
+            engine_reserve_bytes(
+                sum(p.numel() for p in probe.parameters()),
+                world_size,
+                deepspeed_bf16,
+                torch.cuda.get_device_properties(device).total_memory,
+            ),
+            autocast,
+        )
+        chosen = probe_micro_batch(share, fits)
+    finally:
+        del probe
+        torch.cuda.empty_cache()
+    log.info("micro batch probe on %s: %d of %d pairs fits", device, chosen, share)
     return chosen
 
 

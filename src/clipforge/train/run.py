@@ -7,7 +7,6 @@ same params resumes the run from its latest checkpoint, and ends with the same w
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
@@ -45,14 +44,7 @@ from clipforge.train.faults import faults_from_env
 from clipforge.train.flops import flops_per_sample, peak_flops
 from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip
 from clipforge.train.loss import make_clip_loss
-from clipforge.train.microbatch import (
-    PLAN_FILE,
-    engine_reserve_bytes,
-    forward_backward_fits,
-    plan_record,
-    probe_micro_batch,
-    saved_micro_batch,
-)
+from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
 from clipforge.train.monitor import PerfMeter, TrainMonitor
 from clipforge.train.optim import WarmupCosine
 from clipforge.train.validation import validation_metrics
@@ -299,30 +291,18 @@ def _batch_plan(
 
 
 def _probe(train: TrainConfig, dist: DistInfo, bundle: ClipBundle, precision: str) -> int:
-    """The largest micro batch whose forward + backward fits this rank's GPU, with the engine's
-    later needs held back (clipforge.train.microbatch). Runs on a copy: the weights stay fp32."""
-    device = torch.device("cuda", dist.local_rank)
-    ds_bf16 = deepspeed_bf16(precision, train.zero_stage)
-    dtype = torch.bfloat16 if ds_bf16 else torch.float32
-    model = copy.deepcopy(bundle.model).to(device, dtype)
-    num_params = sum(p.numel() for p in model.parameters())
-    total = torch.cuda.get_device_properties(device).total_memory
-    fits = forward_backward_fits(
-        model,
-        device,
-        dtype,
-        bundle.model_cfg["vision_cfg"]["image_size"],
-        bundle.model_cfg["text_cfg"].get("context_length", 77),
-        engine_reserve_bytes(num_params, dist.world_size, ds_bf16, total),
-        forward_autocast("cuda", uses_autocast(precision, train.zero_stage)),
-    )
     try:
-        return probe_micro_batch(train.global_batch_size // dist.world_size, fits)
+        return probe_on_gpu(
+            bundle.model,
+            bundle.model_cfg,
+            torch.device("cuda", dist.local_rank),
+            train.global_batch_size // dist.world_size,
+            dist.world_size,
+            deepspeed_bf16(precision, train.zero_stage),
+            forward_autocast("cuda", uses_autocast(precision, train.zero_stage)),
+        )
     except ValueError as exc:
         raise StageError(str(exc)) from None
-    finally:
-        del model
-        torch.cuda.empty_cache()
 
 
 def _agreed(value: int, how: Callable) -> int:
