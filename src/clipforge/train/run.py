@@ -267,8 +267,9 @@ def _batch_plan(
     """The batch arithmetic, with the micro batch of `auto` settled once per run: probed on GPUs
     at the run's first start, then read back from the run directory on every resume (the same
     micro batch gives the same data layout, so the resumed run ends with the same weights)."""
-    micro, how = None, "the rank's share of the global batch"
+    micro, how = None, "set in the params"
     if train.micro_batch_size == "auto" and train.grad_accum_steps == "auto":
+        how = "the rank's share of the global batch"
         saved = _agreed((saved_micro_batch(run_dir) or 0) if dist.is_main else 0, max)
         if saved:
             micro, how = saved, f"{run_dir / PLAN_FILE}, the run's first choice"
