@@ -49,6 +49,7 @@ class Profile:
     end_to_end_workers: int
     run_steps: int  # (d): steps of the real run; it is stopped after `run_hold_step`
     run_hold_step: int
+    run_save_every: int
     run_batch: int
     run_images: int
 
@@ -58,16 +59,17 @@ FULL = Profile(
     model="ViT-B-32",
     image_size=224,
     num_images=12_288,
-    worker_counts=(1, 2, 4, 8, 15),
-    loader_images=3072,
+    worker_counts=(2, 8, 15),
+    loader_images=2048,
     global_batch=1024,
     micro_batches=(256, 512, 1024),
     compile_micro_batches=(1024,),
     warmup_steps=3,
     timed_steps=6,
     end_to_end_workers=15,
-    run_steps=40,
-    run_hold_step=24,
+    run_steps=30,
+    run_hold_step=18,
+    run_save_every=10,  # a ViT-B/32 checkpoint is about 2 GB
     run_batch=256,
     run_images=6000,
 )
@@ -86,6 +88,7 @@ DRY = Profile(
     end_to_end_workers=1,
     run_steps=8,
     run_hold_step=5,
+    run_save_every=4,
     run_batch=16,
     run_images=160,
 )
@@ -516,7 +519,7 @@ def real_run(profile: Profile, workdir: Path) -> dict:
         f"train.global_batch_size={profile.run_batch}",
         f"train.max_steps={profile.run_steps}",
         "train.warmup_steps=2",
-        "train.save_every_steps=4",
+        f"train.save_every_steps={profile.run_save_every}",
         "train.log_every_steps=2",
         "train.optimizer=torch",
         f"train.num_workers={min(8, os.cpu_count() or 1) if profile.device == 'cuda' else 0}",

@@ -176,7 +176,7 @@ def train_clip(
         if not out.skipped:
             clamp_logit_scale(engine, train.max_logit_scale)
             checks.updated(done, engine.get_global_grad_norm())
-        parts.perf.step_done(data_wait)
+        parts.perf.step_done(time.perf_counter() - began, data_wait)
         logged = done % train.log_every_steps == 0 or done == total_steps
         saved = done % train.save_every_steps == 0 or done == total_steps
         stopping = done < total_steps and checks.agreed.stop

@@ -10,6 +10,7 @@ import csv
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("clipforge.train")
@@ -42,13 +43,21 @@ _TB_NAMES = {
 }
 
 
+@dataclass
+class _Totals:
+    steps: int = 0
+    seconds: float = 0.0  # from fetching a step's data to its update queued, summed
+    data_wait_seconds: float = 0.0
+
+
 class PerfMeter:
     """Throughput per log interval and over the whole run, from the host clock.
 
-    The loop waits for the device once per step (train/loop.py), so wall time between two
-    readings is device time too. samples/s counts global samples; MFU is per
-    clipforge.train.flops; data-wait share is the part of the wall time spent waiting for the
-    loader; peak memory is this rank's (GPU: the allocator's peak; CPU: the process's peak RSS).
+    The loop waits for the device once per step (train/loop.py), so a step's wall time is its
+    device time too; validation and checkpoint time between steps are left out. samples/s counts
+    global samples; MFU is per clipforge.train.flops; data-wait share is the part of the step
+    time spent waiting for the loader; peak memory is this rank's (GPU: the allocator's peak;
+    CPU: the process's peak RSS).
     """
 
     def __init__(
@@ -64,39 +73,38 @@ class PerfMeter:
         self.peak_flops_per_rank = peak_flops_per_rank
         self.world_size = world_size
         self.device = device
-        now = time.perf_counter()
-        self._interval = [now, 0, 0.0]  # began, steps, data wait seconds
-        self._run = [now, 0, 0.0]
+        self._interval = _Totals()
+        self._run = _Totals()
 
-    def step_done(self, data_wait_seconds: float) -> None:
+    def step_done(self, seconds: float, data_wait_seconds: float) -> None:
         for totals in (self._interval, self._run):
-            totals[1] += 1
-            totals[2] += data_wait_seconds
+            totals.steps += 1
+            totals.seconds += seconds
+            totals.data_wait_seconds += data_wait_seconds
 
     def interval(self) -> dict[str, float | None]:
         """The figures since the previous call (or the start)."""
-        figures = self._figures(*self._interval)
-        self._interval = [time.perf_counter(), 0, 0.0]
+        figures = self._figures(self._interval)
+        self._interval = _Totals()
         return figures
 
     def run(self) -> dict[str, float | None]:
         """The figures of every step this process took: the end-of-run summary's."""
-        return self._figures(*self._run)
+        return self._figures(self._run)
 
-    def _figures(self, began: float, steps: int, data_wait: float) -> dict[str, float | None]:
+    def _figures(self, totals: _Totals) -> dict[str, float | None]:
         from clipforge.train.flops import mfu
 
-        seconds = max(time.perf_counter() - began, 1e-9)
-        samples_per_s = steps * self.samples_per_step / seconds
-        utilisation = mfu(
-            samples_per_s, self.flops_per_sample, self.peak_flops_per_rank, self.world_size
-        )
+        seconds, steps = max(totals.seconds, 1e-9), max(totals.steps, 1)
+        samples_per_s = totals.steps * self.samples_per_step / seconds
         return {
             "samples_per_s": samples_per_s,
-            "step_s": seconds / max(steps, 1),
-            "data_wait_s": data_wait / max(steps, 1),
-            "data_wait_share": data_wait / seconds,
-            "mfu": utilisation,
+            "step_s": seconds / steps,
+            "data_wait_s": totals.data_wait_seconds / steps,
+            "data_wait_share": totals.data_wait_seconds / seconds,
+            "mfu": mfu(
+                samples_per_s, self.flops_per_sample, self.peak_flops_per_rank, self.world_size
+            ),
             "peak_mem_gb": peak_memory_gb(self.device),
         }
 
