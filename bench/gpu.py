@@ -135,12 +135,13 @@ def markdown(data: dict) -> str:
         lines += [
             "## (b) train step, in-memory batches",
             "",
-            "| ZeRO | micro | accum | compile | samples/s | MFU (table) | MFU (measured peak) | peak mem GB |",
-            "|---:|---:|---:|:---:|---:|---:|---:|---:|",
+            "| ZeRO | micro | accum | compile | grad ckpt | samples/s | MFU (table) | MFU (measured peak) | peak mem GB |",
+            "|---:|---:|---:|:---:|:---:|---:|---:|---:|---:|",
         ]
         for r in data["step"]:
             lines.append(
                 f"| {r['zero']} | {r['micro']} | {r['accum']} | {'on' if r['compile'] else 'off'} |"
+                f" {'on' if r['grad_checkpointing'] else 'off'} |"
                 f" {_num(r.get('samples_per_s'))} | {_pct(r.get('mfu'))} |"
                 f" {_pct(r.get('mfu_measured_peak'))} | {_num(r.get('peak_mem_gb'), 1)} |"
                 + (f" {r['error']}" if r.get("error") else "")
@@ -329,7 +330,15 @@ class Stepper:
     """A DeepSpeed engine of the benchmark's model and the loop's own step (train/loop.py's
     contrastive step, per-step check and temperature clamp), without logging."""
 
-    def __init__(self, profile: Profile, bundle, zero: int, micro: int, compile_model: bool):
+    def __init__(
+        self,
+        profile: Profile,
+        bundle,
+        zero: int,
+        micro: int,
+        compile_model: bool,
+        grad_checkpointing: bool = False,
+    ):
         import torch
 
         from clipforge.config import BatchPlan, load_config
@@ -351,6 +360,7 @@ class Stepper:
         self.plan = BatchPlan(profile.global_batch, micro, profile.global_batch // micro, 1)
         config = deepspeed_config(train, self.plan, profile.device, precision)
         model = copy.deepcopy(bundle.model)
+        model.set_grad_checkpointing(grad_checkpointing)
         self.engine = create_engine(model, config, WarmupCosine(0, 1000, 0.0), 0.2, compile_model)
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.ds_bf16 = deepspeed_bf16(precision, zero)
@@ -455,7 +465,13 @@ def measure_end_to_end(profile: Profile, files, bundle, env: dict, steps: list[d
     from clipforge.config import BatchPlan
     from clipforge.train import data
 
-    ok = [r for r in steps if r["zero"] == 1 and not r["compile"] and r.get("samples_per_s")]
+    ok = [
+        r
+        for r in steps
+        if r["zero"] == 1
+        and not (r["compile"] or r["grad_checkpointing"])
+        and r.get("samples_per_s")
+    ]
     best = max(ok, key=lambda r: r["samples_per_s"])
     stepper = Stepper(profile, bundle, 1, best["micro"], False)
     total_steps = profile.warmup_steps + profile.timed_steps

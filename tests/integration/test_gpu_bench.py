@@ -34,9 +34,9 @@ def test_dry_run_measures_every_section_and_writes_json_and_markdown(tmp_path):
     assert data["dry_run"] is True
     assert all(rate > 0 for rate in data["loader"]["images_per_s"].values())
     steps = data["step"]
-    assert sorted((r["zero"], r["micro"]) for r in steps) == [
-        (z, m) for z in (1, 2, 3) for m in (8, 16)
-    ]
+    assert sorted((r["zero"], r["micro"], r["grad_checkpointing"]) for r in steps) == sorted(
+        [(z, m, False) for z in (1, 2, 3) for m in (8, 16)] + [(1, 16, True)]
+    )
     for row in steps:
         assert "error" not in row, row
         assert row["samples_per_s"] > 0 and row["mfu_measured_peak"] > 0 and row["peak_mem_gb"] > 0
