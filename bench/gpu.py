@@ -437,20 +437,24 @@ def _free(stepper) -> None:
 
 
 def measure_steps(profile: Profile, bundle, env: dict, report: Report) -> list[dict]:
-    """ZeRO 1 (+ compile), then 2, then 3: ZeRO-3 patches torch's linear for the whole process."""
-    configs = [(1, m, False) for m in profile.micro_batches]
-    configs += [(1, m, True) for m in profile.compile_micro_batches]
-    configs += [(z, m, False) for z in (2, 3) for m in profile.micro_batches]
+    """ZeRO 1 (+ compile, + gradient checkpointing), then 2, then 3: ZeRO-3 patches torch's
+    linear for the whole process."""
+    largest = max(profile.micro_batches)
+    configs = [(1, m, False, False) for m in profile.micro_batches]
+    configs += [(1, m, True, False) for m in profile.compile_micro_batches]
+    configs += [(1, largest, False, True)]  # gradient checkpointing: its cost in speed
+    configs += [(z, m, False, False) for z in (2, 3) for m in profile.micro_batches]
     results = []
-    for zero, micro, compiled in configs:
+    for zero, micro, compiled, checkpointing in configs:
         row = {
             "zero": zero,
             "micro": micro,
             "accum": profile.global_batch // micro,
             "compile": compiled,
+            "grad_checkpointing": checkpointing,
         }
         try:
-            stepper = Stepper(profile, bundle, zero, micro, compiled)
+            stepper = Stepper(profile, bundle, zero, micro, compiled, checkpointing)
             batches = _synthetic_micro_batches(profile, stepper, bundle)
             row.update(_timed(profile, stepper, lambda batches=batches: batches))
             _free(stepper)
