@@ -575,7 +575,7 @@ def real_run(profile: Profile, workdir: Path) -> dict:
     resumed = subprocess.run(train, cwd=workdir, env=env, capture_output=True, text=True)
     if resumed.returncode:
         raise RuntimeError(f"the resumed run failed: {resumed.stderr[-2000:]}")
-    summary = json.loads((workdir / "metrics" / "train.json").read_text())
+    summary = json.loads((workdir / "metrics" / "train.info.json").read_text())
     losses = _losses(tsv)
     return {
         "stopped_exit_code": stopped_code,
