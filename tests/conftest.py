@@ -102,6 +102,11 @@ def train_argv(root: Path, data: Path, params: Path, checkpoints: Path | None = 
     ]
 
 
+def eval_argv(params: Path, model: str, test_data: Path, out: Path) -> list[str]:
+    """The eval stage's arguments."""
+    return ["--params", str(params), "--model", model, "--data", str(test_data), "--out", str(out)]
+
+
 def run_train(root: Path, data: Path, *overrides: str, checkpoints: Path | None = None) -> int:
     """The train stage in-process with the reduced params (see train_argv)."""
     from clipforge.train.stage import main

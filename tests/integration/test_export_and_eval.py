@@ -12,7 +12,7 @@ import torch
 from clipforge.data import testset
 from clipforge.eval import METRIC_KEYS, encode_images, encode_texts, load_open_clip
 from clipforge.eval import main as eval_main
-from tests.conftest import subprocess_env, write_params
+from tests.conftest import eval_argv, subprocess_env, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -75,28 +75,15 @@ def test_eval_stage_writes_metrics_with_the_documented_keys(
 ):
     params = write_params(tmp_path / "params.yaml")
     out = tmp_path / "metrics" / "eval.json"
-    assert (
-        eval_main(
-            [
-                "--params",
-                str(params),
-                "--model",
-                f"local-dir:{reference_run / 'models/clip'}",
-                "--data",
-                str(small_data / "test"),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    model = f"local-dir:{reference_run / 'models/clip'}"
+    assert eval_main(eval_argv(params, model, small_data / "test", out)) == 0
     metrics = json.loads(out.read_text())
     assert list(metrics) == list(METRIC_KEYS)  # recall only: the counts are in eval.info.json
     assert all(0.0 <= metrics[key] <= 100.0 for key in METRIC_KEYS)
     assert metrics["t2i_r01"] <= metrics["t2i_r05"] <= metrics["t2i_r10"]
     info = json.loads((tmp_path / "metrics" / "eval.info.json").read_text())
     assert (info["num_images"], info["num_texts"]) == (24, 48)
-    assert info["model"] == f"local-dir:{reference_run / 'models/clip'}"
+    assert info["model"] == model
     assert (tmp_path / "metrics" / "eval.config.yaml").is_file()
     assert "t2i_r01" in capsys.readouterr().out  # the table
 
@@ -105,21 +92,7 @@ def test_baseline_model_adds_its_numbers_and_the_delta(reference_run, small_data
     model = f"local-dir:{reference_run / 'models/clip'}"
     params = write_params(tmp_path / "params.yaml", {"eval": {"baseline_model": model}})
     out = tmp_path / "eval.json"
-    assert (
-        eval_main(
-            [
-                "--params",
-                str(params),
-                "--model",
-                model,
-                "--data",
-                str(small_data / "test"),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert eval_main(eval_argv(params, model, small_data / "test", out)) == 0
     metrics = json.loads(out.read_text())
     assert metrics["baseline"]["t2i_r01"] == metrics["t2i_r01"]  # the same model twice
     assert json.loads((tmp_path / "eval.info.json").read_text())["baseline"]["model"] == model
@@ -128,21 +101,8 @@ def test_baseline_model_adds_its_numbers_and_the_delta(reference_run, small_data
 
 def test_eval_on_a_missing_model_or_test_set_is_a_clear_error(tmp_path, small_data, capsys):
     params = write_params(tmp_path / "params.yaml")
-    assert (
-        eval_main(
-            [
-                "--params",
-                str(params),
-                "--model",
-                f"local-dir:{tmp_path / 'none'}",
-                "--data",
-                str(small_data / "test"),
-                "--out",
-                str(tmp_path / "e.json"),
-            ]
-        )
-        == 2
-    )
+    missing = f"local-dir:{tmp_path / 'none'}"
+    assert eval_main(eval_argv(params, missing, small_data / "test", tmp_path / "e.json")) == 2
     assert "run the train stage first" in capsys.readouterr().err
     assert eval_main(["--params", str(params), "--data", str(tmp_path)]) == 2
     assert "test_imgs.tsv not found" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from clipforge.data import builtin
-from tests.conftest import subprocess_env, write_params
+from tests.conftest import subprocess_env, train_argv, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -78,18 +78,7 @@ def hf_run(tmp_path_factory, small_data):
         sys.executable,
         "-m",
         "clipforge.train",
-        "--params",
-        str(params),
-        "--data",
-        str(small_data),
-        "--checkpoints",
-        str(root / "checkpoints"),
-        "--model-out",
-        str(root / "models" / "clip"),
-        "--logs",
-        str(root / "logs"),
-        "--metrics",
-        str(root / "metrics"),
+        *train_argv(root, small_data, params),
         "--set",
         f"model.text_tower={tower}",
         "--set",

@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from clipforge.eval import main as eval_main
-from tests.conftest import run_train, write_params
+from tests.conftest import eval_argv, run_train, write_params
 
 WEIGHTS = "open_clip_model.safetensors"
 
@@ -24,18 +24,7 @@ def model_dir(tmp_path, untrained_model_dir):
 def _eval(tmp_path, small_data, model: str, params_overrides: dict | None = None) -> int:
     params = write_params(tmp_path / "params.yaml", params_overrides)
     out = tmp_path / "metrics" / "eval.json"
-    return eval_main(
-        [
-            "--params",
-            str(params),
-            "--model",
-            model,
-            "--data",
-            str(small_data / "test"),
-            "--out",
-            str(out),
-        ]
-    )
+    return eval_main(eval_argv(params, model, small_data / "test", out))
 
 
 def _error_lines(stderr: str) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import subprocess_env, write_params
+from tests.conftest import subprocess_env, train_argv, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -23,10 +23,7 @@ def test_two_rank_run_matches_the_single_rank_run(tmp_path, small_data, referenc
         sys.executable,
         "-m",
         "clipforge.train",
-        "--params",
-        str(params),
-        "--data",
-        str(small_data),
+        *train_argv(tmp_path, small_data, params),
         "--set",
         "train.ranks_per_node=2",
         "--set",

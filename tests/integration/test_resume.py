@@ -11,29 +11,13 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import subprocess_env, write_params
+from tests.conftest import subprocess_env, train_argv, write_params
 
 pytestmark = pytest.mark.slow
 
 
 def _stage_command(root: Path, data: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "clipforge.train",
-        "--params",
-        str(root / "params.yaml"),
-        "--data",
-        str(data),
-        "--checkpoints",
-        str(root / "checkpoints"),
-        "--model-out",
-        str(root / "models" / "clip"),
-        "--logs",
-        str(root / "logs"),
-        "--metrics",
-        str(root / "metrics"),
-    ]
+    return [sys.executable, "-m", "clipforge.train", *train_argv(root, data, root / "params.yaml")]
 
 
 def _logged_steps(root: Path) -> list[int]:

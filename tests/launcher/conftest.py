@@ -175,17 +175,16 @@ def wait_for_end(node_dir: Path, timeout: float = 600) -> dict:
     return state
 
 
+def host_train_args(data: str = "build") -> tuple[str, ...]:
+    """`fab train` with CPU ranks on the host's own Python, the data stage as `--data` says."""
+    return ("train", "--gpus", "0", "--runtime", "host", "--data", data)
+
+
 def launch_run(
     fab: FabRunner, sshd, root: Path, *args: str, env: dict | None = None
 ) -> LaunchedRun:
     result = fab(
-        "train",
-        "--gpus",
-        "0",
-        "--runtime",
-        "host",
-        "--data",
-        "build",
+        *host_train_args(),
         *args,
         hosts=sshd.address,
         key=sshd.client_key,

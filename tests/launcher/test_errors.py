@@ -8,20 +8,14 @@ import shutil
 import pytest
 
 from tests.conftest import REPO, git
-from tests.launcher.conftest import SMALL_SETS, make_fab, set_args
+from tests.launcher.conftest import SMALL_SETS, host_train_args, make_fab, set_args
 from tests.launcher.hostprocs import processes_under
 from tests.launcher.sshd import FabRunner, free_port, keygen
 
 
 def _train(fab, sshd, *args, **kwargs):
     return fab(
-        "train",
-        "--gpus",
-        "0",
-        "--runtime",
-        "host",
-        "--data",
-        "build",
+        *host_train_args(),
         *set_args(SMALL_SETS),
         *args,
         hosts=kwargs.pop("hosts", sshd.address),
@@ -148,17 +142,7 @@ def test_no_host_at_all(fab, sshd):
 
 def test_data_pull_needs_a_dvc_remote(fab, sshd, remote_root):
     """--data pull without a DVC remote/lock in the commit: refused with the alternatives."""
-    result = fab(
-        "train",
-        "--gpus",
-        "0",
-        "--runtime",
-        "host",
-        "--data",
-        "pull",
-        hosts=sshd.address,
-        key=sshd.client_key,
-    )
+    result = fab(*host_train_args("pull"), hosts=sshd.address, key=sshd.client_key)
     assert result.returncode != 0 and "--data build" in result.stderr
     assert not remote_root.exists()
 

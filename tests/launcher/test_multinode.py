@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from tests.alerts.alerts_helpers import WebhookServer
 from tests.conftest import git, subprocess_env
-from tests.launcher.conftest import RUN_SETS, make_fab, set_args, wait_for_end
+from tests.launcher.conftest import RUN_SETS, host_train_args, make_fab, set_args, wait_for_end
 from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace
 from tests.launcher.sshd import keygen
 
@@ -70,15 +70,9 @@ def net_fab(net, project: Path, base: Path, servers=None):
 
 def train_two_nodes(net, fab, *extra: str, env: dict | None = None):
     return fab(
-        "train",
-        "--gpus",
-        "0",
+        *host_train_args(),
         "--nodes",
         "2",
-        "--runtime",
-        "host",
-        "--data",
-        "build",
         "--master-port",
         MASTER_PORT,
         *set_args(RUN_SETS),
