@@ -6,13 +6,16 @@ CLIPFORGE_FAULTS is a comma-separated list of:
 - `stall@STEP=SECONDS`: the step sleeps first, as a hung collective would;
 - `hold@STEP`: the step waits until a stop is requested (SIGTERM/SIGINT), then goes on, so the
   stop path checkpoints after it. A test can then stop a run that cannot have ended first, with
-  no guess at how fast the machine trains. Without a stop the step waits for ever.
+  no guess at how fast the machine trains. Without a stop the step waits for ever;
+- `hold_upload@STEP`: the run store's upload of the checkpoint of that step stops after its first
+  file and waits for ever (training goes on): kill the process there for a torn upload.
 STEP counts optimizer steps from 1.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ class Faults:
     nan_steps: frozenset[int] = frozenset()
     stall_seconds: dict[int, float] = field(default_factory=dict)
     hold_steps: frozenset[int] = frozenset()
+    hold_upload_steps: frozenset[int] = frozenset()
 
     def apply(self, step: int, micro_batches: list, stop_requested: Callable[[], bool]) -> list:
         if step in self.hold_steps:
@@ -41,12 +45,16 @@ class Faults:
             ]
         return micro_batches
 
+    def after_first_uploaded_file(self, step: int) -> None:
+        if step in self.hold_upload_steps:
+            threading.Event().wait()
+
 
 def faults_from_env(environ=os.environ) -> Faults:
     spec = environ.get(ENV, "").strip()
     if not spec:
         return Faults()
-    nan_steps, stalls, holds = set(), {}, set()
+    nan_steps, stalls, holds, upload_holds = set(), {}, set(), set()
     for item in spec.split(","):
         kind, _, where = item.strip().partition("@")
         if kind == "nan":
@@ -56,8 +64,11 @@ def faults_from_env(environ=os.environ) -> Faults:
             stalls[int(step)] = float(seconds)
         elif kind == "hold":
             holds.add(int(where))
+        elif kind == "hold_upload":
+            upload_holds.add(int(where))
         else:
             raise ValueError(
-                f"{ENV}: unknown fault {item!r}; use nan@STEP, stall@STEP=SECONDS or hold@STEP"
+                f"{ENV}: unknown fault {item!r}; use nan@STEP, stall@STEP=SECONDS, hold@STEP or "
+                f"hold_upload@STEP"
             )
-    return Faults(frozenset(nan_steps), stalls, frozenset(holds))
+    return Faults(frozenset(nan_steps), stalls, frozenset(holds), frozenset(upload_holds))

@@ -147,6 +147,11 @@ class TrainMonitor:
             "step %d: validation %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         )
 
+    def store_lag(self, step: int, lag_steps: int, lag_seconds: float) -> None:
+        """How far the run store is behind, as a checkpoint is saved (clipforge.train.sync)."""
+        self.writer.add_scalar("store/lag_steps", lag_steps, step)
+        self.writer.add_scalar("store/lag_seconds", lag_seconds, step)
+
     def eta(self, step: int) -> str:
         done = step - self.start_step
         if done <= 0:
