@@ -195,7 +195,7 @@ class AlertMonitor:
         self._run_event(
             events.STORE_UNREACHABLE,
             "warning",
-            f"run store {store}: {failures} upload attempts in a row failed ({error}); training "
+            f"run store {store}: {failures} upload attempt(s) in a row failed ({error}); training "
             f"goes on, {waiting} checkpoint(s) wait on this disk (none is pruned before it is "
             f"uploaded), and the uploads resume when the store answers",
             {"store": store, "failures": failures, "error": error, "waiting": waiting},

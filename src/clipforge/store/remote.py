@@ -142,9 +142,11 @@ class RunStore:
     def set_aside(self, tag: str) -> str:
         """Move a damaged checkpoint out of the way (kept for inspection); its new URL."""
         name = f"damaged-{tag}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
-        self.fs.mv(
-            self.path(f"checkpoints/{tag}"), self.path(f"checkpoints/{name}"), recursive=True
-        )
+        source = self.path(f"checkpoints/{tag}")
+        # file by file: fsspec's recursive mv of a prefix fails on some stores once it is copied
+        for relative in self.files(f"checkpoints/{tag}"):
+            self.fs.copy(f"{source}/{relative}", self.path(f"checkpoints/{name}/{relative}"))
+        self.fs.rm(source, recursive=True)
         return f"{self.url}/checkpoints/{name}"
 
     def prune(self, keep: int) -> list[str]:

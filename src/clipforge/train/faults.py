@@ -7,6 +7,8 @@ CLIPFORGE_FAULTS is a comma-separated list of:
 - `hold@STEP`: the step waits until a stop is requested (SIGTERM/SIGINT), then goes on, so the
   stop path checkpoints after it. A test can then stop a run that cannot have ended first, with
   no guess at how fast the machine trains. Without a stop the step waits for ever;
+- `wait@STEP=PATH`: the step waits until PATH exists: a test creates it once what must come
+  first has happened (e.g. it took the run store down);
 - `hold_upload@STEP`: the run store's upload of the checkpoint of that step stops after its first
   file and waits for ever (training goes on): kill the process there for a torn upload.
 STEP counts optimizer steps from 1.
@@ -32,10 +34,14 @@ class Faults:
     stall_seconds: dict[int, float] = field(default_factory=dict)
     hold_steps: frozenset[int] = frozenset()
     hold_upload_steps: frozenset[int] = frozenset()
+    wait_files: dict[int, str] = field(default_factory=dict)
 
     def apply(self, step: int, micro_batches: list, stop_requested: Callable[[], bool]) -> list:
         if step in self.hold_steps:
             while not stop_requested():
+                time.sleep(HOLD_POLL_SECONDS)
+        if step in self.wait_files:
+            while not os.path.exists(self.wait_files[step]):
                 time.sleep(HOLD_POLL_SECONDS)
         if step in self.stall_seconds:
             time.sleep(self.stall_seconds[step])
@@ -54,7 +60,7 @@ def faults_from_env(environ=os.environ) -> Faults:
     spec = environ.get(ENV, "").strip()
     if not spec:
         return Faults()
-    nan_steps, stalls, holds, upload_holds = set(), {}, set(), set()
+    nan_steps, stalls, holds, upload_holds, waits = set(), {}, set(), set(), {}
     for item in spec.split(","):
         kind, _, where = item.strip().partition("@")
         if kind == "nan":
@@ -66,9 +72,12 @@ def faults_from_env(environ=os.environ) -> Faults:
             holds.add(int(where))
         elif kind == "hold_upload":
             upload_holds.add(int(where))
+        elif kind == "wait":
+            step, _, path = where.partition("=")
+            waits[int(step)] = path
         else:
             raise ValueError(
-                f"{ENV}: unknown fault {item!r}; use nan@STEP, stall@STEP=SECONDS, hold@STEP or "
-                f"hold_upload@STEP"
+                f"{ENV}: unknown fault {item!r}; use nan@STEP, stall@STEP=SECONDS, hold@STEP, "
+                f"wait@STEP=PATH or hold_upload@STEP"
             )
-    return Faults(frozenset(nan_steps), stalls, frozenset(holds), frozenset(upload_holds))
+    return Faults(frozenset(nan_steps), stalls, frozenset(holds), frozenset(upload_holds), waits)
