@@ -23,7 +23,7 @@ from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan
 from clipforge.fsutil import atomic_write_text
 from clipforge.model import ClipBundle, build_model
 from clipforge.train import data as train_data
-from clipforge.train import recovery
+from clipforge.train import recovery, samples
 from clipforge.train.checkpoint import Checkpointer, run_id
 from clipforge.train.dist import DistInfo, init_distributed, resolve_device
 from clipforge.train.ds_config import deepspeed_config, resolve_precision
@@ -61,6 +61,7 @@ class TrainingRun:
     monitor: TrainMonitor | None  # rank 0 only
     alerts: AlertMonitor
     sync: StoreSync | None = None  # rank 0, with storage.remote set
+    gallery: samples.SampleGallery | None = None  # retrieval samples (None: no val split)
 
     @property
     def start_step(self) -> int:
@@ -101,6 +102,10 @@ class TrainingRun:
         )
         if self.monitor and metrics:
             self.monitor.validation(step, metrics)
+        if self.gallery is not None:  # every rank encodes it; rank 0 draws
+            found = samples.rankings(self.engine, self.gallery, self.to_device)
+            if self.monitor:
+                self.monitor.retrieval_samples(step, *samples.render(self.gallery, *found))
         return metrics.get("loss")
 
 
@@ -211,6 +216,7 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         else None,
         alerts=alerts,
         sync=sync,
+        gallery=samples.load_gallery(paths["data"], bundle.preprocess_val, bundle.tokenizer),
     )
 
 
