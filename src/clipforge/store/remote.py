@@ -34,6 +34,9 @@ from clipforge.store.manifest import MANIFEST
 LATEST = "latest"
 _TAG = re.compile(r"^step-(\d{8})$")
 LAUNCHES = "launches"
+# Set by `fab train` for the train stage: the launch's run.json, which the stage copies to
+# <remote>/launches/<launch id>.json, so that the launch can be found from its id alone.
+RUN_RECORD_ENV = "CLIPFORGE_RUN_RECORD"
 
 
 class StoreError(RuntimeError):

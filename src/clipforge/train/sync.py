@@ -37,15 +37,13 @@ from clipforge.config import Config
 from clipforge.fsutil import atomic_write_text
 from clipforge.store.config import StorageConfig
 from clipforge.store.manifest import MANIFEST
-from clipforge.store.remote import RunStore, tag_step
+from clipforge.store.remote import RUN_RECORD_ENV, RunStore, tag_step
 from clipforge.train.checkpoint import Checkpointer
 from clipforge.train.faults import Faults, faults_from_env
 
 log = logging.getLogger("clipforge.train")
 
 SYNC_STATUS = "sync.json"  # beside the checkpoints of the run
-# Set by `fab train` for the stage: the launch's run.json, copied to the store.
-RUN_RECORD_ENV = "CLIPFORGE_RUN_RECORD"
 _WAKE_QUEUE_SIZE = 8  # a request is a wake-up: more than a few pending say nothing more
 _POLL_SECONDS = 1.0  # how often an idle uploader looks at the clock (logs due, lag)
 
