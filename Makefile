@@ -13,7 +13,7 @@ IMG2DATASET_VENV ?= .venv-img2dataset
 IMG2DATASET_STAMP := $(IMG2DATASET_VENV)/.clipforge-tool
 PYTEST_ARGS ?=
 
-.PHONY: help env img2dataset-env demo test lint format clean-outputs
+.PHONY: help env img2dataset-env demo test lint format clean-outputs bench-wheels
 
 # make up / down / preview (Pulumi, infra/)
 include infra/infra.mk
@@ -65,6 +65,10 @@ lint: env  ## ruff check + ruff format --check (make test runs it first)
 format: env  ## let ruff fix imports and formatting
 	$(VENV)/bin/ruff check --fix $(LINTED)
 	$(VENV)/bin/ruff format $(LINTED)
+
+# The wheels bench/gpu-run.sh installs on an offline GPU machine (kept out of git).
+bench-wheels: env  ## fill bench/wheels/ for bench/gpu-run.sh on an offline GPU machine
+	PYTHON=$(PY) scripts/bench-wheels.sh bench/wheels
 
 clean-outputs:  ## delete the pipeline outputs in the checkout (data, checkpoints, models, logs, metrics)
 	rm -rf data checkpoints models logs metrics

@@ -84,6 +84,14 @@ class DataConfig(Section):
         lt=0.5,
     )
     samples_per_shard: int = knob(2000, "Samples per webdataset tar shard.", ge=1)
+    resize_to: int | None = knob(
+        None,
+        "Bring every train/val image's shorter side down to this many pixels before sharding "
+        "(e.g. 224, ViT-B/32's input): fewer pixels to decode in every epoch, for one lossy "
+        "re-encoding; null: keep images as they come.",
+        ge=16,
+        le=4096,
+    )
     max_image_pixels: int = knob(
         50_000_000,
         "Images with more pixels are skipped as `too_large` "
@@ -213,7 +221,13 @@ class TrainConfig(Section):
     precision: Literal["auto", "bf16", "fp32"] = knob(
         "auto", "`auto`: bf16 on GPUs that support it, fp32 on CPU."
     )
-    zero_stage: int = knob(1, "DeepSpeed ZeRO stage (production: 3).", ge=0, le=3)
+    zero_stage: int = knob(
+        1,
+        "DeepSpeed ZeRO stage. The gradients are the same at every stage; higher stages save "
+        "memory at the cost of communication (production: 1; production-large: 3).",
+        ge=0,
+        le=3,
+    )
     num_nodes: int = knob(1, "Machines in the run.", ge=1)
     ranks_per_node: int = knob(1, "Processes per machine: GPUs per node, or CPU ranks.", ge=1)
     global_batch_size: int = knob(
@@ -259,6 +273,20 @@ class TrainConfig(Section):
     )
     seed: int = knob(0, "Seed for initialisation, data order and augmentation.", ge=0)
     num_workers: int = knob(1, "Data-loading processes per rank.", ge=0)
+    shuffle_window_shards: int = knob(
+        64,
+        "Shards whose samples are shuffled together each epoch (windows of the shuffled shard "
+        "order): more mixes each batch's negatives better, at more open files per loader worker.",
+        ge=1,
+    )
+    compile: bool = knob(
+        False, "torch.compile the model (GPU; measured in BENCHMARKS.md before turning it on)."
+    )
+    grad_checkpointing: bool = knob(
+        False,
+        "Recompute activations in backward instead of keeping them (open_clip's gradient "
+        "checkpointing): less memory for a larger micro batch, about a third more compute.",
+    )
     save_every_steps: int = knob(
         50, "Checkpoint interval in optimizer steps (a final one is always saved).", ge=1
     )
@@ -336,7 +364,8 @@ class Config:
     recipe: str = knob(
         "default",
         "Preset of defaults: `default` (tiny, CPU, minutes), "
-        "`production` (ViT-B-32, LAION zh, ZeRO-3, 4 GPUs), `production-zh-roberta` "
+        "`production` (ViT-B-32, LAION zh, ZeRO-1, 4 GPUs), `production-large` (ViT-bigG-14, "
+        "ZeRO-3), `production-zh-roberta` "
         "or `production-xlm-roberta` (Chinese text towers); see clipforge/recipes.py.",
     )
     data: DataConfig | None = field(default_factory=DataConfig)

@@ -68,17 +68,13 @@ def weights_file(source: str, what: str) -> Path:
 
 def check_model_weights(spec: str, pretrained: str | None, what: str) -> None:
     """An eval model (`local-dir:PATH`, `hf-hub:ORG/REPO` or an open_clip name with `pretrained`)
-    has weights to load. hf-hub models are checked when open_clip fetches them."""
+    has weights to load. hf-hub models and open_clip's tags are checked when open_clip fetches
+    them."""
     if spec.startswith(LOCAL_DIR):
         local_dir_weights(Path(spec[len(LOCAL_DIR) :]), what)
     elif spec.startswith(HF_HUB):
         return
-    elif pretrained is None:
-        raise ModelFilesError(
-            f"{what}: {spec} is an architecture without weights (it would be randomly "
-            f"initialised); give local-dir:PATH, hf-hub:ORG/REPO, or pretrained weights for it"
-        )
-    elif looks_like_a_file(pretrained) and not Path(pretrained).is_file():
+    elif pretrained and looks_like_a_file(pretrained) and not Path(pretrained).is_file():
         raise ModelFilesError(f"{what}: pretrained weights {pretrained} not found")
 
 

@@ -3,8 +3,21 @@
 `default` is the embedded default itself (the field defaults in clipforge.config): a tiny model
 on the built-in dataset that trains in minutes on 2 CPU cores. `production` is the reference run:
 open_clip ViT-B/32 at 224 px on the LAION-5B Chinese subset (metadata filtered to CLIP
-similarity >= 0.32, downloaded with img2dataset), DeepSpeed ZeRO-3 in bf16 on 4 GPUs, global
-batch 4096, lr 5e-4 with 500 warm-up steps and cosine decay, evaluated on Flickr30K-CN.
+similarity >= 0.32, downloaded with img2dataset), DeepSpeed in bf16 on 4 GPUs, global batch 4096,
+lr 5e-4 with 500 warm-up steps and cosine decay, evaluated on Flickr30K-CN.
+
+The ZeRO stage changes memory and speed, never the gradients (tests/integration/
+test_accumulation.py), so `production` takes the fastest stage that fits. Until bench/gpu.py has
+measured stages 1-3 on a GPU, that choice rests on analysis: ViT-B/32 has 151M parameters, whose
+weights, fp32 gradients and AdamW states take about 1.7 GB per GPU under ZeRO-1 (2% of an 80 GB
+GPU), and ZeRO-1 communicates least: once per step, like plain data parallelism. ZeRO-2 also
+reduces gradients in every micro-batch's backward, and ZeRO-3 gathers the weights on each of
+the three passes per micro-batch (cached forward, forward, backward), invalidating its prefetch
+trace as no-grad and grad passes alternate. The seed's ZeRO-3 stays one `--set
+train.zero_stage=3` away. `production-large` (ViT-bigG-14, 2.5B parameters) is the recipe that
+uses ZeRO-3: its model states take 26 GiB per GPU under ZeRO-1, 15 under ZeRO-2 and 11 under
+ZeRO-3 (DeepSpeed's estimator; tests/unit/test_recipes.py), and every GB goes to
+activations, with gradient checkpointing on.
 The two `production-*` variants swap the text tower for one that reads Chinese natively:
 `hfl/chinese-roberta-wwm-ext` with its own tokenizer (as Chinese-CLIP does), or open_clip's
 `xlm-roberta-base-ViT-B-32`. Only keys that differ from the embedded default are listed.
@@ -26,6 +39,7 @@ def production() -> dict[str, dict]:
             "test_dir": "datasets/Flickr30k-CN",
             "val_fraction": 0.001,  # ~tens of thousands of pairs: enough for a stable val loss
             "samples_per_shard": 10000,
+            "resize_to": 224,  # ViT-B/32's input: less to decode in every epoch
             "download_processes": 16,
             "download_threads": 128,
         },
@@ -33,7 +47,7 @@ def production() -> dict[str, dict]:
         "train": {
             "device": "cuda",
             "precision": "bf16",
-            "zero_stage": 3,
+            "zero_stage": 1,  # the fastest that fits (see above); measured by bench/gpu.py
             "ranks_per_node": 4,
             "global_batch_size": 4096,
             "micro_batch_size": "auto",  # probed on the GPUs: no hand-tuned number to OOM on
@@ -57,9 +71,16 @@ def production_with_model(**model: str) -> dict[str, dict]:
     return recipe
 
 
+def production_large() -> dict[str, dict]:
+    recipe = production_with_model(name="ViT-bigG-14")
+    recipe["train"].update(zero_stage=3, grad_checkpointing=True)
+    return recipe
+
+
 RECIPES: dict[str, dict[str, dict]] = {
     "default": {},
     "production": production(),
+    "production-large": production_large(),
     # Chinese-CLIP's text tower: a Chinese RoBERTa (BERT architecture, character-level vocab).
     "production-zh-roberta": production_with_model(
         name="ViT-B-32", text_tower="hfl/chinese-roberta-wwm-ext"

@@ -5,6 +5,7 @@ rerun resumes exactly from."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -108,8 +109,8 @@ def test_a_filling_disk_warns_first_then_stops_before_writing_and_the_rerun_resu
 
         remount(disk, f"size={4 * CHECKPOINT_BYTES}")
         assert run_train(tmp_path, small_data, checkpoints=checkpoints) == 0
-    summary = (tmp_path / "metrics" / "train.json").read_text()
-    assert '"resumed_from_step": 8' in summary
+    info = json.loads((tmp_path / "metrics" / "train.info.json").read_text())
+    assert info["resumed_from_step"] == 8
     expected = load_file(str(reference_run / "models" / "clip" / "open_clip_model.safetensors"))
     got = load_file(str(tmp_path / "models" / "clip" / "open_clip_model.safetensors"))
     assert all((expected[name] == got[name]).all() for name in expected)

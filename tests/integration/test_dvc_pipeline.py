@@ -132,7 +132,7 @@ def test_exp_run_with_a_changed_param_reruns_train_and_eval_only(pipeline_repo):
 
 def test_a_recipe_experiment_shows_the_values_it_trains_with(pipeline_repo):
     """`dvc exp run -S recipe=production` (its params stage only): `dvc params diff` and
-    `dvc exp show` carry the recipe's lr, ZeRO stage and ranks, not params.yaml's (whose keys
+    `dvc exp show` carry the recipe's lr, precision and ranks, not params.yaml's (whose keys
     the small config sets, the global batch among them, keep their values: user choices)."""
     sets = ("-S", "recipe=production", "-S", "train.micro_batch_size=auto")
     _dvc(pipeline_repo, "exp", "run", *sets, "params@train")
@@ -140,10 +140,10 @@ def test_a_recipe_experiment_shows_the_values_it_trains_with(pipeline_repo):
         diff = json.loads(_dvc(pipeline_repo, "params", "diff", "--json").stdout)
         changed = {k: (v["old"], v["new"]) for k, v in diff["resolved/train.yaml"].items()}
         assert changed["train.lr"] == (0.001, 0.0005)
-        assert changed["train.zero_stage"] == (1, 3)
+        assert changed["train.precision"] == ("auto", "bf16")
         assert changed["train.ranks_per_node"] == (1, 4)
         assert "train.global_batch_size" not in changed
         shown = json.loads(_dvc(pipeline_repo, "exp", "show", "--json").stdout)
-        assert "'zero_stage': 3" in str(shown) and "'lr': 0.0005" in str(shown)
+        assert "'precision': 'bf16'" in str(shown) and "'lr': 0.0005" in str(shown)
     finally:
         subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)

@@ -101,15 +101,15 @@ def test_an_architecture_name_alone_is_refused_as_model_and_as_baseline(
 ):
     assert _eval(tmp_path, small_data, "clipforge-tiny") == 2
     assert capsys.readouterr().err == (
-        "clipforge.eval: error: --model: clipforge-tiny is an architecture without weights (it "
-        "would be randomly initialised); give local-dir:PATH, hf-hub:ORG/REPO, or pretrained "
-        "weights for it\n"
+        "clipforge.eval: error: --model clipforge-tiny: an open_clip architecture, whose weights "
+        "would be random: name them with --pretrained TAG or FILE (open_clip has no tags for "
+        "clipforge-tiny)\n"
     )
     model = f"local-dir:{untrained_model_dir}"
     assert _eval(tmp_path, small_data, model, {"eval": {"baseline_model": "clipforge-tiny"}}) == 2
     assert capsys.readouterr().err.startswith(
-        "clipforge.eval: error: eval.baseline_model: clipforge-tiny is an architecture without "
-        "weights"
+        "clipforge.eval: error: eval.baseline_pretrained: required with eval.baseline_model "
+        "'clipforge-tiny', an open_clip architecture whose weights would otherwise be random"
     )
     assert not (tmp_path / "metrics").exists()
 

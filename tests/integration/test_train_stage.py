@@ -155,3 +155,28 @@ def test_changed_params_start_a_run_of_their_own(reference_run, small_data, tmp_
 def test_missing_data_is_a_clear_error(tmp_path, capsys):
     assert run_train(tmp_path, tmp_path / "no-data") == 2
     assert "run the data stage first" in capsys.readouterr().err
+
+
+def test_an_auto_micro_batch_is_kept_with_the_run_and_reused_on_resume(
+    tmp_path, small_data, caplog
+):
+    """The micro batch `auto` settled on (on GPUs, the probe's choice) is written beside the
+    checkpoints; a rerun reads it back instead of choosing again, so a resumed run keeps the data
+    layout of the run it continues."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="clipforge")
+    auto = ("train.micro_batch_size=auto", "train.max_steps=2", "train.warmup_steps=1")
+    assert run_train(tmp_path, small_data, *auto) == 0
+    (run_dir,) = (tmp_path / "checkpoints").iterdir()
+    plan = json.loads((run_dir / "batch_plan.json").read_text())
+    assert (plan["micro_batch_size"], plan["grad_accum_steps"]) == (32, 1)
+    # as if the first start had probed a GPU that fits 8 pairs at once
+    plan.update(micro_batch_size=8, grad_accum_steps=4)
+    (run_dir / "batch_plan.json").write_text(json.dumps(plan))
+    caplog.clear()
+    assert run_train(tmp_path, small_data, *auto) == 0
+    assert "micro batch 8 (" in caplog.text and "the run's first choice" in caplog.text
+    ds_config = json.loads((run_dir / "deepspeed_config.json").read_text())
+    assert ds_config["train_micro_batch_size_per_gpu"] == 8
+    assert ds_config["gradient_accumulation_steps"] == 4

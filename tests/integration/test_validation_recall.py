@@ -26,18 +26,20 @@ NUM_BATCHES, BATCH = 4, 6
 
 
 class TinyClip(torch.nn.Module):
-    """A small real two-tower model (no open_clip, so the spawned ranks start fast)."""
+    """A small real two-tower model (no open_clip, so the spawned ranks start fast), with dropout:
+    in train mode its features are random, so only eval mode gives every rank the same answer."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
         self.image = torch.nn.Linear(3 * 8 * 8, 16)
         self.text = torch.nn.EmbeddingBag(4096, 16)
+        self.dropout = torch.nn.Dropout(0.5)
 
     def forward(self, image, text):
         normalize = torch.nn.functional.normalize
         return {
-            "image_features": normalize(self.image(image.flatten(1)), dim=-1),
+            "image_features": normalize(self.dropout(self.image(image.flatten(1))), dim=-1),
             "text_features": normalize(self.text(text % 4096), dim=-1),
             "logit_scale": torch.tensor(10.0),
         }
@@ -74,9 +76,11 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from clipforge.train.validation import validation_metrics
 
+    model = TinyClip()  # in train mode, as the training loop leaves it
     metrics = validation_metrics(
-        TinyClip().eval(), contrastive_loss, _batches()[rank::world], lambda b: b, "cpu", 1000
+        model, contrastive_loss, _batches()[rank::world], lambda b: b, "cpu", 1000
     )
+    metrics["back_in_train_mode"] = model.training
     Path(out, f"world{world}-rank{rank}.json").write_text(json.dumps(metrics))
     dist.destroy_process_group()
 
@@ -93,13 +97,13 @@ def _run(world: int, out: Path) -> list[dict]:
 
 def test_two_ranks_report_what_one_rank_reports(tmp_path):
     """Loss and every recall agree between 1 rank with all batches (this process, no process
-    group) and 2 gloo ranks with half each."""
+    group) and 2 gloo ranks with half each: in eval mode (no dropout), and each rank's model is
+    in train mode again afterwards."""
     from clipforge.train.validation import validation_metrics
 
     first, second = _run(2, tmp_path)
-    one = validation_metrics(
-        TinyClip().eval(), contrastive_loss, _batches(), lambda b: b, "cpu", 1000
-    )
+    assert first.pop("back_in_train_mode") and second.pop("back_in_train_mode")
+    one = validation_metrics(TinyClip(), contrastive_loss, _batches(), lambda b: b, "cpu", 1000)
     assert first == second  # every rank ends with the same numbers
     assert one.keys() == first.keys()
     for key in one:

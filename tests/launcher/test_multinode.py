@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.alerts.alerts_helpers import WebhookServer
-from tests.conftest import subprocess_env
-from tests.launcher.conftest import RUN_SETS, git, make_fab, set_args, wait_for_end
+from tests.conftest import git, subprocess_env
+from tests.launcher.conftest import RUN_SETS, make_fab, set_args, wait_for_end
 from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace
 from tests.launcher.sshd import keygen
 

@@ -143,7 +143,15 @@ def _info(**state):
             "started_at": 1000.0,
             **state,
         },
-        "last_row": {"step": "250", "epoch": "0.5", "loss": "3.25", "samples_per_s": "4096.0"},
+        "last_row": {
+            "step": "250",
+            "epoch": "0.5",
+            "loss": "3.25",
+            "samples_per_s": "4096.0",
+            "mfu": "0.412",
+            "data_wait_share": "0.031",
+            "peak_mem_gb": "61.2",
+        },
         "recent_step_seconds": [2.0, 2.0, 3.0],
         "total_steps": 1000,
         "steps_per_epoch": 500,
@@ -161,6 +169,21 @@ def test_status_costs_gpu_hours_at_the_price():
     assert rows["cost"].startswith("12.00 so far (8 GPUs") and "3.33 per epoch" in rows["cost"]
     assert rows["step"] == "250/1000 (epoch 0.50)" and rows["ETA"] == "25m00s"
     assert rows["elapsed"] == "1h00m00s" and rows["restarts"] == "1/5" and rows["loss"] == "3.2500"
+
+
+def test_status_shows_the_runs_throughput_figures():
+    """samples/s, MFU, data-wait share and peak memory of the last metrics row; `-` for a
+    figure the run could not measure (MFU of a device without a known peak)."""
+    rows = dict(summarize(_info(), None))
+    assert (rows["samples/s"], rows["MFU"], rows["data wait"], rows["peak memory"]) == (
+        "4096.0",
+        "41.2%",
+        "3.1%",
+        "61.2 GB",
+    )
+    info = _info()
+    info["last_row"]["mfu"] = ""
+    assert dict(summarize(info, None))["MFU"] == "-"
 
 
 def test_status_without_a_price_says_where_to_give_one():

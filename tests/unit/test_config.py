@@ -121,7 +121,7 @@ def test_production_recipe_is_one_switch():
         config.train.lr,
         config.train.warmup_steps,
         config.train.precision,
-    ) == (3, 4096, 5e-4, 500, "bf16")
+    ) == (1, 4096, 5e-4, 500, "bf16")
 
 
 def test_user_choice_in_params_wins_over_the_recipe(tmp_path):

@@ -40,7 +40,7 @@ def test_print_config_shows_the_recipes_values_and_runs_nothing(stage, tmp_path,
     assert yaml.safe_load(out.read_text()) == printed
     if stage == "train":
         train = printed["train"]
-        assert (train["lr"], train["global_batch_size"], train["zero_stage"]) == (5e-4, 4096, 3)
+        assert (train["lr"], train["global_batch_size"], train["precision"]) == (5e-4, 4096, "bf16")
 
 
 def test_print_config_checks_the_params(capsys):

@@ -27,3 +27,19 @@ def test_shards_rotate_and_read_back_by_position_and_with_webdataset(tmp_path):
     # and any webdataset pipeline reads the same samples, in order
     read = list(wds.WebDataset([str(tmp_path / s.name) for s in shards], shardshuffle=False))
     assert [(r["__key__"], r["txt"].decode()) for r in read] == [(k, c) for k, _, c in samples]
+
+
+def test_resize_to_brings_the_shorter_side_down_and_leaves_small_images_alone():
+    """data.resize_to: a 384x256 image sharded at the model's 224; a smaller one untouched."""
+    import io
+
+    from PIL import Image
+
+    from clipforge.data.builtin import encode_jpeg
+    from clipforge.data.samples import shorter_side_at_most
+
+    large = encode_jpeg(Image.new("RGB", (384, 256), "red"))
+    small = encode_jpeg(Image.new("RGB", (200, 100), "blue"))
+    assert Image.open(io.BytesIO(shorter_side_at_most(large, 224))).size == (336, 224)
+    assert shorter_side_at_most(small, 224) == small
+    assert shorter_side_at_most(large, None) == large

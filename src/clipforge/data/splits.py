@@ -18,6 +18,7 @@ from pathlib import Path
 from clipforge.cli import StageError
 from clipforge.config import DataConfig
 from clipforge.data import testset
+from clipforge.data.samples import shorter_side_at_most
 from clipforge.data.shards import ShardInfo, ShardReader, ShardWriter
 from clipforge.fsutil import sha256_file
 
@@ -107,6 +108,7 @@ class SplitWriter:
     def __init__(self, out: Path, data: DataConfig):
         self.out = out
         self.seed = data.seed
+        self.resize_to = data.resize_to
         self.val_fraction = data.val_fraction
         self.test_fraction = 0.0 if data.test_dir else data.test_fraction
         self.writers = {
@@ -119,6 +121,8 @@ class SplitWriter:
     def add(self, identity: str, jpeg: bytes, caption: str) -> str:
         """Write one pair; returns its split."""
         split = split_of_identity(identity, self.seed, self.val_fraction, self.test_fraction)
+        if split != "test":  # the test set keeps its images as they are
+            jpeg = shorter_side_at_most(jpeg, self.resize_to)
         self.writers[split].write(f"{split}-{self.counts[split]:08d}", jpeg, caption)
         self.counts[split] += 1
         return split

@@ -28,7 +28,7 @@ from clipforge.cli import (
 from clipforge.config import STAGE_SECTIONS, Config, DataConfig
 from clipforge.data import builtin, laion, testset, wds_source
 from clipforge.data.local import load_image, read_records, split_of
-from clipforge.data.samples import SkipLog, clean_caption
+from clipforge.data.samples import SkipLog, clean_caption, shorter_side_at_most
 from clipforge.data.shards import write_shards
 from clipforge.data.splits import check_held_out_sizes
 from clipforge.data.splits import shard_summary as _shard_summary
@@ -80,7 +80,8 @@ def _builtin_splits(data: DataConfig, out: Path) -> tuple[dict, dict]:
             (p.key, p.jpeg, p.caption)
             for p in builtin.pairs(data.seed, split, count, data.image_size, exclude)
         )
-        splits[split] = _shard_summary(write_shards(triples, out, split, data.samples_per_shard))
+        resized = ((k, shorter_side_at_most(j, data.resize_to), c) for k, j, c in triples)
+        splits[split] = _shard_summary(write_shards(resized, out, split, data.samples_per_shard))
     if not data.test_dir:
         counts = testset.write_test_set(
             out / "test", ((t.image_id, t.jpeg, t.captions) for t in test_items)
@@ -113,6 +114,7 @@ def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, di
             if split == "test":
                 test_images.setdefault(record.image, (jpeg, []))[1].append(caption)
             else:
+                jpeg = shorter_side_at_most(jpeg, data.resize_to)
                 buckets[split].append((f"{split}-{len(buckets[split]):08d}", jpeg, caption))
     except (ValueError, FileNotFoundError) as exc:
         raise StageError(str(exc)) from None

@@ -58,7 +58,13 @@ def check_nodes(
     hosts: list[Host], master: str, port: int, settings: Settings
 ) -> tuple[list[list[Row]], list[NodeInterface]]:
     """A `network` row per node, and each node's interface toward the master."""
-    interfaces = [_interface(h, master, settings) for h in hosts]
+    if settings.socket_ifname:
+        interfaces = [_named_interface(h, settings) for h in hosts]
+    else:
+        routes = [_run_probe(h, settings, "route", master) for h in hosts]
+        # Nodes on one network stack (several ranks' hosts on one box) talk on loopback well.
+        one_stack = len({r.get("stack") for r in routes}) == 1
+        interfaces = [_routed_interface(r, master, one_stack) for r in routes]
     rows = [[_route_row(iface, master)] for iface in interfaces]
     listener = _start_listener(hosts[0], port, settings)
     try:
@@ -73,20 +79,21 @@ def check_nodes(
     return rows, interfaces
 
 
-def _interface(host: Host, master: str, settings: Settings) -> NodeInterface:
-    if settings.socket_ifname:
-        addresses = _run_probe(host, settings, "interfaces")
-        name = settings.socket_ifname
-        if name not in addresses:
-            found = ", ".join(sorted(addresses)) or "none"
-            error = f"no interface {name} with an IPv4 address here (found: {found})"
-            return NodeInterface(None, None, SETTING, error)
-        return NodeInterface(name, addresses[name], SETTING)
-    found = _run_probe(host, settings, "route", master)
+def _named_interface(host: Host, settings: Settings) -> NodeInterface:
+    addresses = _run_probe(host, settings, "interfaces")
+    name = settings.socket_ifname
+    if name not in addresses:
+        found = ", ".join(sorted(addresses)) or "none"
+        error = f"no interface {name} with an IPv4 address here (found: {found})"
+        return NodeInterface(None, None, SETTING, error)
+    return NodeInterface(name, addresses[name], SETTING)
+
+
+def _routed_interface(found: dict, master: str, one_stack: bool) -> NodeInterface:
     name, address = found.get("interface"), found.get("address")
     if "error" in found:
         error = found["error"]
-    elif name in (None, "lo"):
+    elif name is None or (name == "lo" and not one_stack):
         error = (
             f"the route to the master {master} leaves by {name or 'no interface'} "
             f"(source {address}): the other nodes could not connect back"

@@ -1,22 +1,31 @@
 """Training data as a pure function of the step: what makes resume exact and cheap.
 
-Epoch e visits every training sample once: the shards in an order shuffled by (seed, e), the
-samples of each shard in an order shuffled by (seed, e, shard). Optimizer step s of the epoch
-uses positions [s*G, (s+1)*G) of that sequence (G = global batch); rank r's micro-batch j of
-the step takes the slice starting at s*G + (j*W + r)*m (W ranks, micro batch m). Random
-augmentation is seeded per sample from (seed, epoch, position).
+Epoch e visits every training sample once. The shards are shuffled by (seed, e) and cut into
+windows of `window_shards` consecutive shards; the samples of each window are shuffled together
+by (seed, e, window). A 4096-pair batch thus mixes samples of up to that many shards (its
+negatives are not a run of neighbouring metadata rows), while the loader reads from a bounded
+set of open files. Optimizer step s of the epoch uses positions [s*G, (s+1)*G) of that sequence
+(G = global batch); rank r's micro-batch j of the step takes the slice starting at
+s*G + (j*W + r)*m (W ranks, micro batch m). Random augmentation is seeded per sample from
+(seed, epoch, position).
 
 So micro-batch number i of a rank is computable from i alone: a resumed run starts its
 DataLoader at the checkpoint's position and sees exactly the batches the interrupted run would
 have seen, whatever the number of loader workers, without reading the skipped samples.
+
+The loader's unit of work is a chunk of at most CHUNK_SAMPLES samples of one micro-batch, so a
+micro-batch is decoded by many workers at once. Workers emit uint8 pixels; the cast and the
+normalisation happen on the device (`DeviceBatches`), which moves a quarter of fp32's bytes
+through shared memory, pinned memory and the PCIe link.
 """
 
 from __future__ import annotations
 
 import bisect
 import io
+import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -49,36 +58,55 @@ def split_files(data_dir: Path, split: str) -> SplitFiles:
 class EpochOrder:
     """Which (shard, sample) sits at each position of each epoch."""
 
-    def __init__(self, counts: list[int], seed: int):
+    def __init__(self, counts: list[int], seed: int, window_shards: int):
         self.counts = counts
         self.seed = seed
+        self.window_shards = window_shards
         self.num_samples = sum(counts)
 
     # Per-instance caches by design: one EpochOrder lives as long as its loader.
     @lru_cache(maxsize=4)  # noqa: B019
-    def _shard_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    def _windows(self, epoch: int) -> tuple[list[np.ndarray], np.ndarray]:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.counts))
-        ends = np.cumsum([self.counts[i] for i in order])
-        return order, ends
+        windows = [
+            order[i : i + self.window_shards] for i in range(0, len(order), self.window_shards)
+        ]
+        ends = np.cumsum([sum(self.counts[s] for s in w) for w in windows])
+        return windows, ends
 
-    @lru_cache(maxsize=64)  # noqa: B019
-    def _sample_order(self, epoch: int, shard: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch, shard, 1]).permutation(self.counts[shard])
+    @lru_cache(maxsize=8)  # noqa: B019
+    def _window_order(self, epoch: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+        shards = self._windows(epoch)[0][window]
+        shard_of = np.concatenate([np.full(self.counts[s], s) for s in shards])
+        index_in = np.concatenate([np.arange(self.counts[s]) for s in shards])
+        mix = np.random.default_rng([self.seed, epoch, window, 1]).permutation(len(shard_of))
+        return shard_of[mix], index_in[mix]
 
     def locate(self, epoch: int, position: int) -> tuple[int, int]:
-        order, ends = self._shard_order(epoch)
+        _, ends = self._windows(epoch)
         k = bisect.bisect_right(ends, position)
         start = int(ends[k - 1]) if k else 0
-        shard = int(order[k])
-        return shard, int(self._sample_order(epoch, shard)[position - start])
+        shard_of, index_in = self._window_order(epoch, k)
+        return int(shard_of[position - start]), int(index_in[position - start])
 
 
 def sample_seed(seed: int, epoch: int, position: int) -> int:
     return int(np.random.default_rng([seed, epoch, position, 2]).integers(2**62))
 
 
+CHUNK_SAMPLES = 64  # the loader's unit of work: small enough to spread a micro-batch over workers
+
+
+def chunk_bounds(micro_batch_size: int) -> list[tuple[int, int]]:
+    """(start, stop) of each chunk of a micro-batch: as many as needed, as even as possible."""
+    num = -(-micro_batch_size // CHUNK_SAMPLES)
+    edges = [round(i * micro_batch_size / num) for i in range(num + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
 class MicroBatches(torch.utils.data.Dataset):
-    """Item i = this rank's i-th micro-batch of the run: (images, token ids)."""
+    """Item i = chunk i of this rank's micro-batches, in order: (uint8 images, token ids).
+    Micro-batch number n is items [n*C, (n+1)*C), C = `chunks_per_micro_batch`."""
 
     def __init__(
         self,
@@ -89,6 +117,7 @@ class MicroBatches(torch.utils.data.Dataset):
         total_steps: int,
         transform: Callable,
         tokenizer: Callable,
+        window_shards: int,
     ):
         self.files = files
         self.plan = plan
@@ -97,27 +126,34 @@ class MicroBatches(torch.utils.data.Dataset):
         self.total_steps = total_steps
         self.transform = transform
         self.tokenizer = tokenizer
-        self.order = EpochOrder(files.counts, seed)
+        self.window_shards = window_shards
+        self.order = EpochOrder(files.counts, seed, window_shards)
         self.steps_per_epoch = steps_per_epoch(files.num_samples, plan.global_batch_size)
+        self.chunks = chunk_bounds(plan.micro_batch_size)
         self._reader: ShardReader | None = None  # opened lazily, once per loader worker
 
-    def __len__(self) -> int:
-        return self.total_steps * self.plan.grad_accum_steps
+    @property
+    def chunks_per_micro_batch(self) -> int:
+        return len(self.chunks)
 
-    def positions(self, index: int) -> tuple[int, range]:
-        """(epoch, positions in the epoch) of micro-batch `index` of this rank."""
-        step, j = divmod(index, self.plan.grad_accum_steps)
+    def __len__(self) -> int:
+        return self.total_steps * self.plan.grad_accum_steps * self.chunks_per_micro_batch
+
+    def positions(self, micro_batch: int) -> tuple[int, range]:
+        """(epoch, positions in the epoch) of micro-batch number `micro_batch` of this rank."""
+        step, j = divmod(micro_batch, self.plan.grad_accum_steps)
         epoch, step_in_epoch = divmod(step, self.steps_per_epoch)
         m, world = self.plan.micro_batch_size, self.plan.world_size
         start = step_in_epoch * self.plan.global_batch_size + (j * world + self.rank) * m
         return epoch, range(start, start + m)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._reader is None:
-            self._reader = ShardReader(self.files.paths)
-        epoch, positions = self.positions(index)
+        if self._reader is None:  # the open files of one window of shards
+            self._reader = ShardReader(self.files.paths, max_open_files=self.window_shards)
+        micro_batch, chunk = divmod(index, self.chunks_per_micro_batch)
+        epoch, positions = self.positions(micro_batch)
         images, captions = [], []
-        for position in positions:
+        for position in positions[slice(*self.chunks[chunk])]:
             sample = self._reader.read(*self.order.locate(epoch, position))
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(sample_seed(self.seed, epoch, position))
@@ -126,16 +162,89 @@ class MicroBatches(torch.utils.data.Dataset):
         return torch.stack(images), self.tokenizer(captions)
 
 
+def uint8_transform(preprocess: Callable) -> tuple[Callable, list[float], list[float]]:
+    """open_clip's preprocessing up to the pixels, ending in uint8 instead of normalised floats;
+    and the normalisation's mean and std, applied later on the device."""
+    from torchvision import transforms
+
+    steps = preprocess.transforms
+    (normalize,) = [t for t in steps if isinstance(t, transforms.Normalize)]
+    kept = [t for t in steps if type(t).__name__ not in ("ToTensor", "MaybeToTensor", "Normalize")]
+    return (
+        transforms.Compose([*kept, transforms.PILToTensor()]),
+        list(normalize.mean),
+        list(normalize.std),
+    )
+
+
+class DeviceBatches:
+    """Chunks of uint8 pixels -> a micro-batch on the device, normalised as torchvision's
+    ToTensor + Normalize would (the same operations, in the same order), cast to `dtype`."""
+
+    def __init__(self, mean, std, device: torch.device, dtype: torch.dtype):
+        self.mean = torch.tensor(mean, device=device).view(-1, 1, 1)
+        self.std = torch.tensor(std, device=device).view(-1, 1, 1)
+        self.device = device
+        self.dtype = dtype
+
+    def __call__(self, chunks: list[tuple[torch.Tensor, torch.Tensor]]):
+        images = torch.cat([c[0].to(self.device, non_blocking=True) for c in chunks])
+        texts = torch.cat([c[1].to(self.device, non_blocking=True) for c in chunks])
+        images = images.float().div_(255).sub_(self.mean).div_(self.std)
+        return images.to(self.dtype), texts
+
+
+def grouped(chunks: Iterator, size: int) -> Iterator[list]:
+    """The loader's chunks, `size` at a time: one micro-batch's worth each."""
+    while True:
+        group = list(itertools.islice(chunks, size))
+        if not group:
+            return
+        yield group
+
+
 def micro_batch_loader(
-    dataset: MicroBatches, start: int, num_workers: int, pin_memory: bool
-) -> torch.utils.data.DataLoader:
-    """Batches dataset[start], dataset[start + 1], ... in order, prepared by worker processes."""
-    return torch.utils.data.DataLoader(
+    dataset: MicroBatches, start: int, num_workers: int, pin_memory: bool, prefetch_factor: int
+) -> Iterator[list]:
+    """Micro-batches start, start + 1, ... in order, as lists of chunks prepared by worker
+    processes (each chunk by one worker, the chunks of a micro-batch by several)."""
+    per_micro_batch = dataset.chunks_per_micro_batch
+    loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=None,
-        sampler=range(start, len(dataset)),
+        sampler=range(start * per_micro_batch, len(dataset)),
         num_workers=num_workers,
         pin_memory=pin_memory,
-        prefetch_factor=4 if num_workers else None,
+        prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=False,
     )
+    return grouped(iter(loader), per_micro_batch)
+
+
+SHM_SHARE = 0.5  # of /dev/shm's free space the loaders of one node may fill
+MAX_PREFETCH = 4
+
+
+def prefetch_factor(
+    chunk_bytes: int, num_workers: int, ranks_per_node: int, free_bytes: int
+) -> int:
+    """Chunks each worker may hold ready in shared memory: up to MAX_PREFETCH, as many as the
+    node's /dev/shm share allows. Raises ValueError when not even one fits."""
+    if num_workers == 0:
+        return MAX_PREFETCH  # no worker processes: nothing goes through shared memory
+    per_prefetch = chunk_bytes * num_workers * ranks_per_node
+    fits = int(free_bytes * SHM_SHARE // per_prefetch)
+    if fits < 1:
+        raise ValueError(
+            f"/dev/shm has {free_bytes / 2**20:.0f} MiB free, but the loaders need "
+            f"{per_prefetch / 2**20:.0f} MiB ({ranks_per_node} ranks x {num_workers} workers x "
+            f"{chunk_bytes / 2**20:.1f} MiB per chunk) and may use {SHM_SHARE:.0%} of it; lower "
+            f"train.num_workers or enlarge /dev/shm (docker run --shm-size, or a memory-backed "
+            f"emptyDir on Kubernetes)"
+        )
+    return min(MAX_PREFETCH, fits)
+
+
+def chunk_bytes(image_size: int, context_length: int) -> int:
+    """Shared-memory bytes of one loader chunk: uint8 pixels and int64 token ids."""
+    return CHUNK_SAMPLES * (3 * image_size * image_size + 8 * context_length)

@@ -28,6 +28,21 @@ def use_torch_adam(optimizer: str, device: str) -> bool:
     return optimizer == "torch" or (optimizer == "auto" and device == "cpu")
 
 
+def deepspeed_bf16(precision: str, zero_stage: int) -> bool:
+    """bf16 weights in DeepSpeed's own bf16 mode, where it accumulates gradients in fp32.
+
+    With `data_types.grad_accum_dtype: fp32` DeepSpeed (0.14.5 to 0.19 at least) keeps bf16
+    weights, accumulates and reduces gradients in fp32 and steps fp32 master weights, but only
+    below ZeRO-2: its ZeRO-2 and ZeRO-3 optimizers accumulate in the weights' dtype whatever the
+    config says. There the weights stay fp32 and the forward runs under bf16 autocast
+    (`uses_autocast`), which gives the same fp32 accumulation at every stage."""
+    return precision == "bf16" and zero_stage < 2
+
+
+def uses_autocast(precision: str, zero_stage: int) -> bool:
+    return precision == "bf16" and not deepspeed_bf16(precision, zero_stage)
+
+
 def deepspeed_config(train: TrainConfig, plan: BatchPlan, device: str, precision: str) -> dict:
     zero: dict = {"stage": train.zero_stage}
     if train.zero_stage == 3:
@@ -40,7 +55,8 @@ def deepspeed_config(train: TrainConfig, plan: BatchPlan, device: str, precision
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.grad_accum_steps,
         "gradient_clipping": train.grad_clip_norm,
-        "bf16": {"enabled": precision == "bf16"},
+        "bf16": {"enabled": deepspeed_bf16(precision, train.zero_stage)},
+        "data_types": {"grad_accum_dtype": "fp32"},
         "zero_optimization": zero,
         "optimizer": {
             "type": "AdamW",
@@ -55,4 +71,7 @@ def deepspeed_config(train: TrainConfig, plan: BatchPlan, device: str, precision
         },
         "steps_per_print": _QUIET_STEPS,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer synchronises the device before every forward; clipforge
+        # measures throughput itself, once per log interval.
+        "timers": {"throughput": {"enabled": False, "synchronized": False}},
     }

@@ -3,15 +3,20 @@
 ZeRO quirks handled here, so the loop can stay plain:
 - DeepSpeed cannot broadcast 0-dim parameters, and open_clip's `logit_scale` is one: it gets the
   shape [1] for training and back [] on export.
-- Under ZeRO-3 a parameter outside forward is an empty placeholder, so an in-place clamp of
-  `logit_scale` (open_clip's way of capping the temperature) silently does nothing, and with bf16
-  the optimizer's fp32 master copy would overwrite it anyway. The cap is applied in the loss
-  instead (loss.py), and to the exported value.
+- open_clip caps the temperature by clamping `logit_scale` in place after each step. Under
+  DeepSpeed that alone does nothing: the optimizer steps its own fp32 master copy and writes it
+  back over the weights, and under ZeRO-3 the weight outside forward is an empty placeholder.
+  `clamp_logit_scale` clamps both copies through DeepSpeed's own accessors, at every stage.
+  (A clamp inside the loss instead would have no gradient above the cap, and a master weight
+  pushed past it by momentum would stay there.)
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,7 +29,11 @@ def make_logit_scale_1d(model: torch.nn.Module) -> None:
 
 
 def create_engine(
-    model: torch.nn.Module, ds_config: dict, schedule: WarmupCosine, weight_decay: float
+    model: torch.nn.Module,
+    ds_config: dict,
+    schedule: WarmupCosine,
+    weight_decay: float,
+    compile_model: bool = False,
 ):
     import deepspeed
 
@@ -35,7 +44,38 @@ def create_engine(
         config=ds_config,
         lr_scheduler=make_scheduler(schedule),
     )
+    if compile_model:
+        engine.compile()  # torch.compile of the module's forward, DeepSpeed's hooks kept
     return engine
+
+
+def clamp_logit_scale(engine, max_logit_scale: float) -> None:
+    """Cap the temperature at the step boundary, on the weights and the fp32 master weights
+    (every rank calls this: it gathers under ZeRO-3)."""
+    import deepspeed
+    from deepspeed import utils
+
+    cap = math.log(max_logit_scale)
+    param = engine.module.logit_scale
+    # A no-op gather below ZeRO-3; under it, rank 0's clamped value is partitioned back.
+    with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
+        param.clamp_(max=cap)
+    if hasattr(param, "ds_id"):
+        # ZeRO-3: each rank clamps its own slice of the master weight. (The full-value setter
+        # fails for a tensor smaller than the number of ranks, as this one-element one.)
+        local = utils.safe_get_local_fp32_param(param)
+        utils.safe_set_local_fp32_param(param, local.clamp(max=cap))
+        return
+    master = utils.safe_get_full_fp32_param(param)
+    if master is not None:
+        utils.safe_set_full_fp32_param(param, master.clamp(max=cap))
+
+
+def forward_autocast(device: str, enabled: bool) -> Callable[[], AbstractContextManager]:
+    """The context each forward runs in: bf16 autocast over fp32 weights, or nothing."""
+    if not enabled:
+        return nullcontext
+    return partial(torch.autocast, device_type=device, dtype=torch.bfloat16)
 
 
 def fp32_state_dict(checkpoint_dir: Path, tag: str, max_logit_scale: float) -> dict:

@@ -9,11 +9,18 @@ micro-batch only with itself, a different (easier) objective. Instead, as open_c
      the cached ones, and back-propagate the full-batch loss; only micro-batch j's activations
      are alive, and the gradients of the k backward passes sum to the full-batch gradient.
 ClipLoss with gather_with_grad extends the batch across ranks the same way.
+
+Two details make the sum exactly the big batch's gradient:
+- the temperature enters every one of the k losses, so each pass carries 1/k of its gradient
+  (otherwise dL/dlogit_scale is counted k times);
+- the cached and the recomputed forward of a micro-batch draw the same random numbers (dropout,
+  e.g. in Hugging Face text towers), so the fresh features equal the cached ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -22,12 +29,12 @@ from open_clip.loss import ClipLoss
 
 @dataclass(frozen=True)
 class StepOutput:
-    loss: float  # the full-batch contrastive loss (this rank's rows)
-    logit_scale: float  # the temperature used, after the cap
+    loss: torch.Tensor  # 0-dim, on the device: the full-batch loss of this rank's rows
+    logit_scale: torch.Tensor  # 0-dim, on the device: the temperature exp(logit_scale) used
     skipped: bool = False  # `skip_if` refused the loss: no backward, no optimizer step
 
 
-def _never(loss: float) -> bool:
+def _never(loss: torch.Tensor) -> bool:
     return False
 
 
@@ -37,54 +44,99 @@ def make_clip_loss(rank: int, world_size: int) -> ClipLoss:
     )
 
 
-def capped(logit_scale: torch.Tensor, max_logit_scale: float) -> torch.Tensor:
-    """exp(logit_scale) capped; gradient-free above the cap, so the parameter stops growing."""
-    return logit_scale.float().clamp(max=max_logit_scale)
+def counted_once(value: torch.Tensor, num_passes: int) -> torch.Tensor:
+    """`value` itself, whose gradient is 1/num_passes of the true one: summed over the passes of
+    one step, it is counted once."""
+    if num_passes == 1:
+        return value
+    frozen = value.detach()
+    return frozen + (value - frozen) / num_passes
 
 
-def _encode(engine, images: torch.Tensor, texts: torch.Tensor) -> dict:
-    out = engine(image=images, text=texts)
+def _encode(engine, images: torch.Tensor, texts: torch.Tensor, autocast) -> dict:
+    with autocast():
+        out = engine(image=images, text=texts)
     return {
         "image": out["image_features"].float(),
         "text": out["text_features"].float(),
-        "logit_scale": out["logit_scale"],
+        "logit_scale": out["logit_scale"].float().reshape(()),
     }
+
+
+class _SameRandomness:
+    """Snapshots of the random generators before each cached forward, replayed before the
+    forward with gradients of the same micro-batch."""
+
+    def __init__(self) -> None:
+        self._states: list[tuple] = []
+
+    def record(self) -> None:
+        cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
+        self._states.append((torch.get_rng_state(), cuda))
+
+    def replay(self, j: int) -> None:
+        if self._states:
+            cpu, cuda = self._states[j]
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda)
+
+
+def accumulate_gradients(
+    engine,
+    loss_fn: ClipLoss,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    skip_if: Callable[[torch.Tensor], bool] = _never,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
+) -> StepOutput:
+    """Forward/backward every micro-batch of one step, leaving the summed gradient for the
+    optimizer step (DeepSpeed's engine.step() at the accumulation boundary, not taken here).
+
+    `skip_if(loss)` sees the full-batch loss before any backward pass (a collective-safe point:
+    every rank calls it once per step); when it says so, the step is dropped whole.
+    `autocast` wraps each forward (bf16 autocast where the weights stay fp32).
+    """
+    k = len(micro_batches)
+    randomness = _SameRandomness()
+    cached_images: list[torch.Tensor] = []
+    cached_texts: list[torch.Tensor] = []
+    if k > 1:
+        with torch.no_grad():
+            for images, texts in micro_batches:
+                randomness.record()
+                out = _encode(engine, images, texts, autocast)
+                cached_images.append(out["image"])
+                cached_texts.append(out["text"])
+    first_loss = None
+    for j, (images, texts) in enumerate(micro_batches):
+        randomness.replay(j)
+        out = _encode(engine, images, texts, autocast)
+        if cached_images:
+            all_images = torch.cat(cached_images[:j] + [out["image"]] + cached_images[j + 1 :])
+            all_texts = torch.cat(cached_texts[:j] + [out["text"]] + cached_texts[j + 1 :])
+        else:
+            all_images, all_texts = out["image"], out["text"]
+        loss = loss_fn(all_images, all_texts, counted_once(out["logit_scale"], k))
+        if j == 0:
+            first_loss = loss.detach()
+            if skip_if(first_loss):
+                return StepOutput(first_loss, out["logit_scale"].detach(), skipped=True)
+        # Each pass back-propagates the whole loss through its own micro-batch only: no 1/k.
+        engine.backward(loss, scale_wrt_gas=False)
+        if j < k - 1:
+            engine.step()  # a micro-step: DeepSpeed counts it; the update waits for the boundary
+    return StepOutput(first_loss, out["logit_scale"].detach())
 
 
 def contrastive_step(
     engine,
     loss_fn: ClipLoss,
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    max_logit_scale: float,
-    skip_if: Callable[[float], bool] = _never,
+    skip_if: Callable[[torch.Tensor], bool] = _never,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
 ) -> StepOutput:
-    """Forward/backward every micro-batch of one step and let DeepSpeed take the optimizer step.
-
-    `skip_if(loss)` sees the full-batch loss before any backward pass (a collective-safe point:
-    every rank calls it once per step); when it says so, the step is dropped whole.
-    """
-    cached_images: list[torch.Tensor] = []
-    cached_texts: list[torch.Tensor] = []
-    if len(micro_batches) > 1:
-        with torch.no_grad():
-            for images, texts in micro_batches:
-                out = _encode(engine, images, texts)
-                cached_images.append(out["image"])
-                cached_texts.append(out["text"])
-    loss_value = scale_value = 0.0
-    for j, (images, texts) in enumerate(micro_batches):
-        out = _encode(engine, images, texts)
-        if cached_images:
-            all_images = torch.cat(cached_images[:j] + [out["image"]] + cached_images[j + 1 :])
-            all_texts = torch.cat(cached_texts[:j] + [out["text"]] + cached_texts[j + 1 :])
-        else:
-            all_images, all_texts = out["image"], out["text"]
-        scale = capped(out["logit_scale"], max_logit_scale)
-        loss = loss_fn(all_images, all_texts, scale)
-        if j == 0 and skip_if(loss.item()):
-            return StepOutput(loss=loss.item(), logit_scale=scale.item(), skipped=True)
-        # Each pass back-propagates the whole loss through its own micro-batch only: no 1/k.
-        engine.backward(loss, scale_wrt_gas=False)
+    """One whole optimizer step: accumulate_gradients, then DeepSpeed's update."""
+    out = accumulate_gradients(engine, loss_fn, micro_batches, skip_if, autocast)
+    if not out.skipped:
         engine.step()
-        loss_value, scale_value = loss.item(), scale.item()
-    return StepOutput(loss=loss_value, logit_scale=scale_value)
+    return out

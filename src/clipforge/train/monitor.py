@@ -13,6 +13,7 @@ import logging
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.eval import METRIC_KEYS
@@ -29,6 +30,9 @@ COLUMNS = (
     "samples_per_s",
     "step_s",
     "data_wait_s",
+    "data_wait_share",
+    "mfu",
+    "peak_mem_gb",
     "run_id",
 )
 # One row per validation: the val loss and retrieval recall curves.
@@ -41,6 +45,9 @@ _TB_NAMES = {
     "samples_per_s": "perf/samples_per_s",
     "step_s": "perf/step_s",
     "data_wait_s": "perf/data_wait_s",
+    "data_wait_share": "perf/data_wait_share",
+    "mfu": "perf/mfu",
+    "peak_mem_gb": "perf/peak_mem_gb",
 }
 # The scalars TensorBoard's hparams table shows next to each run's hyperparameters.
 HPARAM_METRICS = ("train/loss", "val/loss", "val/mean_recall", "val/t2i_r01")
@@ -76,6 +83,82 @@ class TsvLog:
         lines = ["\t".join(self.columns)]
         lines += ["\t".join(_fmt(row[c]) for c in self.columns) for row in self.rows]
         atomic_write_text(self.path, "\n".join(lines) + "\n")
+
+
+@dataclass
+class _Totals:
+    steps: int = 0
+    seconds: float = 0.0  # from fetching a step's data to its update queued, summed
+    data_wait_seconds: float = 0.0
+
+
+class PerfMeter:
+    """Throughput per log interval and over the whole run, from the host clock.
+
+    The loop waits for the device once per step (train/loop.py), so a step's wall time is its
+    device time too; validation and checkpoint time between steps are left out. samples/s counts
+    global samples; MFU is per clipforge.train.flops; data-wait share is the part of the step
+    time spent waiting for the loader; peak memory is this rank's (GPU: the allocator's peak;
+    CPU: the process's peak RSS).
+    """
+
+    def __init__(
+        self,
+        samples_per_step: int,
+        flops_per_sample: float | None,
+        peak_flops_per_rank: float | None,
+        world_size: int,
+        device: str,
+    ):
+        self.samples_per_step = samples_per_step
+        self.flops_per_sample = flops_per_sample
+        self.peak_flops_per_rank = peak_flops_per_rank
+        self.world_size = world_size
+        self.device = device
+        self._interval = _Totals()
+        self._run = _Totals()
+
+    def step_done(self, seconds: float, data_wait_seconds: float) -> None:
+        for totals in (self._interval, self._run):
+            totals.steps += 1
+            totals.seconds += seconds
+            totals.data_wait_seconds += data_wait_seconds
+
+    def interval(self) -> dict[str, float | None]:
+        """The figures since the previous call (or the start)."""
+        figures = self._figures(self._interval)
+        self._interval = _Totals()
+        return figures
+
+    def run(self) -> dict[str, float | None]:
+        """The figures of every step this process took: the end-of-run summary's."""
+        return self._figures(self._run)
+
+    def _figures(self, totals: _Totals) -> dict[str, float | None]:
+        from clipforge.train.flops import mfu
+
+        seconds, steps = max(totals.seconds, 1e-9), max(totals.steps, 1)
+        samples_per_s = totals.steps * self.samples_per_step / seconds
+        return {
+            "samples_per_s": samples_per_s,
+            "step_s": seconds / steps,
+            "data_wait_s": totals.data_wait_seconds / steps,
+            "data_wait_share": totals.data_wait_seconds / seconds,
+            "mfu": mfu(
+                samples_per_s, self.flops_per_sample, self.peak_flops_per_rank, self.world_size
+            ),
+            "peak_mem_gb": peak_memory_gb(self.device),
+        }
+
+
+def peak_memory_gb(device: str) -> float:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 1e9
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
 
 
 class TrainMonitor:
@@ -123,13 +206,17 @@ class TrainMonitor:
             self.bar.set_postfix(loss=f"{scalars['loss']:.3f}", lr=f"{scalars['lr']:.2e}")
         else:
             log.info(
-                "step %d/%d (%.0f%%) loss %.4f lr %.2e %.1f samples/s ETA %s",
+                "step %d/%d (%.0f%%) loss %.4f lr %.2e %.1f samples/s MFU %s data wait %.0f%% "
+                "peak mem %.1f GB ETA %s",
                 step,
                 self.total_steps,
                 100 * step / self.total_steps,
                 scalars["loss"],
                 scalars["lr"],
                 scalars["samples_per_s"],
+                _percent(scalars.get("mfu")),
+                100 * scalars["data_wait_share"],
+                scalars["peak_mem_gb"],
                 self.eta(step),
             )
 
@@ -172,7 +259,13 @@ class TrainMonitor:
             self.bar.close()
 
 
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
 def _fmt(value) -> str:
+    if value is None:  # e.g. no grad norm on a skipped step, no MFU without a known peak
+        return ""
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 

@@ -7,8 +7,10 @@ same params resumes the run from its latest checkpoint, and ends with the same w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -26,13 +28,25 @@ from clipforge.train import data as train_data
 from clipforge.train import recovery, samples
 from clipforge.train.checkpoint import Checkpointer, run_id
 from clipforge.train.dist import DistInfo, init_distributed, resolve_device
-from clipforge.train.ds_config import deepspeed_config, resolve_precision
-from clipforge.train.engine import create_engine, fp32_state_dict, replicas_in_sync
+from clipforge.train.ds_config import (
+    deepspeed_bf16,
+    deepspeed_config,
+    resolve_precision,
+    uses_autocast,
+)
+from clipforge.train.engine import (
+    create_engine,
+    forward_autocast,
+    fp32_state_dict,
+    replicas_in_sync,
+)
 from clipforge.train.export import export_model
 from clipforge.train.faults import faults_from_env
+from clipforge.train.flops import flops_per_sample, peak_flops
 from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip
 from clipforge.train.loss import make_clip_loss
-from clipforge.train.monitor import TrainMonitor, run_label
+from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
+from clipforge.train.monitor import PerfMeter, TrainMonitor, run_label
 from clipforge.train.optim import WarmupCosine
 from clipforge.train.sync import StoreSync, open_store, start_store_sync
 from clipforge.train.validation import validation_metrics
@@ -48,6 +62,7 @@ class TrainingRun:
     paths: dict[str, Path]
     identity: str  # run-<hash>: the checkpoint and log directory name
     dist: DistInfo
+    precision: str  # "bf16" or "fp32", resolved for the device
     plan: BatchPlan
     steps_per_epoch: int
     total_steps: int
@@ -68,6 +83,13 @@ class TrainingRun:
         return self.state["step"] if self.state else 0
 
     @property
+    def autocast(self) -> Callable:
+        """The context of every forward: bf16 autocast where the weights stay fp32."""
+        return forward_autocast(
+            self.dist.device, uses_autocast(self.precision, self.config.train.zero_stage)
+        )
+
+    @property
     def resumes(self) -> int:
         return self.state.get("resumes", 0) + 1 if self.state else 0
 
@@ -81,6 +103,7 @@ class TrainingRun:
                 "resumes": self.resumes,
                 "scalars": scalars,
                 "config": self.config.to_dict(),
+                "batch_plan": dataclasses.asdict(self.plan),
             },
             self.config.to_yaml(),
         )
@@ -99,6 +122,7 @@ class TrainingRun:
             self.to_device,
             self.dist.device,
             self.config.train.val_retrieval_samples,
+            self.autocast,
         )
         if self.monitor and metrics:
             self.monitor.validation(step, metrics)
@@ -138,16 +162,18 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
     # A collective waiting longer than the stall timeout waits on a dead or cut-off peer: it fails
     # then (and the supervisor restarts or gives up) instead of hanging on for torch's default.
     dist = init_distributed(device, timeout_seconds=config.alerts.stall_timeout_seconds)
-    plan = _batch_plan(train, dist.world_size)
     precision = resolve_precision(
         train.precision, device, device == "cuda" and torch.cuda.is_bf16_supported()
     )
     torch.manual_seed(train.seed)
     bundle = _build_model(config)
+    if train.grad_checkpointing:
+        bundle.model.set_grad_checkpointing(True)
+    identity = run_id(config, manifest)
+    plan = _batch_plan(train, dist, bundle, paths["checkpoints"] / identity, precision)
     files = train_data.split_files(paths["data"], "train")
     steps_per_epoch = _steps_per_epoch(files, plan)
     total_steps = train.max_steps or train.epochs * steps_per_epoch
-    identity = run_id(config, manifest)
     alerts = _alert_monitor(config, identity, dist)  # set-up may report a damaged checkpoint
     store = open_store(config.storage, identity) if dist.is_main else None
     engine, checkpointer = _engine_and_checkpointer(
@@ -180,8 +206,16 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         precision,
         train.zero_stage,
     )
+    transform, mean, std = train_data.uint8_transform(bundle.preprocess_train)
     dataset = train_data.MicroBatches(
-        files, plan, dist.rank, train.seed, total_steps, bundle.preprocess_train, bundle.tokenizer
+        files,
+        plan,
+        dist.rank,
+        train.seed,
+        total_steps,
+        transform,
+        bundle.tokenizer,
+        train.shuffle_window_shards,
     )
     label = run_label(
         config.model.name, plan.global_batch_size, train.lr, train.zero_stage, identity
@@ -191,11 +225,13 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         if store
         else None
     )
+    prefetch = _prefetch_factor(train, bundle)
     return TrainingRun(
         config=config,
         paths=paths,
         identity=identity,
         dist=dist,
+        precision=precision,
         plan=plan,
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
@@ -203,14 +239,15 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         engine=engine,
         checkpointer=checkpointer,
         state=state,
-        to_device=_device_mover(device, precision, dist.local_rank),
+        to_device=_device_batches(mean, std, device, precision, dist.local_rank),
         loader=train_data.micro_batch_loader(
             dataset,
             start_step * plan.grad_accum_steps,
             train.num_workers,
             pin_memory=device == "cuda",
+            prefetch_factor=prefetch,
         ),
-        val_loader=_validation_loader(paths["data"], plan, dist, train, bundle),
+        val_loader=_validation_loader(paths["data"], plan, dist, train, bundle, prefetch),
         monitor=_monitor(config, plan, paths, label, identity, start_step, total_steps)
         if dist.is_main
         else None,
@@ -233,6 +270,8 @@ def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
         validate=run.validate,
         device=run.dist.device,
         stop=stop,
+        perf=_perf_meter(run),
+        autocast=run.autocast,
         faults=faults_from_env(),
     )
     began = time.monotonic()
@@ -251,19 +290,66 @@ def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
         final = _train(run, parts)
         _check_replicas(run)
         if run.dist.is_main:
-            summary = _export(run, final, wall_seconds=round(time.monotonic() - began, 1))
+            perf = parts.perf.run() if run.total_steps > run.start_step else {}
+            summary = _export(run, final, round(time.monotonic() - began, 1), perf)
             run.alerts.run_finished({k: summary[k] for k in ("steps", "loss", "val_loss")})
     return final
 
 
-def _batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
-    plan = batch_plan(train, world_size=world_size)
+def _batch_plan(
+    train: TrainConfig, dist: DistInfo, bundle: ClipBundle, run_dir: Path, precision: str
+) -> BatchPlan:
+    """The batch arithmetic, with the micro batch of `auto` settled once per run: probed on GPUs
+    at the run's first start, then read back from the run directory on every resume (the same
+    micro batch gives the same data layout, so the resumed run ends with the same weights)."""
+    micro, how = None, "set in the params"
+    if train.micro_batch_size == "auto" and train.grad_accum_steps == "auto":
+        how = "the rank's share of the global batch"
+        saved = _agreed((saved_micro_batch(run_dir) or 0) if dist.is_main else 0, max)
+        if saved:
+            micro, how = saved, f"{run_dir / PLAN_FILE}, the run's first choice"
+        elif dist.device == "cuda":
+            micro, how = _agreed(_probe(train, dist, bundle, precision), min), "memory probe"
+    plan = batch_plan(train, world_size=dist.world_size, micro_batch_size=micro)
     if plan.world_size != train.num_nodes * train.ranks_per_node:
         raise StageError(
             f"world size {plan.world_size} (from the launcher) != train.num_nodes="
             f"{train.num_nodes} x train.ranks_per_node={train.ranks_per_node}"
         )
+    log.info(
+        "micro batch %d (%s), accumulation %d", plan.micro_batch_size, how, plan.grad_accum_steps
+    )
+    if dist.is_main and not (run_dir / PLAN_FILE).is_file():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        record = plan_record(plan.micro_batch_size, plan.grad_accum_steps, plan.world_size, how)
+        atomic_write_text(run_dir / PLAN_FILE, record)
     return plan
+
+
+def _probe(train: TrainConfig, dist: DistInfo, bundle: ClipBundle, precision: str) -> int:
+    try:
+        return probe_on_gpu(
+            bundle.model,
+            bundle.model_cfg,
+            torch.device("cuda", dist.local_rank),
+            train.global_batch_size // dist.world_size,
+            dist.world_size,
+            deepspeed_bf16(precision, train.zero_stage),
+            forward_autocast("cuda", uses_autocast(precision, train.zero_stage)),
+        )
+    except ValueError as exc:
+        raise StageError(str(exc)) from None
+
+
+def _agreed(value: int, how: Callable) -> int:
+    """`how` (min or max) of an integer over all ranks, the same on every rank."""
+    import torch.distributed as torch_dist
+
+    if torch_dist.get_world_size() == 1:
+        return value
+    values = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(values, value)
+    return how(values)
 
 
 def _build_model(config: Config) -> ClipBundle:
@@ -298,6 +384,7 @@ def _engine_and_checkpointer(
         ds_config,
         WarmupCosine(train.warmup_steps, total_steps, train.min_lr_ratio),
         train.weight_decay,
+        compile_model=train.compile,
     )
     checkpointer = Checkpointer(run_dir, train.keep_checkpoints, is_main)
     if is_main:
@@ -307,21 +394,38 @@ def _engine_and_checkpointer(
     return engine, checkpointer
 
 
-def _device_mover(device: str, precision: str, local_rank: int) -> Callable:
+def _device_batches(
+    mean, std, device: str, precision: str, local_rank: int
+) -> train_data.DeviceBatches:
+    """uint8 chunks -> normalised micro-batches on the device, in the weights' dtype (bf16 where
+    DeepSpeed keeps bf16 weights; fp32 weights under autocast get fp32 inputs)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     target = torch.device(device, local_rank) if device == "cuda" else torch.device("cpu")
+    return train_data.DeviceBatches(mean, std, target, dtype)
 
-    def to_device(batch):
-        images, texts = batch
-        return images.to(target, dtype=dtype, non_blocking=True), texts.to(
-            target, non_blocking=True
+
+def _prefetch_factor(train: TrainConfig, bundle: ClipBundle) -> int:
+    """Chunks per loader worker held in /dev/shm, checked against its free space before any
+    worker starts: a clear error instead of a bus error mid-run."""
+    chunk = train_data.chunk_bytes(
+        bundle.model_cfg["vision_cfg"]["image_size"],
+        bundle.model_cfg["text_cfg"].get("context_length", 77),
+    )
+    try:
+        return train_data.prefetch_factor(
+            chunk, train.num_workers, train.ranks_per_node, shutil.disk_usage("/dev/shm").free
         )
-
-    return to_device
+    except ValueError as exc:
+        raise StageError(str(exc)) from None
 
 
 def _validation_loader(
-    data_dir: Path, plan: BatchPlan, dist: DistInfo, train: TrainConfig, bundle: ClipBundle
+    data_dir: Path,
+    plan: BatchPlan,
+    dist: DistInfo,
+    train: TrainConfig,
+    bundle: ClipBundle,
+    prefetch: int,
 ) -> Callable:
     """A factory of loaders over fixed validation batches, an equal number per rank (ZeRO-3
     needs the same number of forward passes on every rank)."""
@@ -335,11 +439,19 @@ def _validation_loader(
     if steps == 0:  # a tiny val split: one smaller batch per rank rather than none
         micro = max(1, files.num_samples // plan.world_size)
         val_plan, steps = BatchPlan(micro * plan.world_size, micro, 1, plan.world_size), 1
+    transform = train_data.uint8_transform(bundle.preprocess_val)[0]
     dataset = train_data.MicroBatches(
-        files, val_plan, dist.rank, train.seed, steps, bundle.preprocess_val, bundle.tokenizer
+        files,
+        val_plan,
+        dist.rank,
+        train.seed,
+        steps,
+        transform,
+        bundle.tokenizer,
+        train.shuffle_window_shards,
     )
     return lambda: train_data.micro_batch_loader(
-        dataset, 0, train.num_workers, pin_memory=dist.device == "cuda"
+        dataset, 0, train.num_workers, dist.device == "cuda", prefetch
     )
 
 
@@ -421,7 +533,19 @@ def _final_outputs(paths: dict[str, Path]) -> list[tuple[Path, str]]:
     ]
 
 
-def _export(run: TrainingRun, final: dict, wall_seconds: float) -> dict:
+def _perf_meter(run: TrainingRun) -> PerfMeter:
+    """MFU's inputs: FLOPs from the model config, the peak of this rank's device (rank 0 only:
+    it alone reports, and on CPU the peak is measured)."""
+    return PerfMeter(
+        run.plan.global_batch_size,
+        flops_per_sample(run.bundle.model_cfg),
+        peak_flops(run.dist.device, run.precision) if run.dist.is_main else None,
+        run.plan.world_size,
+        run.dist.device,
+    )
+
+
+def _export(run: TrainingRun, final: dict, wall_seconds: float, perf: dict) -> dict:
     """The fp32 model in open_clip's local-dir layout, metrics/train.json and train.info.json."""
     state_dict = fp32_state_dict(
         run.checkpointer.run_dir, run.checkpointer.latest_tag(), run.config.train.max_logit_scale
@@ -444,6 +568,8 @@ def _export(run: TrainingRun, final: dict, wall_seconds: float) -> dict:
         "samples_seen": run.total_steps * run.plan.global_batch_size,
         "wall_seconds": wall_seconds,
         "final_lr": final.get("lr"),
+        # this process's steps (a resumed run: those after the resume)
+        **{k: perf.get(k) for k in ("samples_per_s", "mfu", "peak_mem_gb", "data_wait_share")},
     }
     atomic_write_text(run.paths["metrics"] / "train.json", json.dumps(metrics, indent=2) + "\n")
     atomic_write_text(run.paths["metrics"] / "train.info.json", json.dumps(info, indent=2) + "\n")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,6 @@ def validation_due(
     )
 
 
-@torch.no_grad()
 def validation_metrics(
     model,
     loss_fn: Callable,
@@ -43,8 +43,20 @@ def validation_metrics(
     to_device: Callable,
     device: str,
     retrieval_samples: int,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
 ) -> dict[str, float]:
-    """{"loss", "t2i_r01", ..., "mean_recall"}, the same on every rank."""
+    """{"loss", "t2i_r01", ..., "mean_recall"}, the same on every rank, computed in eval mode
+    (no dropout: a deterministic measurement); the model's mode is restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return _metrics(model, loss_fn, batches, to_device, device, retrieval_samples, autocast)
+    finally:
+        model.train(was_training)
+
+
+def _metrics(model, loss_fn, batches, to_device, device, retrieval_samples, autocast) -> dict:
     world = _world_size()
     keep_per_rank = math.ceil(retrieval_samples / world)
     total = torch.zeros(2, device=device)
@@ -52,7 +64,8 @@ def validation_metrics(
     num_kept = 0
     for batch in batches:
         images, tokens = to_device(batch)
-        out = model(image=images, text=tokens)
+        with autocast():
+            out = model(image=images, text=tokens)
         image_features, text_features = out["image_features"].float(), out["text_features"].float()
         loss = loss_fn(image_features, text_features, out["logit_scale"].float())
         total += torch.stack([loss.detach().float(), torch.ones((), device=device)])

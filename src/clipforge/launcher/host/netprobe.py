@@ -3,7 +3,8 @@
 The launcher sends this file's source to the host's python over SSH (`python3 -c SOURCE route
 ADDR`): it runs before the run's code is shipped, so it is one standard-library file.
 
-  route ADDR               the interface and source address this host uses to reach ADDR
+  route ADDR               the interface and source address this host uses to reach ADDR, and
+                           which network stack it is (kernel boot and network namespace)
   interfaces               every interface with an IPv4 address, and that address
   listen PORT SECONDS      accept TCP connections on PORT for up to SECONDS (prints `listening`)
   connect ADDR PORT SECS   one TCP connection to ADDR:PORT (prints `ok`, or the error)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import socket
 import struct
 import sys
@@ -48,7 +50,14 @@ def route(address: str) -> dict:
             return {"error": f"no route to {address}: {exc.strerror or exc}"}
         source = s.getsockname()[0]
     names = [n for n, a in interface_addresses().items() if a == source]
-    return {"interface": names[0] if names else None, "address": source}
+    return {"interface": names[0] if names else None, "address": source, "stack": network_stack()}
+
+
+def network_stack() -> str:
+    """One kernel's one network namespace: nodes that share it reach each other on loopback."""
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+        boot = f.read().strip()
+    return f"{boot}:{os.stat('/proc/self/ns/net').st_ino}"
 
 
 def listen(port: int, seconds: float) -> dict:

@@ -139,6 +139,9 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ),
         ("loss", _loss_text(row, info.get("summary"))),
         ("samples/s", f"{float(row['samples_per_s']):.1f}" if row.get("samples_per_s") else "-"),
+        ("MFU", _percent(row.get("mfu"))),
+        ("data wait", _percent(row.get("data_wait_share"))),
+        ("peak memory", f"{float(row['peak_mem_gb']):.1f} GB" if row.get("peak_mem_gb") else "-"),
         (
             "ETA",
             _duration(seconds_per_step * (total - step))
@@ -179,6 +182,11 @@ def _state_text(state: dict, info: dict) -> str:
             "lost: the supervisor is gone without finishing; `fab train --resume RUN` restarts it"
         )
     return name
+
+
+def _percent(cell: str | None) -> str:
+    """A share from metrics/train.tsv (blank where not measured) as a percentage."""
+    return f"{100 * float(cell):.1f}%" if cell else "-"
 
 
 def _loss_text(row: dict, summary: dict | None) -> str:

@@ -1,0 +1,107 @@
+"""Model FLOPs per training sample and the device's peak rate: the two halves of MFU.
+
+MFU (model FLOPs utilisation) = samples/s x FLOPs per training sample / (peak FLOP/s x ranks).
+It counts the model's useful work only: forward plus backward of one sample. The extra no-grad
+forward of cached accumulation is overhead and is not counted, nor are norms, activations,
+softmax or the optimizer, as is usual (PaLM's definition).
+
+FLOPs of an open_clip ViT + text transformer, from its config (one multiply-add = 2 FLOPs):
+  a transformer layer over n tokens of width d, MLP ratio r:
+      (4 + 2r) n d^2 multiply-adds in its linear layers, 2 n^2 d in attention (scores, values)
+  image tower: n = (image/patch)^2 + 1 (class token); + the patch embedding (image/patch)^2 x
+      3 patch^2 d; + the projection d x embed_dim
+  text tower: n = context length; + the projection width x embed_dim
+  training = 3 x forward (the backward pass costs twice the forward).
+ViT-B/32 at 224 px: 4.41 G multiply-adds (image) + 2.98 G (text) -> 44.4 GFLOP per sample.
+tests/unit/test_flops.py checks the formula against torch.utils.flop_counter.
+"""
+
+from __future__ import annotations
+
+import time
+
+# Dense bf16 tensor-core peak, FLOP/s, by a substring of torch.cuda.get_device_name().
+# Hopper: 790 TFLOP/s is what an 8192^3 bf16 matrix product reaches on an H200 (measured,
+# 788-798; the datasheet says 989): MFU against a rate no kernel attains would understate it.
+# Ampere A100/A800: the datasheet's 312.
+PEAK_BF16_FLOPS = (
+    ("H200", 790e12),
+    ("H100", 790e12),
+    ("H800", 790e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+)
+
+
+def _layer_macs(tokens: int, width: int, mlp_ratio: float) -> float:
+    return (4 + 2 * mlp_ratio) * tokens * width**2 + 2 * tokens**2 * width
+
+
+def _side(size) -> int:
+    return size if isinstance(size, int) else size[0]
+
+
+def flops_per_sample(model_cfg: dict) -> float | None:
+    """Training FLOPs (forward + backward) of one image-caption pair; None for towers the
+    formula does not describe (Hugging Face text towers, timm or ResNet image towers)."""
+    vision, text = model_cfg.get("vision_cfg", {}), model_cfg.get("text_cfg", {})
+    if "layers" not in vision or isinstance(vision["layers"], (list, tuple)):
+        return None
+    if "timm_model_name" in vision and vision["timm_model_name"]:
+        return None
+    if text.get("hf_model_name") or "layers" not in text:
+        return None
+    embed = model_cfg["embed_dim"]
+    side = _side(vision.get("image_size", 224)) // vision["patch_size"]
+    patches, width = side * side, vision["width"]
+    image = (
+        patches * 3 * vision["patch_size"] ** 2 * width
+        + vision["layers"] * _layer_macs(patches + 1, width, vision.get("mlp_ratio", 4.0))
+        + width * embed
+    )
+    text_width = text.get("width", 512)
+    words = (
+        text.get("layers", 12)
+        * _layer_macs(text.get("context_length", 77), text_width, text.get("mlp_ratio", 4.0))
+        + text_width * embed
+    )
+    return 3 * 2 * (image + words)
+
+
+def peak_flops(device: str, precision: str) -> float | None:
+    """Peak FLOP/s of one rank's device: the table above for GPUs in bf16, a measurement on CPU,
+    None where neither applies (MFU is then not reported)."""
+    import torch
+
+    if device == "cuda":
+        if precision != "bf16":
+            return None
+        name = torch.cuda.get_device_name()
+        return next((rate for key, rate in PEAK_BF16_FLOPS if key in name), None)
+    return measured_cpu_flops()
+
+
+def measured_cpu_flops(size: int = 512, repeats: int = 5) -> float:
+    """fp32 matrix-product rate of this process's CPU threads (best of a few; a fraction of a
+    second): there is no table of CPU peaks worth trusting."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # first call: thread pool start-up
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - began)
+    return 2 * size**3 / best
+
+
+def mfu(
+    samples_per_s: float,
+    flops_per_sample: float | None,
+    peak_per_rank: float | None,
+    world_size: int,
+) -> float | None:
+    if not flops_per_sample or not peak_per_rank:
+        return None
+    return samples_per_s * flops_per_sample / (peak_per_rank * world_size)

@@ -1,0 +1,104 @@
+"""`train.micro_batch_size: auto`: the search over micro batches, with an injected oracle, and for
+real under an address-space cap (a CPU process whose allocations fail past a limit, as a GPU's do)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from clipforge.train.microbatch import (
+    candidates,
+    engine_reserve_bytes,
+    largest_fitting,
+    plan_record,
+    probe_micro_batch,
+    saved_micro_batch,
+)
+from tests.conftest import REPO, subprocess_env
+
+
+def test_candidates_divide_the_ranks_share_so_the_accumulation_is_whole():
+    assert candidates(1024) == [2**i for i in range(11)]
+    assert candidates(96) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5, 47, 48, 95, 96, 10_000])
+def test_binary_search_finds_the_largest_fitting_in_logarithmic_tries(limit):
+    options = candidates(96)
+    tried = []
+
+    def fits(m: int) -> bool:
+        tried.append(m)
+        return m <= limit
+
+    assert largest_fitting(options, fits) == max(m for m in options if m <= limit)
+    assert len(tried) <= math.ceil(math.log2(len(options) + 1))
+
+
+def test_nothing_fits_is_a_clear_error_naming_the_remedies():
+    assert largest_fitting([1, 2, 4], lambda m: False) is None
+    with pytest.raises(ValueError, match="grad_checkpointing: true, a higher train.zero_stage"):
+        probe_micro_batch(4096, lambda m: False)
+
+
+def test_engine_reserve_counts_optimizer_states_accumulation_buffer_and_margin():
+    params, gpu = 151_000_000, 80 * 2**30
+    deepspeed_bf16 = engine_reserve_bytes(params, 4, True, gpu)
+    autocast = engine_reserve_bytes(params, 4, False, gpu)
+    assert deepspeed_bf16 - autocast == 4 * params  # the fp32 accumulation buffer
+    assert autocast == 12 * params // 4 + int(0.10 * gpu)
+
+
+def test_the_choice_is_kept_for_resume(tmp_path):
+    assert saved_micro_batch(tmp_path) is None
+    (tmp_path / "batch_plan.json").write_text(plan_record(256, 4, 4, "memory probe"))
+    assert saved_micro_batch(tmp_path) == 256
+
+
+# A process that caps its own address space just above what it holds after a warm-up, then
+# probes the real model's forward + backward: allocations past the cap fail as on a full GPU.
+CAPPED_PROBE = r"""
+import json, resource, sys
+import torch
+from clipforge.config import ModelConfig
+from clipforge.model import build_model
+from clipforge.train.microbatch import forward_backward_fits, probe_micro_batch
+from contextlib import nullcontext
+
+torch.set_num_threads(1)
+model = build_model(ModelConfig(image_size=64)).model
+fits = forward_backward_fits(model, torch.device("cpu"), torch.float32, 64, 72, 0, nullcontext)
+assert fits(2)  # warm-up: thread pools, allocator arenas and lazy imports exist before the cap
+size = lambda: int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+results = {}
+for headroom_mb in map(int, sys.argv[1:]):
+    cap = size() + headroom_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (cap, resource.RLIM_INFINITY))
+    chosen = probe_micro_batch(4096, fits)
+    results[headroom_mb] = {"chosen": chosen, "again": fits(chosen),
+                            "twice": fits(2 * chosen) if chosen < 4096 else None}
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+def test_probe_under_a_real_memory_cap_picks_what_fits_and_more_with_more_memory():
+    result = subprocess.run(
+        [sys.executable, "-c", CAPPED_PROBE, "300", "1200"],
+        cwd=REPO,
+        env={**subprocess_env(), "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    small, large = json.loads(result.stdout.strip().splitlines()[-1]).values()
+    for probe in (small, large):
+        assert probe["again"] is True  # what was chosen fits when tried again
+        assert probe["twice"] is False  # and the next candidate does not: the cap decided
+    assert 1 <= small["chosen"] < large["chosen"] < 4096

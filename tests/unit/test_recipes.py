@@ -1,0 +1,54 @@
+"""The ZeRO stage of each production recipe, checked with DeepSpeed's own memory estimator."""
+
+from __future__ import annotations
+
+import open_clip
+import pytest
+
+from clipforge.config import load_config
+
+GB = 2**30
+GPU_MEMORY = 80 * GB  # A800 / A100 80 GB, the recipes' GPUs
+
+
+def _model_states_per_gpu(name: str, ranks: int) -> dict[int, float]:
+    """ZeRO stage -> bytes of weights, gradients and AdamW states on each GPU."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    model = open_clip.create_model(name, device="meta")  # shapes only: no memory, no time
+    params = sum(p.numel() for p in model.parameters())
+    largest_layer = max(
+        sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
+    )
+    return {
+        # DeepSpeed's bf16 mode at ZeRO-1 (the estimator has no ZeRO-1 entry): bf16 weights and
+        # gradients, the fp32 accumulation buffer, fp32 master weights + 2 moments partitioned
+        1: (2 + 2 + 4) * params + 12 * params / ranks,
+        2: estimate_zero2_model_states_mem_needs(params, ranks, 1, False)[1],
+        3: estimate_zero3_model_states_mem_needs(params, largest_layer, ranks, 1, False, False)[1],
+    }
+
+
+@pytest.mark.slow
+def test_production_large_uses_zero3_where_zero1_model_states_take_a_quarter_of_the_gpu():
+    config = load_config(None, ["recipe=production-large"])
+    train = config.train
+    assert (config.model.name, train.zero_stage, train.grad_checkpointing) == (
+        "ViT-bigG-14",
+        3,
+        True,
+    )
+    states = _model_states_per_gpu(config.model.name, train.ranks_per_node * train.num_nodes)
+    assert states[3] < states[2] < states[1]  # each stage frees memory for activations
+    assert states[1] > GPU_MEMORY / 4  # ZeRO-1 would spend over a quarter of each GPU on them
+    assert states[3] < GPU_MEMORY / 6
+
+
+@pytest.mark.slow
+def test_production_vit_b32_fits_zero1_with_room_to_spare():
+    """ViT-B/32 under ZeRO-1 uses a few percent of a GPU: no reason to pay for ZeRO-2/3."""
+    config = load_config(None, ["recipe=production"])
+    assert config.train.zero_stage == 1
+    states = _model_states_per_gpu(config.model.name, config.train.ranks_per_node)
+    assert states[1] < 0.05 * GPU_MEMORY
