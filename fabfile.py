@@ -156,7 +156,10 @@ def check(
         "image": "image reference (default: docker/image.env, with $REGISTRY)",
         "max_restarts": "restarts after crashes before giving up",
         "master_port": "node 0's rendezvous port (multi-node)",
-        "resume": "start the supervisors of an existing run again (after fab stop)",
+        "resume": "start the supervisors of an existing run again (after fab stop); on hosts "
+        "that never saw it, move it there from the run store",
+        "store": "with --resume: the run store to find the run in (default: storage.remote of "
+        "params.yaml)",
         "accept_new_host_key": "record the key of a host never seen before (fresh hosts)",
     },
 )
@@ -173,12 +176,21 @@ def train(
     max_restarts=5,
     master_port=29500,
     resume=None,
+    store=None,
     accept_new_host_key=False,
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
     if resume:
-        pairs, _ = _nodes(c, resume)
-        launch_mod.resume([h for h, _ in pairs], [lay for _, lay in pairs], c.settings, _say)
+        specs, stack = session.host_specs(c.hosts, c.settings)
+        hosts = [
+            session.open_host(s, c.config, c.settings, stack, accept_new_host_key) for s in specs
+        ]
+        if launch_mod.has_run(hosts[0], resume):
+            layouts = [session.node_layout(h, i, resume) for i, h in enumerate(hosts)]
+            launch_mod.resume(hosts, layouts, c.settings, _say)
+        else:
+            remote = store or launch_mod.default_store(Path.cwd())
+            launch_mod.move(hosts, resume, remote, c.settings, stack, _say)
         return
     specs, stack = session.host_specs(c.hosts, c.settings)
     if gpus is None and stack is None:

@@ -202,6 +202,13 @@ class RunStore:
         self.fs.pipe_file(path, (json.dumps(record, indent=2) + "\n").encode())
 
 
+def holds_checkpoint(remote: str, run_id: str, tag: str) -> bool:
+    """Whether the store has checkpoint `tag` of training run `run_id` whole (its manifest went up
+    after its files); raises what the store's library raises when it cannot be asked."""
+    step = tag_step(tag)
+    return step is not None and step in RunStore(remote, run_id).complete_steps()
+
+
 def read_launch(remote: str, launch_id: str) -> dict | None:
     """What `write_launch` wrote for `launch_id`; None when the store has no such launch."""
     fs, root = open_filesystem(remote)
