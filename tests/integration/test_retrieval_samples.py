@@ -87,9 +87,11 @@ def test_image_to_text_marks_exactly_the_images_own_caption(reference_run):
 def gallery(small_data):
     from clipforge.config import ModelConfig
     from clipforge.model import build_model
+    from clipforge.train.data import uint8_transform
 
     bundle = build_model(ModelConfig(image_size=32))
-    return samples.load_gallery(small_data, bundle.preprocess_val, bundle.tokenizer)
+    transform = uint8_transform(bundle.preprocess_val)[0]
+    return samples.load_gallery(small_data, transform, bundle.tokenizer)
 
 
 def _frames(grid: np.ndarray, first: int) -> list[list[tuple]]:

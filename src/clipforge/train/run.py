@@ -253,7 +253,9 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         else None,
         alerts=alerts,
         sync=sync,
-        gallery=samples.load_gallery(paths["data"], bundle.preprocess_val, bundle.tokenizer),
+        gallery=samples.load_gallery(
+            paths["data"], train_data.uint8_transform(bundle.preprocess_val)[0], bundle.tokenizer
+        ),
     )
 
 

@@ -55,7 +55,7 @@ CJK_FONTS = (
 
 @dataclass
 class SampleGallery:
-    images: torch.Tensor  # preprocessed for validation
+    images: torch.Tensor  # uint8 pixels of the validation preprocessing (to_device normalises)
     tokens: torch.Tensor
     captions: list[str]
     thumbnails: list[Image.Image]
@@ -65,8 +65,9 @@ class SampleGallery:
         return min(NUM_QUERIES, len(self.captions))
 
 
-def load_gallery(data_dir: Path, preprocess, tokenizer) -> SampleGallery | None:
-    """The first GALLERY_SIZE validation pairs; None without a validation split of two pairs."""
+def load_gallery(data_dir: Path, transform, tokenizer) -> SampleGallery | None:
+    """The first GALLERY_SIZE validation pairs, their pixels by `transform` (uint8, as the loaders
+    give them: the run's to_device normalises them); None without a validation split of two pairs."""
     files = train_data.split_files(data_dir, "val")
     positions = [
         (shard, index) for shard, count in enumerate(files.counts) for index in range(count)
@@ -78,7 +79,7 @@ def load_gallery(data_dir: Path, preprocess, tokenizer) -> SampleGallery | None:
     for shard, index in positions:
         sample = reader.read(shard, index)
         image = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
-        images.append(preprocess(image))
+        images.append(transform(image))
         captions.append(sample["txt"].decode("utf-8"))
         thumbnails.append(image.resize((THUMB_PIXELS, THUMB_PIXELS)))
     return SampleGallery(torch.stack(images), tokenizer(captions), captions, thumbnails)
@@ -88,7 +89,7 @@ def load_gallery(data_dir: Path, preprocess, tokenizer) -> SampleGallery | None:
 def rankings(model, gallery: SampleGallery, to_device) -> tuple[torch.Tensor, torch.Tensor]:
     """(top images per query caption, top captions per query image): gallery indices, best
     first. Every rank calls this (one forward each)."""
-    images, tokens = to_device((gallery.images, gallery.tokens))
+    images, tokens = to_device([(gallery.images, gallery.tokens)])  # one chunk
     out = model(image=images, text=tokens)
     image_features, text_features = out["image_features"].float(), out["text_features"].float()
     k = min(TOP_K, len(gallery.captions))
