@@ -11,13 +11,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
 
 import pytest
 
 from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args, wait_for_end
 from tests.launcher.hostprocs import processes_under
+from tests.launcher.sshd import free_port
 
 pytestmark = pytest.mark.slow
 HELD_STEP = 5  # of the 8 of RUN_SETS: the first host holds there until it dies
@@ -107,3 +114,76 @@ def test_a_run_neither_on_the_host_nor_in_the_store_is_refused_in_one_line(moved
     )
     assert result.returncode != 0
     assert "has no launch of that id" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_status_without_a_host_reads_the_run_from_the_store(moved_run):
+    """`fab status --run RUN` with no -H and no stack: the state, step and sync lag as the store
+    last heard of them."""
+    result = moved_run.second("status", "--run", moved_run.run_id, "--store", moved_run.remote)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = dict(re.findall(r"^  (\w[\w ]*?)\s{2,}(.+)$", result.stdout, re.MULTILINE))
+    assert rows["state"].startswith("finished") and rows["step"] == "8", result.stdout
+    assert "step 8, behind by 0 steps" in rows["run store"], result.stdout
+
+
+def test_fetch_from_the_store_brings_the_results_of_the_moved_run(moved_run, tmp_path):
+    """`fab fetch --from-store`: metrics, the exported model and the curves, as the run left them
+    on its last host."""
+    result = moved_run.second(
+        "fetch", "--from-store", "--run", moved_run.run_id, "--store", moved_run.remote,
+        "--to", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    fetched, code = tmp_path / moved_run.run_id, moved_run.moved_node / "code"
+    assert _digests(fetched / "models" / "clip") == _digests(code / "models" / "clip")
+    assert (fetched / "metrics" / "train.json").read_text() == (
+        code / "metrics" / "train.json"
+    ).read_text()
+    assert list((fetched / "logs").rglob("events.out.tfevents.*"))
+
+
+def test_tensorboard_from_the_store_serves_the_run_here(moved_run):
+    """`fab tensorboard --from-store`: the run's events downloaded, a TensorBoard here serving them
+    at the printed URL until interrupted."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fabric", "tensorboard", "--from-store", "--run", moved_run.run_id,
+         "--store", moved_run.remote, "--port", str(port)],
+        cwd=moved_run.second.project, env=moved_run.second.env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 300
+    try:
+        while not any(url in line for line in lines):
+            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        with urllib.request.urlopen(url + "data/runs", timeout=60) as response:
+            assert any("-run-" in name for name in json.loads(response.read()))
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=120)
+    assert (moved_run.second.project / "runs" / moved_run.run_id / "logs").is_dir()
+
+
+def test_clean_refuses_a_run_whose_newest_checkpoint_the_store_lacks(moved_run, sshd, s3_server):
+    """`fab clean` of an ended run whose newest checkpoint is not in its store (here: taken out
+    of it): refused, naming the checkpoint and the store, nothing removed; once the store holds it
+    again, the run is removed."""
+    fs = s3_server.filesystem()
+    local = next((moved_run.moved_node / "code" / "checkpoints").glob("run-*"))
+    tag = local.joinpath("latest").read_text().strip()
+    store = moved_run.remote.removeprefix("s3://") + f"/{local.name}/checkpoints/{tag}"
+    fs.rm(store, recursive=True)
+    clean = ("clean", "--run", moved_run.run_id)
+    refused = moved_run.second(*clean, hosts=sshd.address, key=sshd.client_key, env=s3_server.env)
+    assert refused.returncode != 0
+    assert f"{local.name}/{tag} is not in the run store {moved_run.remote}" in refused.stderr
+    assert moved_run.moved_node.is_dir()
+
+    fs.put(str(local / tag), store, recursive=True)
+    done = moved_run.second(*clean, hosts=sshd.address, key=sshd.client_key, env=s3_server.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not moved_run.moved_node.exists()
