@@ -127,7 +127,7 @@ class TrainingRun:
         if self.monitor and metrics:
             self.monitor.validation(step, metrics)
         if self.gallery is not None:  # every rank encodes it; rank 0 draws
-            found = samples.rankings(self.engine, self.gallery, self.to_device)
+            found = samples.rankings(self.engine, self.gallery, self.to_device, self.autocast)
             if self.monitor:
                 self.monitor.retrieval_samples(step, *samples.render(self.gallery, *found))
         return metrics.get("loss")

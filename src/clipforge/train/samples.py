@@ -21,6 +21,7 @@ other TensorBoard events.
 from __future__ import annotations
 
 import io
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -86,11 +87,20 @@ def load_gallery(data_dir: Path, transform, tokenizer) -> SampleGallery | None:
 
 
 @torch.no_grad()
-def rankings(model, gallery: SampleGallery, to_device) -> tuple[torch.Tensor, torch.Tensor]:
+def rankings(
+    model, gallery: SampleGallery, to_device, autocast=nullcontext
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(top images per query caption, top captions per query image): gallery indices, best
-    first. Every rank calls this (one forward each)."""
+    first. Every rank calls this (one forward each, in eval mode and the run's autocast, as
+    validation; the model's mode is restored afterwards)."""
     images, tokens = to_device([(gallery.images, gallery.tokens)])  # one chunk
-    out = model(image=images, text=tokens)
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast():
+            out = model(image=images, text=tokens)
+    finally:
+        model.train(was_training)
     image_features, text_features = out["image_features"].float(), out["text_features"].float()
     k = min(TOP_K, len(gallery.captions))
     queries = slice(0, gallery.num_queries)
