@@ -190,10 +190,7 @@ def train(
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
     if resume:
-        specs, stack = session.host_specs(c.hosts, c.settings)
-        hosts = [
-            session.open_host(s, c.config, c.settings, stack, accept_new_host_key) for s in specs
-        ]
+        hosts, stack = session.open_hosts(c.hosts, c.config, c.settings, accept_new_host_key)
         if launch_mod.has_run(hosts[0], resume):
             layouts = [session.node_layout(h, i, resume) for i, h in enumerate(hosts)]
             launch_mod.resume(hosts, layouts, c.settings, _say)

@@ -88,7 +88,7 @@ def moved_run(project, sshd, s3_server, tmp_path_factory):
 def test_a_run_moved_to_a_new_host_resumes_from_the_store_to_the_same_weights(moved_run, smoke_run):
     """On a host that never saw it, `fab train --resume RUN` starts the run under its id from the
     store's checkpoint; it ends with the metrics and exported weights of the uninterrupted run."""
-    assert "moving it there from" in moved_run.move.stdout
+    assert f"moving run {moved_run.run_id} there from {moved_run.remote}" in moved_run.move.stdout
     assert moved_run.final["state"] == "finished", (moved_run.moved_node / "train.log").read_text()[
         -3000:
     ]
@@ -101,7 +101,7 @@ def test_a_run_moved_to_a_new_host_resumes_from_the_store_to_the_same_weights(mo
 
 
 def test_a_run_neither_on_the_host_nor_in_the_store_is_refused_in_one_line(moved_run, sshd):
-    """`fab train --resume` of an id the store does not know: one line naming the host and the
+    """`fab train --resume` of an id neither the host nor the store knows: one line naming the
     store; nothing is started."""
     result = moved_run.second(
         "train",
@@ -113,7 +113,8 @@ def test_a_run_neither_on_the_host_nor_in_the_store_is_refused_in_one_line(moved
         key=sshd.client_key,
     )
     assert result.returncode != 0
-    assert "has no launch of that id" in result.stderr and "Traceback" not in result.stderr
+    assert f"the run store {moved_run.remote} has no run 20990101-000000-deadbeef" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_status_without_a_host_reads_the_run_from_the_store(moved_run):

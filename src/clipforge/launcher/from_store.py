@@ -26,7 +26,7 @@ from clipforge.launcher.fetch import RESULTS
 from clipforge.launcher.host import stored_checkpoints
 from clipforge.launcher.host.status import sync_text
 from clipforge.launcher.session import Host, Settings
-from clipforge.store.remote import RunStore, StoreError, holds_checkpoint, read_launch
+from clipforge.store.remote import RunStore, holds_checkpoint, read_launch
 
 Say = Callable[[str], None]
 TENSORBOARD_START_SECONDS = 120.0
@@ -42,13 +42,14 @@ def open_run(remote: str | None, launch_id: str | None) -> tuple[RunStore, dict]
         )
     try:
         launch = read_launch(remote, launch_id)
-        if launch is None:
-            raise LauncherError(
-                f"the run store {remote} has no run {launch_id} (no launches/{launch_id}.json)"
-            )
-        return RunStore(remote, launch["training_run"]), launch
-    except (StoreError, OSError) as exc:
+        store = RunStore(remote, launch["training_run"]) if launch else None
+    except Exception as exc:  # any library's error (no credentials, unreachable): one line
         raise LauncherError(f"run store {remote}: {exc}") from None
+    if store is None:
+        raise LauncherError(
+            f"the run store {remote} has no run {launch_id} (no launches/{launch_id}.json)"
+        )
+    return store, launch
 
 
 def show_status(remote: str | None, launch_id: str | None, say: Say) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.image_env import ImageEnvError, parse_image_env
-from clipforge.launcher import LauncherError, network, preflight
+from clipforge.launcher import LauncherError, from_store, network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
@@ -36,7 +36,6 @@ from clipforge.launcher.session import (
 )
 from clipforge.launcher.source import Source, require_clean, source_at, write_bundle
 from clipforge.launcher.stack import StackOutputs
-from clipforge.store.remote import StoreError, read_launch
 
 START_TIMEOUT_SECONDS = 30.0
 
@@ -388,20 +387,8 @@ def move(
     """`fab train --resume RUN` on hosts that never saw the run: its launch as the run store
     keeps it (launches/RUN.json), started again there under the same id, from the same commit
     and options. The train stage finds no local checkpoint and resumes from the store's."""
-    if not remote:
-        raise LauncherError(
-            f"run {run_id} is not on {hosts[0].label} and no run store is set to look for it in: "
-            f"pass --store URL, or set storage.remote in params.yaml"
-        )
-    try:
-        record = read_launch(remote, run_id)
-    except (StoreError, OSError) as exc:
-        raise LauncherError(f"run store {remote}: {exc}") from None
-    if record is None:
-        raise LauncherError(
-            f"run {run_id}: not on {hosts[0].label} under {hosts[0].root}, and the run store "
-            f"{remote} has no launch of that id (launches/{run_id}.json)"
-        )
+    say(f"run {run_id} is not on {', '.join(h.label for h in hosts)}: looking in the run store")
+    _, record = from_store.open_run(remote, run_id)
     options = TrainOptions(
         gpus=record["gpus_per_node"],
         nodes=record["num_nodes"],
@@ -419,7 +406,7 @@ def move(
         )
     prepared = prepare(source_at(Path.cwd(), record["commit"]), options, settings)
     say(
-        f"run {run_id} is not on {', '.join(h.label for h in hosts)}: moving it there from "
-        f"{remote} (commit {record['commit'][:10]}, last on {record.get('host')})"
+        f"moving run {run_id} there from {remote} (commit {record['commit'][:10]}, last on "
+        f"{record.get('host')})"
     )
     launch(hosts, prepared, options, settings, stack, say, run_id=run_id)
