@@ -37,11 +37,13 @@ def _store_latest(fs, remote: str) -> str | None:
     return fs.cat_file(markers[0]).decode().strip() if markers else None
 
 
-def _digests(directory):
+def _weights(model_dir):
+    """sha256 of each file of an exported model but its config (which records the params, and so
+    storage.remote: where the run was kept, not what it is)."""
     return {
-        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
+        str(p.relative_to(model_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(model_dir.rglob("*"))
+        if p.is_file() and p.name != "clipforge_config.yaml"
     }
 
 
@@ -68,6 +70,7 @@ def moved_run(project, sshd, s3_server, tmp_path_factory):
 
     second_root = base / "host-b"
     run.second = make_fab(project, base / "home-b", second_root, sshd)
+    run.second.env.update(s3_server.env)  # the user's shell holds the store's credentials
     run.remote = remote
     run.move = run.second(
         "train",
@@ -77,7 +80,6 @@ def moved_run(project, sshd, s3_server, tmp_path_factory):
         remote,
         hosts=sshd.address,
         key=sshd.client_key,
-        env=s3_server.env,
     )
     assert run.move.returncode == 0, run.move.stdout + run.move.stderr
     run.moved_node = second_root / "runs" / run.run_id / "node-0"
@@ -97,7 +99,7 @@ def test_a_run_moved_to_a_new_host_resumes_from_the_store_to_the_same_weights(mo
     assert info["resumed_from_step"] == STORED_STEP
     summary = json.loads((code / "metrics" / "train.json").read_text())
     assert summary == json.loads((smoke_run.code / "metrics" / "train.json").read_text())
-    assert _digests(code / "models" / "clip") == _digests(smoke_run.code / "models" / "clip")
+    assert _weights(code / "models" / "clip") == _weights(smoke_run.code / "models" / "clip")
 
 
 def test_a_run_neither_on_the_host_nor_in_the_store_is_refused_in_one_line(moved_run, sshd):
@@ -136,7 +138,7 @@ def test_fetch_from_the_store_brings_the_results_of_the_moved_run(moved_run, tmp
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     fetched, code = tmp_path / moved_run.run_id, moved_run.moved_node / "code"
-    assert _digests(fetched / "models" / "clip") == _digests(code / "models" / "clip")
+    assert _weights(fetched / "models" / "clip") == _weights(code / "models" / "clip")
     assert (fetched / "metrics" / "train.json").read_text() == (
         code / "metrics" / "train.json"
     ).read_text()
@@ -179,12 +181,12 @@ def test_clean_refuses_a_run_whose_newest_checkpoint_the_store_lacks(moved_run, 
     store = moved_run.remote.removeprefix("s3://") + f"/{local.name}/checkpoints/{tag}"
     fs.rm(store, recursive=True)
     clean = ("clean", "--run", moved_run.run_id)
-    refused = moved_run.second(*clean, hosts=sshd.address, key=sshd.client_key, env=s3_server.env)
+    refused = moved_run.second(*clean, hosts=sshd.address, key=sshd.client_key)
     assert refused.returncode != 0
     assert f"{local.name}/{tag} is not in the run store {moved_run.remote}" in refused.stderr
     assert moved_run.moved_node.is_dir()
 
     fs.put(str(local / tag), store, recursive=True)
-    done = moved_run.second(*clean, hosts=sshd.address, key=sshd.client_key, env=s3_server.env)
+    done = moved_run.second(*clean, hosts=sshd.address, key=sshd.client_key)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not moved_run.moved_node.exists()
