@@ -3,8 +3,10 @@
 directory lost) once the store holds a checkpoint; `fab train --resume RUN` on a host that never
 saw the run finds the launch in the store, ships the run's commit there, and the train stage
 resumes from the store's checkpoint to the weights of the uninterrupted run (the smoke run's
-training). "Another host" is another run root behind the same sshd: nothing of the first one is
-left to be found there."""
+training). "Another host" is another run root behind the same sshd (nothing of the first one is
+left to be found there), and, in the last test, another machine of the network-namespace
+fixture; `fab status/fetch/tensorboard` then read the run from the store, and `fab clean` asks
+it before removing a run."""
 
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ import pytest
 
 from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args, wait_for_end
 from tests.launcher.hostprocs import processes_under
+from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace
 from tests.launcher.sshd import free_port
+from tests.s3store import S3Server
 
 pytestmark = pytest.mark.slow
 HELD_STEP = 5  # of the 8 of RUN_SETS: the first host holds there until it dies
@@ -47,6 +51,13 @@ def _weights(model_dir):
     }
 
 
+def _die(run_root):
+    """The box dies: every process of its runs killed (no stop, no last upload), its disk lost."""
+    for pid in processes_under(run_root):
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(run_root)
+
+
 @pytest.fixture(scope="module")
 def moved_run(project, sshd, s3_server, tmp_path_factory):
     base = tmp_path_factory.mktemp("moved-run")
@@ -64,9 +75,7 @@ def moved_run(project, sshd, s3_server, tmp_path_factory):
     run.wait_until(
         lambda: _store_latest(fs, remote) == f"step-{STORED_STEP:08d}", what="checkpoint stored"
     )
-    for pid in processes_under(first_root):  # the box dies: no stop, no last upload
-        os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(first_root)
+    _die(first_root)
 
     second_root = base / "host-b"
     run.second = make_fab(project, base / "home-b", second_root, sshd)
@@ -190,3 +199,62 @@ def test_clean_refuses_a_run_whose_newest_checkpoint_the_store_lacks(moved_run, 
     done = moved_run.second(*clean, hosts=sshd.address, key=sshd.client_key)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not moved_run.moved_node.exists()
+
+
+def test_a_run_moved_to_another_machine_ends_with_the_same_weights(
+    netns_hosts, project, smoke_run, tmp_path_factory
+):
+    """The same between two machines of their own (tests/launcher/netns.py), `fab` on a third,
+    the store on the laptop's network: host a dies once the store holds step 4 (`fab status`
+    without a host says so), `fab -H b train --resume RUN` carries the run on to the weights of
+    the uninterrupted run."""
+    base = tmp_path_factory.mktemp("moved-between-machines")
+    a, b = netns_hosts.hosts
+    server = made_in_namespace(netns_hosts.laptop, lambda: S3Server(LAPTOP_ADDRESS).start())
+    try:
+        bucket = "runs-between-machines"
+        made_in_namespace(netns_hosts.laptop, lambda: _client(server).create_bucket(Bucket=bucket))
+        remote = f"s3://{bucket}/runs"
+        fab_a = make_fab(project, base / "home", base / "host-a", a.sshd, b.sshd,
+                         prefix=netns_hosts.on_laptop)  # fmt: skip
+        fab_a.env.update(server.env)
+        run = launch_run(
+            fab_a, a.sshd, base / "host-a", *set_args([*RUN_SETS, f"storage.remote={remote}"]),
+            env={"CLIPFORGE_FAULTS": f"hold@{HELD_STEP}"},
+        )  # fmt: skip
+        run.wait_until(
+            lambda: (
+                f"step {STORED_STEP},"
+                in fab_a("status", "--run", run.run_id, "--store", remote).stdout
+            ),
+            what="checkpoint stored",
+        )
+        _die(base / "host-a")
+        fab_b = make_fab(project, base / "home", base / "host-b", prefix=netns_hosts.on_laptop)
+        fab_b.env.update(server.env)
+        moved = fab_b(
+            "train", "--resume", run.run_id, "--store", remote,
+            hosts=b.ssh_target, key=b.sshd.client_key,
+        )  # fmt: skip
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        node = base / "host-b" / "runs" / run.run_id / "node-0"
+        assert wait_for_end(node)["state"] == "finished", (node / "train.log").read_text()[-3000:]
+    finally:
+        server.stop()
+    info = json.loads((node / "code" / "metrics" / "train.info.json").read_text())
+    assert info["resumed_from_step"] == STORED_STEP
+    assert _weights(node / "code" / "models" / "clip") == _weights(
+        smoke_run.code / "models" / "clip"
+    )
+
+
+def _client(server):
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=server.env["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
