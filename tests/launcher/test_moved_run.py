@@ -25,10 +25,10 @@ import urllib.request
 import pytest
 
 from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args, wait_for_end
-from tests.launcher.hostprocs import processes_under
+from tests.launcher.hostprocs import files_containing, processes_under
 from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace
 from tests.launcher.sshd import free_port
-from tests.s3store import S3Server
+from tests.s3store import SECRET_KEY, S3Server
 
 pytestmark = pytest.mark.slow
 HELD_STEP = 5  # of the 8 of RUN_SETS: the first host holds there until it dies
@@ -136,6 +136,23 @@ def test_status_without_a_host_reads_the_run_from_the_store(moved_run):
     rows = dict(re.findall(r"^  (\w[\w ]*?)\s{2,}(.+)$", result.stdout, re.MULTILINE))
     assert rows["state"].startswith("finished") and rows["step"] == "8", result.stdout
     assert "step 8, behind by 0 steps" in rows["run store"], result.stdout
+
+
+def test_status_on_the_host_shows_what_the_store_holds(moved_run, sshd):
+    """`fab status` on the run's host: a `run store` row with the store's step and the lag."""
+    result = moved_run.second("status", hosts=sshd.address, key=sshd.client_key)
+    assert result.returncode == 0, result.stdout + result.stderr
+    row = re.search(r"^  run store\s+(.+)$", result.stdout, re.MULTILINE)
+    assert row and "step 8, behind by 0 steps" in row.group(1), result.stdout
+
+
+def test_no_file_of_the_moved_run_nor_the_store_holds_its_secret(moved_run, s3_server):
+    """The store's secret key reached the run through the environment only: not in run.json, the
+    logs, the checkpoints or anything the run wrote on its host, nor in what went to the store."""
+    assert files_containing(moved_run.moved_node.parent, SECRET_KEY) == []
+    fs = s3_server.filesystem()
+    stored = fs.find(moved_run.remote.removeprefix("s3://").split("/")[0])
+    assert stored and not [path for path in stored if SECRET_KEY.encode() in fs.cat_file(path)]
 
 
 def test_fetch_from_the_store_brings_the_results_of_the_moved_run(moved_run, tmp_path):
