@@ -30,7 +30,7 @@ from clipforge.launcher import LauncherError
 from clipforge.launcher.connection import connect, join, label, q, run, targets
 from clipforge.launcher.host import stored_checkpoints
 from clipforge.launcher.stack import parse_stack_outputs
-from clipforge.store.remote import holds_checkpoint
+from clipforge.store.remote import missing_from_store
 
 EXIT_REFUSED = 3
 # The run roots a launch on the stack uses unless clipforge.remote_root says otherwise; roots
@@ -131,10 +131,10 @@ def checkpoint_safety(checkpoint: StoredCheckpoint, remote: RemoteStore | None) 
         return Verdict(True, f"{checkpoint} is on retained storage ({checkpoint.retained})")
     not_stored = ""
     if checkpoint.store:
-        stored = run_store_holds(checkpoint)
-        if stored is True:
+        why = missing_from_store(checkpoint.store, checkpoint.training_run, checkpoint.tag)
+        if why is None:
             return Verdict(True, f"{checkpoint} is in the run store {checkpoint.store}")
-        not_stored = f", not yet in the run store {checkpoint.store}{stored or ''}"
+        not_stored = f" and {why},"
     files = checkpoint.md5 or {}
     if remote is None:
         return Verdict(
@@ -149,17 +149,6 @@ def checkpoint_safety(checkpoint: StoredCheckpoint, remote: RemoteStore | None) 
         f"{checkpoint} is not on retained storage{not_stored} and {len(missing)} of its "
         f"{len(files)} files are not in the {remote.description}",
     )
-
-
-def run_store_holds(checkpoint: StoredCheckpoint) -> bool | str:
-    """True when the run's store holds the checkpoint whole; else why not, to append to a refusal
-    (" (unreachable: ...)"), or "" when it simply lacks it."""
-    try:
-        return holds_checkpoint(checkpoint.store, checkpoint.training_run, checkpoint.tag) or ""
-    except Exception as exc:  # any library's error: unreachable, no credentials, no bucket
-        return (
-            f" (cannot be asked: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})"
-        )
 
 
 def stored_on_stack(outputs: dict) -> list[StoredCheckpoint]:

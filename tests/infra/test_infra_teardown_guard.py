@@ -186,7 +186,7 @@ def test_a_run_whose_store_lacks_its_newest_checkpoint_stops_make_down_until_it_
     (tmp_path / "laptop-repo").mkdir()
     assert not guard(outputs, tmp_path / "laptop-repo", force=False, command="make down STACK=mine")
     err = capsys.readouterr().err
-    assert f"not yet in the run store {remote}" in err and "step-00000090" in err
+    assert f"is not in the run store {remote} yet" in err and "step-00000090" in err
 
     write_manifest(checkpoint_dir)
     store = RunStore(remote, checkpoint_dir.parent.name)

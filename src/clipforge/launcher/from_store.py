@@ -26,7 +26,7 @@ from clipforge.launcher.fetch import RESULTS
 from clipforge.launcher.host import stored_checkpoints
 from clipforge.launcher.host.status import sync_text
 from clipforge.launcher.session import Host, Settings
-from clipforge.store.remote import RunStore, holds_checkpoint, read_launch
+from clipforge.store.remote import RunStore, missing_from_store, read_launch
 
 Say = Callable[[str], None]
 TENSORBOARD_START_SECONDS = 120.0
@@ -126,15 +126,10 @@ def unstored_checkpoints(host: Host, settings: Settings, run_id: str) -> list[st
     )
     problems = []
     for entry in json.loads(listed.stdout):
-        if entry["run"] != run_id or not entry.get("store"):
-            continue
-        name = f"{entry['training_run']}/{entry['tag']}"
-        try:
-            if holds_checkpoint(entry["store"], entry["training_run"], entry["tag"]):
-                continue
-            problems.append(f"{name} is not in the run store {entry['store']} yet")
-        except Exception as exc:  # any library's error: unreachable, no credentials
-            problems.append(f"{name}: the run store {entry['store']} cannot be asked ({exc})")
+        if entry["run"] == run_id and entry.get("store"):
+            why = missing_from_store(entry["store"], entry["training_run"], entry["tag"])
+            if why:
+                problems.append(f"{entry['training_run']}/{entry['tag']} {why}")
     return problems
 
 

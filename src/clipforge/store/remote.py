@@ -202,11 +202,19 @@ class RunStore:
         self.fs.pipe_file(path, (json.dumps(record, indent=2) + "\n").encode())
 
 
-def holds_checkpoint(remote: str, run_id: str, tag: str) -> bool:
-    """Whether the store has checkpoint `tag` of training run `run_id` whole (its manifest went up
-    after its files); raises what the store's library raises when it cannot be asked."""
+def missing_from_store(remote: str, run_id: str, tag: str) -> str | None:
+    """None when the store holds checkpoint `tag` of training run `run_id` whole (its manifest
+    went up after its files); else why not, as a predicate ("is not in the run store ... yet")."""
     step = tag_step(tag)
-    return step is not None and step in RunStore(remote, run_id).complete_steps()
+    try:
+        if step is not None and step in RunStore(remote, run_id).complete_steps():
+            return None
+    except Exception as exc:  # any library's error: unreachable, no credentials, no bucket
+        first_line = (str(exc).splitlines() or [""])[0][:200]
+        return (
+            f"cannot be looked for in the run store {remote} ({type(exc).__name__}: {first_line})"
+        )
+    return f"is not in the run store {remote} yet"
 
 
 def read_launch(remote: str, launch_id: str) -> dict | None:
