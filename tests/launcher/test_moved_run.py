@@ -36,8 +36,8 @@ STORED_STEP = 4  # the checkpoint (saved every 2 steps) the store has when the h
 
 
 def _store_latest(fs, remote: str) -> str | None:
+    fs.invalidate_cache()  # s3fs keeps listings: look at the store as it is now
     markers = fs.glob(remote.removeprefix("s3://") + "/*/checkpoints/latest")
-    fs.invalidate_cache()
     return fs.cat_file(markers[0]).decode().strip() if markers else None
 
 
