@@ -145,6 +145,10 @@ class StoreSync:
             )
         self._stopping = True
         self._wake()
+        # The uploader is a daemon thread: the process may exit before its own last write of
+        # sync.json. Once it is done (or stuck on an unanswering store), this thread writes it.
+        self._thread.join(timeout=_POLL_SECONDS)
+        self._write_status()
         self.checkpointer.prune()  # what the store now holds need not stay here beyond `keep`
 
     def _wake(self) -> None:
