@@ -53,7 +53,7 @@ demo: env  ## train and evaluate the built-in default on CPU as a DVC experiment
 
 # Lint first: a style error fails `make test` in seconds, before the suite's minutes.
 test: env img2dataset-env lint  ## lint, then the test suite (installs openssh-server, which the launcher tests run)
-	scripts/setup-system.sh openssh-server iproute2
+	scripts/setup-system.sh openssh-server iproute2 fonts-wqy-microhei
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 LINTED := src infra tests fabfile.py docker bench scripts

@@ -3,6 +3,7 @@
   fab check  [--gpus N] [--runtime host|docker]       preflight every host
   fab train  --gpus N [--nodes N] [--set k=v ...] [--smoke] [--runtime host|docker] [--data ...]
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
+  fab status --run RUN | fab fetch --from-store | fab tensorboard --from-store   (the run store)
 
 Hosts: `fab -H user@host[:port][,...] -i KEY <task>`, or without -H the workers of the stack that
 `make up` created (infra/stack-outputs.json). Thin definitions: the logic is in clipforge.launcher.
@@ -14,6 +15,7 @@ FABRIC_CLIPFORGE_<KEY> environment variables, e.g. FABRIC_CLIPFORGE_PYTHON=/opt/
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -24,6 +26,7 @@ from invoke import Collection, Exit, Task
 
 from clipforge.launcher import LauncherError, preflight, session, watch
 from clipforge.launcher import fetch as fetch_mod
+from clipforge.launcher import from_store as from_store_mod
 from clipforge.launcher import launch as launch_mod
 from clipforge.launcher.connection import HostSpec, spec_of
 from clipforge.launcher.options import make_options, parse_count
@@ -94,6 +97,13 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+STORE_HELP = "the run store (default: storage.remote of params.yaml)"
+
+
+def _store(store: str | None) -> str | None:
+    return store or launch_mod.default_store(Path.cwd())
+
+
 def _nodes(c: Invocation, run: str | None):
     hosts, stack = session.open_hosts(c.hosts, c.config, c.settings)
     return [(h, session.node_layout(h, i, run)) for i, h in enumerate(hosts)], stack
@@ -156,7 +166,9 @@ def check(
         "image": "image reference (default: docker/image.env, with $REGISTRY)",
         "max_restarts": "restarts after crashes before giving up",
         "master_port": "node 0's rendezvous port (multi-node)",
-        "resume": "start the supervisors of an existing run again (after fab stop)",
+        "resume": "start the supervisors of an existing run again (after fab stop); on hosts "
+        "that never saw it, move it there from the run store",
+        "store": "with --resume: " + STORE_HELP,
         "accept_new_host_key": "record the key of a host never seen before (fresh hosts)",
     },
 )
@@ -173,12 +185,17 @@ def train(
     max_restarts=5,
     master_port=29500,
     resume=None,
+    store=None,
     accept_new_host_key=False,
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
     if resume:
-        pairs, _ = _nodes(c, resume)
-        launch_mod.resume([h for h, _ in pairs], [lay for _, lay in pairs], c.settings, _say)
+        hosts, stack = session.open_hosts(c.hosts, c.config, c.settings, accept_new_host_key)
+        if launch_mod.has_run(hosts[0], resume):
+            layouts = [session.node_layout(h, i, resume) for i, h in enumerate(hosts)]
+            launch_mod.resume(hosts, layouts, c.settings, _say)
+        else:
+            launch_mod.move(hosts, resume, _store(store), c.settings, stack, _say)
         return
     specs, stack = session.host_specs(c.hosts, c.settings)
     if gpus is None and stack is None:
@@ -211,10 +228,18 @@ def train(
     help={
         "run": "run id (default: the newest on the host)",
         "price_per_gpu_hour": "for the cost (default: the stack's cost.price_per_gpu_hour)",
+        "from_store": "read the run from the run store, not a host (the default with --run and "
+        "no -H, when there is no stack or --store is given)",
+        "store": STORE_HELP,
     }
 )
-def status(c: Invocation, run=None, price_per_gpu_hour=None):
-    """Run id, state, step/total, loss, samples/s, ETA, elapsed, restarts, cost."""
+def status(c: Invocation, run=None, price_per_gpu_hour=None, from_store=False, store=None):
+    """Run id, state, step/total, loss, samples/s, ETA, elapsed, restarts, cost, sync lag."""
+    # no host to ask (none given, no stack), or a store named: the run as the store has it
+    no_host = not c.hosts and run and (store or not c.settings.stack_outputs.exists())
+    if from_store or no_host:
+        from_store_mod.show_status(_store(store), run, _say)
+        return
     pairs, stack = _nodes(c, run)
     price = stack.price_per_gpu_hour if stack else None
     if price_per_gpu_hour is not None:
@@ -240,9 +265,22 @@ def logs(c: Invocation, run=None, follow=False, lines=50):
     watch.show_logs(pairs, c.settings, parse_count(lines, "--lines"), follow, _say)
 
 
-@all_hosts_task(help={"run": "run id (default: the newest)", "port": "local port of the forward"})
-def tensorboard(c: Invocation, run=None, port=6006):
+@all_hosts_task(
+    help={
+        "run": "run id (default: the newest)",
+        "port": "local port of the forward",
+        "from_store": "download the run's logs from the run store (into runs/RUN/logs) and serve "
+        "them here",
+        "store": STORE_HELP,
+    }
+)
+def tensorboard(c: Invocation, run=None, port=6006, from_store=False, store=None):
     """TensorBoard on the run's logs, through an SSH port-forward; prints the local URL."""
+    if from_store:
+        from_store_mod.tensorboard(
+            _store(store), run, Path("runs"), parse_count(port, "--port"), _say
+        )
+        return
     pairs, _ = _nodes(c, run)
     host, layout = pairs[0]
     watch.tensorboard(host, layout, c.settings, parse_count(port, "--port"), _say)
@@ -260,10 +298,15 @@ def stop(c: Invocation, run=None):
         "run": "run id (default: the newest)",
         "to": "local folder (default: runs/)",
         "push": "instead, `dvc push` the results from the host to the DVC remote",
+        "from_store": "from the run store, not a host (the host may be gone)",
+        "store": STORE_HELP,
     }
 )
-def fetch(c: Invocation, run=None, to="runs", push=False):
+def fetch(c: Invocation, run=None, to="runs", push=False, from_store=False, store=None):
     """Bring back metrics, the exported model and logs (or push them to the DVC remote)."""
+    if from_store:
+        from_store_mod.fetch(_store(store), run, Path(to), _say)
+        return
     pairs, _ = _nodes(c, run)
     if push:
         fetch_mod.push(pairs[0][0], pairs[0][1], c.settings, _say)
@@ -272,13 +315,31 @@ def fetch(c: Invocation, run=None, to="runs", push=False):
 
 
 @all_hosts_task(
-    name="clean", help={"run": "run id (default: the newest)", "all_": "every run on the hosts"}
+    name="clean",
+    help={
+        "run": "run id (default: the newest)",
+        "all_": "every run on the hosts",
+        "force": "remove runs whose newest checkpoint the run store lacks (also FORCE=1)",
+    },
 )
-def clean_(c: Invocation, run=None, all_=False):
-    """Remove finished or stopped runs from the hosts (never a running one)."""
+def clean_(c: Invocation, run=None, all_=False, force=False):
+    """Remove finished or stopped runs from the hosts (never a running one, nor, without
+    --force, one whose newest checkpoint its run store does not hold)."""
     hosts, _ = session.open_hosts(c.hosts, c.config, c.settings)
-    for host in hosts:
-        runs = watch.all_runs(host) if all_ else [session.run_id_on(host, run)]
+    chosen = [(h, watch.all_runs(h) if all_ else [session.run_id_on(h, run)]) for h in hosts]
+    if not (force or os.environ.get("FORCE") == "1"):
+        unstored = [
+            f"{host.label} run {run_id}: {problem}"
+            for host, runs in chosen
+            for run_id in runs
+            for problem in from_store_mod.unstored_checkpoints(host, c.settings, run_id)
+        ]
+        if unstored:
+            raise LauncherError(
+                "; ".join(unstored) + ": removing the run would lose it; let the store catch up "
+                "(`fab status` shows the sync lag), or pass --force (FORCE=1); nothing was removed"
+            )
+    for host, runs in chosen:
         watch.clean(host, c.settings, runs, _say)
 
 

@@ -6,6 +6,8 @@
 #                                            127.0.0.1 (make test)
 #   scripts/setup-system.sh iproute2         the multi-node tests give each "host" a network
 #                                            namespace with `ip netns` (make test)
+#   scripts/setup-system.sh fonts-wqy-microhei   a CJK font: the retrieval samples in TensorBoard
+#                                            draw their Chinese captions with it (make test)
 #   scripts/setup-system.sh docker.io debootstrap   a private Docker engine and the Debian base of
 #                                            the CPU image (make image-cpu, make test-integration)
 set -euo pipefail
@@ -15,9 +17,10 @@ present() {
     numactl) command -v numactl >/dev/null 2>&1 ;;
     openssh-server) [ -x /usr/sbin/sshd ] ;;
     iproute2) command -v ip >/dev/null 2>&1 ;;
+    fonts-wqy-microhei) [ -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] ;;
     docker.io) [ -x /usr/sbin/dockerd ] ;;
     debootstrap) command -v debootstrap >/dev/null 2>&1 ;;
-    *) echo "setup-system: unknown package $1 (known: numactl, openssh-server, iproute2, docker.io, debootstrap)" >&2; exit 2 ;;
+    *) echo "setup-system: unknown package $1 (known: numactl, openssh-server, iproute2, fonts-wqy-microhei, docker.io, debootstrap)" >&2; exit 2 ;;
   esac
 }
 

@@ -171,3 +171,21 @@ def git(cwd: Path, *args: str) -> str:
         text=True,
         check=True,
     ).stdout
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 (tests/s3store.py), shared: each test makes its own bucket."""
+    from tests.s3store import S3Server
+
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The S3 server, with this process's environment set to reach it (as a user's would be)."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return s3_server

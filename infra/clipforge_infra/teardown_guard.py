@@ -6,7 +6,8 @@ stack's outputs (`pulumi stack output`). Each worker is reached as `fab` reaches
 stack's pinned host key, through the port-forward or CLIPFORGE_SSH_GATEWAY) and lists the newest
 checkpoint of every run on it (clipforge.launcher.host.stored_checkpoints, run by its python3).
 Whether a checkpoint is safe is `checkpoint_safety`'s call, the one place of that rule: it lies
-on retained storage (a volume the stack keeps across `make down`), or every file of it is in the
+on retained storage (a volume the stack keeps across `make down`), or its run's store
+(storage.remote, asked with this machine's credentials) holds it whole, or every file of it is in the
 DVC remote (DVC 3 stores content by MD5 at ``<remote>/files/md5/<2 hex>/<30 hex>``, so no
 dvc.lock entry is needed; the default remote is asked of DVC itself, so a remote set in the global
 or system config counts as DVC would count it). Checkpoints on this machine (a demo's
@@ -29,6 +30,7 @@ from clipforge.launcher import LauncherError
 from clipforge.launcher.connection import connect, join, label, q, run, targets
 from clipforge.launcher.host import stored_checkpoints
 from clipforge.launcher.stack import parse_stack_outputs
+from clipforge.store.remote import missing_from_store
 
 EXIT_REFUSED = 3
 # The run roots a launch on the stack uses unless clipforge.remote_root says otherwise; roots
@@ -58,6 +60,7 @@ class StoredCheckpoint:
     retained: str | None  # the retained directory it lies under, if any
     md5: dict[str, str] | None  # file -> md5, when not retained
     problem: str | None = None
+    store: str | None = None  # the run's store (storage.remote), if it has one
 
     def __str__(self) -> str:
         return f"{self.host} run {self.run}: {self.training_run}/{self.tag} ({self.path})"
@@ -126,18 +129,25 @@ def checkpoint_safety(checkpoint: StoredCheckpoint, remote: RemoteStore | None) 
         return Verdict(False, f"{checkpoint}: {checkpoint.problem}")
     if checkpoint.retained:
         return Verdict(True, f"{checkpoint} is on retained storage ({checkpoint.retained})")
+    not_stored = ""
+    if checkpoint.store:
+        why = missing_from_store(checkpoint.store, checkpoint.training_run, checkpoint.tag)
+        if why is None:
+            return Verdict(True, f"{checkpoint} is in the run store {checkpoint.store}")
+        not_stored = f" and {why},"
     files = checkpoint.md5 or {}
     if remote is None:
         return Verdict(
-            False, f"{checkpoint} is not on retained storage and no DVC remote is configured"
+            False,
+            f"{checkpoint} is not on retained storage{not_stored} and no DVC remote is configured",
         )
     missing = [name for name, md5 in files.items() if not remote.has(md5)]
     if not missing:
         return Verdict(True, f"{checkpoint} is in the {remote.description}")
     return Verdict(
         False,
-        f"{checkpoint} is not on retained storage and {len(missing)} of its {len(files)} files "
-        f"are not in the {remote.description}",
+        f"{checkpoint} is not on retained storage{not_stored} and {len(missing)} of its "
+        f"{len(files)} files are not in the {remote.description}",
     )
 
 
@@ -254,7 +264,8 @@ def guard(outputs: dict, remote_repo: Path, force: bool, command: str) -> bool:
     for reason in unsafe:
         print(f"teardown guard: refusing to release the GPUs: {reason}", file=sys.stderr)
     print(
-        "  Keep runs on the retained checkpoints volume (fab's default run root), or push the\n"
+        "  Keep runs on the retained checkpoints volume (fab's default run root), or let the run\n"
+        "  store catch up (storage.remote; `fab status` shows the sync lag), or push the\n"
         "  checkpoint to the DVC remote from the worker, or run `"
         + command
         + " FORCE=1` to release anyway and lose it.",

@@ -28,6 +28,7 @@ import yaml
 
 from clipforge.alerts.config import AlertsConfig
 from clipforge.fields import ConfigError, Section, knob
+from clipforge.store.config import StorageConfig
 from clipforge.yamlfile import YamlFileError, load_yaml, read_yaml_file
 
 
@@ -372,6 +373,7 @@ class Config:
     train: TrainConfig | None = field(default_factory=TrainConfig)
     eval: EvalConfig | None = field(default_factory=EvalConfig)
     alerts: AlertsConfig | None = field(default_factory=AlertsConfig)
+    storage: StorageConfig | None = field(default_factory=StorageConfig)
 
     def to_dict(self) -> dict:
         return {
@@ -384,13 +386,18 @@ class Config:
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "recipe"}
 # The sections each pipeline stage reads, besides `recipe`: all it loads and checks.
-STAGE_SECTIONS = {"data": ("data",), "train": ("model", "train", "alerts"), "eval": ("eval",)}
+STAGE_SECTIONS = {
+    "data": ("data",),
+    "train": ("model", "train", "alerts", "storage"),
+    "eval": ("eval",),
+}
 _SECTION_TYPES = {
     "data": DataConfig,
     "model": ModelConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
     "alerts": AlertsConfig,
+    "storage": StorageConfig,
 }
 
 

@@ -4,6 +4,7 @@ remote filled by the real `dvc push`."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,6 +16,8 @@ from infra_harness import INFRA_DIR  # noqa: F401  (puts infra/ on sys.path)
 from stack_worker import forget_roots, record_root, stack_outputs, write_run
 
 from clipforge.launcher.host.stored_checkpoints import newest_checkpoints
+from clipforge.store.manifest import write_manifest
+from clipforge.store.remote import RunStore
 from clipforge_infra.teardown_guard import (
     LocalDvcRemote,
     StoredCheckpoint,
@@ -166,3 +169,28 @@ def test_a_stack_without_workers_has_nothing_to_lose(tmp_path, capsys):
     assert guard({}, tmp_path, force=False, command="make down STACK=mine")
     assert guard({"released": True, "workers": []}, tmp_path, False, "make down STACK=mine")
     assert "nothing to lose" in capsys.readouterr().out
+
+
+def test_a_run_whose_store_lacks_its_newest_checkpoint_stops_make_down_until_it_is_there(
+    worker, sshd, s3, tmp_path, capsys
+):
+    """A run on the worker's own disk with a run store (moto's S3 on 127.0.0.1) that has not
+    taken its newest checkpoint yet: refused, naming the store; once the store holds the
+    checkpoint whole (files, manifest, marker), the release goes ahead."""
+    outputs, _ = worker
+    remote = s3.new_bucket() + "/runs"
+    checkpoint_dir = write_run(tmp_path / "worker-disk", "r3", 90)
+    run_dir = tmp_path / "worker-disk" / "runs" / "r3"
+    (run_dir / "run.json").write_text(json.dumps({"params": {"storage": {"remote": remote}}}))
+    record_root(sshd, tmp_path / "worker-disk")
+    (tmp_path / "laptop-repo").mkdir()
+    assert not guard(outputs, tmp_path / "laptop-repo", force=False, command="make down STACK=mine")
+    err = capsys.readouterr().err
+    assert f"is not in the run store {remote} yet" in err and "step-00000090" in err
+
+    write_manifest(checkpoint_dir)
+    store = RunStore(remote, checkpoint_dir.parent.name)
+    store.upload_checkpoint(checkpoint_dir)
+    store.publish(checkpoint_dir.name)
+    assert guard(outputs, tmp_path / "laptop-repo", force=False, command="make down STACK=mine")
+    assert f"is in the run store {remote}" in capsys.readouterr().out

@@ -19,9 +19,10 @@ from clipforge.launcher.commands import (
     multinode_train_argv,
     node_plan,
 )
-from clipforge.launcher.host.plan import RestartPolicy
+from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.options import make_options, resolve_params
+from clipforge.store.remote import RUN_RECORD_ENV
 from tests.conftest import REPO
 
 POLICY = RestartPolicy(
@@ -79,10 +80,12 @@ def test_single_node_trains_through_dvc_with_every_set_as_dash_s():
 
 
 def test_gpus_0_is_a_cpu_run():
-    """--gpus 0: device cpu, one rank, DS_ACCELERATOR=cpu in the phase's environment."""
-    plan = node_plan(_options(gpus=0), _node(), POLICY)
+    """--gpus 0: device cpu, one rank, DS_ACCELERATOR=cpu in the phase's environment (beside the
+    path of the run's record, which the train stage copies to the run store)."""
+    node = _node()
+    plan = node_plan(_options(gpus=0), node, POLICY)
     assert {"train.device=cpu", "train.ranks_per_node=1"} <= set(_pairs(plan.phases[0].argv, "-S"))
-    assert plan.phases[0].env == {"DS_ACCELERATOR": "cpu"}
+    assert plan.phases[0].env == {"DS_ACCELERATOR": "cpu", RUN_RECORD_ENV: node.layout.record}
 
 
 def test_pull_fetches_the_data_first_and_smoke_reloads_last():
@@ -181,15 +184,17 @@ def test_docker_run_requests_gpus_mounts_env_shm_and_user():
 
 
 def test_docker_phases_get_secrets_on_stdin_by_name_only(monkeypatch):
-    """The alert webhooks reach a docker phase through its stdin (the supervisor writes them, the
-    entrypoint reads them): the command line names them and holds no value."""
+    """The alert webhooks and the run store's credentials reach a docker phase through its stdin
+    (the supervisor writes them, the entrypoint reads them): the command line names them and
+    holds no value."""
     monkeypatch.setenv("CLIPFORGE_ALERT_WEBHOOKS", "slack:https://hooks.example/secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "store-secret")
     phase = node_plan(_options(runtime="docker"), _node(), POLICY).phases[0]
     assert "--interactive" in phase.argv
-    assert "CLIPFORGE_ENV_FROM_STDIN=CLIPFORGE_ALERT_WEBHOOKS,CLIPFORGE_FAULTS" in _pairs(
-        phase.argv, "--env"
-    )
-    assert phase.stdin_env == ["CLIPFORGE_ALERT_WEBHOOKS", "CLIPFORGE_FAULTS"]
+    names = ",".join(PASSTHROUGH_ENV)
+    assert f"CLIPFORGE_ENV_FROM_STDIN={names}" in _pairs(phase.argv, "--env")
+    assert phase.stdin_env == list(PASSTHROUGH_ENV)
+    assert {"CLIPFORGE_ALERT_WEBHOOKS", "AWS_SECRET_ACCESS_KEY"} <= set(PASSTHROUGH_ENV)
     assert not any("secret" in a for a in phase.argv)
 
 

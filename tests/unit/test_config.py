@@ -159,7 +159,7 @@ def test_stage_reports_config_error_with_exit_code_2_and_writes_nothing(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-TRAIN_STAGE_SECTIONS = ("model", "train", "alerts")
+TRAIN_STAGE_SECTIONS = ("model", "train", "alerts", "storage")
 
 
 def test_a_stage_loads_only_the_sections_it_reads(tmp_path):

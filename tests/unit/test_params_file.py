@@ -57,7 +57,7 @@ BAD_FILES = {
     ),
     "a list instead of sections": (
         b"- train\n- data\n",
-        "{path}: must be a mapping of sections (recipe, data, model, train, eval, alerts), got a list",
+        "{path}: must be a mapping of sections (recipe, data, model, train, eval, alerts, storage), got a list",
     ),
 }
 

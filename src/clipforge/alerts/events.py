@@ -26,6 +26,10 @@ GPU_ECC = "gpu_ecc"
 GPU_READ_FAILED = "gpu_read_failed"
 GPU_MONITOR_UNAVAILABLE = "gpu_monitor_unavailable"
 DISK_SPACE_LOW = "disk_space_low"
+CHECKPOINT_DAMAGED = "checkpoint_damaged"
+STORE_UNREACHABLE = "store_unreachable"
+STORE_SYNC_LAG = "store_sync_lag"
+STORE_CAUGHT_UP = "store_caught_up"
 
 # Lifecycle messages happen a handful of times per run and are the ones a user waits for
 # ("did it finish?"), so the rate limiter never holds them back.

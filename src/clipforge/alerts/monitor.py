@@ -186,6 +186,42 @@ class AlertMonitor:
             {"path": path, "free_bytes": free_bytes, "checkpoint_bytes": checkpoint_bytes},
         )
 
+    def checkpoint_damaged(self, message: str) -> None:
+        """A checkpoint found damaged at start (set aside; an older one is tried)."""
+        self._run_event(events.CHECKPOINT_DAMAGED, "warning", message, None)
+
+    def store_unreachable(self, store: str, failures: int, error: str, waiting: int) -> None:
+        """Uploads to the run store failed `failures` times in a row; training goes on."""
+        self._run_event(
+            events.STORE_UNREACHABLE,
+            "warning",
+            f"run store {store}: {failures} upload attempt(s) in a row failed ({error}); training "
+            f"goes on, {waiting} checkpoint(s) wait on this disk (none is pruned before it is "
+            f"uploaded), and the uploads resume when the store answers",
+            {"store": store, "failures": failures, "error": error, "waiting": waiting},
+        )
+
+    def store_sync_lag(
+        self, store: str, lag_seconds: float, lag_steps: int, max_lag_seconds: float
+    ) -> None:
+        """The oldest checkpoint not yet in the run store has waited longer than allowed."""
+        self._run_event(
+            events.STORE_SYNC_LAG,
+            "warning",
+            f"run store {store} is {lag_steps} steps behind: a checkpoint has waited "
+            f"{lag_seconds:.0f} s for its upload (storage.max_lag_seconds="
+            f"{max_lag_seconds:g}); losing this host now would lose those steps",
+            {"store": store, "lag_seconds": lag_seconds, "lag_steps": lag_steps},
+        )
+
+    def store_caught_up(self, store: str, tag: str) -> None:
+        self._run_event(
+            events.STORE_CAUGHT_UP,
+            "info",
+            f"run store {store} holds every checkpoint again, up to {tag}",
+            {"store": store, "tag": tag},
+        )
+
     def check_loss(self, step: int, loss: float) -> StepVerdict:
         """After the forward pass, before backward: the globally reduced loss of `step`."""
         verdict = self._rules.check_loss(step, float(loss))

@@ -19,6 +19,7 @@ from clipforge.launcher.host.plan import (
 )
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.options import TrainOptions
+from clipforge.store.remote import RUN_RECORD_ENV
 
 # Inside the training image `python` is the image's interpreter (see docker/).
 IMAGE_PYTHON = "python"
@@ -267,6 +268,8 @@ def node_plan(
     if options.smoke:
         inner.append(("smoke", smoke_argv(python, layout, resume), False))
 
+    # The launch's record goes to the run store with the run (clipforge.train.sync).
+    env = {**options.env, **node.env, RUN_RECORD_ENV: layout.record}
     phases = []
     for name, argv, restartable in inner:
         if docker:
@@ -277,7 +280,7 @@ def node_plan(
                 gpus=options.gpus,
                 user=node.user,
                 shm_size=node.shm_size,
-                env={**options.env, **node.env},
+                env=env,
                 data_dir=options.data if options.mounted_data else None,
                 secrets_on_stdin=True,
             )
@@ -298,7 +301,7 @@ def node_plan(
                     name=name,
                     argv=argv,
                     cwd=layout.code,
-                    env={**options.env, **node.env},
+                    env=env,
                     restartable=restartable,
                 )
             )

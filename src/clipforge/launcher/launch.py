@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.image_env import ImageEnvError, parse_image_env
-from clipforge.launcher import LauncherError, network, preflight
+from clipforge.launcher import LauncherError, from_store, network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
@@ -34,7 +34,7 @@ from clipforge.launcher.session import (
     read_remote_json,
     remote_python,
 )
-from clipforge.launcher.source import Source, require_clean, write_bundle
+from clipforge.launcher.source import Source, require_clean, source_at, write_bundle
 from clipforge.launcher.stack import StackOutputs
 
 START_TIMEOUT_SECONDS = 30.0
@@ -135,8 +135,10 @@ def launch(
     settings: Settings,
     stack: StackOutputs | None,
     say: Callable[[str], None],
+    run_id: str | None = None,
 ) -> str:
-    """Preflight, ship, start; returns the run id. Raises LauncherError with nothing left running."""
+    """Preflight, ship, start; returns the run id (a new one, or `run_id`: a run moved here).
+    Raises LauncherError with nothing left running."""
     results = [
         preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack))
         for h in hosts
@@ -156,7 +158,7 @@ def launch(
         raise LauncherError(f"{mismatch}; nothing was started")
     for host in hosts:
         _record_run_root(host)
-    run_id = new_run_id(prepared.source.commit)
+    run_id = run_id or new_run_id(prepared.source.commit)
     layouts = [NodeLayout(root=h.root, run_id=run_id, node_rank=i) for i, h in enumerate(hosts)]
     policy = RestartPolicy(
         max_restarts=options.max_restarts,
@@ -359,3 +361,52 @@ def resume(
     for host, layout in zip(hosts, layouts):
         say(f"{host.label}: resuming {layout.run_id} node {layout.node_rank}")
         start_supervisor(host, layout, settings)
+
+
+def has_run(host: Host, run_id: str) -> bool:
+    return probe(host.cxn, f"test -d {q(posixpath.join(host.root, 'runs', run_id))}").ok
+
+
+def default_store(start: Path) -> str | None:
+    """storage.remote of the local checkout's params.yaml: where a run is looked for when no
+    host has it."""
+    params = start / "params.yaml"
+    if not params.is_file():
+        return None
+    return resolve_params(params.read_text(encoding="utf-8"), ()).storage.remote
+
+
+def move(
+    hosts: list[Host],
+    run_id: str,
+    remote: str | None,
+    settings: Settings,
+    stack: StackOutputs | None,
+    say: Callable[[str], None],
+) -> None:
+    """`fab train --resume RUN` on hosts that never saw the run: its launch as the run store
+    keeps it (launches/RUN.json), started again there under the same id, from the same commit
+    and options. The train stage finds no local checkpoint and resumes from the store's."""
+    say(f"run {run_id} is not on {', '.join(h.label for h in hosts)}: looking in the run store")
+    _, record = from_store.open_run(remote, run_id)
+    options = TrainOptions(
+        gpus=record["gpus_per_node"],
+        nodes=record["num_nodes"],
+        overrides=tuple(record["overrides"]),
+        smoke=record["smoke"],
+        runtime=record["runtime"],
+        data=record["data"],
+        max_restarts=record["max_restarts"],
+        image=record["image"],
+    )
+    if len(hosts) != options.nodes:
+        raise LauncherError(
+            f"run {run_id} trains on {options.nodes} node(s): give as many hosts in -H, got "
+            f"{len(hosts)}"
+        )
+    prepared = prepare(source_at(Path.cwd(), record["commit"]), options, settings)
+    say(
+        f"moving run {run_id} there from {remote} (commit {record['commit'][:10]}, last on "
+        f"{record.get('host')})"
+    )
+    launch(hosts, prepared, options, settings, stack, say, run_id=run_id)

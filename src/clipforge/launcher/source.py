@@ -50,7 +50,20 @@ def require_clean(source: Source, allow_dirty: bool) -> None:
 
 
 def write_bundle(source: Source, path: Path) -> None:
-    _git(source.root, "bundle", "create", str(path), "HEAD")
+    """HEAD and the source's commit (another one when a run moves to a new host): the clone on
+    the host unpacks every object of the bundle, so the commit can be checked out there."""
+    _git(source.root, "bundle", "create", str(path), "HEAD", source.commit)
+
+
+def source_at(start: Path, commit: str) -> Source:
+    """The local repository at `commit` (that of an earlier launch), which it must hold."""
+    root = current_source(start).root
+    if _git(root, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
+        raise LauncherError(
+            f"{root}: commit {commit[:10]} is not in this repository; `git fetch` the branch "
+            f"that holds it, then try again"
+        )
+    return Source(root=root, commit=commit, dirty=[])
 
 
 def _git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -1,14 +1,18 @@
 """Checkpoints in DeepSpeed's own format, one directory per run, with an atomic `latest` marker.
 
-  checkpoints/run-<id>/step-00000100/   a DeepSpeed checkpoint (+ config.yaml)
+  checkpoints/run-<id>/step-00000100/   a DeepSpeed checkpoint (+ config.yaml, manifest.json)
   checkpoints/run-<id>/latest           the tag of the newest complete checkpoint
   checkpoints/run-<id>/deepspeed_config.json
+  checkpoints/run-<id>/sync.json        the run store's progress (clipforge.train.sync)
 
 The run id is a fingerprint of everything that determines the result (data, model, training
 params), so re-running the stage with the same params resumes the interrupted run, while
 `dvc exp run -S train.lr=...` starts a run of its own instead of resuming someone else's.
-`latest` is replaced atomically only after every rank has finished writing, so a run killed
-mid-save resumes from the previous checkpoint.
+`latest` is replaced atomically only after every rank has finished writing and rank 0 has written
+the checkpoint's manifest (sizes and sha256 of its files, clipforge.store.manifest), so a run
+killed mid-save resumes from the previous checkpoint, and a start can tell an intact checkpoint
+from a damaged one (clipforge.train.recovery). A checkpoint the run store still needs is not
+pruned.
 
 Before each save, the free space is compared with the size of the previous checkpoint (the first
 one: an estimate from the parameter count): too little stops the run with a clear error before
@@ -22,8 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,6 +37,8 @@ import torch.distributed as dist
 from clipforge.cli import StageError
 from clipforge.config import Config
 from clipforge.fsutil import atomic_write_text
+from clipforge.store.manifest import write_manifest
+from clipforge.store.remote import LATEST, tag_step
 from clipforge.train.disk import (
     CHECKPOINT_BYTES_PER_PARAMETER,
     DiskSpace,
@@ -42,8 +49,6 @@ from clipforge.train.disk import (
 
 log = logging.getLogger("clipforge.train")
 
-LATEST = "latest"
-_TAG = re.compile(r"^step-(\d{8})$")
 # Knobs that change how often things are written or how fast data loads, never the weights.
 _NOT_IN_FINGERPRINT = {
     "num_workers",
@@ -60,10 +65,10 @@ def tag_for(step: int) -> str:
 
 
 def step_of(tag: str) -> int:
-    match = _TAG.match(tag)
-    if not match:
+    step = tag_step(tag)
+    if step is None:
         raise ValueError(f"not a checkpoint tag: {tag!r}")
-    return int(match.group(1))
+    return step
 
 
 def run_id(config: Config, manifest_bytes: bytes) -> str:
@@ -82,6 +87,8 @@ class Checkpointer:
         self.run_dir = run_dir
         self.keep = keep
         self.is_main = is_main
+        # A tag the run store has not taken yet is kept beyond `keep` (set by the store's sync).
+        self.needed_elsewhere: Callable[[str], bool] = lambda tag: False
 
     def latest_tag(self) -> str | None:
         marker = self.run_dir / LATEST
@@ -90,7 +97,18 @@ class Checkpointer:
     def tags(self) -> list[str]:
         if not self.run_dir.is_dir():
             return []
-        return sorted(p.name for p in self.run_dir.iterdir() if p.is_dir() and _TAG.match(p.name))
+        return sorted(
+            p.name for p in self.run_dir.iterdir() if p.is_dir() and tag_step(p.name) is not None
+        )
+
+    def publish(self, tag: str) -> None:
+        atomic_write_text(self.run_dir / LATEST, tag + "\n")
+
+    def set_aside(self, name: str) -> Path:
+        """Rename a damaged checkpoint (or marker) out of the way, kept for inspection."""
+        target = self.run_dir / f"damaged-{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        (self.run_dir / name).rename(target)
+        return target
 
     def save(self, engine, step: int, client_state: dict, config_yaml: str) -> DiskSpace:
         """Every rank calls this; DeepSpeed writes its shards, rank 0 then publishes the tag.
@@ -105,7 +123,8 @@ class Checkpointer:
             dist.barrier()
             if self.is_main:
                 (self.run_dir / tag / "config.yaml").write_text(config_yaml, encoding="utf-8")
-                atomic_write_text(self.run_dir / LATEST, tag + "\n")
+                write_manifest(self.run_dir / tag)
+                self.publish(tag)
         except Exception:
             shutil.rmtree(self.run_dir / tag, ignore_errors=True)  # `latest` still names the last
             message = write_failure_message(self.run_dir, space.need)
@@ -113,7 +132,7 @@ class Checkpointer:
                 raise
             raise StageError(message) from None
         if self.is_main:
-            self._prune()
+            self.prune()
         dist.barrier()
         return space
 
@@ -160,6 +179,7 @@ class Checkpointer:
                 log.info("removing incomplete checkpoint %s", self.run_dir / tag)
                 shutil.rmtree(self.run_dir / tag, ignore_errors=True)
 
-    def _prune(self) -> None:
+    def prune(self) -> None:
         for tag in self.tags()[: -self.keep]:
-            shutil.rmtree(self.run_dir / tag, ignore_errors=True)
+            if not self.needed_elsewhere(tag):
+                shutil.rmtree(self.run_dir / tag, ignore_errors=True)

@@ -6,13 +6,18 @@ CLIPFORGE_FAULTS is a comma-separated list of:
 - `stall@STEP=SECONDS`: the step sleeps first, as a hung collective would;
 - `hold@STEP`: the step waits until a stop is requested (SIGTERM/SIGINT), then goes on, so the
   stop path checkpoints after it. A test can then stop a run that cannot have ended first, with
-  no guess at how fast the machine trains. Without a stop the step waits for ever.
+  no guess at how fast the machine trains. Without a stop the step waits for ever;
+- `wait@STEP=PATH`: the step waits until PATH exists: a test creates it once what must come
+  first has happened (e.g. it took the run store down);
+- `hold_upload@STEP`: the run store's upload of the checkpoint of that step stops after its first
+  file and waits for ever (training goes on): kill the process there for a torn upload.
 STEP counts optimizer steps from 1.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,10 +33,15 @@ class Faults:
     nan_steps: frozenset[int] = frozenset()
     stall_seconds: dict[int, float] = field(default_factory=dict)
     hold_steps: frozenset[int] = frozenset()
+    hold_upload_steps: frozenset[int] = frozenset()
+    wait_files: dict[int, str] = field(default_factory=dict)
 
     def apply(self, step: int, micro_batches: list, stop_requested: Callable[[], bool]) -> list:
         if step in self.hold_steps:
             while not stop_requested():
+                time.sleep(HOLD_POLL_SECONDS)
+        if step in self.wait_files:
+            while not os.path.exists(self.wait_files[step]):
                 time.sleep(HOLD_POLL_SECONDS)
         if step in self.stall_seconds:
             time.sleep(self.stall_seconds[step])
@@ -41,12 +51,16 @@ class Faults:
             ]
         return micro_batches
 
+    def after_first_uploaded_file(self, step: int) -> None:
+        if step in self.hold_upload_steps:
+            threading.Event().wait()
+
 
 def faults_from_env(environ=os.environ) -> Faults:
     spec = environ.get(ENV, "").strip()
     if not spec:
         return Faults()
-    nan_steps, stalls, holds = set(), {}, set()
+    nan_steps, stalls, holds, upload_holds, waits = set(), {}, set(), set(), {}
     for item in spec.split(","):
         kind, _, where = item.strip().partition("@")
         if kind == "nan":
@@ -56,8 +70,14 @@ def faults_from_env(environ=os.environ) -> Faults:
             stalls[int(step)] = float(seconds)
         elif kind == "hold":
             holds.add(int(where))
+        elif kind == "hold_upload":
+            upload_holds.add(int(where))
+        elif kind == "wait":
+            step, _, path = where.partition("=")
+            waits[int(step)] = path
         else:
             raise ValueError(
-                f"{ENV}: unknown fault {item!r}; use nan@STEP, stall@STEP=SECONDS or hold@STEP"
+                f"{ENV}: unknown fault {item!r}; use nan@STEP, stall@STEP=SECONDS, hold@STEP, "
+                f"wait@STEP=PATH or hold_upload@STEP"
             )
-    return Faults(frozenset(nan_steps), stalls, frozenset(holds))
+    return Faults(frozenset(nan_steps), stalls, frozenset(holds), frozenset(upload_holds), waits)

@@ -234,6 +234,17 @@ class TrainMonitor:
             "step %d: validation %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         )
 
+    def retrieval_samples(self, step: int, grid, texts: dict[str, str]) -> None:
+        """What a few validation queries retrieve (clipforge.train.samples): a grid, texts."""
+        self.writer.add_image("samples/text_to_image", grid, step, dataformats="HWC")
+        for tag, text in texts.items():
+            self.writer.add_text(tag, text, step)
+
+    def store_lag(self, step: int, lag_steps: int, lag_seconds: float) -> None:
+        """How far the run store is behind, as a checkpoint is saved (clipforge.train.sync)."""
+        self.writer.add_scalar("store/lag_steps", lag_steps, step)
+        self.writer.add_scalar("store/lag_seconds", lag_seconds, step)
+
     def eta(self, step: int) -> str:
         done = step - self.start_step
         if done <= 0:

@@ -25,6 +25,7 @@ from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan
 from clipforge.fsutil import atomic_write_text
 from clipforge.model import ClipBundle, build_model
 from clipforge.train import data as train_data
+from clipforge.train import recovery, samples
 from clipforge.train.checkpoint import Checkpointer, run_id
 from clipforge.train.dist import DistInfo, init_distributed, resolve_device
 from clipforge.train.ds_config import (
@@ -47,6 +48,7 @@ from clipforge.train.loss import make_clip_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
 from clipforge.train.monitor import PerfMeter, TrainMonitor, run_label
 from clipforge.train.optim import WarmupCosine
+from clipforge.train.sync import StoreSync, open_store, start_store_sync
 from clipforge.train.validation import validation_metrics
 
 log = logging.getLogger("clipforge.train")
@@ -73,6 +75,8 @@ class TrainingRun:
     val_loader: Callable  # a fresh loader over the validation batches
     monitor: TrainMonitor | None  # rank 0 only
     alerts: AlertMonitor
+    sync: StoreSync | None = None  # rank 0, with storage.remote set
+    gallery: samples.SampleGallery | None = None  # retrieval samples (None: no val split)
 
     @property
     def start_step(self) -> int:
@@ -105,6 +109,10 @@ class TrainingRun:
         )
         if space.low:
             self.alerts.disk_space_low(str(space.path), space.free, space.need)
+        if self.sync:
+            lag = self.sync.checkpoint_saved(step)
+            if self.monitor:
+                self.monitor.store_lag(step, lag.steps, lag.seconds)
 
     def validate(self, step: int) -> float | None:
         metrics = validation_metrics(
@@ -118,6 +126,10 @@ class TrainingRun:
         )
         if self.monitor and metrics:
             self.monitor.validation(step, metrics)
+        if self.gallery is not None:  # every rank encodes it; rank 0 draws
+            found = samples.rankings(self.engine, self.gallery, self.to_device, self.autocast)
+            if self.monitor:
+                self.monitor.retrieval_samples(step, *samples.render(self.gallery, *found))
         return metrics.get("loss")
 
 
@@ -127,12 +139,20 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
     stop = StopFlag()
     stop.install()  # before the slow set-up, so an early SIGTERM is not lost
     run = set_up(config, paths, manifest, device)
+    outcome = "failed"
     try:
-        return train_and_export(run, stop)
+        final = train_and_export(run, stop)
+        outcome = "finished"
+        return final
+    except StopRequested:
+        outcome = "stopped"
+        raise
     finally:
         if run.monitor:
             run.monitor.texts(run.alerts.drain_events())
             run.monitor.close()
+        if run.sync:  # the last checkpoint and the logs, up to storage.flush_timeout_seconds
+            run.sync.finish(outcome, _final_outputs(paths) if outcome == "finished" else [])
         stop.uninstall()
 
 
@@ -154,6 +174,8 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
     files = train_data.split_files(paths["data"], "train")
     steps_per_epoch = _steps_per_epoch(files, plan)
     total_steps = train.max_steps or train.epochs * steps_per_epoch
+    alerts = _alert_monitor(config, identity, dist)  # set-up may report a damaged checkpoint
+    store = open_store(config.storage, identity) if dist.is_main else None
     engine, checkpointer = _engine_and_checkpointer(
         train,
         plan,
@@ -164,6 +186,7 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         total_steps,
         dist.is_main,
     )
+    recovery.agree_on_start(checkpointer, store, alerts.checkpoint_damaged)
     state = checkpointer.load(engine)
     checkpointer.check_space(engine)  # a disk without room for the next save fails now, not then
     start_step = state["step"] if state else 0
@@ -194,6 +217,14 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         bundle.tokenizer,
         train.shuffle_window_shards,
     )
+    label = run_label(
+        config.model.name, plan.global_batch_size, train.lr, train.zero_stage, identity
+    )
+    sync = (
+        start_store_sync(config, store, checkpointer, alerts, paths, label, start_step)
+        if store
+        else None
+    )
     prefetch = _prefetch_factor(train, bundle)
     return TrainingRun(
         config=config,
@@ -217,10 +248,14 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
             prefetch_factor=prefetch,
         ),
         val_loader=_validation_loader(paths["data"], plan, dist, train, bundle, prefetch),
-        monitor=_monitor(config, plan, paths, identity, start_step, total_steps)
+        monitor=_monitor(config, plan, paths, label, identity, start_step, total_steps)
         if dist.is_main
         else None,
-        alerts=_alert_monitor(config, identity, dist),
+        alerts=alerts,
+        sync=sync,
+        gallery=samples.load_gallery(
+            paths["data"], train_data.uint8_transform(bundle.preprocess_val)[0], bundle.tokenizer
+        ),
     )
 
 
@@ -426,16 +461,14 @@ def _monitor(
     config: Config,
     plan: BatchPlan,
     paths: dict[str, Path],
+    label: str,
     identity: str,
     start_step: int,
     total_steps: int,
 ) -> TrainMonitor:
-    """TensorBoard under a name that says what the run is; its hyperparameters in the hparams
-    table (once, when the run starts: a resumed run keeps them)."""
+    """TensorBoard under a name that says what the run is (`label`); its hyperparameters in the
+    hparams table (once, when the run starts: a resumed run keeps them)."""
     train = config.train
-    label = run_label(
-        config.model.name, plan.global_batch_size, train.lr, train.zero_stage, identity
-    )
     monitor = TrainMonitor(
         paths["logs"] / label, paths["metrics"], identity, start_step, total_steps
     )
@@ -491,6 +524,15 @@ def _check_replicas(run: TrainingRun) -> None:
         )
     if run.plan.world_size > 1 and run.dist.is_main:
         log.info("replicas in sync across %d ranks", run.plan.world_size)
+
+
+def _final_outputs(paths: dict[str, Path]) -> list[tuple[Path, str]]:
+    """What the run store gets at the end of a finished run, besides the logs."""
+    return [
+        (paths["metrics"] / "train.json", "metrics/train.json"),
+        (paths["metrics"] / "train.info.json", "metrics/train.info.json"),
+        (paths["model"], "models/clip"),
+    ]
 
 
 def _perf_meter(run: TrainingRun) -> PerfMeter:

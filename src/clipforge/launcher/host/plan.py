@@ -12,8 +12,24 @@ from dataclasses import asdict, dataclass, field
 
 # Environment variables passed from the laptop to the run when set there; values are never written
 # to a file, a log or a command line. The alert webhooks are secrets; the faults
-# (clipforge.train.faults) let a failure path be tried on a real host.
-PASSTHROUGH_ENV = ("CLIPFORGE_ALERT_WEBHOOKS", "CLIPFORGE_FAULTS")
+# (clipforge.train.faults) let a failure path be tried on a real host; the run store's
+# credentials (storage.remote) are the usual variables of its fsspec library.
+STORE_ENV = (
+    # s3fs (S3 and S3-compatible stores: MinIO, OSS, COS...)
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    # gcsfs: the path of a service account key (the file must be on the host)
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    # adlfs
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCOUNT_NAME",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+)
+PASSTHROUGH_ENV = ("CLIPFORGE_ALERT_WEBHOOKS", "CLIPFORGE_FAULTS", *STORE_ENV)
 # Names a container reads from its stdin at start, one value per line (docker/entrypoint.sh):
 # docker would keep a value given with `--env` in the container's config, for `docker inspect`.
 ENV_FROM_STDIN = "CLIPFORGE_ENV_FROM_STDIN"

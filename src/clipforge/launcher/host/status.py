@@ -2,7 +2,8 @@
 
 Host side (`python -m clipforge.launcher.host.status NODE_DIR` prints JSON): the run record, the
 supervisor's state (and whether it is really alive), the last row of metrics/train.tsv, the latest
-checkpoint, the final summary and smoke result when there are. Laptop side: `summarize` turns that
+checkpoint, the run store's progress (sync.json, clipforge.train.sync), the final summary and
+smoke result when there are. Laptop side: `summarize` turns that
 into step/total, ETA, elapsed and cost.
 
 Only this run's own metrics count. The shipped checkout may hold metrics of another run (a user's
@@ -64,6 +65,7 @@ def collect(layout: NodeLayout) -> dict:
         "total_steps": _total_steps(record.get("params") or {}, manifest),
         "steps_per_epoch": _steps_per_epoch(record.get("params") or {}, manifest),
         "latest_checkpoint": _latest_checkpoint(checkpoints),
+        "sync": _newest_json(checkpoints.glob("run-*/sync.json")),
         "summary": _own_summary(layout, own),
         "smoke": read_json(layout.smoke_result),
         "host_time": time.time(),
@@ -103,6 +105,11 @@ def _total_steps(params: dict, manifest_path: Path) -> int | None:
         return int(train["max_steps"])
     per_epoch = _steps_per_epoch(params, manifest_path)
     return per_epoch * int(train["epochs"]) if per_epoch and train.get("epochs") else None
+
+
+def _newest_json(paths) -> dict | None:
+    found = sorted(paths, key=lambda p: p.stat().st_mtime)
+    return read_json(found[-1]) if found else None
 
 
 def _latest_checkpoint(checkpoints: Path) -> str | None:
@@ -152,6 +159,8 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ("restarts", f"{state.get('restarts', 0)}/{state.get('max_restarts', '?')}"),
         ("checkpoint", info.get("latest_checkpoint") or "none yet"),
     ]
+    if info.get("sync"):
+        rows.append(("run store", sync_text(info["sync"])))
     rows.append(
         (
             "cost",
@@ -171,6 +180,18 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
             )
         )
     return rows
+
+
+def sync_text(sync: dict) -> str:
+    """The run store's progress (clipforge.train.sync's status): what it holds, how far behind."""
+    step = sync.get("store_step")
+    text = (
+        f"{sync.get('store')}: step {step if step is not None else 'none yet'}, behind by "
+        f"{sync.get('lag_steps', 0)} steps / {_duration(sync.get('lag_seconds') or 0)}"
+    )
+    if sync.get("failures"):
+        text += f", {sync['failures']} failed attempts ({sync.get('last_error')})"
+    return text
 
 
 def _state_text(state: dict, info: dict) -> str:

@@ -10,7 +10,8 @@ checkpoints directories (run.json's `checkpoints_dir`, and each node checkout's 
 hold one `run-<id>/` per training run, whose `latest` names its newest checkpoint. For each such
 checkpoint the output gives its real path (symlinks resolved), the --retained directory it lies
 under, and, when it lies under none, the md5 of each of its files: the caller looks for those in
-the DVC remote (DVC 3 stores a file under its md5).
+the DVC remote (DVC 3 stores a file under its md5). With the run's store (run.json's
+params.storage.remote), the caller also looks there.
 """
 
 from __future__ import annotations
@@ -34,22 +35,31 @@ def recorded_roots() -> list[str]:
         return []
 
 
-def checkpoints_dirs(root: str) -> list[tuple[str, str]]:
-    """(run id, checkpoints directory) of every run under `root`."""
+def checkpoints_dirs(root: str) -> list[tuple[str, str, str | None]]:
+    """(run id, checkpoints directory, run store or None) of every run under `root`."""
     found = []
     for run_dir in sorted(glob.glob(os.path.join(root, "runs", "*"))):
         run = os.path.basename(run_dir)
         candidates = glob.glob(os.path.join(run_dir, "node-*", "code", "checkpoints"))
-        try:
-            with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
-                candidates.append(json.load(f).get("checkpoints_dir") or "")
-        except (OSError, ValueError):
-            pass
-        found += [(run, path) for path in sorted(set(candidates)) if os.path.isdir(path)]
+        record = _record(run_dir)
+        candidates.append(record.get("checkpoints_dir") or "")
+        store = ((record.get("params") or {}).get("storage") or {}).get("remote")
+        found += [(run, path, store) for path in sorted(set(candidates)) if os.path.isdir(path)]
     return found
 
 
-def describe(run: str, training_run_dir: str, retained: list[str]) -> dict:
+def _record(run_dir: str) -> dict:
+    try:
+        with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def describe(
+    run: str, training_run_dir: str, retained: list[str], store: str | None = None
+) -> dict:
     """The newest checkpoint of one training run: where it really is, and whether retained."""
     with open(os.path.join(training_run_dir, "latest"), encoding="utf-8") as f:
         tag = f.read().strip()
@@ -62,6 +72,7 @@ def describe(run: str, training_run_dir: str, retained: list[str]) -> dict:
         "retained": None,
         "md5": None,
         "problem": None,
+        "store": store,
     }
     files = sorted(os.path.join(top, name) for top, _, names in os.walk(path) for name in names)
     if not files:
@@ -87,9 +98,9 @@ def _md5(path: str) -> str:
 def newest_checkpoints(roots: list[str], retained: list[str]) -> list[dict]:
     entries = []
     for root in dict.fromkeys(os.path.expanduser(r) for r in roots):
-        for run, directory in checkpoints_dirs(root):
+        for run, directory, store in checkpoints_dirs(root):
             for latest in sorted(glob.glob(os.path.join(directory, "run-*", "latest"))):
-                entries.append(describe(run, os.path.dirname(latest), retained))
+                entries.append(describe(run, os.path.dirname(latest), retained, store))
     return entries
 
 

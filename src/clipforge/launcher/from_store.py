@@ -1,0 +1,171 @@
+"""A run read from its run store (storage.remote) rather than from a host, which may be gone:
+`fab status --run RUN` without -H, `fab fetch --from-store`, `fab tensorboard --from-store`; and
+`fab clean`'s question "does the store hold this run's newest checkpoint?".
+
+The store is reached from this machine, with its credentials (the library's usual environment
+or profile); `fab train` recorded each launch there (launches/<run>.json), which names the
+training run whose files the store keeps (clipforge.store.remote).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from clipforge.fsutil import replace_dir_atomically
+from clipforge.launcher import LauncherError
+from clipforge.launcher.connection import q, run
+from clipforge.launcher.fetch import RESULTS
+from clipforge.launcher.host import stored_checkpoints
+from clipforge.launcher.host.status import sync_text
+from clipforge.launcher.session import Host, Settings
+from clipforge.store.remote import RunStore, missing_from_store, read_launch
+
+Say = Callable[[str], None]
+TENSORBOARD_START_SECONDS = 120.0
+
+
+def open_run(remote: str | None, launch_id: str | None) -> tuple[RunStore, dict]:
+    """The store's place of launch `launch_id`, and the launch's record."""
+    if not launch_id:
+        raise LauncherError("--run RUN: which run to read from the run store")
+    if not remote:
+        raise LauncherError(
+            "no run store to read from: pass --store URL, or set storage.remote in params.yaml"
+        )
+    try:
+        launch = read_launch(remote, launch_id)
+        store = RunStore(remote, launch["training_run"]) if launch else None
+    except Exception as exc:  # any library's error (no credentials, unreachable): one line
+        raise LauncherError(f"run store {remote}: {exc}") from None
+    if store is None:
+        raise LauncherError(
+            f"the run store {remote} has no run {launch_id} (no launches/{launch_id}.json)"
+        )
+    return store, launch
+
+
+def show_status(remote: str | None, launch_id: str | None, say: Say) -> None:
+    """Where the run stands as the store last heard of it: state, host, step, loss, sync lag."""
+    store, launch = open_run(remote, launch_id)
+    status = store.read_json("status.json") or {}
+    row = _last_row(store)
+    updated = status.get("updated_at")
+    rows = [
+        ("run", f"{launch_id} (commit {str(launch.get('commit'))[:10]}, {store.url})"),
+        (
+            "state",
+            f"{status.get('state', 'unknown')} on {status.get('host', '?')}"
+            + (f", as of {_ago(updated)} ago" if updated else ""),
+        ),
+        ("step", row.get("step", "-")),
+        ("loss", row.get("loss", "-")),
+        ("run store", sync_text(status) if status else "no status written yet"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    say(f"run store  run {launch_id}")
+    for key, value in rows:
+        say(f"  {key:<{width}}  {value}")
+
+
+def fetch(remote: str | None, launch_id: str | None, destination: Path, say: Say) -> Path:
+    """metrics/, models/clip/ and logs/ as the store has them (those of `fab fetch` from a host),
+    and the store's record and status of the run, into destination/<run>/, replaced whole."""
+    store, _ = open_run(remote, launch_id)
+    target = destination / launch_id
+    with replace_dir_atomically(target) as tmp:
+        for prefix in RESULTS:
+            _download_tree(store, prefix, tmp / prefix)
+        for name in ("record.json", "status.json"):
+            store.download_file(name, tmp / "store" / name)
+    say(f"fetched {launch_id} from {store.url} into {target}")
+    return target
+
+
+def tensorboard(
+    remote: str | None, launch_id: str | None, destination: Path, port: int, say: Say
+) -> None:
+    """The run's TensorBoard events downloaded into destination/<run>/logs, served by a local
+    TensorBoard until interrupted."""
+    store, _ = open_run(remote, launch_id)
+    logdir = destination / launch_id / "logs"
+    count = _download_tree(store, "logs", logdir)
+    say(f"{count} log files of {launch_id} from {store.url} in {logdir}")
+    argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir)]
+    log = logdir.parent / "tensorboard.log"
+    with open(log, "wb") as output:
+        server = subprocess.Popen(
+            [*argv, "--host", "127.0.0.1", "--port", str(port)], stdout=output, stderr=output
+        )
+    try:
+        _wait_until_answering(server, f"http://127.0.0.1:{port}/", log)
+        say(f"TensorBoard for {launch_id}: http://127.0.0.1:{port}/  (Ctrl-C to stop)")
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def unstored_checkpoints(host: Host, settings: Settings, run_id: str) -> list[str]:
+    """The newest checkpoints of run `run_id` on the host that its run store does not hold whole
+    (none when the run has no store), each with why."""
+    script = Path(stored_checkpoints.__file__).read_text(encoding="utf-8")
+    listed = run(
+        host.cxn,
+        f"{q(settings.python)} -c {q(script)} --root {q(host.root)}",
+        what="listing the run's checkpoints",
+    )
+    problems = []
+    for entry in json.loads(listed.stdout):
+        if entry["run"] == run_id and entry.get("store"):
+            why = missing_from_store(entry["store"], entry["training_run"], entry["tag"])
+            if why:
+                problems.append(f"{entry['training_run']}/{entry['tag']} {why}")
+    return problems
+
+
+def _download_tree(store: RunStore, prefix: str, into: Path) -> int:
+    names = store.files(prefix)
+    for name in names:
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        store.download_file(f"{prefix}/{name}", into / name)
+    return len(names)
+
+
+def _last_row(store: RunStore) -> dict:
+    """The last row of this training run in the store's metrics/train.tsv."""
+    try:
+        text = store.fs.cat_file(store.path("metrics/train.tsv")).decode("utf-8")
+    except FileNotFoundError:
+        return {}
+    rows = csv.DictReader(io.StringIO(text), delimiter="\t")
+    own = [r for r in rows if r.get("run_id") == store.run_id]
+    return own[-1] if own else {}
+
+
+def _ago(timestamp: float) -> str:
+    seconds = int(max(0, time.time() - timestamp))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds}s"
+
+
+def _wait_until_answering(server: subprocess.Popen, url: str, log: Path) -> None:
+    deadline = time.monotonic() + TENSORBOARD_START_SECONDS
+    while True:
+        if server.poll() is not None:
+            raise LauncherError(f"TensorBoard exited: {log.read_text(errors='replace')[-2000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise LauncherError(f"TensorBoard did not answer at {url}") from None
+            time.sleep(0.5)

@@ -1,0 +1,230 @@
+"""One training run in the run store (`storage.remote`), through fsspec: any URL it knows (s3://,
+gs://, oss://, az://...) or a local path.
+
+  <remote>/<run id>/checkpoints/step-NNNNNNNN/   a checkpoint's files; its manifest.json last
+  <remote>/<run id>/checkpoints/latest           the newest complete checkpoint, written last
+  <remote>/<run id>/checkpoints/damaged-...      checkpoints found damaged, set aside
+  <remote>/<run id>/logs/<label>/                TensorBoard events
+  <remote>/<run id>/metrics/                     train.tsv, val.tsv, train.json, train.info.json
+  <remote>/<run id>/models/clip/                 the exported model, at the end
+  <remote>/<run id>/record.json, status.json     the run's record; where it stands, and when
+  <remote>/launches/<launch id>.json             a `fab train` launch: its run.json + run id
+
+A checkpoint's files go up first, its manifest after them and the marker last, so a reader that
+follows the marker, or takes only checkpoints with a manifest, never sees a torn one (a process
+killed mid-upload). Before a checkpoint is uploaded again (a rerun of the same steps), its old
+manifest is removed first, for the same reason. What is downloaded is verified against its
+manifest before it is used.
+
+fsspec and the protocol's library (s3fs for s3://) are imported when a store is opened, not
+before: a run without a store never needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from clipforge.store.manifest import MANIFEST
+
+LATEST = "latest"
+_TAG = re.compile(r"^step-(\d{8})$")
+LAUNCHES = "launches"
+# Set by `fab train` for the train stage: the launch's run.json, which the stage copies to
+# <remote>/launches/<launch id>.json, so that the launch can be found from its id alone.
+RUN_RECORD_ENV = "CLIPFORGE_RUN_RECORD"
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used as configured (no library for its protocol); the message says
+    what to install."""
+
+
+def open_filesystem(remote: str):
+    """(fsspec filesystem, root path in it) of a store URL or local path."""
+    try:
+        import fsspec
+    except ImportError:
+        raise StoreError(
+            "storage.remote needs fsspec: pip install 'clipforge[store]' (fsspec + s3fs)"
+        ) from None
+    try:
+        fs, root = fsspec.core.url_to_fs(remote)
+    except (ImportError, ValueError) as exc:  # fsspec names the package a protocol needs
+        raise StoreError(f"storage.remote {remote}: {exc}") from None
+    if hasattr(fs, "auto_mkdir"):  # a local path: folders come with files, as on object stores
+        fs.auto_mkdir = True
+    return fs, root.rstrip("/")
+
+
+def tag_step(tag: str) -> int | None:
+    match = _TAG.match(tag)
+    return int(match.group(1)) if match else None
+
+
+class RunStore:
+    """`<remote>/<run id>/` of one training run."""
+
+    def __init__(self, remote: str, run_id: str, filesystem=None):
+        self.remote = remote.rstrip("/")
+        self.run_id = run_id
+        self.fs, root = filesystem or open_filesystem(remote)
+        self.root = posixpath.join(root, run_id)
+        self.url = f"{self.remote}/{run_id}"
+
+    def path(self, relative: str) -> str:
+        return posixpath.join(self.root, relative)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def latest_step(self) -> int | None:
+        """The step the store's `latest` names; None without a marker (or with one that names no
+        checkpoint tag)."""
+        try:
+            text = self.fs.cat_file(self.path(f"checkpoints/{LATEST}")).decode("utf-8", "replace")
+        except FileNotFoundError:
+            return None
+        return tag_step(text.strip())
+
+    def complete_steps(self) -> list[int]:
+        """Steps of the checkpoints whose manifest is there (all their files went up before it),
+        at most the one `latest` names, oldest first."""
+        directory = self.path("checkpoints")
+        self.fs.invalidate_cache(directory)
+        try:
+            names = [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(directory, detail=False)]
+        except FileNotFoundError:
+            return []
+        latest = self.latest_step()
+        steps = []
+        for name in names:
+            step = tag_step(name)
+            if step is None or (latest is not None and step > latest):
+                continue
+            if self.fs.exists(self.path(f"checkpoints/{name}/{MANIFEST}")):
+                steps.append(step)
+        return sorted(steps)
+
+    def manifest(self, tag: str) -> dict | None:
+        try:
+            return json.loads(self.fs.cat_file(self.path(f"checkpoints/{tag}/{MANIFEST}")))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def upload_checkpoint(
+        self, directory: Path, after_first_file: Callable[[], None] = lambda: None
+    ) -> None:
+        """Files first, the manifest last (any manifest left from an earlier upload of this tag
+        removed before); not the marker: `publish` does that. `after_first_file`: a fault hook."""
+        target = self.path(f"checkpoints/{directory.name}")
+        if self.fs.exists(f"{target}/{MANIFEST}"):
+            self.fs.rm_file(f"{target}/{MANIFEST}")
+        names = [str(p.relative_to(directory)) for p in sorted(directory.rglob("*")) if p.is_file()]
+        names.sort(key=lambda name: name == MANIFEST)  # stable: the manifest goes last
+        for index, name in enumerate(names):
+            self.fs.put_file(str(directory / name), f"{target}/{name}")
+            if index == 0:
+                after_first_file()
+
+    def publish(self, tag: str) -> None:
+        self.fs.pipe_file(self.path(f"checkpoints/{LATEST}"), f"{tag}\n".encode())
+
+    def download_checkpoint(self, tag: str, into: Path) -> None:
+        """The files the store's manifest of `tag` lists, and the manifest, into `into`."""
+        manifest = self.manifest(tag)
+        if manifest is None:
+            raise FileNotFoundError(f"{self.url}/checkpoints/{tag}/{MANIFEST}")
+        for name in [*manifest["files"], MANIFEST]:
+            local = into / name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(self.path(f"checkpoints/{tag}/{name}"), str(local))
+
+    def set_aside(self, tag: str) -> str:
+        """Move a damaged checkpoint out of the way (kept for inspection); its new URL."""
+        name = f"damaged-{tag}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        source = self.path(f"checkpoints/{tag}")
+        # file by file: fsspec's recursive mv of a prefix fails on some stores once it is copied
+        for relative in self.files(f"checkpoints/{tag}"):
+            self.fs.copy(f"{source}/{relative}", self.path(f"checkpoints/{name}/{relative}"))
+        self.fs.rm(source, recursive=True)
+        return f"{self.url}/checkpoints/{name}"
+
+    def prune(self, keep: int) -> list[str]:
+        """Keep the `keep` newest complete checkpoints; remove older checkpoint folders (complete
+        or torn). Returns the removed tags."""
+        kept = self.complete_steps()[-keep:]
+        if not kept:
+            return []
+        removed = []
+        for path in self.fs.ls(self.path("checkpoints"), detail=False):
+            name = posixpath.basename(path.rstrip("/"))
+            step = tag_step(name)
+            if step is not None and step < kept[0]:
+                self.fs.rm(self.path(f"checkpoints/{name}"), recursive=True)
+                removed.append(name)
+        return removed
+
+    # -- other files -------------------------------------------------------------------------
+    def upload_file(self, local: Path, relative: str) -> None:
+        self.fs.put_file(str(local), self.path(relative))
+
+    def download_file(self, relative: str, local: Path) -> bool:
+        """False when the store has no such file."""
+        try:
+            self.fs.get_file(self.path(relative), str(local))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def files(self, relative: str) -> list[str]:
+        """Files under `relative`, as paths relative to it."""
+        base = self.path(relative)
+        self.fs.invalidate_cache(base)
+        try:
+            found = self.fs.find(base)
+        except FileNotFoundError:
+            return []
+        return sorted(posixpath.relpath(p, base) for p in found)
+
+    def write_json(self, relative: str, value: dict) -> None:
+        self.fs.pipe_file(self.path(relative), (json.dumps(value, indent=2) + "\n").encode())
+
+    def read_json(self, relative: str) -> dict | None:
+        return _read_json(self.fs, self.path(relative))
+
+    def write_launch(self, launch_id: str, record: dict) -> None:
+        """`fab train`'s record of a launch, under the store's root, with this run's id."""
+        path = posixpath.join(posixpath.dirname(self.root), LAUNCHES, f"{launch_id}.json")
+        record = {**record, "training_run": self.run_id, "store": self.remote}
+        self.fs.pipe_file(path, (json.dumps(record, indent=2) + "\n").encode())
+
+
+def missing_from_store(remote: str, run_id: str, tag: str) -> str | None:
+    """None when the store holds checkpoint `tag` of training run `run_id` whole (its manifest
+    went up after its files); else why not, as a predicate ("is not in the run store ... yet")."""
+    step = tag_step(tag)
+    try:
+        if step is not None and step in RunStore(remote, run_id).complete_steps():
+            return None
+    except Exception as exc:  # any library's error: unreachable, no credentials, no bucket
+        first_line = (str(exc).splitlines() or [""])[0][:200]
+        return (
+            f"cannot be looked for in the run store {remote} ({type(exc).__name__}: {first_line})"
+        )
+    return f"is not in the run store {remote} yet"
+
+
+def read_launch(remote: str, launch_id: str) -> dict | None:
+    """What `write_launch` wrote for `launch_id`; None when the store has no such launch."""
+    fs, root = open_filesystem(remote)
+    return _read_json(fs, posixpath.join(root, LAUNCHES, f"{launch_id}.json"))
+
+
+def _read_json(fs, path: str) -> dict | None:
+    try:
+        return json.loads(fs.cat_file(path))
+    except (FileNotFoundError, ValueError):
+        return None

@@ -1,0 +1,192 @@
+"""Retrieval samples at every validation: what the model finds for a few fixed validation queries,
+for TensorBoard (people would rather look than read numbers).
+
+The gallery is the first GALLERY_SIZE pairs of the validation split in shard order, the same at
+every validation; the queries are its first NUM_QUERIES captions and images.
+- `samples/text_to_image` (an image): a row per query caption: the caption, then the TOP_K
+  images it retrieves from the gallery, best first, each correct one (an image whose own caption
+  is that caption) framed green, the others grey. The caption is drawn with a CJK font when
+  one is found (CJK_FONTS); without one the row is labelled q1, q2... and the caption is in
+  the text below.
+- `samples/text_to_image_queries` (text): each query's caption and the rank of its first correct
+  image.
+- `samples/image_to_text` (text): for each query image, the TOP_K captions it retrieves, the
+  correct ones marked.
+
+Every rank encodes the gallery (ZeRO-3 gathers each layer's parameters from all ranks, so every
+rank must run every forward); rank 0 draws and writes. The run store uploads these with the
+other TensorBoard events.
+"""
+
+from __future__ import annotations
+
+import io
+from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from clipforge.data.shards import ShardReader
+from clipforge.train import data as train_data
+
+GALLERY_SIZE = 64
+NUM_QUERIES = 4
+TOP_K = 5
+THUMB_PIXELS = 64
+CAPTION_PIXELS = 240  # width of the caption cell when a CJK font draws it
+LABEL_PIXELS = 36  # width of the q1, q2... cell otherwise
+FRAME_PIXELS = 4
+CORRECT, OTHER = (0, 170, 0), (170, 170, 170)
+# CJK fonts looked for, in this order: shipped with the package, then where common systems keep
+# theirs (Debian/Ubuntu fonts-wqy-microhei, fonts-wqy-zenhei, fonts-noto-cjk; macOS; Windows).
+CJK_FONTS = (
+    *sorted(str(p) for p in (Path(__file__).parents[1] / "fonts").glob("*.tt[fc]")),
+    "/usr/share/fonts/truetype/wqy/wqy-microhei.ttc",
+    "/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc",
+    "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc",
+    "/usr/share/fonts/noto-cjk/NotoSansCJK-Regular.ttc",
+    "/System/Library/Fonts/PingFang.ttc",
+    "C:/Windows/Fonts/msyh.ttc",
+)
+
+
+@dataclass
+class SampleGallery:
+    images: torch.Tensor  # uint8 pixels of the validation preprocessing (to_device normalises)
+    tokens: torch.Tensor
+    captions: list[str]
+    thumbnails: list[Image.Image]
+
+    @property
+    def num_queries(self) -> int:
+        return min(NUM_QUERIES, len(self.captions))
+
+
+def load_gallery(data_dir: Path, transform, tokenizer) -> SampleGallery | None:
+    """The first GALLERY_SIZE validation pairs, their pixels by `transform` (uint8, as the loaders
+    give them: the run's to_device normalises them); None without a validation split of two pairs."""
+    files = train_data.split_files(data_dir, "val")
+    positions = [
+        (shard, index) for shard, count in enumerate(files.counts) for index in range(count)
+    ][:GALLERY_SIZE]
+    if len(positions) < 2:
+        return None
+    reader = ShardReader(files.paths)
+    images, captions, thumbnails = [], [], []
+    for shard, index in positions:
+        sample = reader.read(shard, index)
+        image = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
+        images.append(transform(image))
+        captions.append(sample["txt"].decode("utf-8"))
+        thumbnails.append(image.resize((THUMB_PIXELS, THUMB_PIXELS)))
+    return SampleGallery(torch.stack(images), tokenizer(captions), captions, thumbnails)
+
+
+@torch.no_grad()
+def rankings(
+    model, gallery: SampleGallery, to_device, autocast=nullcontext
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top images per query caption, top captions per query image): gallery indices, best
+    first. Every rank calls this (one forward each, in eval mode and the run's autocast, as
+    validation; the model's mode is restored afterwards)."""
+    images, tokens = to_device([(gallery.images, gallery.tokens)])  # one chunk
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast():
+            out = model(image=images, text=tokens)
+    finally:
+        model.train(was_training)
+    image_features, text_features = out["image_features"].float(), out["text_features"].float()
+    k = min(TOP_K, len(gallery.captions))
+    queries = slice(0, gallery.num_queries)
+    text_to_image = (text_features[queries] @ image_features.T).topk(k, dim=1).indices
+    image_to_text = (image_features[queries] @ text_features.T).topk(k, dim=1).indices
+    return text_to_image.cpu(), image_to_text.cpu()
+
+
+def render(
+    gallery: SampleGallery, text_to_image: torch.Tensor, image_to_text: torch.Tensor
+) -> tuple[np.ndarray, dict[str, str]]:
+    """The grid, and the texts by TensorBoard tag."""
+    return text_to_image_grid(gallery, text_to_image), {
+        "samples/text_to_image_queries": text_to_image_queries(gallery, text_to_image),
+        "samples/image_to_text": image_to_text_text(gallery, image_to_text),
+    }
+
+
+def text_to_image_grid(gallery: SampleGallery, text_to_image: torch.Tensor) -> np.ndarray:
+    """The image grid, HWC uint8: a row per query, its caption (or label), then its top images."""
+    font = cjk_font()
+    first = CAPTION_PIXELS if font else LABEL_PIXELS
+    cell = THUMB_PIXELS + 2 * FRAME_PIXELS
+    rows = len(text_to_image)
+    grid = Image.new("RGB", (first + cell * text_to_image.shape[1], cell * rows), "white")
+    draw = ImageDraw.Draw(grid)
+    for row, found in enumerate(text_to_image.tolist()):
+        top = row * cell
+        if font:
+            _draw_wrapped(draw, gallery.captions[row], font, (4, top + 4), first - 8)
+        else:
+            draw.text((4, top + cell // 2 - 6), f"q{row + 1}", fill="black")
+        for column, index in enumerate(found):
+            left = first + column * cell
+            colour = CORRECT if _same_caption(gallery, row, index) else OTHER
+            draw.rectangle([left, top, left + cell - 1, top + cell - 1], fill=colour)
+            grid.paste(gallery.thumbnails[index], (left + FRAME_PIXELS, top + FRAME_PIXELS))
+    return np.asarray(grid)
+
+
+def text_to_image_queries(gallery: SampleGallery, text_to_image: torch.Tensor) -> str:
+    lines = ["| query | caption | rank of the first correct image |", "|---|---|---|"]
+    for row, found in enumerate(text_to_image.tolist()):
+        ranks = [r for r, index in enumerate(found, 1) if _same_caption(gallery, row, index)]
+        rank = str(ranks[0]) if ranks else f"not in the top {len(found)}"
+        lines.append(f"| q{row + 1} | {gallery.captions[row]} | {rank} |")
+    return "\n".join(lines)
+
+
+def image_to_text_text(gallery: SampleGallery, image_to_text: torch.Tensor) -> str:
+    """Markdown: each query image's own caption, then the captions it retrieves (✓ correct)."""
+    blocks = []
+    for row, found in enumerate(image_to_text.tolist()):
+        items = [
+            f"{rank}. {'✓' if _same_caption(gallery, row, index) else '✗'} "
+            f"{gallery.captions[index]}"
+            for rank, index in enumerate(found, 1)
+        ]
+        blocks.append(
+            f"**image q{row + 1}** (its caption: {gallery.captions[row]})\n\n" + "\n".join(items)
+        )
+    return "\n\n".join(blocks)
+
+
+def _same_caption(gallery: SampleGallery, query: int, index: int) -> bool:
+    return gallery.captions[index] == gallery.captions[query]
+
+
+@lru_cache(maxsize=1)
+def cjk_font() -> ImageFont.FreeTypeFont | None:
+    for path in CJK_FONTS:
+        if Path(path).is_file():
+            try:
+                return ImageFont.truetype(path, 15)
+            except OSError:
+                continue
+    return None
+
+
+def _draw_wrapped(draw, text: str, font, origin: tuple[int, int], width: int) -> None:
+    """Character by character (Chinese has no spaces to break at), as many lines as fit."""
+    lines, line = [], ""
+    for char in text:
+        if font.getlength(line + char) > width:
+            lines.append(line)
+            line = ""
+        line += char
+    lines.append(line)
+    draw.multiline_text(origin, "\n".join(lines[:4]), font=font, fill="black", spacing=2)

@@ -1,0 +1,135 @@
+"""Retrieval samples in TensorBoard at every validation: a grid of what a few fixed validation
+captions retrieve (the correct images framed green) and the image-to-text direction as text."""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from clipforge.train import samples
+
+pytestmark = pytest.mark.slow
+
+
+def _events(reference_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (log_dir,) = (reference_run / "logs").iterdir()
+    return EventAccumulator(str(log_dir), size_guidance={"images": 0, "tensors": 0}).Reload()
+
+
+def _text(events, tag: str, step: int) -> str:
+    (event,) = [e for e in events.Tensors(f"{tag}/text_summary") if e.step == step]
+    return event.tensor_proto.string_val[0].decode("utf-8")
+
+
+def _first_val_captions(small_data, count: int) -> list[str]:
+    """Read straight from the first validation shard, in its order."""
+    (shard, *_) = sorted((small_data / "val").glob("*.tar"))
+    with tarfile.open(shard) as tar:
+        texts = [m for m in tar.getmembers() if m.name.endswith(".txt")]
+        return [tar.extractfile(m).read().decode("utf-8") for m in texts[:count]]
+
+
+def test_every_validation_logs_a_grid_of_the_same_queries(reference_run, small_data):
+    """Validation ran at steps 6 and 12: a grid at each, a row per query (the first validation
+    captions), a caption cell then five framed images per row."""
+    events = _events(reference_run)
+    grids = events.Images("samples/text_to_image")
+    assert [g.step for g in grids] == [6, 12]
+    first = samples.CAPTION_PIXELS if samples.cjk_font() else samples.LABEL_PIXELS
+    cell = samples.THUMB_PIXELS + 2 * samples.FRAME_PIXELS
+    for grid in grids:
+        image = Image.open(io.BytesIO(grid.encoded_image_string))
+        assert image.size == (first + 5 * cell, 4 * cell)
+    captions = _first_val_captions(small_data, 4)
+    table = _text(events, "samples/text_to_image_queries", 12)
+    assert [row.split(" | ")[1] for row in table.splitlines()[2:]] == captions
+
+
+def test_the_correct_images_are_framed_green_where_the_text_says_they_rank(reference_run):
+    """For each query, the first green frame of its row is at the rank the text gives for its
+    first correct image (or there is none, when the text says it is not in the top 5)."""
+    events = _events(reference_run)
+    grid = events.Images("samples/text_to_image")[-1]
+    pixels = np.asarray(Image.open(io.BytesIO(grid.encoded_image_string)).convert("RGB"))
+    first = samples.CAPTION_PIXELS if samples.cjk_font() else samples.LABEL_PIXELS
+    cell = samples.THUMB_PIXELS + 2 * samples.FRAME_PIXELS
+    table = _text(events, "samples/text_to_image_queries", 12).splitlines()[2:]
+    for row, line in enumerate(table):
+        frames = [tuple(pixels[row * cell + 1, first + column * cell + 1]) for column in range(5)]
+        assert set(frames) <= {samples.CORRECT, samples.OTHER}, frames
+        green = [rank for rank, colour in enumerate(frames, 1) if colour == samples.CORRECT]
+        stated = line.split(" | ")[2].rstrip(" |")
+        assert stated == (str(green[0]) if green else "not in the top 5"), (line, frames)
+
+
+def test_image_to_text_marks_exactly_the_images_own_caption(reference_run):
+    """Each query image's top five captions: ✓ on those equal to its own caption, ✗ on others."""
+    text = _text(_events(reference_run), "samples/image_to_text", 12)
+    blocks = text.split("**image q")[1:]
+    assert len(blocks) == 4
+    for block in blocks:
+        own = re.search(r"\(its caption: (.*)\)\*\*|\(its caption: (.*)\)", block)
+        caption = own.group(1) or own.group(2)
+        items = re.findall(r"^\d\. ([✓✗]) (.*)$", block, re.MULTILINE)
+        assert len(items) == 5
+        assert all((mark == "✓") == (found == caption) for mark, found in items), block
+
+
+@pytest.fixture
+def gallery(small_data):
+    from clipforge.config import ModelConfig
+    from clipforge.model import build_model
+    from clipforge.train.data import uint8_transform
+
+    bundle = build_model(ModelConfig(image_size=32))
+    transform = uint8_transform(bundle.preprocess_val)[0]
+    return samples.load_gallery(small_data, transform, bundle.tokenizer)
+
+
+def _frames(grid: np.ndarray, first: int) -> list[list[tuple]]:
+    cell = samples.THUMB_PIXELS + 2 * samples.FRAME_PIXELS
+    return [
+        [tuple(grid[row * cell + 1, first + column * cell + 1]) for column in range(5)]
+        for row in range(grid.shape[0] // cell)
+    ]
+
+
+def test_a_query_finding_its_own_image_has_it_framed_green_at_that_rank(gallery):
+    """Rankings where query 1 finds its own image (gallery index 0) second and query 2 never:
+    the frame at row 1, column 2 is green, and the text gives rank 2 and `not in the top 5`."""
+    others = [i for i, c in enumerate(gallery.captions) if c not in gallery.captions[:4]][:5]
+    found = torch.tensor([[others[0], 0, *others[1:4]], others, others, others])
+    grid, texts = samples.render(gallery, found, found)
+    first = samples.CAPTION_PIXELS if samples.cjk_font() else samples.LABEL_PIXELS
+    frames = _frames(grid, first)
+    assert frames[0] == [samples.OTHER, samples.CORRECT, *[samples.OTHER] * 3]
+    assert all(colour == samples.OTHER for row in frames[1:] for colour in row)
+    table = texts["samples/text_to_image_queries"].splitlines()[2:]
+    assert table[0].endswith("| 2 |") and table[1].endswith("| not in the top 5 |")
+
+
+def test_the_caption_is_drawn_with_a_cjk_font_or_given_in_the_text(gallery, monkeypatch):
+    """With a CJK font (make test installs fonts-wqy-microhei) the caption cell of each row has
+    ink; without one it holds the label q1... and is narrow, the captions being in the text."""
+    found = torch.arange(5).repeat(4, 1)
+    if samples.cjk_font():
+        grid, _ = samples.render(gallery, found, found)
+        caption_cells = grid[:, : samples.CAPTION_PIXELS]
+        assert (caption_cells < 128).any(axis=2).sum() > 200  # strokes of the characters
+    monkeypatch.setattr(samples, "CJK_FONTS", ())
+    samples.cjk_font.cache_clear()
+    try:
+        grid, texts = samples.render(gallery, found, found)
+    finally:
+        samples.cjk_font.cache_clear()
+    first = samples.LABEL_PIXELS
+    assert grid.shape[1] == first + 5 * (samples.THUMB_PIXELS + 2 * samples.FRAME_PIXELS)
+    assert gallery.captions[0] in texts["samples/text_to_image_queries"]
