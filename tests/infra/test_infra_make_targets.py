@@ -109,6 +109,21 @@ def make(target: str, tmp_path: Path, *variables: str, path: str = SYSTEM_PATH, 
     return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True)
 
 
+def make_on_stack(target: str, tmp_path: Path, project: Path, *variables: str, **env: str):
+    """`make TARGET STACK=mine` on `project`'s stack, with the stub pulumi first on PATH and a
+    kubeconfig holding the stack's context."""
+    return make(
+        target,
+        tmp_path,
+        "STACK=mine",
+        f"PULUMI_PROJECT_DIR={project}",
+        *variables,
+        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
+        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
+        **env,
+    )
+
+
 def logged(log: Path) -> list[list[str]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
@@ -167,15 +182,7 @@ def test_up_runs_pulumi_with_image_from_image_env_and_writes_outputs(tmp_path):
     for the update only, runs `pulumi up`, then writes the stack outputs file."""
     project = project_with_stack(tmp_path, MY_STACK)
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make(
-        "up",
-        tmp_path,
-        "STACK=mine",
-        f"PULUMI_PROJECT_DIR={project}",
-        "REGISTRY=registry.example/team",
-        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
-    )
+    done = make_on_stack("up", tmp_path, project, "REGISTRY=registry.example/team")
     assert done.returncode == 0, done.stderr
     image = read_image_env(REPO / "docker" / "image.env").reference("registry.example/team")
     commands = [call[: call.index("--stack")] for call in logged(tmp_path / "log")]
@@ -198,14 +205,7 @@ def test_up_keeps_an_image_the_stack_sets(tmp_path):
     """A stack that sets `image` keeps it: make up does not pass docker/image.env's."""
     project = project_with_stack(tmp_path, {**MY_STACK, "image": "mirror.example/clipforge:custom"})
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make(
-        "up",
-        tmp_path,
-        "STACK=mine",
-        f"PULUMI_PROJECT_DIR={project}",
-        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
-    )
+    done = make_on_stack("up", tmp_path, project)
     assert done.returncode == 0, done.stderr
     assert not any(call[:3] == ["config", "set", "image"] for call in logged(tmp_path / "log"))
 
@@ -214,14 +214,7 @@ def test_failed_update_still_removes_transient_config_and_writes_no_outputs(tmp_
     """When `pulumi up` fails, the keys set for it are removed and no outputs file appears."""
     project = project_with_stack(tmp_path, MY_STACK)
     stub_pulumi(tmp_path / "bin", tmp_path / "log", fail_on="up")
-    done = make(
-        "up",
-        tmp_path,
-        "STACK=mine",
-        f"PULUMI_PROJECT_DIR={project}",
-        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
-    )
+    done = make_on_stack("up", tmp_path, project)
     assert done.returncode != 0
     calls = logged(tmp_path / "log")
     assert [c[:3] for c in calls if c[:2] == ["config", "rm"]] == [
@@ -235,14 +228,7 @@ def test_stack_without_ssh_key_is_refused_with_the_command_to_set_it(tmp_path):
     """A stack lacking sshAuthorizedKeys fails before Pulumi runs, showing the `config set --secret` command."""
     project = project_with_stack(tmp_path, {"kubeContext": "gpu-cluster"})
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make(
-        "up",
-        tmp_path,
-        "STACK=mine",
-        f"PULUMI_PROJECT_DIR={project}",
-        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
-    )
+    done = make_on_stack("up", tmp_path, project)
     assert done.returncode != 0
     assert "config set --secret" in done.stderr and "sshAuthorizedKeys" in done.stderr
     assert logged(tmp_path / "log") == []
@@ -332,16 +318,7 @@ def stack_with_unsafe_run(sshd, tmp_path):
 
 
 def _down(tmp_path, project, *variables):
-    return make(
-        "down",
-        tmp_path,
-        "STACK=mine",
-        f"PULUMI_PROJECT_DIR={project}",
-        *variables,
-        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
-        CLIPFORGE_SSH_GATEWAY="none",
-    )
+    return make_on_stack("down", tmp_path, project, *variables, CLIPFORGE_SSH_GATEWAY="none")
 
 
 def test_down_refuses_while_a_run_on_the_stack_would_lose_its_checkpoint(
@@ -375,14 +352,7 @@ def test_preview_previews_without_updating(tmp_path):
     """`make preview` runs `pulumi preview` and never `pulumi up`, writing no outputs file."""
     project = project_with_stack(tmp_path, MY_STACK)
     stub_pulumi(tmp_path / "bin", tmp_path / "log")
-    done = make(
-        "preview",
-        tmp_path,
-        "STACK=mine",
-        f"PULUMI_PROJECT_DIR={project}",
-        path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}",
-        KUBECONFIG=str(kubeconfig(tmp_path / "kc", "gpu-cluster")),
-    )
+    done = make_on_stack("preview", tmp_path, project)
     assert done.returncode == 0, done.stderr
     subcommands = [call[0] for call in logged(tmp_path / "log")]
     assert "preview" in subcommands and "up" not in subcommands

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from clipforge.fsutil import replace_dir_atomically
 from clipforge.launcher import LauncherError
-from clipforge.launcher.commands import IMAGE_PYTHON, docker_run_argv, run_container
+from clipforge.launcher.commands import IMAGE_PYTHON, docker_run_argv
 from clipforge.launcher.connection import join, probe, q, run
 from clipforge.launcher.host.run_dirs import NodeLayout
-from clipforge.launcher.session import Host, Settings, read_remote_json, recorded_container_user
+from clipforge.launcher.session import Host, Settings, later_container, read_remote_json
 
 RESULTS = ("metrics", "models/clip", "logs")  # inside the DVC workspace, written by rank 0
 
@@ -97,13 +97,7 @@ def push(host: Host, layout: NodeLayout, settings: Settings, say: Callable[[str]
     remote configured in the commit, where a later `dvc pull` anywhere finds them."""
     record = read_remote_json(host, layout.record) or {}
     if record.get("runtime") == "docker":
-        spec = run_container(
-            record["image"],
-            layout,
-            "push",
-            user=recorded_container_user(host, layout),
-            shm_size=settings.shm_size,
-        )
+        spec = later_container(host, layout, record, settings, "push")
         command = join(docker_run_argv(spec, [IMAGE_PYTHON, "-m", "dvc", "push"]))
     else:
         bin_dir = posixpath.dirname(settings.python)

@@ -17,6 +17,7 @@ from pathlib import Path
 from fabric import Connection
 
 from clipforge.launcher import LauncherError, connection
+from clipforge.launcher.commands import DockerSpec, run_container
 from clipforge.launcher.connection import HostSpec, join, probe, q, run
 from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
 from clipforge.launcher.stack import StackOutputs, load_stack_outputs
@@ -192,10 +193,15 @@ def container_user(host: Host, image: str) -> str:
     return image_user if image_user and image_user.split(":")[0] not in ("0", "root") else user
 
 
-def recorded_container_user(host: Host, layout: NodeLayout) -> str:
-    """The container user the run was launched with (its record), for later containers."""
-    record = read_remote_json(host, layout.record) or {}
-    return record.get("container_user") or container_user(host, record.get("image", ""))
+def later_container(
+    host: Host, layout: NodeLayout, record: dict, settings: Settings, what: str, **spec
+) -> DockerSpec:
+    """A container for a docker run's later work (`what`: push, tensorboard): the image and
+    container user the run was launched with, as its record has them."""
+    user = record.get("container_user") or container_user(host, record["image"])
+    return run_container(
+        record["image"], layout, what, user=user, shm_size=settings.shm_size, **spec
+    )
 
 
 def read_remote_json(host: Host, path: str) -> dict | None:

@@ -15,7 +15,6 @@ from clipforge.launcher.commands import (
     container_prefix,
     docker_cleanup_argv,
     docker_run_argv,
-    run_container,
 )
 from clipforge.launcher.connection import join, probe, q, run
 from clipforge.launcher.host import status as status_mod
@@ -24,8 +23,8 @@ from clipforge.launcher.host.run_dirs import NODE_PREFIX, NodeLayout, current_ma
 from clipforge.launcher.session import (
     Host,
     Settings,
+    later_container,
     read_remote_json,
-    recorded_container_user,
     remote_python,
 )
 
@@ -151,14 +150,8 @@ def tensorboard(
     logdir = layout.output("logs")
     serve = ["--logdir", logdir, "--host", "127.0.0.1", "--port", str(remote_port)]
     if record.get("runtime") == "docker":
-        spec = run_container(
-            record["image"],
-            layout,
-            "tensorboard",
-            user=recorded_container_user(host, layout),
-            shm_size=settings.shm_size,
-            read_only=True,
-            detach=True,
+        spec = later_container(
+            host, layout, record, settings, "tensorboard", read_only=True, detach=True
         )
         start = join(docker_run_argv(spec, ["tensorboard", *serve]))
         stop_cmd = join(docker_cleanup_argv(spec.name))
