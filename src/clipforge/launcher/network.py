@@ -62,9 +62,7 @@ def check_nodes(
         interfaces = [_named_interface(h, settings) for h in hosts]
     else:
         routes = [_run_probe(h, settings, "route", master) for h in hosts]
-        # Nodes on one network stack (several ranks' hosts on one box) talk on loopback well.
-        one_stack = len({r.get("stack") for r in routes}) == 1
-        interfaces = [_routed_interface(r, master, one_stack) for r in routes]
+        interfaces = routed_interfaces(routes, master)
     rows = [[_route_row(iface, master)] for iface in interfaces]
     listener = _start_listener(hosts[0], port, settings)
     try:
@@ -87,6 +85,15 @@ def _named_interface(host: Host, settings: Settings) -> NodeInterface:
         error = f"no interface {name} with an IPv4 address here (found: {found})"
         return NodeInterface(None, None, SETTING, error)
     return NodeInterface(name, addresses[name], SETTING)
+
+
+def routed_interfaces(routes: list[dict], master: str) -> list[NodeInterface]:
+    """Each node's interface from its `netprobe route MASTER` answer. A route by loopback is
+    refused unless every node is on one network stack (nodes sharing a box and its network
+    namespace do reach each other there)."""
+    stacks = {r.get("stack") for r in routes}
+    one_stack = len(stacks) == 1 and None not in stacks
+    return [_routed_interface(r, master, one_stack) for r in routes]
 
 
 def _routed_interface(found: dict, master: str, one_stack: bool) -> NodeInterface:

@@ -53,11 +53,15 @@ def route(address: str) -> dict:
     return {"interface": names[0] if names else None, "address": source, "stack": network_stack()}
 
 
-def network_stack() -> str:
-    """One kernel's one network namespace: nodes that share it reach each other on loopback."""
-    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-        boot = f.read().strip()
-    return f"{boot}:{os.stat('/proc/self/ns/net').st_ino}"
+def network_stack() -> str | None:
+    """One kernel's one network namespace: nodes that share it reach each other on loopback.
+    None where /proc does not say (then no two nodes count as one stack)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        return None
 
 
 def listen(port: int, seconds: float) -> dict:
