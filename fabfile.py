@@ -329,10 +329,9 @@ def clean_(c: Invocation, run=None, all_=False, force=False):
     chosen = [(h, watch.all_runs(h) if all_ else [session.run_id_on(h, run)]) for h in hosts]
     if not (force or os.environ.get("FORCE") == "1"):
         unstored = [
-            f"{host.label} run {run_id}: {problem}"
+            problem
             for host, runs in chosen
-            for run_id in runs
-            for problem in from_store_mod.unstored_checkpoints(host, c.settings, run_id)
+            for problem in from_store_mod.unstored_checkpoints(host, c.settings, runs)
         ]
         if unstored:
             raise LauncherError(

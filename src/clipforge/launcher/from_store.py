@@ -115,9 +115,10 @@ def tensorboard(
         server.wait()
 
 
-def unstored_checkpoints(host: Host, settings: Settings, run_id: str) -> list[str]:
-    """The newest checkpoints of run `run_id` on the host that its run store does not hold whole
-    (none when the run has no store), each with why."""
+def unstored_checkpoints(host: Host, settings: Settings, run_ids: list[str]) -> list[str]:
+    """The newest checkpoints of the runs `run_ids` on the host that their run store does not
+    hold whole (none for a run without a store), each with its run and why; one listing of the
+    host's checkpoints for all of them."""
     script = Path(stored_checkpoints.__file__).read_text(encoding="utf-8")
     listed = run(
         host.cxn,
@@ -126,10 +127,12 @@ def unstored_checkpoints(host: Host, settings: Settings, run_id: str) -> list[st
     )
     problems = []
     for entry in json.loads(listed.stdout):
-        if entry["run"] == run_id and entry.get("store"):
+        if entry["run"] in run_ids and entry.get("store"):
             why = missing_from_store(entry["store"], entry["training_run"], entry["tag"])
             if why:
-                problems.append(f"{entry['training_run']}/{entry['tag']} {why}")
+                problems.append(
+                    f"{host.label} run {entry['run']}: {entry['training_run']}/{entry['tag']} {why}"
+                )
     return problems
 
 
