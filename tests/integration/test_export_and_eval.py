@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from clipforge.data import testset
-from clipforge.eval import METRIC_KEYS, encode_images, encode_texts, load_open_clip
-from clipforge.eval import main as eval_main
+from clipforge.eval.core import encode_images, encode_texts
+from clipforge.eval.loading import load_open_clip
+from clipforge.eval.stage import main as eval_main
+from clipforge.metrics.retrieval import METRIC_KEYS
 from tests.conftest import eval_argv, subprocess_env, write_params
 
 pytestmark = pytest.mark.slow

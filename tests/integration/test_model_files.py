@@ -10,7 +10,7 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from clipforge.eval import main as eval_main
+from clipforge.eval.stage import main as eval_main
 from tests.conftest import eval_argv, run_train, write_params
 
 WEIGHTS = "open_clip_model.safetensors"

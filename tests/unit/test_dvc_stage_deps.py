@@ -28,7 +28,7 @@ PIPELINE = {
 STAGE_MODULES = {
     "data": "clipforge.data.stage",
     "train": "clipforge.train.stage",
-    "eval": "clipforge.eval",
+    "eval": "clipforge.eval.stage",
 }
 # Every stage of dvc.yaml: the pipeline stages, and `params`, which resolves their params.
 ALL_STAGES = sorted({*STAGE_MODULES, "params"})
@@ -74,7 +74,7 @@ def reachable_files(entry: str) -> set[Path]:
 
 
 def entry_module(command: str) -> str:
-    """`python -m clipforge.data` runs clipforge/data/__main__.py; `-m clipforge.eval`, eval.py."""
+    """`python -m clipforge.data` runs clipforge/data/__main__.py; `-m clipforge.resolve`, resolve.py."""
     name = command.split(" -m ", 1)[1].split()[0]
     return f"{name}.__main__" if module_file(name).name == "__init__.py" else name
 
@@ -132,3 +132,33 @@ def test_params_are_the_sections_the_stage_reads(stage):
     resolved for it (resolved/<stage>.yaml, written by the `params` stage)."""
     sections = importlib.import_module(STAGE_MODULES[stage]).PARAM_SECTIONS
     assert PIPELINE[stage]["params"] == [{f"resolved/{stage}.yaml": ["recipe", *sections]}]
+
+
+@pytest.mark.parametrize("stage", ALL_STAGES)
+def test_every_code_dep_is_needed(stage):
+    """Each code dep covers some module no other dep covers: a file listed again inside a listed
+    directory, or twice, is noise that hides what the stage runs."""
+    deps = code_deps(stage)
+    assert len(deps) == len(set(deps)), "a dep is listed twice"
+    for dep in deps:
+        others = set().union(*(python_files(d) for d in deps if d != dep))
+        if python_files(dep):
+            assert python_files(dep) - others, f"{dep.relative_to(REPO)} adds no module"
+
+
+def test_train_runs_no_eval_stage_code():
+    """Validation counts recall with the leaf clipforge.metrics, not the eval stage: editing
+    eval's CLI or model loading does not make a training run stale."""
+    eval_package = SRC / "clipforge" / "eval"
+    assert not any(eval_package in p.parents for p in stage_files("train"))
+    assert not any(eval_package in (dep, *dep.parents) for dep in code_deps("train"))
+
+
+@pytest.mark.parametrize("stage", ["params", "data", "eval"])
+def test_stages_without_alerts_or_a_store_run_only_their_params_schema(stage):
+    """The params loader builds every section (it rejects an unknown key in any), so the
+    alerts and storage schemas are deps of every stage; the alerting and store code is not."""
+    for package in ("alerts", "store"):
+        root = SRC / "clipforge" / package
+        ran = {p.relative_to(root).as_posix() for p in stage_files(stage) if root in p.parents}
+        assert ran == {"__init__.py", "config.py"}, (stage, package, ran)

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from clipforge.data.stage import main as data_main
-from clipforge.eval import main as eval_main
+from clipforge.eval.stage import main as eval_main
 from clipforge.train.stage import main as train_main
 from clipforge.yamlfile import read_yaml_file
 from tests.conftest import train_argv, write_params

@@ -8,7 +8,7 @@ import yaml
 
 from clipforge.config import STAGE_SECTIONS
 from clipforge.data.stage import main as data_main
-from clipforge.eval import main as eval_main
+from clipforge.eval.stage import main as eval_main
 from clipforge.resolve import main as resolve_main
 from clipforge.train.stage import main as train_main
 from tests.conftest import REPO

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from clipforge.data.testset import Caption
-from clipforge.eval import recall_at_k, relevance_matrix, retrieval_metrics
+from clipforge.metrics.retrieval import recall_at_k, relevance_matrix, retrieval_metrics
 
 
 def test_multi_caption_recall_on_a_hand_made_case():

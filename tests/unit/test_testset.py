@@ -15,7 +15,7 @@ from PIL import Image
 
 from clipforge.data.stage import main as data_main
 from clipforge.data.testset import IMAGES_FILE, TEXTS_FILE, load_test_set
-from clipforge.eval import main as eval_main
+from clipforge.eval.stage import main as eval_main
 from tests.conftest import write_params
 
 

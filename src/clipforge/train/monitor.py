@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from clipforge.eval import METRIC_KEYS
+from clipforge.metrics.retrieval import METRIC_KEYS
 
 log = logging.getLogger("clipforge.train")
 

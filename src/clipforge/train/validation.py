@@ -1,6 +1,6 @@
 """Validation during training: contrastive loss and retrieval recall on the held-out val split.
 
-Recall is counted as the eval stage counts it (clipforge.eval.retrieval_metrics). A caption's
+Recall is counted as the eval stage counts it (clipforge.metrics.retrieval). A caption's
 relevant images are those whose own caption is the same text (compared as token ids): the
 built-in data repeats captions, and an identical caption of another image is not a miss. Only
 the first `train.val_retrieval_samples` pairs are ranked, because recall depends on the gallery
@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 import torch.distributed as dist
 
-from clipforge.eval import retrieval_metrics
+from clipforge.metrics.retrieval import retrieval_metrics
 
 
 def validation_due(

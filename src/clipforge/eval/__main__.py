@@ -1,0 +1,3 @@
+from clipforge.eval.stage import main
+
+raise SystemExit(main())
