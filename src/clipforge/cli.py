@@ -10,13 +10,12 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from clipforge.config import Config, ConfigError, load_config
+from clipforge.config import Config, load_config
+from clipforge.errors import StageError, UserError
+
+__all__ = ["EXIT_USAGE", "StageError", "UserError", "run_stage", "stage_parser"]
 
 EXIT_USAGE = 2
-
-
-class StageError(RuntimeError):
-    """A problem with the inputs of a stage that the user can fix; printed without a traceback."""
 
 
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -49,8 +48,8 @@ def run_stage(
     parser: argparse.ArgumentParser,
     sections: Sequence[str],
 ) -> int:
-    """Parse, run, and turn user errors into one clear line per problem (a test set may have
-    several) and a non-zero exit code. `sections`: the params sections the stage reads (what
+    """Parse, run, and turn user errors (clipforge.errors.UserError, and only those: a bug keeps
+    its traceback) into one clear line per problem (a test set may have several) and exit 2. `sections`: the params sections the stage reads (what
     --print-config shows)."""
     args = parser.parse_args(argv)
     configure_logging()
@@ -59,7 +58,7 @@ def run_stage(
             print(load_stage_config(args, sections).to_yaml(), end="")
             return 0
         body(args)
-    except (ConfigError, StageError) as exc:
+    except UserError as exc:
         for line in str(exc).splitlines():
             print(f"{prog}: error: {line}", file=sys.stderr)
         return EXIT_USAGE

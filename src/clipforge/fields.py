@@ -15,8 +15,10 @@ import typing
 from dataclasses import field
 from typing import Any, ClassVar, Literal, Union
 
+from clipforge.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A parameter problem the user must fix; the message names the key and what is allowed."""
 
 

@@ -18,13 +18,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from clipforge.errors import UserError
+
 ORIGIN = "docker/image.env"
 REQUIRED = ("IMAGE_REPOSITORY", "IMAGE_TAG")
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9._:/@+-]+)")
 _FORM = "write NAME=VALUE, the value made of letters, digits and . _ - : / @ + only"
 
 
-class ImageEnvError(ValueError):
+class ImageEnvError(UserError, ValueError):
     """docker/image.env is missing, malformed or lacks a key; the message names the line or key."""
 
 

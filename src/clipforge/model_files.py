@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from clipforge.errors import UserError
+
 LOCAL_DIR = "local-dir:"
 HF_HUB = "hf-hub:"
 CONFIG_FILE = "open_clip_config.json"
@@ -21,7 +23,7 @@ WEIGHTS_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 _WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
-class ModelFilesError(ValueError):
+class ModelFilesError(UserError, ValueError):
     """A model folder or weights file that cannot give the model it names; the message says which
     file and what to do."""
 

@@ -14,8 +14,10 @@ from typing import Any
 
 import yaml
 
+from clipforge.errors import UserError
 
-class YamlFileError(ValueError):
+
+class YamlFileError(UserError, ValueError):
     """A YAML file that cannot be read or parsed; the message names the file (and line)."""
 
 

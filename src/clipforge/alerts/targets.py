@@ -17,11 +17,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clipforge.errors import UserError
+
 ENV_WEBHOOKS = "CLIPFORGE_ALERT_WEBHOOKS"
 ENV_WEBHOOKS_FILE = "CLIPFORGE_ALERT_WEBHOOKS_FILE"
 
 KINDS = ("feishu", "slack", "generic")
 _PREFIXES = {"feishu": "feishu", "lark": "feishu", "slack": "slack"}
+
+
+class WebhookError(UserError, ValueError):
+    """A webhook entry or file that cannot be used; the message never shows the entry."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,7 @@ class WebhookTarget:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"webhook kind must be one of {KINDS}, got {self.kind!r}")
+            raise WebhookError(f"webhook kind must be one of {KINDS}, got {self.kind!r}")
 
     @property
     def label(self) -> str:
@@ -57,7 +63,7 @@ def load_targets(environ: Mapping[str, str] = os.environ) -> list[WebhookTarget]
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as error:
-            raise ValueError(
+            raise WebhookError(
                 f"{ENV_WEBHOOKS_FILE} names {path!r}, which cannot be read ({error.strerror}); "
                 f"fix the path or unset {ENV_WEBHOOKS_FILE}"
             ) from None
@@ -85,7 +91,7 @@ def parse_targets(entries: Iterable[str], *, source: str | None) -> list[Webhook
         kind, url = _split_kind(entry)
         parts = urllib.parse.urlsplit(url)
         if kind is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
+            raise WebhookError(
                 (f"{source}: " if source else "")
                 + f"entry {position} is not `feishu:URL`, `lark:URL`, `slack:URL` or "
                 f"an http(s) URL (the entry is not shown because it may be a secret)"

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from clipforge.data.samples import SkipLog, decode_image
 from clipforge.data.splits import split_of_identity
+from clipforge.errors import StageError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"}
 
@@ -45,7 +46,7 @@ def read_records(path: Path, skips: SkipLog, allow_outside: bool = False) -> Ite
     elif path.suffix.lower() in {".jsonl", ".json"}:
         yield from _jsonl_records(path, skips, allow_outside)
     else:
-        raise FileNotFoundError(f"data.path {path}: expected a folder, a .csv or a .jsonl file")
+        raise StageError(f"data.path {path}: expected a folder, a .csv or a .jsonl file")
 
 
 def _folder_records(root: Path, skips: SkipLog) -> Iterator[Record]:
@@ -73,7 +74,7 @@ def _csv_records(path: Path, skips: SkipLog, allow_outside: bool) -> Iterator[Re
     with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or not {"image", "caption"} <= set(reader.fieldnames):
-            raise ValueError(
+            raise StageError(
                 f"{path}: needs a header with columns `image` and `caption`, "
                 f"found {reader.fieldnames}"
             )

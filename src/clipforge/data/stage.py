@@ -107,17 +107,14 @@ def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, di
     test_images: dict[Path, tuple[bytes, list[str]]] = {}
     images = set()
     records = read_records(path, skips, data.allow_paths_outside_source)
-    try:
-        for record, jpeg, caption in _valid_pairs(records, data, skips):
-            images.add(record.image)
-            split = split_of(record.image, data.seed, held_out["val"], held_out["test"])
-            if split == "test":
-                test_images.setdefault(record.image, (jpeg, []))[1].append(caption)
-            else:
-                jpeg = shorter_side_at_most(jpeg, data.resize_to)
-                buckets[split].append((f"{split}-{len(buckets[split]):08d}", jpeg, caption))
-    except (ValueError, FileNotFoundError) as exc:
-        raise StageError(str(exc)) from None
+    for record, jpeg, caption in _valid_pairs(records, data, skips):
+        images.add(record.image)
+        split = split_of(record.image, data.seed, held_out["val"], held_out["test"])
+        if split == "test":
+            test_images.setdefault(record.image, (jpeg, []))[1].append(caption)
+        else:
+            jpeg = shorter_side_at_most(jpeg, data.resize_to)
+            buckets[split].append((f"{split}-{len(buckets[split]):08d}", jpeg, caption))
     splits = {
         split: _shard_summary(write_shards(items, out, split, data.samples_per_shard))
         for split, items in buckets.items()

@@ -76,13 +76,10 @@ def _run(args) -> None:
         if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         else "cpu"
     )
-    try:
-        (metrics, counts), *baseline = [
-            evaluate(spec, pretrained, test_set, cfg.batch_size, device, what)
-            for spec, pretrained, what, _ in models
-        ]
-    except ModelFilesError as exc:
-        raise StageError(str(exc)) from None
+    (metrics, counts), *baseline = [
+        evaluate(spec, pretrained, test_set, cfg.batch_size, device, what)
+        for spec, pretrained, what, _ in models
+    ]
     info = {"model": args.model, "pretrained": args.pretrained, "test_set": args.data, **counts}
     if baseline:
         base = baseline[0][0]

@@ -36,6 +36,7 @@ from PIL import Image
 
 from clipforge.config import BatchPlan, steps_per_epoch
 from clipforge.data.shards import ShardReader
+from clipforge.fields import ConfigError
 
 
 @dataclass(frozen=True)
@@ -229,13 +230,13 @@ def prefetch_factor(
     chunk_bytes: int, num_workers: int, ranks_per_node: int, free_bytes: int
 ) -> int:
     """Chunks each worker may hold ready in shared memory: up to MAX_PREFETCH, as many as the
-    node's /dev/shm share allows. Raises ValueError when not even one fits."""
+    node's /dev/shm share allows. Raises ConfigError when not even one fits."""
     if num_workers == 0:
         return MAX_PREFETCH  # no worker processes: nothing goes through shared memory
     per_prefetch = chunk_bytes * num_workers * ranks_per_node
     fits = int(free_bytes * SHM_SHARE // per_prefetch)
     if fits < 1:
-        raise ValueError(
+        raise ConfigError(
             f"/dev/shm has {free_bytes / 2**20:.0f} MiB free, but the loaders need "
             f"{per_prefetch / 2**20:.0f} MiB ({ranks_per_node} ranks x {num_workers} workers x "
             f"{chunk_bytes / 2**20:.1f} MiB per chunk) and may use {SHM_SHARE:.0%} of it; lower "

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from clipforge.fields import ConfigError
+
 log = logging.getLogger("clipforge.train")
 
 SAFETY_MARGIN = (
@@ -113,10 +115,10 @@ def engine_reserve_bytes(
 
 
 def probe_micro_batch(share: int, fits: Callable[[int], bool]) -> int:
-    """The largest micro batch of `share` that fits; ValueError naming the remedies if none."""
+    """The largest micro batch of `share` that fits; ConfigError naming the remedies if none."""
     chosen = largest_fitting(candidates(share), fits)
     if chosen is None:
-        raise ValueError(
+        raise ConfigError(
             "train.micro_batch_size: auto found no micro batch that fits in device memory, not "
             "even 1; set train.grad_checkpointing: true, a higher train.zero_stage, or a "
             "smaller model"

@@ -57,12 +57,9 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
         )
     raw = manifest.read_bytes()
     num_train = _checked_shards(manifest, raw)
-    try:
-        steps_per_epoch(num_train, config.train.global_batch_size)
-        if config.model.pretrained:
-            weights_file(config.model.pretrained, "model.pretrained")
-    except ValueError as exc:  # ConfigError and ModelFilesError alike
-        raise StageError(str(exc)) from None
+    steps_per_epoch(num_train, config.train.global_batch_size)
+    if config.model.pretrained:
+        weights_file(config.model.pretrained, "model.pretrained")
     for key in ("checkpoints", "logs", "metrics", "model"):
         problem = not_writable_message(paths[key])
         if problem:
