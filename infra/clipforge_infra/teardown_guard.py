@@ -29,13 +29,14 @@ from fabric import Config
 from clipforge.launcher import LauncherError
 from clipforge.launcher.connection import connect, join, label, q, run, targets
 from clipforge.launcher.host import stored_checkpoints
+from clipforge.launcher.host.run_dirs import DEFAULT_ROOT
 from clipforge.launcher.stack import parse_stack_outputs
 from clipforge.store.remote import missing_from_store
 
 EXIT_REFUSED = 3
 # The run roots a launch on the stack uses unless clipforge.remote_root says otherwise; roots
 # launches recorded on a worker are looked at too.
-DEFAULT_ROOT_NAME = "clipforge-runs"
+DEFAULT_ROOT_NAME = DEFAULT_ROOT
 
 
 class GuardError(RuntimeError):

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import yaml
 
+from clipforge import util
 from clipforge.alerts.config import AlertsConfig
 from clipforge.fields import ConfigError, Section, knob
 from clipforge.store.config import StorageConfig
@@ -583,8 +584,8 @@ def _share_of_each_rank(train: TrainConfig, world: int, world_text: str) -> Batc
 
 
 def steps_per_epoch(num_samples: int, global_batch_size: int) -> int:
-    """Full global batches per epoch; the remainder of an epoch is dropped, as usual."""
-    steps = num_samples // global_batch_size
+    """Full global batches per epoch (clipforge.util.steps_per_epoch); ConfigError when none."""
+    steps = util.steps_per_epoch(num_samples, global_batch_size)
     if steps == 0:
         raise ConfigError(
             f"train.global_batch_size: {global_batch_size} is larger than the "

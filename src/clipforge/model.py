@@ -20,7 +20,9 @@ import open_clip
 import torch
 
 from clipforge.config import ModelConfig
+from clipforge.fields import ConfigError
 from clipforge.model_files import ModelFilesError, weights_file
+from clipforge.util import first_line
 
 BUNDLED_CONFIGS = Path(__file__).parent / "model_configs"
 _registered = False
@@ -52,7 +54,7 @@ def resolve_model_name(cfg: ModelConfig) -> str:
     register_bundled_configs()
     base = open_clip.get_model_config(cfg.name)
     if base is None:
-        raise ValueError(
+        raise ConfigError(
             f"model.name: unknown model {cfg.name!r}; open_clip knows "
             f"{len(open_clip.list_models())} models, e.g. ViT-B-32, clipforge-tiny"
         )
@@ -115,7 +117,7 @@ def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
     try:
         incompatible = open_clip.load_checkpoint(model, str(path), strict=False, weights_only=True)
     except Exception as exc:  # safetensors, zip, unpickling and shape errors: all a bad file here
-        raise ModelFilesError(f"{what}: {path} cannot be loaded: {_reason(exc)}") from None
+        raise ModelFilesError(f"{what}: {path} cannot be loaded: {first_line(exc)}") from None
     missing, unexpected = incompatible.missing_keys, incompatible.unexpected_keys
     if missing or unexpected:
         raise ModelFilesError(
@@ -123,14 +125,6 @@ def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
             f"{_example(missing)}, {len(unexpected)} unexpected{_example(unexpected)}): a "
             f"partial file, or weights of another architecture"
         )
-
-
-def _reason(exc: Exception) -> str:
-    """The informative line of a loader error (torch's start with a line ending in `:`)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return lines[1]
-    return lines[0] if lines else type(exc).__name__
 
 
 def _example(keys: list[str]) -> str:

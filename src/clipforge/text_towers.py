@@ -12,30 +12,33 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from clipforge.fields import ConfigError
+from clipforge.util import first_line
+
 _PATH_PREFIXES = ("/", "./", "../", "~")
 
 
 def resolve_tower(name: str, key: str) -> str:
     """A local folder -> its absolute path (so the exported config still finds it after a cd);
-    a hub id -> itself, once its config and tokenizer are known to load. ValueError otherwise,
+    a hub id -> itself, once its config and tokenizer are known to load. ConfigError otherwise,
     naming the params key `key`."""
     try:
         import transformers  # noqa: F401 - only to fail early with the right advice
     except ImportError:
-        raise ValueError(
+        raise ConfigError(
             f"{key}: {name!r} is a Hugging Face text tower, which needs the "
             f"`transformers` package: pip install -e '.[hf]'"
         ) from None
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ValueError(
+            raise ConfigError(
                 f"{key}: {path} has no config.json; expected a Hugging Face model "
                 f"folder (config.json, weights, tokenizer files)"
             )
         return str(path.resolve())
     if name.startswith(_PATH_PREFIXES):
-        raise ValueError(f"{key}: folder {path} not found")
+        raise ConfigError(f"{key}: folder {path} not found")
     check_hub_tower(name, key)
     return name
 
@@ -48,7 +51,7 @@ def check_hub_tower(repo_id: str, key: str) -> None:
         AutoConfig.from_pretrained(repo_id)
         AutoTokenizer.from_pretrained(repo_id)
     except (OSError, ValueError) as exc:
-        raise ValueError(unavailable_message(repo_id, key, exc)) from None
+        raise ConfigError(unavailable_message(repo_id, key, exc)) from None
 
 
 def unavailable_message(repo_id: str, key: str, exc: Exception) -> str:
@@ -59,10 +62,9 @@ def unavailable_message(repo_id: str, key: str, exc: Exception) -> str:
         os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"
     )
     why = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached"
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return (
         f"{key}: Hugging Face model {repo_id!r} is not in the local cache ({cache}) and "
         f"{why}. Download it once where there is network (`hf download {repo_id}`, then copy "
         f"the cache or set HF_HOME), or point {key} at a local folder with config.json, the "
-        f"weights and the tokenizer files. ({first_line})"
+        f"weights and the tokenizer files. ({first_line(exc)})"
     )

@@ -20,11 +20,14 @@ from tests.conftest import REPO
 SRC = REPO / "src"
 HOST_PACKAGE = "clipforge.launcher.host"
 # Project modules the host side may use: its own package, the packages that contain it (they run
-# first on import), the atomic writes (clipforge.fsutil), and the alert delivery the supervisor
-# shares with the stage (clipforge.alerts' events, config, formats, targets, delivery).
+# first on import), the user-error type (clipforge.errors), the atomic writes (clipforge.fsutil),
+# the small helpers (clipforge.util), and the alert delivery the supervisor shares with the stage (clipforge.alerts' events, config,
+# formats, targets, delivery).
 ALLOWED_PROJECT = (
     "clipforge",
+    "clipforge.errors",
     "clipforge.fsutil",
+    "clipforge.util",
     "clipforge.launcher",
     HOST_PACKAGE,
     "clipforge.alerts",

@@ -24,6 +24,7 @@ from clipforge.alerts.config import AlertsConfig
 from clipforge.alerts.events import Alert, DeliveryOutcome
 from clipforge.alerts.formats import accepted, build_payload, encode
 from clipforge.alerts.targets import WebhookTarget, redact
+from clipforge.util import backoff_seconds
 
 # A server's Retry-After is honoured, within reason: it must not park the queue for hours.
 _MAX_RETRY_AFTER_SECONDS = 60.0
@@ -177,7 +178,7 @@ class _TargetWorker:
                 return DeliveryOutcome(alert, self.target.label, True, attempt, detail)
             if not retryable or attempt == attempts_allowed:
                 return DeliveryOutcome(alert, self.target.label, False, attempt, detail)
-            delay = self._config.retry_backoff_seconds * 2 ** (attempt - 1)
+            delay = backoff_seconds(attempt, self._config.retry_backoff_seconds)
             if retry_after is not None:
                 delay = max(delay, min(retry_after, _MAX_RETRY_AFTER_SECONDS))
             self._log.warning(

@@ -24,6 +24,9 @@ from pathlib import Path
 
 from PIL import Image
 
+from clipforge.errors import UserError
+from clipforge.util import first_line
+
 IMAGES_FILE = "test_imgs.tsv"
 TEXTS_FILE = "test_texts.jsonl"
 MAX_PROBLEMS_SHOWN = 20
@@ -48,7 +51,7 @@ class TestSet:
         return {"images": len(self.image_ids), "texts": len(self.texts)}
 
 
-class TestSetError(ValueError):
+class TestSetError(UserError, ValueError):
     """Everything wrong with a test set, one line per problem."""
 
     __test__ = False
@@ -215,5 +218,5 @@ def _undecodable(image: bytes) -> str | None:
     except Image.UnidentifiedImageError:
         return "not an image format Pillow reads"
     except Exception as exc:  # PIL raises many types for broken files: all mean the same here
-        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return first_line(exc)
     return None

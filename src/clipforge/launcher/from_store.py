@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from clipforge.launcher.host import stored_checkpoints
 from clipforge.launcher.host.status import sync_text
 from clipforge.launcher.session import Host, Settings
 from clipforge.store.remote import RunStore, missing_from_store, read_launch
+from clipforge.util import format_duration, wait_until_answering
 
 Say = Callable[[str], None]
 TENSORBOARD_START_SECONDS = 120.0
@@ -63,7 +63,7 @@ def show_status(remote: str | None, launch_id: str | None, say: Say) -> None:
         (
             "state",
             f"{status.get('state', 'unknown')} on {status.get('host', '?')}"
-            + (f", as of {_ago(updated)} ago" if updated else ""),
+            + (f", as of {format_duration(time.time() - updated)} ago" if updated else ""),
         ),
         ("step", row.get("step", "-")),
         ("loss", row.get("loss", "-")),
@@ -155,20 +155,9 @@ def _last_row(store: RunStore) -> dict:
     return own[-1] if own else {}
 
 
-def _ago(timestamp: float) -> str:
-    seconds = int(max(0, time.time() - timestamp))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds}s"
-
-
 def _wait_until_answering(server: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + TENSORBOARD_START_SECONDS
-    while True:
-        if server.poll() is not None:
-            raise LauncherError(f"TensorBoard exited: {log.read_text(errors='replace')[-2000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=5)
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise LauncherError(f"TensorBoard did not answer at {url}") from None
-            time.sleep(0.5)
+    if wait_until_answering(url, TENSORBOARD_START_SECONDS, alive=lambda: server.poll() is None):
+        return
+    if server.poll() is not None:
+        raise LauncherError(f"TensorBoard exited: {log.read_text(errors='replace')[-2000:]}")
+    raise LauncherError(f"TensorBoard did not answer at {url}")

@@ -19,11 +19,9 @@ from fabric import Connection
 from clipforge.launcher import LauncherError, connection
 from clipforge.launcher.commands import DockerSpec, run_container
 from clipforge.launcher.connection import HostSpec, join, probe, q, run
-from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
+from clipforge.launcher.host.run_dirs import DEFAULT_ROOT, NodeLayout, current_marker
 from clipforge.launcher.stack import StackOutputs, load_stack_outputs
 from clipforge.yamlfile import YamlFileError, read_yaml_file
-
-DEFAULT_ROOT = "clipforge-runs"  # relative: in the SSH user's home
 
 
 @dataclass(frozen=True, kw_only=True)

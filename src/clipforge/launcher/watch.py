@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import posixpath
 import signal
@@ -27,6 +28,7 @@ from clipforge.launcher.session import (
     read_remote_json,
     remote_python,
 )
+from clipforge.util import wait_until_answering
 
 Say = Callable[[str], None]
 
@@ -177,15 +179,12 @@ def tensorboard(
 
 
 def _wait_http(host: Host, settings: Settings, port: int, timeout_seconds: int = 120) -> None:
+    # The helper's own source, not an import: the run's checkout on the host may predate it.
+    url = f"http://127.0.0.1:{port}/"
     script = (
-        "import time, urllib.request\n"
-        f"end = time.time() + {timeout_seconds}\n"
-        "while True:\n"
-        "    try:\n"
-        f"        urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=5); break\n"
-        "    except OSError:\n"
-        "        if time.time() > end: raise SystemExit(1)\n"
-        "        time.sleep(0.5)\n"
+        "from __future__ import annotations\n"
+        + inspect.getsource(wait_until_answering)
+        + f"raise SystemExit(0 if wait_until_answering({url!r}, {timeout_seconds}) else 1)\n"
     )
     run(host.cxn, f"{q(settings.python)} -c {q(script)}", what="waiting for TensorBoard to answer")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from clipforge import util
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.cli import StageError
 from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan
@@ -166,14 +167,14 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         train.precision, device, device == "cuda" and torch.cuda.is_bf16_supported()
     )
     torch.manual_seed(train.seed)
-    bundle = _build_model(config)
+    bundle = build_model(config.model)
     if train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
     identity = run_id(config, manifest)
     plan = _batch_plan(train, dist, bundle, paths["checkpoints"] / identity, precision)
     files = train_data.split_files(paths["data"], "train")
-    steps_per_epoch = _steps_per_epoch(files, plan)
-    total_steps = train.max_steps or train.epochs * steps_per_epoch
+    steps_per_epoch = train_data.steps_per_epoch(files.num_samples, plan.global_batch_size)
+    total_steps = util.total_steps(train.max_steps, train.epochs, steps_per_epoch)
     alerts = _alert_monitor(config, identity, dist)  # set-up may report a damaged checkpoint
     store = open_store(config.storage, identity) if dist.is_main else None
     engine, checkpointer = _engine_and_checkpointer(
@@ -329,18 +330,15 @@ def _batch_plan(
 
 
 def _probe(train: TrainConfig, dist: DistInfo, bundle: ClipBundle, precision: str) -> int:
-    try:
-        return probe_on_gpu(
-            bundle.model,
-            bundle.model_cfg,
-            torch.device("cuda", dist.local_rank),
-            train.global_batch_size // dist.world_size,
-            dist.world_size,
-            deepspeed_bf16(precision, train.zero_stage),
-            forward_autocast("cuda", uses_autocast(precision, train.zero_stage)),
-        )
-    except ValueError as exc:
-        raise StageError(str(exc)) from None
+    return probe_on_gpu(
+        bundle.model,
+        bundle.model_cfg,
+        torch.device("cuda", dist.local_rank),
+        train.global_batch_size // dist.world_size,
+        dist.world_size,
+        deepspeed_bf16(precision, train.zero_stage),
+        forward_autocast("cuda", uses_autocast(precision, train.zero_stage)),
+    )
 
 
 def _agreed(value: int, how: Callable) -> int:
@@ -352,20 +350,6 @@ def _agreed(value: int, how: Callable) -> int:
     values = [None] * torch_dist.get_world_size()
     torch_dist.all_gather_object(values, value)
     return how(values)
-
-
-def _build_model(config: Config) -> ClipBundle:
-    try:
-        return build_model(config.model)
-    except (ValueError, FileNotFoundError) as exc:
-        raise StageError(str(exc)) from None
-
-
-def _steps_per_epoch(files: train_data.SplitFiles, plan: BatchPlan) -> int:
-    try:
-        return train_data.steps_per_epoch(files.num_samples, plan.global_batch_size)
-    except ValueError as exc:
-        raise StageError(str(exc)) from None
 
 
 def _engine_and_checkpointer(
@@ -413,12 +397,9 @@ def _prefetch_factor(train: TrainConfig, bundle: ClipBundle) -> int:
         bundle.model_cfg["vision_cfg"]["image_size"],
         bundle.model_cfg["text_cfg"].get("context_length", 77),
     )
-    try:
-        return train_data.prefetch_factor(
-            chunk, train.num_workers, train.ranks_per_node, shutil.disk_usage("/dev/shm").free
-        )
-    except ValueError as exc:
-        raise StageError(str(exc)) from None
+    return train_data.prefetch_factor(
+        chunk, train.num_workers, train.ranks_per_node, shutil.disk_usage("/dev/shm").free
+    )
 
 
 def _validation_loader(
@@ -495,12 +476,9 @@ def _monitor(
 
 
 def _alert_monitor(config: Config, identity: str, dist: DistInfo) -> AlertMonitor:
-    try:
-        return AlertMonitor.from_environment(
-            config.alerts, identity, rank=dist.rank, local_rank=dist.local_rank
-        )
-    except ValueError as exc:  # a malformed CLIPFORGE_ALERT_WEBHOOKS entry (never echoed)
-        raise StageError(str(exc)) from None
+    return AlertMonitor.from_environment(
+        config.alerts, identity, rank=dist.rank, local_rank=dist.local_rank
+    )
 
 
 def _train(run: TrainingRun, parts: LoopParts) -> dict:

@@ -40,6 +40,7 @@ from clipforge.store.manifest import MANIFEST
 from clipforge.store.remote import RUN_RECORD_ENV, RunStore, tag_step
 from clipforge.train.checkpoint import Checkpointer
 from clipforge.train.faults import Faults, faults_from_env
+from clipforge.util import backoff_seconds, exception_summary
 
 log = logging.getLogger("clipforge.train")
 
@@ -170,8 +171,9 @@ class StoreSync:
             try:
                 self._pass()
             except Exception as exc:  # the store's trouble never reaches the training
-                backoff = min(
-                    max(backoff * 2, self.config.retry_backoff_seconds),
+                backoff = backoff_seconds(
+                    self._failures + 1,
+                    self.config.retry_backoff_seconds,
                     self.config.max_retry_backoff_seconds,
                 )
                 self._failed(exc, backoff)
@@ -233,9 +235,7 @@ class StoreSync:
 
     def _failed(self, exc: Exception, backoff: float) -> None:
         self._failures += 1
-        self._last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[
-            :300
-        ]
+        self._last_error = exception_summary(exc)
         log.warning(
             "run store %s: upload attempt %d failed (%s); next attempt in %gs, training goes on",
             self.store.url,

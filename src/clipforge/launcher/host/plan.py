@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from clipforge.util import backoff_seconds
+
 # Environment variables passed from the laptop to the run when set there; values are never written
 # to a file, a log or a command line. The alert webhooks are secrets; the faults
 # (clipforge.train.faults) let a failure path be tried on a real host; the run store's
@@ -75,7 +77,7 @@ class RestartPolicy:
 
     def delay_before(self, restart: int) -> float:
         """Seconds to wait before restart number `restart` (1-based)."""
-        return min(self.backoff_seconds * 2 ** (restart - 1), self.backoff_max_seconds)
+        return backoff_seconds(restart, self.backoff_seconds, self.backoff_max_seconds)
 
 
 @dataclass

@@ -21,6 +21,9 @@ import os
 import posixpath
 from dataclasses import dataclass
 
+# <root>'s name unless the user names one: in the SSH user's home, or on the stack's checkpoints
+# volume (the launcher's session), where `make down`'s guard looks for runs too (infra/).
+DEFAULT_ROOT = "clipforge-runs"
 CURRENT = "current"
 RUNS = "runs"
 NODE_PREFIX = "node-"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.supervisor import TERMINAL_STATES, read_json, supervisor_pid
+from clipforge.util import format_duration, steps_per_epoch, total_steps
 
 RECENT_ROWS = 10
 
@@ -90,13 +91,14 @@ def _tsv_rows(path: Path) -> list[dict]:
 
 
 def _steps_per_epoch(params: dict, manifest_path: Path) -> int | None:
-    """As clipforge.train.data.steps_per_epoch: full global batches of the training split."""
+    """Full global batches of the training split (clipforge.util.steps_per_epoch, as training)."""
     manifest = read_json(manifest_path)
     train = params.get("train") or {}
     if not manifest or not train.get("global_batch_size"):
         return None
     shards = manifest.get("splits", {}).get("train", {}).get("shards", [])
-    return sum(int(s["count"]) for s in shards) // int(train["global_batch_size"]) or None
+    num_samples = sum(int(s["count"]) for s in shards)
+    return steps_per_epoch(num_samples, int(train["global_batch_size"])) or None
 
 
 def _total_steps(params: dict, manifest_path: Path) -> int | None:
@@ -104,7 +106,11 @@ def _total_steps(params: dict, manifest_path: Path) -> int | None:
     if train.get("max_steps"):
         return int(train["max_steps"])
     per_epoch = _steps_per_epoch(params, manifest_path)
-    return per_epoch * int(train["epochs"]) if per_epoch and train.get("epochs") else None
+    return (
+        total_steps(None, int(train["epochs"]), per_epoch)
+        if per_epoch and train.get("epochs")
+        else None
+    )
 
 
 def _newest_json(paths) -> dict | None:
@@ -151,11 +157,11 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ("peak memory", f"{float(row['peak_mem_gb']):.1f} GB" if row.get("peak_mem_gb") else "-"),
         (
             "ETA",
-            _duration(seconds_per_step * (total - step))
+            format_duration(seconds_per_step * (total - step))
             if seconds_per_step and total and state.get("state") == "running"
             else "-",
         ),
-        ("elapsed", _duration(elapsed) if elapsed is not None else "-"),
+        ("elapsed", format_duration(elapsed) if elapsed is not None else "-"),
         ("restarts", f"{state.get('restarts', 0)}/{state.get('max_restarts', '?')}"),
         ("checkpoint", info.get("latest_checkpoint") or "none yet"),
     ]
@@ -187,7 +193,7 @@ def sync_text(sync: dict) -> str:
     step = sync.get("store_step")
     text = (
         f"{sync.get('store')}: step {step if step is not None else 'none yet'}, behind by "
-        f"{sync.get('lag_steps', 0)} steps / {_duration(sync.get('lag_seconds') or 0)}"
+        f"{sync.get('lag_steps', 0)} steps / {format_duration(sync.get('lag_seconds') or 0)}"
     )
     if sync.get("failures"):
         text += f", {sync['failures']} failed attempts ({sync.get('last_error')})"
@@ -248,13 +254,6 @@ def _median(values: list[float]) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
 def main(argv: list | None = None) -> int:

@@ -1,0 +1,80 @@
+"""Small helpers with one home each: retry back-off, an exception's first line, waiting for a
+server to answer, durations, and a run's step counts.
+
+Standard library only, and cheap to import: the GPU host side (clipforge.launcher.host) uses it
+under the host's own python3, and every stage imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def backoff_seconds(attempt: int, base_seconds: float, max_seconds: float | None = None) -> float:
+    """The wait before retry `attempt` (1-based) of exponential back-off: base, 2 base, 4 base...,
+    at most `max_seconds` when given."""
+    delay = base_seconds * 2 ** (attempt - 1)
+    return delay if max_seconds is None else min(delay, max_seconds)
+
+
+def first_line(exc: BaseException) -> str:
+    """The informative line of an exception's message: its first non-blank line, or the one after
+    a heading that ends in `:` (torch's loader errors start so); its type's name when it has no
+    message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return lines[1]
+    return lines[0] if lines else type(exc).__name__
+
+
+def exception_summary(exc: BaseException, max_chars: int = 300) -> str:
+    """`Type: first line`, at most `max_chars`: what a status file or a log line says of a
+    failure."""
+    line = first_line(exc)
+    text = type(exc).__name__ if line == type(exc).__name__ else f"{type(exc).__name__}: {line}"
+    return text[:max_chars]
+
+
+def wait_until_answering(
+    url: str,
+    timeout_seconds: float,
+    alive: Callable[[], bool] | None = None,
+    poll_seconds: float = 0.5,
+) -> bool:
+    """True once an HTTP GET of `url` answers; False after `timeout_seconds`, or at once when
+    `alive()` (the server's process) says it is gone.
+
+    Self-contained (its imports are inside): the launcher also runs its source on a GPU host,
+    whose run checkout may predate this module."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_seconds
+    while alive is None or alive():
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(poll_seconds)
+    return False
+
+
+def format_duration(seconds: float) -> str:
+    """`1h02m03s`, or `2m03s` under an hour; a negative duration is `0m00s`."""
+    seconds = int(max(0, seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def steps_per_epoch(num_samples: int, global_batch_size: int) -> int:
+    """Full global batches per epoch: the remainder of an epoch is dropped, as usual (0 when the
+    batch is larger than the data; the train stage refuses that)."""
+    return num_samples // global_batch_size
+
+
+def total_steps(max_steps: int | None, epochs: int, steps_per_epoch: int) -> int:
+    """The optimizer steps of a run: `train.max_steps` when set, else the epochs' steps."""
+    return max_steps or epochs * steps_per_epoch
