@@ -61,6 +61,18 @@ def wait_until_answering(
     return False
 
 
+def wait_script(url: str, timeout_seconds: float) -> str:
+    """A `python -c` program that waits as wait_until_answering does (exit 0: it answered, 1: not),
+    made of that function's own source: for a host whose checkout may predate this module."""
+    import inspect
+
+    return (
+        "from __future__ import annotations\n"
+        + inspect.getsource(wait_until_answering)
+        + f"raise SystemExit(0 if wait_until_answering({url!r}, {timeout_seconds!r}) else 1)\n"
+    )
+
+
 def format_duration(seconds: float) -> str:
     """`1h02m03s`, or `2m03s` under an hour; a negative duration is `0m00s`."""
     seconds = int(max(0, seconds))

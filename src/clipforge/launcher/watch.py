@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import posixpath
 import signal
@@ -28,7 +27,7 @@ from clipforge.launcher.session import (
     read_remote_json,
     remote_python,
 )
-from clipforge.util import wait_until_answering
+from clipforge.util import wait_script
 
 Say = Callable[[str], None]
 
@@ -179,13 +178,7 @@ def tensorboard(
 
 
 def _wait_http(host: Host, settings: Settings, port: int, timeout_seconds: int = 120) -> None:
-    # The helper's own source, not an import: the run's checkout on the host may predate it.
-    url = f"http://127.0.0.1:{port}/"
-    script = (
-        "from __future__ import annotations\n"
-        + inspect.getsource(wait_until_answering)
-        + f"raise SystemExit(0 if wait_until_answering({url!r}, {timeout_seconds}) else 1)\n"
-    )
+    script = wait_script(f"http://127.0.0.1:{port}/", timeout_seconds)
     run(host.cxn, f"{q(settings.python)} -c {q(script)}", what="waiting for TensorBoard to answer")
 
 
