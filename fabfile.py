@@ -216,9 +216,9 @@ def train(
     prepared = launch_mod.prepare(source, options, c.settings)
     chosen = launch_mod.select_nodes(specs, options, from_stack=stack is not None)
     hosts = [session.open_host(s, c.config, c.settings, stack, accept_new_host_key) for s in chosen]
-    run_id = launch_mod.launch(hosts, prepared, options, c.settings, stack, _say)
+    launch_id = launch_mod.launch(hosts, prepared, options, c.settings, stack, _say)
     _say(
-        f"started run {run_id} on {', '.join(h.label for h in hosts)}"
+        f"started run {launch_id} on {', '.join(h.label for h in hosts)}"
         + (" (smoke)" if smoke else "")
     )
     _say("watch it: fab status | fab logs --follow | fab tensorboard; stop it: fab stop")
@@ -226,7 +226,8 @@ def train(
 
 @all_hosts_task(
     help={
-        "run": "run id (default: the newest on the host)",
+        "run": "launch id (YYYYMMDD-HHMMSS-commit, as `fab train` printed it; default: the "
+        "newest on the host)",
         "price_per_gpu_hour": "for the cost (default: the stack's cost.price_per_gpu_hour)",
         "from_store": "read the run from the run store, not a host (the default with --run and "
         "no -H, when there is no stack or --store is given)",
@@ -234,7 +235,8 @@ def train(
     }
 )
 def status(c: Invocation, run=None, price_per_gpu_hour=None, from_store=False, store=None):
-    """Run id, state, step/total, loss, samples/s, ETA, elapsed, restarts, cost, sync lag."""
+    """Launch and run ids, state, step/total, loss, samples/s, ETA, elapsed, restarts, cost, sync
+    lag."""
     # no host to ask (none given, no stack), or a store named: the run as the store has it
     no_host = not c.hosts and run and (store or not c.settings.stack_outputs.exists())
     if from_store or no_host:
@@ -254,7 +256,7 @@ def status(c: Invocation, run=None, price_per_gpu_hour=None, from_store=False, s
 
 @all_hosts_task(
     help={
-        "run": "run id (default: the newest)",
+        "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)",
         "follow": "keep printing until the run ends",
         "lines": "lines of history to show first",
     }
@@ -267,7 +269,7 @@ def logs(c: Invocation, run=None, follow=False, lines=50):
 
 @all_hosts_task(
     help={
-        "run": "run id (default: the newest)",
+        "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)",
         "port": "local port of the forward",
         "from_store": "download the run's logs from the run store (into runs/RUN/logs) and serve "
         "them here",
@@ -286,7 +288,7 @@ def tensorboard(c: Invocation, run=None, port=6006, from_store=False, store=None
     watch.tensorboard(host, layout, c.settings, parse_count(port, "--port"), _say)
 
 
-@all_hosts_task(help={"run": "run id (default: the newest)"})
+@all_hosts_task(help={"run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)"})
 def stop(c: Invocation, run=None):
     """Graceful stop: every node checkpoints, then exits; the supervisor restarts nothing."""
     pairs, _ = _nodes(c, run)
@@ -295,7 +297,7 @@ def stop(c: Invocation, run=None):
 
 @all_hosts_task(
     help={
-        "run": "run id (default: the newest)",
+        "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)",
         "to": "local folder (default: runs/)",
         "push": "instead, `dvc push` the results from the host to the DVC remote",
         "from_store": "from the run store, not a host (the host may be gone)",
@@ -317,7 +319,7 @@ def fetch(c: Invocation, run=None, to="runs", push=False, from_store=False, stor
 @all_hosts_task(
     name="clean",
     help={
-        "run": "run id (default: the newest)",
+        "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)",
         "all_": "every run on the hosts",
         "force": "remove runs whose newest checkpoint the run store lacks (also FORCE=1)",
     },
@@ -326,7 +328,7 @@ def clean_(c: Invocation, run=None, all_=False, force=False):
     """Remove finished or stopped runs from the hosts (never a running one, nor, without
     --force, one whose newest checkpoint its run store does not hold)."""
     hosts, _ = session.open_hosts(c.hosts, c.config, c.settings)
-    chosen = [(h, watch.all_runs(h) if all_ else [session.run_id_on(h, run)]) for h in hosts]
+    chosen = [(h, watch.all_runs(h) if all_ else [session.launch_id_on(h, run)]) for h in hosts]
     if not (force or os.environ.get("FORCE") == "1"):
         unstored = [
             problem

@@ -54,8 +54,8 @@ class StoredCheckpoint:
     """The newest checkpoint of one training run on a worker (see stored_checkpoints)."""
 
     host: str
-    run: str
-    training_run: str
+    launch_id: str
+    run_id: str  # the training run (clipforge.ids)
     tag: str
     path: str
     retained: str | None  # the retained directory it lies under, if any
@@ -64,7 +64,7 @@ class StoredCheckpoint:
     store: str | None = None  # the run's store (storage.remote), if it has one
 
     def __str__(self) -> str:
-        return f"{self.host} run {self.run}: {self.training_run}/{self.tag} ({self.path})"
+        return f"{self.host} run {self.launch_id}: {self.run_id}/{self.tag} ({self.path})"
 
 
 class RemoteStore(Protocol):
@@ -132,7 +132,7 @@ def checkpoint_safety(checkpoint: StoredCheckpoint, remote: RemoteStore | None) 
         return Verdict(True, f"{checkpoint} is on retained storage ({checkpoint.retained})")
     not_stored = ""
     if checkpoint.store:
-        why = missing_from_store(checkpoint.store, checkpoint.training_run, checkpoint.tag)
+        why = missing_from_store(checkpoint.store, checkpoint.run_id, checkpoint.tag)
         if why is None:
             return Verdict(True, f"{checkpoint} is in the run store {checkpoint.store}")
         not_stored = f" and {why},"

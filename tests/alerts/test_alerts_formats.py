@@ -13,7 +13,8 @@ def make_alert(**overrides) -> Alert:
         rule="loss_spike",
         severity="warning",
         message="loss 9.1 is 4.0x its moving average",
-        run_id="vitb32-0412",
+        run_id="run-0123456789ab",
+        launch_id="20231114-221320-abcdef12",
         step=1200,
         time=1_700_000_000.0,
         host="node-3",
@@ -30,7 +31,8 @@ def test_feishu_text_message_shape():
     assert payload["msg_type"] == "text"
     assert set(payload["content"]) == {"text"}
     text = payload["content"]["text"]
-    for part in ("clipforge", "WARNING", "loss_spike", "vitb32-0412", "1200", "node-3", "4.0x"):
+    parts = ("clipforge", "WARNING", "loss_spike", "run-0123456789ab", "1200", "node-3", "4.0x")
+    for part in (*parts, "20231114-221320-abcdef12"):
         assert part in text
 
 
@@ -44,6 +46,10 @@ def test_slack_message_has_fallback_text_and_valid_blocks():
     section, context = payload["blocks"]
     assert section["text"]["type"] == "mrkdwn" and "CRITICAL" in section["text"]["text"]
     assert all(element["type"] == "mrkdwn" for element in context["elements"])
+    context_text = context["elements"][0]["text"]
+    assert (
+        "run-0123456789ab" in context_text and "launch `20231114-221320-abcdef12`" in context_text
+    )
 
 
 def test_slack_escapes_control_sequences():
@@ -55,12 +61,14 @@ def test_slack_escapes_control_sequences():
 
 
 def test_generic_json_fields():
-    """Generic JSON carries rule, severity, message, run_id, step and an ISO-8601 UTC time."""
+    """Generic JSON carries rule, severity, message, run_id and launch_id (each its own id), step
+    and an ISO-8601 UTC time."""
     payload = build_payload("generic", make_alert())
     assert payload["rule"] == "loss_spike"
     assert payload["severity"] == "warning"
     assert payload["message"].startswith("loss 9.1")
-    assert payload["run_id"] == "vitb32-0412"
+    assert payload["run_id"] == "run-0123456789ab"
+    assert payload["launch_id"] == "20231114-221320-abcdef12"
     assert payload["step"] == 1200
     assert payload["time"] == "2023-11-14T22:13:20Z"
 
@@ -84,3 +92,11 @@ def test_http_status_decides_for_slack_and_generic():
     assert accepted("slack", 200, b"ok")[0]
     assert accepted("generic", 204, b"")[0]
     assert not accepted("slack", 404, b"no_service")[0]
+
+
+def test_an_alert_without_a_launch_or_a_run_says_so():
+    """A stage run without `fab train` has no launch id; a launch that failed before training
+    saved anything has no run id: the field is null, and the text does not invent one."""
+    payload = build_payload("generic", make_alert(launch_id=None, run_id=None))
+    assert payload["launch_id"] is None and payload["run_id"] is None
+    assert "(run - step 1200 on node-3)" in make_alert(launch_id=None, run_id=None).summary()

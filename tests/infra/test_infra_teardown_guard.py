@@ -32,8 +32,8 @@ DVC = Path(sys.executable).with_name("dvc")
 def checkpoint(**changes) -> StoredCheckpoint:
     values = dict(
         host="w0",
-        run="20260101-000000-abcdef12",
-        training_run="run-0123456789ab",
+        launch_id="20260101-000000-abcdef12",
+        run_id="run-0123456789ab",
         tag="step-00000100",
         path="/scratch/x",
         retained=None,
@@ -107,7 +107,7 @@ def test_a_worker_lists_the_newest_checkpoint_of_each_run_with_its_real_place(tm
     entries = newest_checkpoints(
         [str(scratch), str(tmp_path / "elsewhere")], retained=[str(volume)]
     )
-    by_run = {e["run"]: e for e in entries}
+    by_run = {e["launch_id"]: e for e in entries}
     assert by_run["r1"]["path"] == str(on_volume) and by_run["r1"]["retained"] == str(volume)
     assert by_run["r2"]["tag"] == "step-00000050" and by_run["r2"]["retained"] is None
     assert set(by_run["r2"]["md5"]) == {"global_step/mp_rank_00_model_states.pt", "zero_to_fp32.py"}

@@ -41,7 +41,9 @@ def _options(**changes):
 
 def _node(rank=0, hosts=("a", "b")):
     return NodeContext(
-        layout=NodeLayout(root="/srv/runs-root", run_id="20260101-000000-abcdef12", node_rank=rank),
+        layout=NodeLayout(
+            root="/srv/runs-root", launch_id="20260101-000000-abcdef12", node_rank=rank
+        ),
         hosts=list(hosts),
         master_addr="10.0.0.1",
         host_python=PY,

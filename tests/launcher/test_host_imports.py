@@ -21,12 +21,13 @@ SRC = REPO / "src"
 HOST_PACKAGE = "clipforge.launcher.host"
 # Project modules the host side may use: its own package, the packages that contain it (they run
 # first on import), the user-error type (clipforge.errors), the atomic writes (clipforge.fsutil),
-# the small helpers (clipforge.util), and the alert delivery the supervisor shares with the stage (clipforge.alerts' events, config,
-# formats, targets, delivery).
+# the small helpers and the two ids (clipforge.util, clipforge.ids), and the alert delivery the
+# supervisor shares with the stage (clipforge.alerts' events, config, formats, targets, delivery).
 ALLOWED_PROJECT = (
     "clipforge",
     "clipforge.errors",
     "clipforge.fsutil",
+    "clipforge.ids",
     "clipforge.util",
     "clipforge.launcher",
     HOST_PACKAGE,

@@ -128,7 +128,7 @@ def test_bad_stack_outputs_say_what_is_wrong(tmp_path, content, message):
 def _info(**state):
     return {
         "record": {
-            "run_id": "r",
+            "launch_id": "20260101-000000-abcdef12",
             "commit": "c" * 40,
             "runtime": "host",
             "gpus_per_node": 4,
@@ -152,6 +152,7 @@ def _info(**state):
             "data_wait_share": "0.031",
             "peak_mem_gb": "61.2",
         },
+        "run_ids": ["run-0123456789ab"],
         "recent_step_seconds": [2.0, 2.0, 3.0],
         "total_steps": 1000,
         "steps_per_epoch": 500,
@@ -169,6 +170,15 @@ def test_status_costs_gpu_hours_at_the_price():
     assert rows["cost"].startswith("12.00 so far (8 GPUs") and "3.33 per epoch" in rows["cost"]
     assert rows["step"] == "250/1000 (epoch 0.50)" and rows["ETA"] == "25m00s"
     assert rows["elapsed"] == "1h00m00s" and rows["restarts"] == "1/5" and rows["loss"] == "3.2500"
+
+
+def test_status_names_the_launch_and_the_training_run_each_by_its_own_id():
+    """The launch id (fab train's) and the run id (the training run's, from its checkpoints) are
+    two rows, each under its name; `-` before the run has saved a checkpoint."""
+    rows = dict(summarize(_info(), None))
+    assert rows["launch"].startswith("20260101-000000-abcdef12 (commit cccccccccc, host runtime")
+    assert rows["run"] == "run-0123456789ab"
+    assert dict(summarize({**_info(), "run_ids": []}, None))["run"] == "-"
 
 
 def test_status_shows_the_runs_throughput_figures():

@@ -18,7 +18,7 @@ from tests.launcher.hostprocs import processes_under
 
 def _node(root: Path) -> NodeLayout:
     """The one node of a run under `root`; the phases' shell commands work in `root` itself."""
-    return NodeLayout(root=str(root), run_id="run", node_rank=0)
+    return NodeLayout(root=str(root), launch_id="run", node_rank=0)
 
 
 def _supervisor(command: str, root: Path, env: dict | None = None, **kwargs):
@@ -105,6 +105,8 @@ def test_the_same_rendezvous_error_twice_gives_up_at_once_with_an_alert(tmp_path
     assert "the same rendezvous error twice in a row" in state["reason"]
     alert = webhook.wait_for(1)[0].body
     assert "run_failed" in json.dumps(alert) and "connectFullMesh" in json.dumps(alert)
+    # the launch's id under its own name; no training run id, as none saved a checkpoint
+    assert (alert["launch_id"], alert["run_id"]) == ("run", None)
     assert "delivered" in _log(tmp_path)
 
 

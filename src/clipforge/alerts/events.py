@@ -59,7 +59,9 @@ class Alert:
     rule: str
     severity: str
     message: str
-    run_id: str
+    run_id: str | None
+    """The training run (`run-<sha12>`, clipforge.ids); None where not known (a launch that
+    failed before training started)."""
     step: int | None
     time: float
     """Unix time, seconds."""
@@ -68,6 +70,8 @@ class Alert:
     details: Mapping[str, object] = field(default_factory=dict)
     num_suppressed: int = 0
     """Alerts of the same rule and key held back by the rate limiter since the last one sent."""
+    launch_id: str | None = None
+    """The `fab train` launch (`YYYYMMDD-HHMMSS-commit`); None for a run started without it."""
 
     @property
     def iso_time(self) -> str:
@@ -76,7 +80,8 @@ class Alert:
     def summary(self) -> str:
         """One line for humans: chat messages, the run log, TensorBoard."""
         step = "-" if self.step is None else str(self.step)
-        where = f"run {self.run_id} step {step} on {self.host}"
+        launch = f" (launch {self.launch_id})" if self.launch_id else ""
+        where = f"run {self.run_id or '-'}{launch} step {step} on {self.host}"
         # The "clipforge" prefix doubles as the keyword a Feishu bot's keyword filter can require.
         line = f"[clipforge] {self.severity.upper()} {self.rule} ({where}): {self.message}"
         if self.num_suppressed:

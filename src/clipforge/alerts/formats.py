@@ -41,7 +41,11 @@ def feishu_payload(alert: Alert) -> dict[str, object]:
 def slack_payload(alert: Alert) -> dict[str, object]:
     step = "-" if alert.step is None else str(alert.step)
     headline = f"{_SLACK_EMOJI[alert.severity]} *{alert.severity.upper()}* `{alert.rule}`"
-    context = f"run `{_slack_escape(alert.run_id)}` · step {step} · {_slack_escape(alert.host)}"
+    launch = f" · launch `{_slack_escape(alert.launch_id)}`" if alert.launch_id else ""
+    context = (
+        f"run `{_slack_escape(alert.run_id or '-')}`{launch} · step {step} · "
+        f"{_slack_escape(alert.host)}"
+    )
     body = _slack_escape(alert.message)
     if alert.num_suppressed:
         body += f"\n_{alert.num_suppressed} similar alert(s) held back by the rate limit_"
@@ -60,6 +64,7 @@ def generic_payload(alert: Alert) -> dict[str, object]:
         "severity": alert.severity,
         "message": alert.message,
         "run_id": alert.run_id,
+        "launch_id": alert.launch_id,
         "step": alert.step,
         "time": alert.iso_time,
         "host": alert.host,

@@ -48,9 +48,11 @@ class AlertMonitor:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         open_gpu_reader: Callable[[], GpuReader | str] = open_nvml,
+        launch_id: str | None = None,
     ) -> None:
         self.config = config
         self.run_id = run_id
+        self.launch_id = launch_id
         self.watches_run = rank == 0
         self.watches_gpus = local_rank == 0
         self._targets = tuple(targets)
@@ -97,7 +99,10 @@ class AlertMonitor:
 
     def __repr__(self) -> str:
         labels = ", ".join(t.label for t in self._targets) or "none"
-        return f"AlertMonitor(run_id={self.run_id!r}, targets=[{labels}])"
+        return (
+            f"AlertMonitor(run_id={self.run_id!r}, launch_id={self.launch_id!r}, "
+            f"targets=[{labels}])"
+        )
 
     # -- lifecycle of the monitor ------------------------------------------------------------
 
@@ -332,6 +337,7 @@ class AlertMonitor:
             severity=finding.severity,
             message=redact(finding.message, self._targets)[:_MAX_MESSAGE_CHARS],
             run_id=self.run_id,
+            launch_id=self.launch_id,
             step=step,
             time=self._wall_clock(),
             host=self._host,

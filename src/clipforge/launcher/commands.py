@@ -138,9 +138,9 @@ class DockerSpec:
     secrets_on_stdin: bool = False
 
 
-def container_prefix(run_id: str) -> str:
+def container_prefix(launch_id: str) -> str:
     """Every container of a run is named with this prefix."""
-    return f"clipforge-{run_id}-"
+    return f"clipforge-{launch_id}-"
 
 
 def run_container(image: str, layout: NodeLayout, what: str, **spec) -> DockerSpec:
@@ -148,7 +148,7 @@ def run_container(image: str, layout: NodeLayout, what: str, **spec) -> DockerSp
     the same path, the checkout as working directory, the node's own HOME."""
     return DockerSpec(
         image=image,
-        name=container_prefix(layout.run_id) + what,
+        name=container_prefix(layout.launch_id) + what,
         run_dir=layout.run_dir,
         workdir=layout.code,
         home=layout.home,

@@ -39,8 +39,8 @@ def _node_files(layout: NodeLayout) -> tuple[str, ...]:
 def fetch(
     nodes: list[tuple[Host, NodeLayout]], destination: Path, say: Callable[[str], None]
 ) -> Path:
-    run_id = nodes[0][1].run_id
-    target = destination / run_id
+    launch_id = nodes[0][1].launch_id
+    target = destination / launch_id
     with replace_dir_atomically(target) as tmp:
         for host, layout in nodes:
             picks = [
@@ -51,8 +51,8 @@ def fetch(
                 picks += [(layout.output(name), name) for name in RESULTS]
             _copy_home(host, picks, tmp)
         if not (tmp / "metrics").is_dir():
-            say(f"note: no metrics yet for {run_id} (the run has not logged a step)")
-    say(f"fetched {run_id} into {target}")
+            say(f"note: no metrics yet for {launch_id} (the run has not logged a step)")
+    say(f"fetched {launch_id} into {target}")
     return target
 
 

@@ -59,7 +59,8 @@ def show_status(remote: str | None, launch_id: str | None, say: Say) -> None:
     row = _last_row(store)
     updated = status.get("updated_at")
     rows = [
-        ("run", f"{launch_id} (commit {str(launch.get('commit'))[:10]}, {store.url})"),
+        ("launch", f"{launch_id} (commit {str(launch.get('commit'))[:10]}, {store.url})"),
+        ("run", store.run_id),
         (
             "state",
             f"{status.get('state', 'unknown')} on {status.get('host', '?')}"
@@ -115,8 +116,8 @@ def tensorboard(
         server.wait()
 
 
-def unstored_checkpoints(host: Host, settings: Settings, run_ids: list[str]) -> list[str]:
-    """The newest checkpoints of the runs `run_ids` on the host that their run store does not
+def unstored_checkpoints(host: Host, settings: Settings, launch_ids: list[str]) -> list[str]:
+    """The newest checkpoints of the launches `launch_ids` on the host that their run store does not
     hold whole (none for a run without a store), each with its run and why; one listing of the
     host's checkpoints for all of them."""
     script = Path(stored_checkpoints.__file__).read_text(encoding="utf-8")
@@ -127,11 +128,11 @@ def unstored_checkpoints(host: Host, settings: Settings, run_ids: list[str]) -> 
     )
     problems = []
     for entry in json.loads(listed.stdout):
-        if entry["run"] in run_ids and entry.get("store"):
-            why = missing_from_store(entry["store"], entry["training_run"], entry["tag"])
+        if entry["launch_id"] in launch_ids and entry.get("store"):
+            why = missing_from_store(entry["store"], entry["run_id"], entry["tag"])
             if why:
                 problems.append(
-                    f"{host.label} run {entry['run']}: {entry['training_run']}/{entry['tag']} {why}"
+                    f"{host.label} run {entry['launch_id']}: {entry['run_id']}/{entry['tag']} {why}"
                 )
     return problems
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from clipforge.ids import new_launch_id
 from clipforge.image_env import ImageEnvError, parse_image_env
 from clipforge.launcher import LauncherError, from_store, network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
@@ -124,10 +125,6 @@ def check_spec(
     )
 
 
-def new_run_id(commit: str) -> str:
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{commit[:8]}"
-
-
 def launch(
     hosts: list[Host],
     prepared: Prepared,
@@ -135,9 +132,10 @@ def launch(
     settings: Settings,
     stack: StackOutputs | None,
     say: Callable[[str], None],
-    run_id: str | None = None,
+    launch_id: str | None = None,
 ) -> str:
-    """Preflight, ship, start; returns the run id (a new one, or `run_id`: a run moved here).
+    """Preflight, ship, start; returns the launch id (a new one, or `launch_id`: a run moved
+    here).
     Raises LauncherError with nothing left running."""
     results = [
         preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack))
@@ -158,8 +156,10 @@ def launch(
         raise LauncherError(f"{mismatch}; nothing was started")
     for host in hosts:
         _record_run_root(host)
-    run_id = run_id or new_run_id(prepared.source.commit)
-    layouts = [NodeLayout(root=h.root, run_id=run_id, node_rank=i) for i, h in enumerate(hosts)]
+    launch_id = launch_id or new_launch_id(prepared.source.commit)
+    layouts = [
+        NodeLayout(root=h.root, launch_id=launch_id, node_rank=i) for i, h in enumerate(hosts)
+    ]
     policy = RestartPolicy(
         max_restarts=options.max_restarts,
         backoff_seconds=settings.backoff_seconds,
@@ -204,14 +204,14 @@ def launch(
             started.append((host, layout))
             probe(
                 host.cxn,
-                f"echo {q(run_id)} > {q(current_marker(host.root))}.tmp && "
+                f"echo {q(launch_id)} > {q(current_marker(host.root))}.tmp && "
                 f"mv {q(current_marker(host.root))}.tmp {q(current_marker(host.root))}",
             )
     except BaseException:
         for host, layout in started:
             probe(host.cxn, remote_python(settings, layout, "supervisor", "stop", layout.node_dir))
         raise
-    return run_id
+    return launch_id
 
 
 def launched_by() -> str:
@@ -262,7 +262,7 @@ def _write_run_files(
     user: str | None,
 ) -> None:
     record = {
-        "run_id": layout.run_id,
+        "launch_id": layout.launch_id,  # the training run's id is the stage's (clipforge.ids)
         "commit": prepared.source.commit,
         "dirty_paths_not_shipped": prepared.source.dirty,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -344,7 +344,7 @@ def resume(
         state = read_remote_json(host, layout.state) or {}
         if state.get("state") == "finished":
             raise LauncherError(
-                f"{host.label}: run {layout.run_id} has finished; nothing to resume"
+                f"{host.label}: run {layout.launch_id} has finished; nothing to resume"
             )
         commit = (read_remote_json(host, layout.record) or {}).get("commit")
         # safe.directory: with the docker runtime the checkout belongs to the container's user
@@ -359,12 +359,12 @@ def resume(
                 f"nothing was started"
             )
     for host, layout in zip(hosts, layouts):
-        say(f"{host.label}: resuming {layout.run_id} node {layout.node_rank}")
+        say(f"{host.label}: resuming {layout.launch_id} node {layout.node_rank}")
         start_supervisor(host, layout, settings)
 
 
-def has_run(host: Host, run_id: str) -> bool:
-    return probe(host.cxn, f"test -d {q(posixpath.join(host.root, 'runs', run_id))}").ok
+def has_run(host: Host, launch_id: str) -> bool:
+    return probe(host.cxn, f"test -d {q(posixpath.join(host.root, 'runs', launch_id))}").ok
 
 
 def default_store(start: Path) -> str | None:
@@ -378,7 +378,7 @@ def default_store(start: Path) -> str | None:
 
 def move(
     hosts: list[Host],
-    run_id: str,
+    launch_id: str,
     remote: str | None,
     settings: Settings,
     stack: StackOutputs | None,
@@ -387,8 +387,8 @@ def move(
     """`fab train --resume RUN` on hosts that never saw the run: its launch as the run store
     keeps it (launches/RUN.json), started again there under the same id, from the same commit
     and options. The train stage finds no local checkpoint and resumes from the store's."""
-    say(f"run {run_id} is not on {', '.join(h.label for h in hosts)}: looking in the run store")
-    _, record = from_store.open_run(remote, run_id)
+    say(f"run {launch_id} is not on {', '.join(h.label for h in hosts)}: looking in the run store")
+    _, record = from_store.open_run(remote, launch_id)
     options = TrainOptions(
         gpus=record["gpus_per_node"],
         nodes=record["num_nodes"],
@@ -401,12 +401,12 @@ def move(
     )
     if len(hosts) != options.nodes:
         raise LauncherError(
-            f"run {run_id} trains on {options.nodes} node(s): give as many hosts in -H, got "
+            f"run {launch_id} trains on {options.nodes} node(s): give as many hosts in -H, got "
             f"{len(hosts)}"
         )
     prepared = prepare(source_at(Path.cwd(), record["commit"]), options, settings)
     say(
-        f"moving run {run_id} there from {remote} (commit {record['commit'][:10]}, last on "
+        f"moving run {launch_id} there from {remote} (commit {record['commit'][:10]}, last on "
         f"{record.get('host')})"
     )
-    launch(hosts, prepared, options, settings, stack, say, run_id=run_id)
+    launch(hosts, prepared, options, settings, stack, say, launch_id=launch_id)

@@ -143,8 +143,8 @@ def open_hosts(
     return [open_host(s, config, settings, stack, accept_new_host_key) for s in specs], stack
 
 
-def run_id_on(host: Host, requested: str | None) -> str:
-    """--run when given, else the newest run launched on this host."""
+def launch_id_on(host: Host, requested: str | None) -> str:
+    """--run (a launch id) when given, else the newest launch on this host."""
     if requested:
         if not probe(host.cxn, f"test -d {q(posixpath.join(host.root, 'runs', requested))}").ok:
             raise LauncherError(
@@ -160,11 +160,11 @@ def run_id_on(host: Host, requested: str | None) -> str:
 
 def node_layout(host: Host, index: int, requested_run: str | None) -> NodeLayout:
     """The node of the run that lives on this host: its position among the hosts is its rank."""
-    run_id = run_id_on(host, requested_run)
-    layout = NodeLayout(root=host.root, run_id=run_id, node_rank=index)
+    launch_id = launch_id_on(host, requested_run)
+    layout = NodeLayout(root=host.root, launch_id=launch_id, node_rank=index)
     if not probe(host.cxn, f"test -d {q(layout.node_dir)}").ok:
         raise LauncherError(
-            f"{host.label}: run {run_id} has no node {index} here (the hosts, in "
+            f"{host.label}: run {launch_id} has no node {index} here (the hosts, in "
             f"order, must be those it was launched on)"
         )
     return layout

@@ -49,7 +49,7 @@ def show_status(
         if index == 0:
             rows = status_mod.summarize(info, price)
             width = max(len(k) for k, _ in rows)
-            say(f"{host.label}  run {layout.run_id}")
+            say(f"{host.label}  launch {layout.launch_id}")
             for key, value in rows:
                 say(f"  {key:<{width}}  {value}")
         else:
@@ -84,7 +84,7 @@ def show_logs(
         say(result.stdout.rstrip("\n"))
     if follow:
         state = infos[0]["state"].get("state")
-        say(f"(run {nodes[0][1].run_id} is {state}: nothing more to follow)")
+        say(f"(run {nodes[0][1].launch_id} is {state}: nothing more to follow)")
 
 
 def _follow(host: Host, layout: NodeLayout, info: dict, lines: int, tag: bool) -> None:
@@ -103,7 +103,7 @@ def stop(nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say) -> 
     for host, layout in nodes:
         state = read_remote_json(host, layout.state) or {}
         if state.get("state") in supervisor.TERMINAL_STATES:
-            say(f"{host.label}: run {layout.run_id} already {state['state']}")
+            say(f"{host.label}: run {layout.launch_id} already {state['state']}")
             continue
         run(
             host.cxn,
@@ -132,7 +132,7 @@ def stop(nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say) -> 
             f"{checkpoint or 'none (stopped before the first training step)'}"
         )
     if nodes:
-        say(f"resume with: fab train --resume {nodes[0][1].run_id}")
+        say(f"resume with: fab train --resume {nodes[0][1].launch_id}")
 
 
 def tensorboard(
@@ -170,7 +170,7 @@ def tensorboard(
         _wait_http(host, settings, remote_port)
         with host.cxn.forward_local(local_port, remote_port=remote_port, remote_host="127.0.0.1"):
             say(
-                f"TensorBoard for {layout.run_id}: http://127.0.0.1:{local_port}/  (Ctrl-C to stop)"
+                f"TensorBoard for {layout.launch_id}: http://127.0.0.1:{local_port}/  (Ctrl-C to stop)"
             )
             _block_until_interrupted()
     finally:
@@ -196,10 +196,10 @@ def _block_until_interrupted() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def clean(host: Host, settings: Settings, run_ids: list[str], say: Say) -> None:
+def clean(host: Host, settings: Settings, launch_ids: list[str], say: Say) -> None:
     """Remove runs from the host (code, checkpoints, logs); never a running one."""
-    for run_id in run_ids:
-        run_dir = posixpath.join(runs_dir(host.root), run_id)
+    for launch_id in launch_ids:
+        run_dir = posixpath.join(runs_dir(host.root), launch_id)
         nodes = probe(host.cxn, f"ls -d {q(run_dir)}/{NODE_PREFIX}* 2>/dev/null").stdout.split()
         for node_dir in nodes:
             layout = NodeLayout.of_node_dir(node_dir)
@@ -214,17 +214,19 @@ def clean(host: Host, settings: Settings, run_ids: list[str], say: Say) -> None:
                 ).ok
             ):
                 raise LauncherError(
-                    f"{host.label}: run {run_id} is running; `fab stop --run {run_id}` first"
+                    f"{host.label}: run {launch_id} is running; `fab stop --run {launch_id}` first"
                 )
         probe(
             host.cxn,
             f"command -v docker >/dev/null && docker ps -aq --filter "
-            f"name={q(container_prefix(run_id))} | xargs -r docker rm --force",
+            f"name={q(container_prefix(launch_id))} | xargs -r docker rm --force",
         )
         run(host.cxn, f"rm -rf {q(run_dir)}", what=f"removing {run_dir}")
         marker = current_marker(host.root)
-        probe(host.cxn, f'[ "$(cat {q(marker)} 2>/dev/null)" = {q(run_id)} ] && rm -f {q(marker)}')
-        say(f"{host.label}: removed run {run_id}")
+        probe(
+            host.cxn, f'[ "$(cat {q(marker)} 2>/dev/null)" = {q(launch_id)} ] && rm -f {q(marker)}'
+        )
+        say(f"{host.label}: removed run {launch_id}")
 
 
 def all_runs(host: Host) -> list[str]:

@@ -24,6 +24,7 @@ from clipforge.alerts.monitor import AlertMonitor
 from clipforge.cli import StageError
 from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan
 from clipforge.fsutil import atomic_write_text
+from clipforge.ids import launch_id_of
 from clipforge.model import ClipBundle, build_model
 from clipforge.train import data as train_data
 from clipforge.train import recovery, samples
@@ -49,7 +50,7 @@ from clipforge.train.loss import make_clip_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
 from clipforge.train.monitor import PerfMeter, TrainMonitor, run_label
 from clipforge.train.optim import WarmupCosine
-from clipforge.train.sync import StoreSync, open_store, start_store_sync
+from clipforge.train.sync import StoreSync, launch_record, open_store, start_store_sync
 from clipforge.train.validation import validation_metrics
 
 log = logging.getLogger("clipforge.train")
@@ -476,8 +477,14 @@ def _monitor(
 
 
 def _alert_monitor(config: Config, identity: str, dist: DistInfo) -> AlertMonitor:
+    """Alerts name the training run and, when `fab train` started it, the launch."""
+    launch = launch_record()
     return AlertMonitor.from_environment(
-        config.alerts, identity, rank=dist.rank, local_rank=dist.local_rank
+        config.alerts,
+        identity,
+        rank=dist.rank,
+        local_rank=dist.local_rank,
+        launch_id=launch_id_of(launch) if launch else None,
     )
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.config import Config
 from clipforge.fsutil import atomic_write_text
+from clipforge.ids import launch_id_of
 from clipforge.store.config import StorageConfig
 from clipforge.store.manifest import MANIFEST
 from clipforge.store.remote import RUN_RECORD_ENV, RunStore, tag_step
@@ -205,7 +206,7 @@ class StoreSync:
             self._upload_files(self.logs)
             self.store.write_json("record.json", self.record)
             if self.record.get("launch"):
-                self.store.write_launch(self.record["launch"]["run_id"], self.record["launch"])
+                self.store.write_launch(launch_id_of(self.record["launch"]), self.record["launch"])
             self.store.write_json("status.json", self._status())
             self._logs_due_at = self.clock() + 60 * self.config.sync_logs_every_minutes
         if final is not None:
@@ -338,7 +339,7 @@ def start_store_sync(
         "host": socket.gethostname(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "start_step": start_step,
-        "launch": _launch_record(),
+        "launch": launch_record(),
     }
     sync = StoreSync(store, checkpointer, config.storage, alerts, logs, record, faults_from_env())
     return sync.start()
@@ -360,7 +361,7 @@ def _restore_curves(store: RunStore, logs: list[Mirrored]) -> None:
         log.warning("run store %s: could not fetch the run's curves (%s)", store.url, exc)
 
 
-def _launch_record() -> dict | None:
+def launch_record() -> dict | None:
     """The record `fab train` wrote for this launch (CLIPFORGE_RUN_RECORD), if any."""
     path = os.environ.get(RUN_RECORD_ENV)
     if not path:

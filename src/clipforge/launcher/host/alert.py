@@ -17,8 +17,9 @@ from clipforge.alerts.events import Alert
 from clipforge.alerts.targets import load_targets, redact
 
 
-def send_run_failed(message: str, run_id: str) -> str:
-    """Deliver a `run_failed` alert to every configured webhook; one line saying how it went."""
+def send_run_failed(message: str, launch_id: str, run_id: str | None) -> str:
+    """Deliver a `run_failed` alert to every configured webhook; one line saying how it went.
+    `run_id`: the training run's, when its checkpoints tell it (None before it saved any)."""
     try:
         targets = load_targets(os.environ)
     except ValueError as exc:
@@ -37,6 +38,7 @@ def send_run_failed(message: str, run_id: str) -> str:
             severity="critical",
             message=redact(message, targets),
             run_id=run_id,
+            launch_id=launch_id,
             step=None,
             time=time.time(),
             host=socket.gethostname(),

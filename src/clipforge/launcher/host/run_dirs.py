@@ -32,26 +32,26 @@ NODE_PREFIX = "node-"
 @dataclass(frozen=True)
 class NodeLayout:
     root: str  # absolute path on the host
-    run_id: str
+    launch_id: str  # clipforge.ids: names the run directory
     node_rank: int
 
     @classmethod
     def of_node_dir(cls, node_dir: str) -> NodeLayout:
         """The layout whose node_dir this is; ValueError unless it reads <root>/runs/<run>/node-<rank>."""
         run_dir, node = posixpath.split(posixpath.normpath(node_dir))
-        runs_dir, run_id = posixpath.split(run_dir)
+        runs_dir, launch_id = posixpath.split(run_dir)
         root, runs = posixpath.split(runs_dir)
         rank = node[len(NODE_PREFIX) :]
-        if runs != RUNS or not run_id or not node.startswith(NODE_PREFIX) or not rank.isdigit():
+        if runs != RUNS or not launch_id or not node.startswith(NODE_PREFIX) or not rank.isdigit():
             raise ValueError(
                 f"{node_dir}: not a node directory of a run "
                 f"(<root>/{RUNS}/<run>/{NODE_PREFIX}<rank>)"
             )
-        return cls(root=root, run_id=run_id, node_rank=int(rank))
+        return cls(root=root, launch_id=launch_id, node_rank=int(rank))
 
     @property
     def run_dir(self) -> str:
-        return posixpath.join(runs_dir(self.root), self.run_id)
+        return posixpath.join(runs_dir(self.root), self.launch_id)
 
     @property
     def node_dir(self) -> str:

@@ -22,6 +22,7 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+from clipforge.ids import launch_id_of, run_ids_in
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.supervisor import TERMINAL_STATES, read_json, supervisor_pid
 from clipforge.util import format_duration, steps_per_epoch, total_steps
@@ -38,27 +39,30 @@ def collect(layout: NodeLayout) -> dict:
         state["state"] = "lost"  # the supervisor died without saying so (host reboot, kill -9)
     manifest = Path(layout.output("data/manifest.json"))
     checkpoints = Path(record.get("checkpoints_dir") or layout.output("checkpoints"))
-    own = {path.name for path in checkpoints.glob("run-*") if path.is_dir()}
+    own = set(run_ids_in(checkpoints))
     rows = [
         r for r in _tsv_rows(Path(layout.output("metrics/train.tsv"))) if r.get("run_id") in own
     ]
     return {
         "record": {
-            k: record.get(k)
-            for k in (
-                "run_id",
-                "commit",
-                "host",
-                "node_rank",
-                "num_nodes",
-                "gpus_per_node",
-                "runtime",
-                "smoke",
-                "image",
-                "created_at",
-                "executor",
-            )
+            "launch_id": launch_id_of(record),
+            **{
+                k: record.get(k)
+                for k in (
+                    "commit",
+                    "host",
+                    "node_rank",
+                    "num_nodes",
+                    "gpus_per_node",
+                    "runtime",
+                    "smoke",
+                    "image",
+                    "created_at",
+                    "executor",
+                )
+            },
         },
+        "run_ids": sorted(own),
         "state": state,
         "supervisor_alive": alive,
         "last_row": rows[-1] if rows else None,
@@ -140,10 +144,12 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
     gpus = (record.get("gpus_per_node") or 0) * (record.get("num_nodes") or 1)
     rows = [
         (
-            "run",
-            f"{record.get('run_id')} (commit {str(record.get('commit'))[:10]}, "
+            "launch",
+            f"{record.get('launch_id')} (commit {str(record.get('commit'))[:10]}, "
             f"{record.get('runtime')} runtime, {_gpus_text(record)})",
         ),
+        # the training run(s) of this launch, by the checkpoints it saved: none until the first
+        ("run", ", ".join(info.get("run_ids") or []) or "-"),
         ("state", _state_text(state, info)),
         (
             "step",

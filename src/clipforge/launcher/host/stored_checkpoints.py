@@ -58,15 +58,16 @@ def _record(run_dir: str) -> dict:
 
 
 def describe(
-    run: str, training_run_dir: str, retained: list[str], store: str | None = None
+    launch_id: str, training_run_dir: str, retained: list[str], store: str | None = None
 ) -> dict:
-    """The newest checkpoint of one training run: where it really is, and whether retained."""
+    """The newest checkpoint of one training run (`run_id`) of launch `launch_id`: where it
+    really is, and whether retained."""
     with open(os.path.join(training_run_dir, "latest"), encoding="utf-8") as f:
         tag = f.read().strip()
     path = os.path.realpath(os.path.join(training_run_dir, tag))
     entry = {
-        "run": run,
-        "training_run": os.path.basename(training_run_dir),
+        "launch_id": launch_id,
+        "run_id": os.path.basename(training_run_dir),
         "tag": tag,
         "path": path,
         "retained": None,

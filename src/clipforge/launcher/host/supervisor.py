@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from clipforge.fsutil import atomic_write_text
+from clipforge.ids import run_ids_in
 from clipforge.launcher.host.alert import send_run_failed
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
@@ -194,8 +195,16 @@ class Supervisor:
         )
         self._log(message)
         self._set(state="failed", child_pid=None, finished_at=time.time(), reason=why)
-        self._log(send_run_failed(message, self.layout.run_id))
+        self._log(send_run_failed(message, self.layout.launch_id, self._training_run_id()))
         return "failed"
+
+    def _training_run_id(self) -> str | None:
+        """The run id of the training run this launch ran, from its checkpoints (none: None)."""
+        found = {
+            *run_ids_in(self.layout.output("checkpoints")),
+            *run_ids_in(self.layout.shared_checkpoints),
+        }
+        return found.pop() if len(found) == 1 else None
 
     def _attempt_output(self) -> str:
         with open(self.layout.train_log, "rb") as log:
