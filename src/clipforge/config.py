@@ -29,6 +29,7 @@ import yaml
 from clipforge import util
 from clipforge.alerts.config import AlertsConfig
 from clipforge.fields import ConfigError, Section, knob
+from clipforge.recipes import RECIPES_DOC
 from clipforge.store.config import StorageConfig
 from clipforge.yamlfile import YamlFileError, load_yaml, read_yaml_file
 
@@ -362,13 +363,7 @@ class Config:
     """The resolved params. A config loaded for one stage holds the sections that stage reads; the
     others are None (and left out of to_dict and to_yaml)."""
 
-    recipe: str = knob(
-        "default",
-        "Preset of defaults: `default` (tiny, CPU, minutes), "
-        "`production` (ViT-B-32, LAION zh, ZeRO-1, 4 GPUs), `production-large` (ViT-bigG-14, "
-        "ZeRO-3), `production-zh-roberta` "
-        "or `production-xlm-roberta` (Chinese text towers); see clipforge/recipes.py.",
-    )
+    recipe: str = knob("default", RECIPES_DOC)  # each recipe's gist, read off the recipe
     data: DataConfig | None = field(default_factory=DataConfig)
     model: ModelConfig | None = field(default_factory=ModelConfig)
     train: TrainConfig | None = field(default_factory=TrainConfig)

@@ -88,3 +88,23 @@ RECIPES: dict[str, dict[str, dict]] = {
     # open_clip's multilingual config: XLM-RoBERTa base text tower (hub id `xlm-roberta-base`).
     "production-xlm-roberta": production_with_model(name="xlm-roberta-base-ViT-B-32"),
 }
+
+
+def summary(recipe: dict[str, dict]) -> str:
+    """What tells a recipe apart, read off the recipe itself: model, data, ZeRO stage, GPUs."""
+    if not recipe:
+        return "the embedded default: tiny, built-in data, CPU, minutes"
+    model, data, train = recipe["model"], recipe["data"], recipe["train"]
+    tower = f" + {model['text_tower']}" if model.get("text_tower") else ""
+    return (
+        f"{model['name']}{tower}, {data['source']} {data.get('language', '')}".rstrip()
+        + f", ZeRO-{train['zero_stage']}, {train['ranks_per_node']} GPUs"
+    )
+
+
+# The `recipe` knob's doc (clipforge.config), and so params.yaml's comment above `recipe:`.
+RECIPES_DOC = (
+    "Preset of defaults: "
+    + "; ".join(f"`{name}` ({summary(recipe)})" for name, recipe in RECIPES.items())
+    + "; see clipforge/recipes.py."
+)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 import yaml
 
 from clipforge.config import Config, ConfigError, batch_plan, field_docs, load_config
+from clipforge.recipes import RECIPES
 from tests.conftest import REPO, subprocess_env, write_params
 
 
@@ -25,17 +27,62 @@ def test_committed_params_file_loads_as_the_embedded_default():
     assert load_config(REPO / "params.yaml") == Config()
 
 
-def test_every_knob_is_in_params_yaml_with_a_comment():
-    """Each key of the typed config appears in params.yaml, preceded by a comment line."""
-    lines = (REPO / "params.yaml").read_text(encoding="utf-8").splitlines()
-    for dotted in field_docs():
-        name = dotted.split(".")[-1]
-        indent = "  " if "." in dotted else ""
-        index = next(
-            (i for i, line in enumerate(lines) if line.startswith(f"{indent}{name}:")), None
-        )
-        assert index is not None, f"{dotted} missing from params.yaml"
-        assert lines[index - 1].strip().startswith("#"), f"{dotted} has no comment above it"
+def _params_docs():
+    """scripts/params_section.py, the writer and checker of params.yaml's knob docs."""
+    spec = importlib.util.spec_from_file_location(
+        "params_section", REPO / "scripts" / "params_section.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_knob_is_in_params_yaml_under_its_doc():
+    """Each key of the typed config appears in its own section of params.yaml, with its doc in
+    the schema (fields, recipes) as the comment right above it: the docs have one source."""
+    text = (REPO / "params.yaml").read_text(encoding="utf-8")
+    assert _params_docs().doc_problems(text) == []
+    sections = {
+        name: set(values) for name, values in yaml.safe_load(text).items() if name != "recipe"
+    }
+    assert sections == {
+        name: {key.split(".", 1)[1] for key in field_docs() if key.startswith(f"{name}.")}
+        for name in sections
+    }
+
+
+@pytest.mark.parametrize(
+    ("removed", "problem"),
+    [
+        # a key whose name another section also has (train.keep_checkpoints, data.image_size)
+        (
+            "  # Checkpoints kept in the store per run (older ones are deleted there).\n"
+            "  keep_checkpoints: 2\n",
+            "storage.keep_checkpoints: missing from params.yaml",
+        ),
+        (
+            "  # Override the model's input image size (null: the model's own).\n",
+            "model.image_size: the comment above it is not its doc",
+        ),
+        ("`production` (ViT-B-32, laion-parquet zh, ZeRO-1", "recipe: the comment above it"),
+    ],
+)
+def test_the_doc_check_catches_a_deleted_key_or_doc_in_any_section(removed, problem):
+    """Deleting a knob (with its comment), only its comment, or a recipe's line of the `recipe`
+    doc is caught, whatever the section and however common the key's name."""
+    text = (REPO / "params.yaml").read_text(encoding="utf-8")
+    assert removed in text
+    problems = _params_docs().doc_problems(text.replace(removed, "", 1))
+    assert len(problems) == 1 and problems[0].startswith(problem)
+
+
+def test_the_recipe_doc_is_read_off_the_recipes():
+    """The `recipe` knob's doc names each recipe's ZeRO stage from the recipe itself, so it
+    cannot say ZeRO-3 where the recipe runs ZeRO-1."""
+    doc = field_docs()["recipe"]
+    for name, recipe in RECIPES.items():
+        expected = f"ZeRO-{recipe['train']['zero_stage']}" if recipe else "CPU"
+        assert f"`{name}` (" in doc and expected in doc.split(f"`{name}` (", 1)[1].split(")")[0]
 
 
 def test_unknown_key_names_the_key_and_lists_the_allowed_ones(tmp_path):
