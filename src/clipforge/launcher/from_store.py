@@ -71,7 +71,7 @@ def show_status(remote: str | None, launch_id: str | None, say: Say) -> None:
         ("run store", sync_text(status) if status else "no status written yet"),
     ]
     width = max(len(k) for k, _ in rows)
-    say(f"run store  run {launch_id}")
+    say(f"run store  launch {launch_id}")
     for key, value in rows:
         say(f"  {key:<{width}}  {value}")
 
