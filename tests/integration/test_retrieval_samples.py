@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from clipforge.train import samples
+from clipforge.train import retrieval_grid
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +43,10 @@ def test_every_validation_logs_a_grid_of_the_same_queries(reference_run, small_d
     events = _events(reference_run)
     grids = events.Images("samples/text_to_image")
     assert [g.step for g in grids] == [6, 12]
-    first = samples.CAPTION_PIXELS if samples.cjk_font() else samples.LABEL_PIXELS
-    cell = samples.THUMB_PIXELS + 2 * samples.FRAME_PIXELS
+    first = (
+        retrieval_grid.CAPTION_PIXELS if retrieval_grid.cjk_font() else retrieval_grid.LABEL_PIXELS
+    )
+    cell = retrieval_grid.THUMB_PIXELS + 2 * retrieval_grid.FRAME_PIXELS
     for grid in grids:
         image = Image.open(io.BytesIO(grid.encoded_image_string))
         assert image.size == (first + 5 * cell, 4 * cell)
@@ -59,13 +61,15 @@ def test_the_correct_images_are_framed_green_where_the_text_says_they_rank(refer
     events = _events(reference_run)
     grid = events.Images("samples/text_to_image")[-1]
     pixels = np.asarray(Image.open(io.BytesIO(grid.encoded_image_string)).convert("RGB"))
-    first = samples.CAPTION_PIXELS if samples.cjk_font() else samples.LABEL_PIXELS
-    cell = samples.THUMB_PIXELS + 2 * samples.FRAME_PIXELS
+    first = (
+        retrieval_grid.CAPTION_PIXELS if retrieval_grid.cjk_font() else retrieval_grid.LABEL_PIXELS
+    )
+    cell = retrieval_grid.THUMB_PIXELS + 2 * retrieval_grid.FRAME_PIXELS
     table = _text(events, "samples/text_to_image_queries", 12).splitlines()[2:]
     for row, line in enumerate(table):
         frames = [tuple(pixels[row * cell + 1, first + column * cell + 1]) for column in range(5)]
-        assert set(frames) <= {samples.CORRECT, samples.OTHER}, frames
-        green = [rank for rank, colour in enumerate(frames, 1) if colour == samples.CORRECT]
+        assert set(frames) <= {retrieval_grid.CORRECT, retrieval_grid.OTHER}, frames
+        green = [rank for rank, colour in enumerate(frames, 1) if colour == retrieval_grid.CORRECT]
         stated = line.split(" | ")[2].rstrip(" |")
         assert stated == (str(green[0]) if green else "not in the top 5"), (line, frames)
 
@@ -91,11 +95,11 @@ def gallery(small_data):
 
     bundle = build_model(ModelConfig(image_size=32))
     transform = uint8_transform(bundle.preprocess_val)[0]
-    return samples.load_gallery(small_data, transform, bundle.tokenizer)
+    return retrieval_grid.load_gallery(small_data, transform, bundle.tokenizer)
 
 
 def _frames(grid: np.ndarray, first: int) -> list[list[tuple]]:
-    cell = samples.THUMB_PIXELS + 2 * samples.FRAME_PIXELS
+    cell = retrieval_grid.THUMB_PIXELS + 2 * retrieval_grid.FRAME_PIXELS
     return [
         [tuple(grid[row * cell + 1, first + column * cell + 1]) for column in range(5)]
         for row in range(grid.shape[0] // cell)
@@ -107,11 +111,13 @@ def test_a_query_finding_its_own_image_has_it_framed_green_at_that_rank(gallery)
     the frame at row 1, column 2 is green, and the text gives rank 2 and `not in the top 5`."""
     others = [i for i, c in enumerate(gallery.captions) if c not in gallery.captions[:4]][:5]
     found = torch.tensor([[others[0], 0, *others[1:4]], others, others, others])
-    grid, texts = samples.render(gallery, found, found)
-    first = samples.CAPTION_PIXELS if samples.cjk_font() else samples.LABEL_PIXELS
+    grid, texts = retrieval_grid.render(gallery, found, found)
+    first = (
+        retrieval_grid.CAPTION_PIXELS if retrieval_grid.cjk_font() else retrieval_grid.LABEL_PIXELS
+    )
     frames = _frames(grid, first)
-    assert frames[0] == [samples.OTHER, samples.CORRECT, *[samples.OTHER] * 3]
-    assert all(colour == samples.OTHER for row in frames[1:] for colour in row)
+    assert frames[0] == [retrieval_grid.OTHER, retrieval_grid.CORRECT, *[retrieval_grid.OTHER] * 3]
+    assert all(colour == retrieval_grid.OTHER for row in frames[1:] for colour in row)
     table = texts["samples/text_to_image_queries"].splitlines()[2:]
     assert table[0].endswith("| 2 |") and table[1].endswith("| not in the top 5 |")
 
@@ -120,16 +126,18 @@ def test_the_caption_is_drawn_with_a_cjk_font_or_given_in_the_text(gallery, monk
     """With a CJK font (make test installs fonts-wqy-microhei) the caption cell of each row has
     ink; without one it holds the label q1... and is narrow, the captions being in the text."""
     found = torch.arange(5).repeat(4, 1)
-    if samples.cjk_font():
-        grid, _ = samples.render(gallery, found, found)
-        caption_cells = grid[:, : samples.CAPTION_PIXELS]
+    if retrieval_grid.cjk_font():
+        grid, _ = retrieval_grid.render(gallery, found, found)
+        caption_cells = grid[:, : retrieval_grid.CAPTION_PIXELS]
         assert (caption_cells < 128).any(axis=2).sum() > 200  # strokes of the characters
-    monkeypatch.setattr(samples, "CJK_FONTS", ())
-    samples.cjk_font.cache_clear()
+    monkeypatch.setattr(retrieval_grid, "CJK_FONTS", ())
+    retrieval_grid.cjk_font.cache_clear()
     try:
-        grid, texts = samples.render(gallery, found, found)
+        grid, texts = retrieval_grid.render(gallery, found, found)
     finally:
-        samples.cjk_font.cache_clear()
-    first = samples.LABEL_PIXELS
-    assert grid.shape[1] == first + 5 * (samples.THUMB_PIXELS + 2 * samples.FRAME_PIXELS)
+        retrieval_grid.cjk_font.cache_clear()
+    first = retrieval_grid.LABEL_PIXELS
+    assert grid.shape[1] == first + 5 * (
+        retrieval_grid.THUMB_PIXELS + 2 * retrieval_grid.FRAME_PIXELS
+    )
     assert gallery.captions[0] in texts["samples/text_to_image_queries"]

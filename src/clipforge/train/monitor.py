@@ -235,7 +235,7 @@ class TrainMonitor:
         )
 
     def retrieval_samples(self, step: int, grid, texts: dict[str, str]) -> None:
-        """What a few validation queries retrieve (clipforge.train.samples): a grid, texts."""
+        """What a few validation queries retrieve (clipforge.train.retrieval_grid): a grid, texts."""
         self.writer.add_image("samples/text_to_image", grid, step, dataformats="HWC")
         for tag, text in texts.items():
             self.writer.add_text(tag, text, step)

@@ -27,7 +27,7 @@ from clipforge.fsutil import atomic_write_text
 from clipforge.ids import launch_id_of
 from clipforge.model import ClipBundle, build_model
 from clipforge.train import data as train_data
-from clipforge.train import recovery, samples
+from clipforge.train import recovery, retrieval_grid
 from clipforge.train.checkpoint import Checkpointer, run_id
 from clipforge.train.dist import DistInfo, init_distributed, resolve_device
 from clipforge.train.ds_config import (
@@ -78,7 +78,7 @@ class TrainingRun:
     monitor: TrainMonitor | None  # rank 0 only
     alerts: AlertMonitor
     sync: StoreSync | None = None  # rank 0, with storage.remote set
-    gallery: samples.SampleGallery | None = None  # retrieval samples (None: no val split)
+    gallery: retrieval_grid.SampleGallery | None = None  # retrieval samples (None: no val split)
 
     @property
     def start_step(self) -> int:
@@ -129,9 +129,11 @@ class TrainingRun:
         if self.monitor and metrics:
             self.monitor.validation(step, metrics)
         if self.gallery is not None:  # every rank encodes it; rank 0 draws
-            found = samples.rankings(self.engine, self.gallery, self.to_device, self.autocast)
+            found = retrieval_grid.rankings(
+                self.engine, self.gallery, self.to_device, self.autocast
+            )
             if self.monitor:
-                self.monitor.retrieval_samples(step, *samples.render(self.gallery, *found))
+                self.monitor.retrieval_samples(step, *retrieval_grid.render(self.gallery, *found))
         return metrics.get("loss")
 
 
@@ -255,7 +257,7 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         else None,
         alerts=alerts,
         sync=sync,
-        gallery=samples.load_gallery(
+        gallery=retrieval_grid.load_gallery(
             paths["data"], train_data.uint8_transform(bundle.preprocess_val)[0], bundle.tokenizer
         ),
     )
