@@ -399,7 +399,7 @@ def _synthetic_micro_batches(profile: Profile, stepper: Stepper, bundle):
 def _timed(profile: Profile, stepper: Stepper, next_batches) -> dict:
     import torch
 
-    from clipforge.train.monitor import peak_memory_gb
+    from clipforge.train.reporting import peak_memory_gb
 
     for _ in range(profile.warmup_steps):
         stepper.step(next_batches())

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from clipforge.train.monitor import COLUMNS
+from clipforge.train.reporting import COLUMNS
 from tests.conftest import git
 from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args
 from tests.launcher.hostprocs import (

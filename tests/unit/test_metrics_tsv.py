@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clipforge.train.monitor import COLUMNS, TsvLog, run_label
+from clipforge.train.reporting import COLUMNS, TsvLog, run_label
 
 
 def _rows(path) -> list[tuple[str, str]]:

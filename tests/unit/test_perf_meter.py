@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clipforge.train.monitor import PerfMeter
+from clipforge.train.reporting import PerfMeter
 
 
 def test_interval_figures_come_from_step_times_and_reset_while_the_run_totals_go_on():

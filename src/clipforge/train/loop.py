@@ -22,7 +22,7 @@ from clipforge.config import BatchPlan, TrainConfig
 from clipforge.train.engine import clamp_logit_scale
 from clipforge.train.faults import Faults
 from clipforge.train.loss import contrastive_step
-from clipforge.train.monitor import PerfMeter
+from clipforge.train.reporting import PerfMeter
 from clipforge.train.validation import validation_due
 
 

@@ -48,8 +48,8 @@ from clipforge.train.flops import flops_per_sample, peak_flops
 from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip
 from clipforge.train.loss import make_clip_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
-from clipforge.train.monitor import PerfMeter, TrainMonitor, run_label
 from clipforge.train.optim import WarmupCosine
+from clipforge.train.reporting import PerfMeter, TrainMonitor, run_label
 from clipforge.train.sync import StoreSync, launch_record, open_store, start_store_sync
 from clipforge.train.validation import validation_metrics
 

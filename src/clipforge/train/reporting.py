@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.metrics.retrieval import METRIC_KEYS
+from clipforge.util import format_duration
 
 log = logging.getLogger("clipforge.train")
 
@@ -246,12 +247,9 @@ class TrainMonitor:
         self.writer.add_scalar("store/lag_seconds", lag_seconds, step)
 
     def eta(self, step: int) -> str:
-        done = step - self.start_step
-        if done <= 0:
-            return "?"
-        remaining = (time.monotonic() - self.started) / done * (self.total_steps - step)
-        minutes, seconds = divmod(int(remaining), 60)
-        return f"{minutes}m{seconds:02d}s"
+        """Time left at this run's pace (`step` follows at least one step of this process)."""
+        per_step = (time.monotonic() - self.started) / (step - self.start_step)
+        return format_duration(per_step * (self.total_steps - step))
 
     def close(self) -> None:
         self.writer.close()
