@@ -139,10 +139,6 @@ class StackSettings:
     def total_gpus(self) -> int:
         return self.workers.num_workers * self.workers.gpus_per_worker
 
-    @property
-    def price_per_hour(self) -> Decimal:
-        return self.price_per_gpu_hour * self.total_gpus
-
 
 def parse_settings(
     raw: Mapping[str, str | None], secret_keys: frozenset[str] | set[str]

@@ -16,8 +16,6 @@ from typing import Any
 
 from clipforge.launcher import LauncherError
 
-DEFAULT_PATH = Path("infra/stack-outputs.json")
-
 
 @dataclass(frozen=True)
 class StackOutputs:
