@@ -164,6 +164,8 @@ def test_the_store_keeps_the_last_checkpoints_and_the_curves_of_both_hosts(moved
     assert fs.exists(f"{run_url}/models/clip/open_clip_model.safetensors")
     status = json.loads(fs.cat_file(f"{run_url}/status.json"))
     assert status["state"] == "finished" and status["store_step"] == 12
+    # the training run's id; no launch id, as no `fab train` started these stages
+    assert status["run_id"] == run_url.rsplit("/", 1)[-1] and status["launch_id"] is None
 
 
 def test_nothing_a_run_writes_holds_the_store_credentials(moved_run):

@@ -278,6 +278,7 @@ class StoreSync:
         lag = self.lag()
         return {
             "run_id": self.store.run_id,
+            "launch_id": self.record.get("launch_id"),
             "state": self.state,
             "host": socket.gethostname(),
             "updated_at": time.time(),
@@ -333,13 +334,15 @@ def start_store_sync(
     ]
     if start_step:
         _restore_curves(store, logs)
+    launch = launch_record()
     record = {
         "run_id": store.run_id,
+        "launch_id": launch_id_of(launch) if launch else None,  # clipforge.ids: the two ids
         "config": config.to_dict(),
         "host": socket.gethostname(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "start_step": start_step,
-        "launch": launch_record(),
+        "launch": launch,
     }
     sync = StoreSync(store, checkpointer, config.storage, alerts, logs, record, faults_from_env())
     return sync.start()
