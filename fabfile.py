@@ -24,6 +24,7 @@ from pathlib import Path
 from fabric import Config, Connection, task
 from invoke import Collection, Exit, Task
 
+from clipforge.errors import UserError
 from clipforge.launcher import LauncherError, preflight, session, watch
 from clipforge.launcher import fetch as fetch_mod
 from clipforge.launcher import from_store as from_store_mod
@@ -63,7 +64,8 @@ class Invocation:
 
 
 def all_hosts_task(name: str | None = None, **task_options):
-    """A task acting on all its hosts at once; a LauncherError ends it with one line and exit 1.
+    """A task acting on all its hosts at once; a user error (clipforge.errors.UserError, such as
+    LauncherError) ends it with one line and exit 1.
 
     With -H, Fabric calls a task once per host, with a Connection to that host. A multi-node
     launch needs the hosts together (and every node preflighted before any starts), so these
@@ -85,7 +87,7 @@ def all_hosts_task(name: str | None = None, **task_options):
             noted.clear()
             try:
                 body(Invocation(c.config, settings_from(c.config), hosts), **options)
-            except LauncherError as exc:
+            except UserError as exc:  # LauncherError, and any other the user can fix
                 raise Exit(f"fab {name or body.__name__}: error: {exc}", code=1) from None
 
         return task(note_host, name=name, post=[Task(act_on_all_hosts)], **task_options)
