@@ -145,7 +145,8 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
     rows = [
         (
             "launch",
-            f"{record.get('launch_id')} (commit {str(record.get('commit'))[:10]}, "
+            # launch_id_of: the host's status of a run launched by older code says `run_id`
+            f"{launch_id_of(record)} (commit {str(record.get('commit'))[:10]}, "
             f"{record.get('runtime')} runtime, {_gpus_text(record)})",
         ),
         # the training run(s) of this launch, by the checkpoints it saved: none until the first
