@@ -22,6 +22,7 @@ through shared memory, pinned memory and the PCIe link.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import io
 import itertools
 import json
@@ -179,19 +180,57 @@ def uint8_transform(preprocess: Callable) -> tuple[Callable, list[float], list[f
 
 class DeviceBatches:
     """Chunks of uint8 pixels -> a micro-batch on the device, normalised as torchvision's
-    ToTensor + Normalize would (the same operations, in the same order), cast to `dtype`."""
+    ToTensor + Normalize would (the same operations, in the same order), cast to `dtype`.
+
+    On a GPU the host-to-device copies run on a side stream: queued on the compute stream they
+    would wait behind the previous step's backward and optimizer step, which the host has not
+    waited for; on their own stream they overlap with it. The compute stream waits for the copy
+    only where it uses the batch. On CPU there is no stream and the same code copies nothing."""
 
     def __init__(self, mean, std, device: torch.device, dtype: torch.dtype):
         self.mean = torch.tensor(mean, device=device).view(-1, 1, 1)
         self.std = torch.tensor(std, device=device).view(-1, 1, 1)
         self.device = device
         self.dtype = dtype
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def __call__(self, chunks: list[tuple[torch.Tensor, torch.Tensor]]):
-        images = torch.cat([c[0].to(self.device, non_blocking=True) for c in chunks])
-        texts = torch.cat([c[1].to(self.device, non_blocking=True) for c in chunks])
+        with _on_stream(self.copy_stream):
+            images = torch.cat([c[0].to(self.device, non_blocking=True) for c in chunks])
+            texts = torch.cat([c[1].to(self.device, non_blocking=True) for c in chunks])
+        if self.copy_stream is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(self.copy_stream)
+            # made on the copy stream, used on the compute stream: not to be reused before that
+            images.record_stream(compute)
+            texts.record_stream(compute)
         images = images.float().div_(255).sub_(self.mean).div_(self.std)
         return images.to(self.dtype), texts
+
+
+def _on_stream(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def decode_resize_on_device(
+    encoded: list[torch.Tensor], size: int, device: torch.device
+) -> torch.Tensor:
+    """JPEG bytes (1-d uint8 tensors) -> uint8 images [N, 3, size, size] on `device`: decoded in
+    one batched call (nvjpeg on a GPU), then on the device each shorter side resized to `size`
+    and the centre cropped, as open_clip's validation transform does."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    # Imported by name: `import torchvision` does not import transforms.v2 (an AttributeError
+    # on torchvision 0.26 otherwise).
+    from torchvision.transforms.v2 import functional as tvf
+
+    decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
+    return torch.stack(
+        [
+            tvf.center_crop(tvf.resize(image, [size], antialias=True), [size, size])
+            for image in decoded
+        ]
+    )
 
 
 def grouped(chunks: Iterator, size: int) -> Iterator[list]:
