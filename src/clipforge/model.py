@@ -85,6 +85,10 @@ def build_model(cfg: ModelConfig) -> ClipBundle:
     kwargs: dict[str, Any] = {"output_dict": True}
     if cfg.image_size:
         kwargs["force_image_size"] = cfg.image_size
+    if cfg.patch_dropout:
+        # open_clip's PatchDropout: active in train() mode only. Not in model_cfg below, so the
+        # export is the plain architecture.
+        kwargs["force_patch_dropout"] = cfg.patch_dropout
     model, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(name, **kwargs)
     if cfg.pretrained:
         load_pretrained(model, cfg.pretrained)
