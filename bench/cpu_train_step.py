@@ -6,7 +6,8 @@ Both loops run in this process on the same in-memory batches (pre-normalised ten
 on either side), from the same initial weights, alternating which goes first:
   - open_clip_train.train.train_one_epoch, its real loop (torch AdamW, its clamp, its logging);
   - clipforge's step as train/loop.py runs it: the DeepSpeed engine of the run's config,
-    contrastive_step, the per-step check and the temperature clamp.
+    contrastive_step, the per-step check and the temperature clamp;
+  - the same with torch's multi-tensor AdamW instead of its fused kernel (the knob measured).
 The comparison is on synthetic in-memory data: open_clip_train's webdataset reader does not run
 on webdataset 1.x. The loader is measured separately (bench/loader.py).
 """
@@ -73,8 +74,9 @@ def open_clip_loop(model, data: list, lr: float) -> float:
     return loader.num_samples / (time.perf_counter() - began)
 
 
-def clipforge_loop(model, data: list, lr: float) -> float:
-    """samples/s of clipforge's step as the train stage runs it (default params: ZeRO-1, fp32)."""
+def clipforge_loop(model, data: list, lr: float, fused: bool = True) -> float:
+    """samples/s of clipforge's step as the train stage runs it (default params: ZeRO-1, fp32);
+    `fused=False`: torch's multi-tensor AdamW instead of its fused kernel (the knob measured)."""
     from clipforge.config import batch_plan, load_config
     from clipforge.train.ds_config import deepspeed_config
     from clipforge.train.engine import clamp_logit_scale, create_engine
@@ -86,9 +88,10 @@ def clipforge_loop(model, data: list, lr: float) -> float:
         None, [f"train.global_batch_size={len(data[0][0])}", f"train.lr={lr}"]
     ).train
     plan = batch_plan(train, world_size=1)
-    engine = create_engine(
-        model, deepspeed_config(train, plan, "cpu", "fp32"), WarmupCosine(0, 10**6, 0.0), 0.2
-    )
+    config = deepspeed_config(train, plan, "cpu", "fp32")
+    if not fused:
+        config["optimizer"]["params"].pop("fused", None)
+    engine = create_engine(model, config, WarmupCosine(0, 10**6, 0.0), 0.2)
     loss_fn = make_clip_loss(0, 1)
     previous_norm = None
 
@@ -125,30 +128,31 @@ def main(argv: list[str] | None = None) -> int:
     size = bundle.model_cfg["vision_cfg"]["image_size"]
     data = batches(args.steps, args.batch, size, bundle.model.context_length)
     warm = data[: args.warmup]
-    results: dict[str, list[float]] = {"open_clip_train": [], "clipforge": []}
+    names = ["open_clip_train", "clipforge", "clipforge-unfused-adamw"]
+    results: dict[str, list[float]] = {name: [] for name in names}
     for repeat in range(args.repeats):
-        order = ["open_clip_train", "clipforge"][:: 1 if repeat % 2 == 0 else -1]
+        order = names[:: 1 if repeat % 2 == 0 else -1]
         for name in order:
             model = copy.deepcopy(bundle.model)
             if name == "open_clip_train":
                 open_clip_loop(model, warm, 1e-3)
                 results[name].append(open_clip_loop(model, data, 1e-3))
             else:
+                fused = name == "clipforge"
                 make_logit_scale_1d(model)
-                clipforge_loop(model, warm, 1e-3)  # its own engine: compiled ops, first steps
-                results[name].append(clipforge_loop(copy.deepcopy(model), data, 1e-3))
+                clipforge_loop(model, warm, 1e-3, fused)  # its own engine: first steps
+                results[name].append(clipforge_loop(copy.deepcopy(model), data, 1e-3, fused))
     med = {name: statistics.median(rates) for name, rates in results.items()}
     # each repeat's two runs are back to back: their ratio is robust to the machine's load drifting
-    ratios = [
-        ours / theirs for ours, theirs in zip(results["clipforge"], results["open_clip_train"])
-    ]
     print(f"torch threads {torch.get_num_threads()}, batch {args.batch}, fp32, {args.steps} steps")
     for name, rates in results.items():
-        print(f"{name:16s} median {med[name]:7.1f} samples/s  runs {[round(r, 1) for r in rates]}")
-    print(
-        f"clipforge / open_clip_train: median of the repeats' ratios "
-        f"{statistics.median(ratios):.2f}x (ratios {[round(r, 2) for r in ratios]})"
-    )
+        print(f"{name:24s} median {med[name]:7.1f} samples/s  runs {[round(r, 1) for r in rates]}")
+    for ours in names[1:]:
+        ratios = [a / b for a, b in zip(results[ours], results["open_clip_train"])]
+        print(
+            f"{ours} / open_clip_train: median of the repeats' ratios "
+            f"{statistics.median(ratios):.2f}x (ratios {[round(r, 2) for r in ratios]})"
+        )
     return 0
 
 
