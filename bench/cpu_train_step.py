@@ -7,7 +7,8 @@ on either side), from the same initial weights, alternating which goes first:
   - open_clip_train.train.train_one_epoch, its real loop (torch AdamW, its clamp, its logging);
   - clipforge's step as train/loop.py runs it: the DeepSpeed engine of the run's config,
     contrastive_step, the per-step check and the temperature clamp;
-  - the same with torch's multi-tensor AdamW instead of its fused kernel (the knob measured).
+  - the same with one knob off at a time: torch's multi-tensor AdamW instead of its fused
+    kernel; the text tower's explicit float mask instead of the causal flag.
 The comparison is on synthetic in-memory data: open_clip_train's webdataset reader does not run
 on webdataset 1.x. The loader is measured separately (bench/loader.py).
 """
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from clipforge.config import ModelConfig
-    from clipforge.model import build_model
+    from clipforge.model import build_model, without_causal_flag
     from clipforge.train.dist import init_distributed
     from clipforge.train.engine import make_logit_scale_1d
 
@@ -128,17 +129,21 @@ def main(argv: list[str] | None = None) -> int:
     size = bundle.model_cfg["vision_cfg"]["image_size"]
     data = batches(args.steps, args.batch, size, bundle.model.context_length)
     warm = data[: args.warmup]
-    names = ["open_clip_train", "clipforge", "clipforge-unfused-adamw"]
+    # open_clip_train and the float-mask variant get the model exactly as plain open_clip builds
+    # it; the other two clipforge's (text attention on the causal-flag path). Same weights.
+    plain = without_causal_flag(bundle.model)
+    names = ["open_clip_train", "clipforge", "clipforge-unfused-adamw", "clipforge-float-mask"]
     results: dict[str, list[float]] = {name: [] for name in names}
     for repeat in range(args.repeats):
         order = names[:: 1 if repeat % 2 == 0 else -1]
         for name in order:
-            model = copy.deepcopy(bundle.model)
+            source = plain if name in ("open_clip_train", "clipforge-float-mask") else bundle.model
+            model = copy.deepcopy(source)
             if name == "open_clip_train":
                 open_clip_loop(model, warm, 1e-3)
                 results[name].append(open_clip_loop(model, data, 1e-3))
             else:
-                fused = name == "clipforge"
+                fused = name != "clipforge-unfused-adamw"
                 make_logit_scale_1d(model)
                 clipforge_loop(model, warm, 1e-3, fused)  # its own engine: first steps
                 results[name].append(clipforge_loop(copy.deepcopy(model), data, 1e-3, fused))

@@ -599,7 +599,9 @@ class PlainStepper:
         from clipforge.train.optim import param_groups
 
         self.device = profile.device
-        self.model = copy.deepcopy(bundle.model).to(profile.device).train()
+        from clipforge.model import without_causal_flag
+
+        self.model = without_causal_flag(bundle.model).to(profile.device).train()
         self.optimizer = torch.optim.AdamW(
             param_groups(self.model, 0.2), lr=5e-4, betas=(0.9, 0.98), eps=1e-6, fused=True
         )

@@ -148,6 +148,16 @@ def flag_causal_text_attention(model: torch.nn.Module) -> int:
     return swapped
 
 
+def without_causal_flag(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` exactly as plain open_clip builds it (float-mask attention): the
+    references that benchmarks compare clipforge against."""
+    plain = copy.deepcopy(model)
+    for module in plain.modules():
+        if type(module) is CausalFlagAttention:
+            module.__class__ = torch.nn.MultiheadAttention
+    return plain
+
+
 def load_pretrained(model: torch.nn.Module, source: str) -> None:
     """model.pretrained: `local-dir:PATH` of an export, or a weights file."""
     load_weights(model, weights_file(source, "model.pretrained"), "model.pretrained")

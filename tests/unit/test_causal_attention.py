@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from clipforge.config import ModelConfig
-from clipforge.model import CausalFlagAttention, build_model, flag_causal_text_attention
-
-
-def _plain_copy(model: torch.nn.Module) -> torch.nn.Module:
-    plain = copy.deepcopy(model)
-    for block in plain.transformer.resblocks:
-        block.attn.__class__ = torch.nn.MultiheadAttention
-    return plain
+from clipforge.model import (
+    CausalFlagAttention,
+    build_model,
+    flag_causal_text_attention,
+    without_causal_flag,
+)
 
 
 def test_build_model_puts_every_text_attention_layer_on_the_causal_flag_path():
@@ -27,7 +23,7 @@ def test_build_model_puts_every_text_attention_layer_on_the_causal_flag_path():
 def test_text_features_and_gradients_equal_the_float_mask_path():
     torch.manual_seed(0)
     flagged = build_model(ModelConfig()).model.train()
-    plain = _plain_copy(flagged)
+    plain = without_causal_flag(flagged)
     texts = torch.randint(1, 49000, (4, flagged.context_length))
     out = flagged.encode_text(texts)
     reference = plain.encode_text(texts)
@@ -41,14 +37,14 @@ def test_text_features_and_gradients_equal_the_float_mask_path():
 
 def test_the_state_dict_is_open_clips():
     flagged = build_model(ModelConfig()).model
-    plain = _plain_copy(flagged)
+    plain = without_causal_flag(flagged)
     assert flagged.state_dict().keys() == plain.state_dict().keys()
 
 
 def test_a_text_mask_that_is_not_the_causal_one_is_left_alone():
     """Only exactly open_clip's causal mask may be replaced by the flag (a bidirectional or
     padded mask would change the result)."""
-    model = _plain_copy(build_model(ModelConfig()).model)
+    model = without_causal_flag(build_model(ModelConfig()).model)
     model.attn_mask = torch.zeros_like(model.attn_mask)
     assert flag_causal_text_attention(model) == 0
     assert {type(b.attn) for b in model.transformer.resblocks} == {torch.nn.MultiheadAttention}
