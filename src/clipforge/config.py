@@ -281,6 +281,12 @@ class TrainConfig(Section):
     )
     seed: int = knob(0, "Seed for initialisation, data order and augmentation.", ge=0)
     num_workers: int = knob(1, "Data-loading processes per rank.", ge=0)
+    decode_on_device: bool = knob(
+        False,
+        "Decode the JPEGs on the GPU (batched nvjpeg) and crop and resize them there; the "
+        "loader workers only read bytes and draw each crop. CUDA only; open_clip's default "
+        "training transform only. Measured in BENCHMARKS.md (GPU benchmark, loader section).",
+    )
     shuffle_window_shards: int = knob(
         64,
         "Shards whose samples are shuffled together each epoch (windows of the shuffled shard "
