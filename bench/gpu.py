@@ -283,7 +283,7 @@ def markdown(data: dict) -> str:
             f"torch {env.get('torch')}, torchvision {env.get('torchvision')}, DeepSpeed"
             f" {env.get('deepspeed')}, open_clip {env.get('open_clip')}, Python {env.get('python')};"
             f" {env.get('cpus')} CPUs, /dev/shm {env.get('dev_shm_gb')} GB;"
-            f" {env.get('nvidia_smi', '')}" + (f" {env['error']}" if env.get("error") else ""),
+            f" {env.get('nvidia_smi') or ''}" + (f" {env['error']}" if env.get("error") else ""),
             "",
             "MFU: model FLOPs (forward + backward) over the datasheet's dense bf16 peak of the part;"
             " none where the part is not in the table (CPU included). The second column divides"
@@ -381,7 +381,7 @@ def environment(profile: Profile) -> dict:
     import torch
 
     from clipforge.model import register_bundled_configs
-    from clipforge.train.flops import datasheet_peak, flops_per_sample, measured_cpu_flops
+    from clipforge.train.flops import datasheet_peak, flops_per_sample
 
     register_bundled_configs()
     cuda = profile.device == "cuda"
@@ -395,11 +395,11 @@ def environment(profile: Profile) -> dict:
         "cpu_count": os.cpu_count(),
         "dev_shm_gb": round(shm.total / 1e9, 1) if shm else None,
         "dev_shm_free_gb": round(shm.free / 1e9, 1) if shm else None,
-        "nvidia_smi": nvidia_smi() if cuda else None,
+        "nvidia_smi": nvidia_smi(),  # on CPU too: its absence is a fact, and the path runs
         "flops_per_sample": flops_per_sample(_model_cfg(profile)),
         "datasheet_part": part[0] if part else None,
         "datasheet_peak_flops": part[1] if part else None,
-        "measured_peak_flops": measured_bf16_flops() if cuda else measured_cpu_flops(),
+        "measured_peak_flops": measured_matmul_flops(profile.device, 8192 if cuda else 512),
     }
 
 
@@ -437,20 +437,22 @@ def nvidia_smi() -> str:
     return f"nvidia-smi ({query}): {result.stdout.strip() or result.stderr.strip()}"
 
 
-def measured_bf16_flops(size: int = 8192, repeats: int = 10) -> float:
+def measured_matmul_flops(device: str, size: int, repeats: int = 10) -> float:
+    """The matrix-product rate of this device in the profile's training precision (bf16 on a
+    GPU: an 8192^3 product; fp32 on CPU), timed here: the MFU table's second column."""
     import torch
 
-    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    _sync(device)
+    began = time.perf_counter()
     for _ in range(repeats):
         a @ b
-    end.record()
-    end.synchronize()
-    return 2 * size**3 * repeats / (start.elapsed_time(end) / 1e3)
+    _sync(device)
+    return 2 * size**3 * repeats / (time.perf_counter() - began)
 
 
 def _model_cfg(profile: Profile) -> dict:
@@ -543,7 +545,7 @@ class Stepper:
         import torch
 
         from clipforge.config import BatchPlan, load_config
-        from clipforge.train.ds_config import deepspeed_bf16, deepspeed_config, uses_autocast
+        from clipforge.train.ds_config import deepspeed_config, uses_autocast
         from clipforge.train.engine import create_engine, forward_autocast
         from clipforge.train.loss import make_clip_loss
         from clipforge.train.optim import WarmupCosine
@@ -566,7 +568,7 @@ class Stepper:
         self.engine = create_engine(
             model, config, WarmupCosine(0, 1000, 0.0), 0.2, compile_model, backend
         )
-        self.dtype = torch.bfloat16 if deepspeed_bf16(precision, zero) else torch.float32
+        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32  # as run.py feeds
         self.autocast = forward_autocast(profile.device, uses_autocast(precision, zero))
         self.loss_fn = make_clip_loss(0, 1)
         self.device = profile.device

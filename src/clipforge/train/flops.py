@@ -20,7 +20,6 @@ tests/unit/test_flops.py checks the formula against torch.utils.flop_counter.
 from __future__ import annotations
 
 import re
-import time
 
 # Datasheet dense (no sparsity) bf16 tensor-core peak, FLOP/s, of the exact part, matched on
 # torch.cuda.get_device_name() in this order: the PCIe and NVL parts share a family name with the
@@ -97,21 +96,6 @@ def peak_flops(device: str, precision: str) -> float | None:
         return None
     part = datasheet_peak(torch.cuda.get_device_name())
     return part[1] if part else None
-
-
-def measured_cpu_flops(size: int = 512, repeats: int = 5) -> float:
-    """fp32 matrix-product rate of this process's CPU threads (best of a few; a fraction of a
-    second): a measured rate for benchmarks to compare against, never a peak for MFU."""
-    import torch
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)  # first call: thread pool start-up
-    best = float("inf")
-    for _ in range(repeats):
-        began = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - began)
-    return 2 * size**3 / best
 
 
 def mfu(
