@@ -6,7 +6,9 @@ Both loops run in this process on the same in-memory batches (pre-normalised ten
 on either side), from the same initial weights, alternating which goes first:
   - open_clip_train.train.train_one_epoch, its real loop (torch AdamW, its clamp, its logging);
   - clipforge's step as train/loop.py runs it: the DeepSpeed engine of the run's config,
-    contrastive_step, the per-step check and the temperature clamp.
+    contrastive_step, the per-step check and the temperature clamp;
+  - the same with one knob off at a time: torch's multi-tensor AdamW instead of its fused
+    kernel; the text tower's explicit float mask instead of the causal flag.
 The comparison is on synthetic in-memory data: open_clip_train's webdataset reader does not run
 on webdataset 1.x. The loader is measured separately (bench/loader.py).
 """
@@ -73,8 +75,9 @@ def open_clip_loop(model, data: list, lr: float) -> float:
     return loader.num_samples / (time.perf_counter() - began)
 
 
-def clipforge_loop(model, data: list, lr: float) -> float:
-    """samples/s of clipforge's step as the train stage runs it (default params: ZeRO-1, fp32)."""
+def clipforge_loop(model, data: list, lr: float, fused: bool = True) -> float:
+    """samples/s of clipforge's step as the train stage runs it (default params: ZeRO-1, fp32);
+    `fused=False`: torch's multi-tensor AdamW instead of its fused kernel (the knob measured)."""
     from clipforge.config import batch_plan, load_config
     from clipforge.train.ds_config import deepspeed_config
     from clipforge.train.engine import clamp_logit_scale, create_engine
@@ -86,9 +89,10 @@ def clipforge_loop(model, data: list, lr: float) -> float:
         None, [f"train.global_batch_size={len(data[0][0])}", f"train.lr={lr}"]
     ).train
     plan = batch_plan(train, world_size=1)
-    engine = create_engine(
-        model, deepspeed_config(train, plan, "cpu", "fp32"), WarmupCosine(0, 10**6, 0.0), 0.2
-    )
+    config = deepspeed_config(train, plan, "cpu", "fp32")
+    if not fused:
+        config["optimizer"]["params"].pop("fused", None)
+    engine = create_engine(model, config, WarmupCosine(0, 10**6, 0.0), 0.2)
     loss_fn = make_clip_loss(0, 1)
     previous_norm = None
 
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from clipforge.config import ModelConfig
-    from clipforge.model import build_model
+    from clipforge.model import build_model, without_causal_flag
     from clipforge.train.dist import init_distributed
     from clipforge.train.engine import make_logit_scale_1d
 
@@ -125,30 +129,35 @@ def main(argv: list[str] | None = None) -> int:
     size = bundle.model_cfg["vision_cfg"]["image_size"]
     data = batches(args.steps, args.batch, size, bundle.model.context_length)
     warm = data[: args.warmup]
-    results: dict[str, list[float]] = {"open_clip_train": [], "clipforge": []}
+    # open_clip_train and the float-mask variant get the model exactly as plain open_clip builds
+    # it; the other two clipforge's (text attention on the causal-flag path). Same weights.
+    plain = without_causal_flag(bundle.model)
+    names = ["open_clip_train", "clipforge", "clipforge-unfused-adamw", "clipforge-float-mask"]
+    results: dict[str, list[float]] = {name: [] for name in names}
     for repeat in range(args.repeats):
-        order = ["open_clip_train", "clipforge"][:: 1 if repeat % 2 == 0 else -1]
+        order = names[:: 1 if repeat % 2 == 0 else -1]
         for name in order:
-            model = copy.deepcopy(bundle.model)
+            source = plain if name in ("open_clip_train", "clipforge-float-mask") else bundle.model
+            model = copy.deepcopy(source)
             if name == "open_clip_train":
                 open_clip_loop(model, warm, 1e-3)
                 results[name].append(open_clip_loop(model, data, 1e-3))
             else:
+                fused = name != "clipforge-unfused-adamw"
                 make_logit_scale_1d(model)
-                clipforge_loop(model, warm, 1e-3)  # its own engine: compiled ops, first steps
-                results[name].append(clipforge_loop(copy.deepcopy(model), data, 1e-3))
+                clipforge_loop(model, warm, 1e-3, fused)  # its own engine: first steps
+                results[name].append(clipforge_loop(copy.deepcopy(model), data, 1e-3, fused))
     med = {name: statistics.median(rates) for name, rates in results.items()}
     # each repeat's two runs are back to back: their ratio is robust to the machine's load drifting
-    ratios = [
-        ours / theirs for ours, theirs in zip(results["clipforge"], results["open_clip_train"])
-    ]
     print(f"torch threads {torch.get_num_threads()}, batch {args.batch}, fp32, {args.steps} steps")
     for name, rates in results.items():
-        print(f"{name:16s} median {med[name]:7.1f} samples/s  runs {[round(r, 1) for r in rates]}")
-    print(
-        f"clipforge / open_clip_train: median of the repeats' ratios "
-        f"{statistics.median(ratios):.2f}x (ratios {[round(r, 2) for r in ratios]})"
-    )
+        print(f"{name:24s} median {med[name]:7.1f} samples/s  runs {[round(r, 1) for r in rates]}")
+    for ours in names[1:]:
+        ratios = [a / b for a, b in zip(results[ours], results["open_clip_train"])]
+        print(
+            f"{ours} / open_clip_train: median of the repeats' ratios "
+            f"{statistics.median(ratios):.2f}x (ratios {[round(r, 2) for r in ratios]})"
+        )
     return 0
 
 

@@ -8,7 +8,10 @@
 # their small dependencies) is installed from bench/wheels/ only, never from a network, into a
 # folder of its own (CLIPFORGE_BENCH_SITE) that leaves the machine's environment untouched. Fill
 # bench/wheels/ on a machine with PyPI first: `make bench-wheels`.
-# Writes OUT_DIR/gpu-bench.json and OUT_DIR/gpu-bench.md (ViT-B/32: about 5 minutes on an H200).
+# open_clip_train (reference (2), shipped in the open_clip_torch wheel) also needs pandas, which
+# such a machine carries; without it that one row records the ImportError and the rest runs.
+# Writes OUT_DIR/gpu-bench.json and OUT_DIR/gpu-bench.md after every row (ViT-B/32 on an H200:
+# at most 430 s, each section within its own budget: bench/gpu.py).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

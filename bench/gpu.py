@@ -1,36 +1,57 @@
-"""The train stage on a GPU: loader, step, end to end, and a real run with resume.
+"""The train stage on a GPU, measured side by side with plain PyTorch and open_clip_train.
 
     bench/gpu-run.sh OUT_DIR             # on a GPU machine (installs missing wheels first)
     python bench/gpu.py --out DIR --dry-run   # the same code on CPU with a tiny model (make test)
 
-Writes DIR/gpu-bench.json and DIR/gpu-bench.md after every section, so a run cut short by its
-time limit still leaves what it measured:
-  (a) the loader alone over 256 px JPEG shards it generates: images/s by worker count; and
-      batched JPEG decoding on the GPU (torchvision.io.decode_jpeg) against the CPU workers;
-  (b) the ViT-B/32 bf16 train step on in-memory batches: ZeRO 1/2/3 x micro batch x
-      torch.compile, in samples/s, MFU and peak memory (global batch fixed: smaller micro
-      batches accumulate with feature caching, whose extra forward is overhead, not MFU);
-  (c) end to end: the same step fed by the real loader;
-  (d) `python -m clipforge.train` for real: stopped with SIGTERM mid-run, resumed, finished;
-      the loss falls and the exported model loads in plain open_clip.
+Device time is scarce (one 8-minute run may be all there is), so the sections run in order of
+value per second of device time, each under a time budget, each row guarded: a failure is
+recorded with its first error line and the rest runs. DIR/gpu-bench.json and gpu-bench.md are
+rewritten after every row, so a run cut short still leaves everything it measured.
+  env         nproc, /dev/shm, driver, clocks, versions; the datasheet part and peak, a measured
+              bf16 matmul rate, model FLOPs per sample
+  zero1       clipforge's step (ZeRO-1, eager) on in-memory batches by micro batch, and with
+              gradient checkpointing
+  reference   the same model, batches and precision: (1) a plain-PyTorch step (open_clip model,
+              ClipLoss, bf16 autocast, fused AdamW, no DeepSpeed); (2) open_clip_train's own
+              loop, `--dataset-type synthetic`, in a process of its own
+  end_to_end  clipforge's best ZeRO-1 row fed by the real loader
+  loader      the loader alone by worker count, and batched decode_jpeg on the device
+  zero23      ZeRO-2 and ZeRO-3 rows, each in a fresh process (ZeRO-3 patches torch's linear for
+              the whole process it runs in)
+  compile     ZeRO-1 with torch.compile, accumulation included, each row in a fresh process
+  train_run   `python -m clipforge.train` for real: stopped by SIGTERM mid-run, resumed,
+              finished; the loss falls and the export loads in plain open_clip
+
+The dry run executes every section's code at tiny sizes (torch.compile with the `eager` backend:
+no C++ toolchain needed), so an import or API error cannot hide behind the GPU.
+Rates are timed over windows much longer than what can be in flight (loader chunks, prefetched
+steps), so prefetching cannot inflate them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
 import os
+import platform
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
+SECTIONS = ("env", "zero1", "reference", "end_to_end", "loader", "zero23", "compile", "train_run")
 
 
 @dataclass(frozen=True)
@@ -39,65 +60,150 @@ class Profile:
     model: str
     image_size: int
     num_images: int
-    worker_counts: tuple[int, ...]
-    loader_images: int  # images read per loader measurement
     global_batch: int
-    micro_batches: tuple[int, ...]
-    compile_micro_batches: tuple[int, ...]  # ZeRO-1 configs also measured with torch.compile
+    zero1_micro_batches: tuple[int, ...]
+    zero23_micro_batches: tuple[int, ...]
+    compile_micro_batches: tuple[int, ...]  # micro < global: the accumulation path compiled too
+    compile_backend: str
     warmup_steps: int
     timed_steps: int
+    worker_counts: tuple[int, ...]
+    loader_min_chunks: int  # chunks timed per worker count, at least (and 4x what is in flight)
     end_to_end_workers: int
-    run_steps: int  # (d): steps of the real run; it is stopped after `run_hold_step`
+    end_to_end_steps: int  # timed, after warmup_steps
+    open_clip_workers: int
+    open_clip_steps: int  # logged steps of open_clip_train's loop; the first warmup_steps dropped
+    run_steps: int  # train_run: steps of the real run; it is stopped after `run_hold_step`
     run_hold_step: int
     run_save_every: int
     run_batch: int
     run_images: int
+    total_seconds: float  # everything; the device tool's limit is 470 s, wheels included
+    section_seconds: dict = field(default_factory=dict)  # caps; train_run gets what is left
+    train_run_min_seconds: float = 0.0  # below this much time left, train_run is not started
 
+
+PREFETCH = 4  # the loader's prefetch factor here (the train stage's MAX_PREFETCH)
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+_WORKERS = max(1, min(15, _CPUS - 1))
 
 FULL = Profile(
     device="cuda",
     model="ViT-B-32",
     image_size=224,
-    num_images=12_288,
-    worker_counts=(2, 8, 15),
-    loader_images=2048,
+    num_images=8192,
     global_batch=1024,
-    micro_batches=(256, 512, 1024),
-    compile_micro_batches=(1024,),
-    warmup_steps=3,
-    timed_steps=6,
-    end_to_end_workers=15,
-    run_steps=30,
-    run_hold_step=18,
-    run_save_every=10,  # a ViT-B/32 checkpoint is about 2 GB
+    zero1_micro_batches=(1024, 512, 256),
+    zero23_micro_batches=(1024, 512),
+    compile_micro_batches=(1024, 512),
+    compile_backend="inductor",
+    warmup_steps=4,
+    timed_steps=20,
+    worker_counts=tuple(sorted({2, 8, _WORKERS})),
+    loader_min_chunks=96,
+    end_to_end_workers=_WORKERS,
+    end_to_end_steps=24,  # 24 x 16 chunks: 6x the 60 that 15 workers can hold in flight
+    open_clip_workers=_WORKERS,
+    open_clip_steps=24,
+    run_steps=20,
+    run_hold_step=12,
+    run_save_every=6,  # a ViT-B/32 checkpoint is about 2 GB
     run_batch=256,
-    run_images=6000,
+    run_images=4096,
+    total_seconds=430,
+    # Estimates on an H200 are a third to a half of these; a cap only bites on a hang.
+    section_seconds={
+        "env": 30,
+        "zero1": 80,
+        "reference": 90,
+        "end_to_end": 45,
+        "loader": 40,
+        "zero23": 80,
+        "compile": 120,
+    },
+    train_run_min_seconds=90,
 )
 DRY = Profile(
     device="cpu",
     model="clipforge-tiny",
     image_size=64,
     num_images=96,
-    worker_counts=(0, 1),
-    loader_images=32,
     global_batch=16,
-    micro_batches=(8, 16),
-    compile_micro_batches=(),
+    zero1_micro_batches=(16, 8),
+    zero23_micro_batches=(16,),
+    compile_micro_batches=(8,),
+    compile_backend="eager",
     warmup_steps=1,
     timed_steps=2,
+    worker_counts=(0, 1),
+    loader_min_chunks=6,
     end_to_end_workers=1,
+    end_to_end_steps=3,
+    open_clip_workers=1,
+    open_clip_steps=4,
     run_steps=8,
     run_hold_step=5,
     run_save_every=4,
     run_batch=16,
     run_images=160,
+    total_seconds=1800,
+    section_seconds={s: 600 for s in SECTIONS if s != "train_run"},
 )
 SHARD_SAMPLES = 1024
 JPEG_SIDE = 256  # LAION as img2dataset resizes it: the loader's real input
 
 
+# -- guards -------------------------------------------------------------------------------------
+
+
+class OutOfTime(Exception):
+    """A section's or the whole run's time budget ran out."""
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """OutOfTime raised in this (main) thread after `seconds`: a hung row cannot take the run."""
+    if seconds <= 0:
+        raise OutOfTime("no time left")
+
+    def expire(signum, frame):
+        raise OutOfTime(f"over its {seconds:.0f} s budget")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class Clock:
+    def __init__(self, total_seconds: float):
+        self.deadline = time.monotonic() + total_seconds
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def attempt(seconds: float, fn, *args) -> dict:
+    """fn(*args) under a time limit; {"error": its first line} instead of raising (the
+    traceback goes to the log)."""
+    try:
+        with time_limit(seconds):
+            return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - an OOM, a compile failure or a timeout is a result
+        traceback.print_exc()
+        return {"error": first_line(exc)}
+
+
 class Report:
-    """The results so far, rewritten as JSON and markdown after every section."""
+    """The results so far, rewritten as JSON and markdown after every row."""
 
     def __init__(self, out: Path, profile: Profile, dry_run: bool):
         self.out = out
@@ -105,10 +211,61 @@ class Report:
 
     def add(self, section: str, value) -> None:
         self.data[section] = value
+        self._write()
+        print(f"[bench] {section}: {json.dumps(value)[:400]}", flush=True)
+
+    def row(self, section: str, row: dict) -> None:
+        self.data.setdefault(section, []).append(row)
+        self._write()
+        print(f"[bench] {section} row: {json.dumps(row)[:400]}", flush=True)
+
+    def _write(self) -> None:
+        self.data["ratios"] = ratios(self.data)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "gpu-bench.json").write_text(json.dumps(self.data, indent=2) + "\n")
         (self.out / "gpu-bench.md").write_text(markdown(self.data))
-        print(f"[bench] {section}: {json.dumps(value)[:400]}", flush=True)
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def _rate(row) -> float | None:
+    return row.get("samples_per_s") if isinstance(row, dict) else None
+
+
+def _ref(data: dict, name: str) -> dict:
+    return next((r for r in data.get("reference", []) if r.get("name") == name), {})
+
+
+def ratios(data: dict) -> dict:
+    """clipforge's step and end-to-end rates over the references measured in the same run."""
+    step = _best(data.get("zero1", []))
+    e2e = _rate(data.get("end_to_end"))
+    plain = _rate(_ref(data, "plain_pytorch"))
+    oc = _ref(data, "open_clip_train")
+    loader = data.get("loader", [])
+    e2e_workers = data.get("end_to_end", {}).get("workers")
+    loader_rate = next(
+        (r.get("images_per_s") for r in loader if r.get("workers") == e2e_workers), None
+    )
+
+    def over(a, b):
+        return a / b if a and b else None
+
+    return {
+        "step_over_plain_pytorch": over(step, plain),
+        "step_over_open_clip_train_step": over(step, oc.get("step_samples_per_s")),
+        "end_to_end_over_open_clip_train": over(e2e, oc.get("samples_per_s")),
+        "end_to_end_over_plain_pytorch": over(e2e, plain),
+        "loader_over_end_to_end": over(loader_rate, e2e),
+    }
+
+
+def _best(rows: list) -> float | None:
+    rates = [
+        r["samples_per_s"] for r in rows if r.get("samples_per_s") and not r["grad_checkpointing"]
+    ]
+    return max(rates) if rates else None
 
 
 def markdown(data: dict) -> str:
@@ -116,54 +273,89 @@ def markdown(data: dict) -> str:
     lines = [
         "# clipforge GPU benchmark" + (" (dry run: CPU, tiny model)" if data["dry_run"] else ""),
         "",
-        f"{env.get('device_name', '?')}, torch {env.get('torch')}, DeepSpeed {env.get('deepspeed')},"
-        f" measured matmul peak {_tflops(env.get('measured_peak_flops'))} TFLOP/s,"
-        f" table peak {_tflops(env.get('table_peak_flops'))} TFLOP/s,"
-        f" {_gflop(env.get('flops_per_sample'))} GFLOP per training sample",
-        "",
     ]
-    if "loader" in data:
-        lines += ["## (a) loader alone, 256 px JPEGs", "", "| workers | images/s |", "|---:|---:|"]
-        lines += [f"| {w} | {r:.0f} |" for w, r in data["loader"]["images_per_s"].items()]
-        gpu = data["loader"].get("gpu_decode_images_per_s")
+    if env:
         lines += [
+            f"{env.get('device_name', '?')} (datasheet part: {env.get('datasheet_part') or 'none'},"
+            f" dense bf16 peak {_tflops(env.get('datasheet_peak_flops'))} TFLOP/s), measured"
+            f" matmul {_tflops(env.get('measured_peak_flops'))} TFLOP/s;"
+            f" {_gflop(env.get('flops_per_sample'))} GFLOP per training sample. "
+            f"torch {env.get('torch')}, torchvision {env.get('torchvision')}, DeepSpeed"
+            f" {env.get('deepspeed')}, open_clip {env.get('open_clip')}, Python {env.get('python')};"
+            f" {env.get('cpus')} CPUs, /dev/shm {env.get('dev_shm_gb')} GB;"
+            f" {env.get('nvidia_smi') or ''}" + (f" {env['error']}" if env.get("error") else ""),
             "",
-            f"GPU decode_jpeg (batched, + resize): {gpu if gpu is None else round(gpu)} images/s",
+            "MFU: model FLOPs (forward + backward) over the datasheet's dense bf16 peak of the part;"
+            " none where the part is not in the table (CPU included). The second column divides"
+            " by the matmul rate measured in this run instead.",
             "",
         ]
-    if "step" in data:
+    step_header = [
+        "| ZeRO | micro | accum | compile | grad ckpt | samples/s | MFU | MFU (measured matmul)"
+        " | peak mem GB | note |",
+        "|---:|---:|---:|:---:|:---:|---:|---:|---:|---:|---|",
+    ]
+    for section, title in (
+        ("zero1", "ZeRO-1 eager step, in-memory batches"),
+        ("zero23", "ZeRO-2 and ZeRO-3, each row in a fresh process"),
+        ("compile", "ZeRO-1 with torch.compile, each row in a fresh process"),
+    ):
+        if section in data:
+            lines += [f"## {section}: {title}", "", *step_header]
+            lines += [_step_line(r) for r in data[section]]
+            lines.append("")
+    if "reference" in data:
         lines += [
-            "## (b) train step, in-memory batches",
+            "## reference: the same model, batches and precision without clipforge",
             "",
-            "| ZeRO | micro | accum | compile | grad ckpt | samples/s | MFU (table) | MFU (measured peak) | peak mem GB |",
-            "|---:|---:|---:|:---:|:---:|---:|---:|---:|---:|",
+            "| reference | samples/s | step-only samples/s | MFU | note |",
+            "|---|---:|---:|---:|---|",
         ]
-        for r in data["step"]:
+        for r in data["reference"]:
             lines.append(
-                f"| {r['zero']} | {r['micro']} | {r['accum']} | {'on' if r['compile'] else 'off'} |"
-                f" {'on' if r['grad_checkpointing'] else 'off'} |"
-                f" {_num(r.get('samples_per_s'))} | {_pct(r.get('mfu'))} |"
-                f" {_pct(r.get('mfu_measured_peak'))} | {_num(r.get('peak_mem_gb'), 1)} |"
-                + (f" {r['error']}" if r.get("error") else "")
+                f"| {r.get('name')} | {_num(r.get('samples_per_s'))} |"
+                f" {_num(r.get('step_samples_per_s'))} | {_pct(r.get('mfu'))} |"
+                f" {r.get('error', r.get('note', ''))} |"
             )
         lines.append("")
     if "end_to_end" in data:
         e = data["end_to_end"]
         lines += [
-            "## (c) end to end with the loader",
+            "## end_to_end: the step fed by the real loader",
             "",
-            f"ZeRO-{e['zero']}, micro {e['micro']}, {e['workers']} workers: "
-            f"{_num(e['samples_per_s'])} samples/s, MFU {_pct(e['mfu'])}; the loader alone at "
-            f"that worker count reads {_num(e['loader_images_per_s'])} images/s = "
-            f"{_num(e['loader_over_step'], 2)}x the step's samples/s (target >= 1.2)",
+            f"ZeRO-{e.get('zero')}, micro {e.get('micro')}, {e.get('workers')} workers:"
+            f" {_num(e.get('samples_per_s'))} samples/s, MFU {_pct(e.get('mfu'))}"
+            f" (measured matmul: {_pct(e.get('mfu_measured_peak'))})"
+            + (f" {e['error']}" if e.get("error") else ""),
             "",
         ]
+    if "loader" in data:
+        lines += ["## loader alone, 256 px JPEGs", "", "| decode | workers | images/s | note |"]
+        lines.append("|---|---:|---:|---|")
+        lines += [
+            f"| {r.get('decode')} | {r.get('workers', '-')} | {_num(r.get('images_per_s'))} |"
+            f" {r.get('error', '')} |"
+            for r in data["loader"]
+        ]
+        lines.append("")
+    if "ratios" in data:
+        lines += ["## ratios (targets: step >= 0.9x plain PyTorch, >= 1.5x open_clip_train;"]
+        lines[-1] += " loader >= 1.2x end to end)"
+        lines += ["", *[f"- {k}: {_num(v, 2)}" for k, v in data["ratios"].items()], ""]
     if "train_run" in data:
-        t = data["train_run"]
-        lines += ["## (d) python -m clipforge.train with a resume", ""]
-        lines += [f"- {k}: {v}" for k, v in t.items()]
+        lines += ["## train_run: python -m clipforge.train with a resume", ""]
+        lines += [f"- {k}: {v}" for k, v in data["train_run"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _step_line(r: dict) -> str:
+    return (
+        f"| {r['zero']} | {r['micro']} | {r['accum']} | {'on' if r['compile'] else 'off'} |"
+        f" {'on' if r['grad_checkpointing'] else 'off'} | {_num(r.get('samples_per_s'))} |"
+        f" {_pct(r.get('mfu'))} | {_pct(r.get('mfu_measured_peak'))} |"
+        f" {_num(r.get('peak_mem_gb'), 1)} | {r.get('error', '')} |"
+    )
 
 
 def _num(value, digits: int = 0) -> str:
@@ -182,45 +374,85 @@ def _gflop(value) -> str:
     return "-" if value is None else f"{value / 1e9:.1f}"
 
 
-# -- set-up ------------------------------------------------------------------------------------
+# -- env ----------------------------------------------------------------------------------------
 
 
 def environment(profile: Profile) -> dict:
-    import deepspeed
-    import open_clip
     import torch
 
     from clipforge.model import register_bundled_configs
-    from clipforge.train.flops import flops_per_sample, measured_cpu_flops, peak_flops
+    from clipforge.train.flops import datasheet_peak, flops_per_sample
 
     register_bundled_configs()
     cuda = profile.device == "cuda"
+    name = torch.cuda.get_device_name() if cuda else platform.processor() or "cpu"
+    part = datasheet_peak(name) if cuda else None
+    shm = shutil.disk_usage("/dev/shm") if Path("/dev/shm").is_dir() else None
     return {
-        "torch": torch.__version__,
-        "deepspeed": deepspeed.__version__,
-        "open_clip": open_clip.__version__,
-        "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+        **versions(),
+        "device_name": name,
+        "cpus": _CPUS,
         "cpu_count": os.cpu_count(),
+        "dev_shm_gb": round(shm.total / 1e9, 1) if shm else None,
+        "dev_shm_free_gb": round(shm.free / 1e9, 1) if shm else None,
+        "nvidia_smi": nvidia_smi(),  # on CPU too: its absence is a fact, and the path runs
         "flops_per_sample": flops_per_sample(_model_cfg(profile)),
-        "table_peak_flops": peak_flops("cuda", "bf16") if cuda else None,
-        "measured_peak_flops": measured_bf16_flops() if cuda else measured_cpu_flops(),
+        "datasheet_part": part[0] if part else None,
+        "datasheet_peak_flops": part[1] if part else None,
+        "measured_peak_flops": measured_matmul_flops(profile.device, 8192 if cuda else 512),
     }
 
 
-def measured_bf16_flops(size: int = 8192, repeats: int = 10) -> float:
+def versions() -> dict:
+    import deepspeed
+    import numpy
+    import open_clip
+    import PIL
+    import torch
+    import torchvision
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "torchvision": torchvision.__version__,
+        "deepspeed": deepspeed.__version__,
+        "open_clip": open_clip.__version__,
+        "numpy": numpy.__version__,
+        "pillow": PIL.__version__,
+    }
+
+
+def nvidia_smi() -> str:
+    query = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu"
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return first_line(exc)
+    return f"nvidia-smi ({query}): {result.stdout.strip() or result.stderr.strip()}"
+
+
+def measured_matmul_flops(device: str, size: int, repeats: int = 10) -> float:
+    """The matrix-product rate of this device in the profile's training precision (bf16 on a
+    GPU: an 8192^3 product; fp32 on CPU), timed here: the MFU table's second column."""
     import torch
 
-    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    _sync(device)
+    began = time.perf_counter()
     for _ in range(repeats):
         a @ b
-    end.record()
-    end.synchronize()
-    return 2 * size**3 * repeats / (start.elapsed_time(end) / 1e3)
+    _sync(device)
+    return 2 * size**3 * repeats / (time.perf_counter() - began)
 
 
 def _model_cfg(profile: Profile) -> dict:
@@ -229,6 +461,30 @@ def _model_cfg(profile: Profile) -> dict:
     cfg = copy.deepcopy(open_clip.get_model_config(profile.model))
     cfg["vision_cfg"]["image_size"] = profile.image_size
     return cfg
+
+
+def _with_mfu(row: dict, env: dict) -> dict:
+    from clipforge.train.flops import mfu
+
+    rate, flops = row.get("samples_per_s"), env.get("flops_per_sample")
+    row["mfu"] = mfu(rate, flops, env.get("datasheet_peak_flops"), 1) if rate else None
+    measured = env.get("measured_peak_flops")
+    row["mfu_measured_peak"] = mfu(rate, flops, measured, 1) if rate else None
+    return row
+
+
+def child_env() -> dict:
+    """This process's environment for a child, less the rendezvous init_distributed set here
+    (the child would otherwise try to listen on this process's port)."""
+    from clipforge.train.dist import LAUNCHER_VARS
+
+    drop = {*LAUNCHER_VARS, "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *sys.path])
+    return env
+
+
+# -- the data -----------------------------------------------------------------------------------
 
 
 def _render(index: int) -> tuple[str, bytes, str]:
@@ -250,7 +506,7 @@ def make_shards(root: Path, count: int):
     from clipforge.data.shards import write_shards
     from clipforge.train.data import SplitFiles
 
-    with Pool(min(16, os.cpu_count() or 1)) as pool:
+    with Pool(min(16, _CPUS)) as pool:
         triples = pool.map(_render, range(count), chunksize=64)
     infos = write_shards(triples, root, "train", SHARD_SAMPLES)
     return SplitFiles([root / i.name for i in infos], [i.count for i in infos])
@@ -270,60 +526,7 @@ def _dataset(files, bundle, plan, steps: int):
     return data.MicroBatches(files, plan, 0, 0, steps, transform, bundle.tokenizer, 64)
 
 
-# -- (a) the loader ---------------------------------------------------------------------------
-
-
-def measure_loader(profile: Profile, files, bundle) -> dict:
-    from clipforge.config import BatchPlan
-    from clipforge.train import data
-
-    micro = min(256, profile.loader_images)
-    plan = BatchPlan(micro, micro, 1, 1)
-    steps = profile.loader_images // micro
-    rates = {}
-    for workers in profile.worker_counts:
-        loader = data.micro_batch_loader(
-            _dataset(files, bundle, plan, steps + 1), 0, workers, False, 4
-        )
-        next(loader)  # workers started and warm
-        began = time.perf_counter()
-        images = sum(sum(c[0].shape[0] for c in next(loader)) for _ in range(steps))
-        rates[str(workers)] = images / (time.perf_counter() - began)
-        del loader
-    return {"images_per_s": rates, "gpu_decode_images_per_s": gpu_decode_rate(profile, files)}
-
-
-def gpu_decode_rate(profile: Profile, files, batch: int = 256, repeats: int = 5) -> float | None:
-    """Batched nvjpeg decoding plus a resize to the model's input, on the GPU."""
-    if profile.device != "cuda":
-        return None
-    import torch
-    import torchvision
-    from torchvision.io import decode_jpeg
-
-    from clipforge.data.shards import ShardReader
-
-    reader = ShardReader(files.paths)
-    encoded = [
-        torch.frombuffer(bytearray(reader.read(0, i)["jpg"]), dtype=torch.uint8)
-        for i in range(min(batch, files.counts[0]))
-    ]
-    size = [profile.image_size, profile.image_size]
-
-    def once():
-        decoded = decode_jpeg(encoded, device="cuda")
-        return torch.stack([torchvision.transforms.v2.functional.resize(d, size) for d in decoded])
-
-    once()
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(repeats):
-        once()
-    torch.cuda.synchronize()
-    return repeats * len(encoded) / (time.perf_counter() - began)
-
-
-# -- (b) and (c): the step --------------------------------------------------------------------
+# -- the step -----------------------------------------------------------------------------------
 
 
 class Stepper:
@@ -342,7 +545,7 @@ class Stepper:
         import torch
 
         from clipforge.config import BatchPlan, load_config
-        from clipforge.train.ds_config import deepspeed_bf16, deepspeed_config, uses_autocast
+        from clipforge.train.ds_config import deepspeed_config, uses_autocast
         from clipforge.train.engine import create_engine, forward_autocast
         from clipforge.train.loss import make_clip_loss
         from clipforge.train.optim import WarmupCosine
@@ -361,27 +564,78 @@ class Stepper:
         config = deepspeed_config(train, self.plan, profile.device, precision)
         model = copy.deepcopy(bundle.model)
         model.set_grad_checkpointing(grad_checkpointing)
-        self.engine = create_engine(model, config, WarmupCosine(0, 1000, 0.0), 0.2, compile_model)
-        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        self.ds_bf16 = deepspeed_bf16(precision, zero)
+        backend = profile.compile_backend if compile_model else None
+        self.engine = create_engine(
+            model, config, WarmupCosine(0, 1000, 0.0), 0.2, compile_model, backend
+        )
+        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32  # as run.py feeds
         self.autocast = forward_autocast(profile.device, uses_autocast(precision, zero))
         self.loss_fn = make_clip_loss(0, 1)
         self.device = profile.device
+        self.previous_norm = None
 
     def step(self, micro_batches) -> None:
         from clipforge.train.engine import clamp_logit_scale
         from clipforge.train.loop import agree
         from clipforge.train.loss import contrastive_step
 
-        def skip_if(loss):
-            agreed = agree(loss, None, False, self.device)
+        def skip_if(loss):  # the loop's per-step check, with the previous update's norm
+            agreed = agree(loss, self.previous_norm, False, self.device)
             return not agreed.loss == agreed.loss  # NaN
 
         contrastive_step(self.engine, self.loss_fn, micro_batches, skip_if, self.autocast)
         clamp_logit_scale(self.engine, 100.0)
+        self.previous_norm = self.engine.get_global_grad_norm()
 
 
-def _synthetic_micro_batches(profile: Profile, stepper: Stepper, bundle):
+class PlainStepper:
+    """Reference (1): the speed of light for this model in eager PyTorch. open_clip's model and
+    ClipLoss, fp32 weights under bf16 autocast (on the GPU), fused AdamW, gradient clipping and
+    the temperature clamp as clipforge does them; no DeepSpeed, no accumulation."""
+
+    def __init__(self, profile: Profile, bundle):
+        import torch
+
+        from clipforge.train.engine import forward_autocast
+        from clipforge.train.loss import make_clip_loss
+        from clipforge.train.optim import param_groups
+
+        self.device = profile.device
+        from clipforge.model import without_causal_flag
+
+        self.model = without_causal_flag(bundle.model).to(profile.device).train()
+        self.optimizer = torch.optim.AdamW(
+            param_groups(self.model, 0.2), lr=5e-4, betas=(0.9, 0.98), eps=1e-6, fused=True
+        )
+        self.autocast = forward_autocast(profile.device, profile.device == "cuda")
+        self.loss_fn = make_clip_loss(0, 1)
+        self.dtype = torch.bfloat16 if profile.device == "cuda" else torch.float32
+        self.plan = _plan(profile.global_batch, profile.global_batch)
+
+    def step(self, micro_batches) -> None:
+        import math
+
+        import torch
+
+        ((images, texts),) = micro_batches
+        with self.autocast():
+            out = self.model(image=images, text=texts)
+            loss = self.loss_fn(out["image_features"], out["text_features"], out["logit_scale"])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0, foreach=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            self.model.logit_scale.clamp_(max=math.log(100.0))
+
+
+def _plan(global_batch: int, micro: int):
+    from clipforge.config import BatchPlan
+
+    return BatchPlan(global_batch, micro, global_batch // micro, 1)
+
+
+def _synthetic_micro_batches(profile: Profile, stepper, bundle):
     import torch
 
     generator = torch.Generator(profile.device).manual_seed(0)
@@ -396,121 +650,249 @@ def _synthetic_micro_batches(profile: Profile, stepper: Stepper, bundle):
     ]
 
 
-def _timed(profile: Profile, stepper: Stepper, next_batches) -> dict:
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(profile: Profile, stepper, next_batches, timed_steps: int) -> dict:
     import torch
 
     from clipforge.train.reporting import peak_memory_gb
 
     for _ in range(profile.warmup_steps):
         stepper.step(next_batches())
+    _sync(profile.device)
     if profile.device == "cuda":
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     began = time.perf_counter()
-    for _ in range(profile.timed_steps):
+    for _ in range(timed_steps):
         stepper.step(next_batches())
-    if profile.device == "cuda":
-        torch.cuda.synchronize()
+    _sync(profile.device)
     seconds = time.perf_counter() - began
     return {
-        "samples_per_s": profile.timed_steps * profile.global_batch / seconds,
+        "samples_per_s": timed_steps * profile.global_batch / seconds,
+        "timed_steps": timed_steps,
         "peak_mem_gb": peak_memory_gb(profile.device),
     }
 
 
-def _with_mfu(result: dict, env: dict) -> dict:
-    from clipforge.train.flops import mfu
-
-    rate, flops = result.get("samples_per_s"), env["flops_per_sample"]
-    result["mfu"] = mfu(rate, flops, env["table_peak_flops"], 1) if rate else None
-    result["mfu_measured_peak"] = mfu(rate, flops, env["measured_peak_flops"], 1) if rate else None
-    return result
-
-
-def _free(stepper) -> None:
+def _free(*objects) -> None:
     import torch
 
-    del stepper
+    del objects
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
-def measure_steps(profile: Profile, bundle, env: dict, report: Report) -> list[dict]:
-    """ZeRO 1 (+ compile, + gradient checkpointing), then 2, then 3: ZeRO-3 patches torch's
-    linear for the whole process."""
-    largest = max(profile.micro_batches)
-    configs = [(1, m, False, False) for m in profile.micro_batches]
-    configs += [(1, m, True, False) for m in profile.compile_micro_batches]
-    configs += [(1, largest, False, True)]  # gradient checkpointing: its cost in speed
-    configs += [(z, m, False, False) for z in (2, 3) for m in profile.micro_batches]
-    results = []
-    for zero, micro, compiled, checkpointing in configs:
-        row = {
-            "zero": zero,
-            "micro": micro,
-            "accum": profile.global_batch // micro,
-            "compile": compiled,
-            "grad_checkpointing": checkpointing,
+def step_row(profile: Profile, bundle, zero: int, micro: int, compiled: bool, ckpt: bool) -> dict:
+    stepper = Stepper(profile, bundle, zero, micro, compiled, ckpt)
+    batches = _synthetic_micro_batches(profile, stepper, bundle)
+    try:
+        return _timed(profile, stepper, lambda: batches, profile.timed_steps)
+    finally:
+        _free(stepper, batches)
+
+
+def _row_key(zero: int, micro: int, compiled: bool, ckpt: bool, global_batch: int) -> dict:
+    return {
+        "zero": zero,
+        "micro": micro,
+        "accum": global_batch // micro,
+        "compile": compiled,
+        "grad_checkpointing": ckpt,
+    }
+
+
+def measure_zero1(profile, bundle, env, report, clock, budget) -> None:
+    ends = time.monotonic() + budget
+    configs = [(m, False) for m in profile.zero1_micro_batches]
+    configs.append((profile.zero1_micro_batches[0], True))  # gradient checkpointing: its cost
+    for micro, ckpt in configs:
+        row = _row_key(1, micro, False, ckpt, profile.global_batch)
+        left = min(ends - time.monotonic(), clock.left())
+        row.update(attempt(left, step_row, profile, bundle, 1, micro, False, ckpt))
+        report.row("zero1", _with_mfu(row, env))
+
+
+def plain_row(profile: Profile, bundle) -> dict:
+    stepper = PlainStepper(profile, bundle)
+    batches = _synthetic_micro_batches(profile, stepper, bundle)
+    try:
+        return {
+            "name": "plain_pytorch",
+            **_timed(profile, stepper, lambda: batches, 2 * profile.timed_steps),
         }
-        try:
-            stepper = Stepper(profile, bundle, zero, micro, compiled, checkpointing)
-            batches = _synthetic_micro_batches(profile, stepper, bundle)
-            row.update(_timed(profile, stepper, lambda batches=batches: batches))
-            _free(stepper)
-        except Exception as exc:  # noqa: BLE001 - an OOM or a compile failure is a result too
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        results.append(_with_mfu(row, env))
-        report.add("step", results)
-    return results
+    finally:
+        _free(stepper, batches)
 
 
-def measure_end_to_end(profile: Profile, files, bundle, env: dict, steps: list[dict]) -> dict:
-    from clipforge.config import BatchPlan
+def measure_references(profile, bundle, env, report, clock, budget, work: Path) -> None:
+    ends = time.monotonic() + budget
+    row = attempt(min(ends - time.monotonic(), clock.left()), plain_row, profile, bundle)
+    report.row("reference", _with_mfu({"name": "plain_pytorch", **row}, env))
+    row = attempt(
+        min(ends - time.monotonic(), clock.left()), open_clip_train_row, profile, work / "oc"
+    )
+    report.row("reference", _with_mfu({"name": "open_clip_train", **row}, env))
+
+
+# Reference (2): open_clip_train's own main(), in a process of its own, on its synthetic data.
+_OC_LINE = re.compile(r"Data \(t\): ([0-9.]+) Batch \(t\): ([0-9.]+),")
+
+
+def open_clip_train_argv(profile: Profile, logs: Path) -> list[str]:
+    argv = [
+        "--dataset-type", "synthetic",
+        "--train-num-samples", str(profile.open_clip_steps * profile.global_batch),
+        "--batch-size", str(profile.global_batch),
+        "--model", profile.model,
+        "--force-image-size", str(profile.image_size),
+        "--precision", "amp_bf16" if profile.device == "cuda" else "fp32",
+        "--workers", str(profile.open_clip_workers),
+        "--epochs", "1",
+        "--lr", "5e-4", "--wd", "0.2", "--warmup", "1", "--grad-clip-norm", "1.0",
+        "--local-loss", "--gather-with-grad",
+        "--log-every-n-steps", "1",  # one line per step; each reads the loss (a host sync)
+        "--save-frequency", "0",
+        "--logs", str(logs), "--name", "bench",
+        "--seed", "0",
+    ]  # fmt: skip
+    return argv
+
+
+def open_clip_train_row(profile: Profile, logs: Path) -> dict:
+    """samples/s of open_clip_train's loop: per-step `Batch (t)` end to end, and without its
+    `Data (t)` wait (its step alone), over the steps after warm-up."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--open-clip-train", "--"]
+    command += open_clip_train_argv(profile, logs)
+    result = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=3600)
+    log = logs / "bench" / "out.log"
+    text = log.read_text() if log.is_file() else ""
+    times = [(float(d), float(b)) for d, b in _OC_LINE.findall(text)][profile.warmup_steps :]
+    if result.returncode or not times:
+        raise RuntimeError(f"open_clip_train exited {result.returncode}: {_last_error(result)}")
+    batch = sum(b for _, b in times) / len(times)
+    data = sum(d for d, _ in times) / len(times)
+    return {
+        "samples_per_s": profile.global_batch / batch,
+        "step_samples_per_s": profile.global_batch / (batch - data),
+        "timed_steps": len(times),
+        "note": f"{profile.open_clip_workers} workers, synthetic data; step-only = without its"
+        " data wait",
+    }
+
+
+def _last_error(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in (result.stderr or "").splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^\w+(\.\w+)*(Error|Exception)\b", line)]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+def run_open_clip_train(argv: list[str]) -> int:
+    """The child of open_clip_train_row: clipforge's bundled configs registered, then its main."""
+    from clipforge.model import register_bundled_configs
+
+    register_bundled_configs()
+    from open_clip_train.main import main as open_clip_main
+
+    open_clip_main(argv)
+    return 0
+
+
+# -- end to end and the loader ------------------------------------------------------------------
+
+
+def end_to_end(profile: Profile, files, bundle, micro: int) -> dict:
     from clipforge.train import data
 
-    ok = [
-        r
-        for r in steps
-        if r["zero"] == 1
-        and not (r["compile"] or r["grad_checkpointing"])
-        and r.get("samples_per_s")
-    ]
-    best = max(ok, key=lambda r: r["samples_per_s"])
-    stepper = Stepper(profile, bundle, 1, best["micro"], False)
-    total_steps = profile.warmup_steps + profile.timed_steps
-    plan = BatchPlan(profile.global_batch, best["micro"], best["accum"], 1)
-    dataset = _dataset(files, bundle, plan, total_steps)
-    transform_mean_std = data.uint8_transform(bundle.preprocess_train)
-    to_device = data.DeviceBatches(
-        *transform_mean_std[1:], _torch_device(profile.device), stepper.dtype
-    )
+    stepper = Stepper(profile, bundle, 1, micro, False)
+    plan = stepper.plan
+    steps = profile.warmup_steps + profile.end_to_end_steps
+    dataset = _dataset(files, bundle, plan, steps)
+    _, mean, std = data.uint8_transform(bundle.preprocess_train)
+    to_device = data.DeviceBatches(mean, std, _torch_device(profile.device), stepper.dtype)
     loader = data.micro_batch_loader(
-        dataset, 0, profile.end_to_end_workers, profile.device == "cuda", 4
+        dataset, 0, profile.end_to_end_workers, profile.device == "cuda", PREFETCH
     )
-    result = _timed(
-        profile, stepper, lambda: [to_device(next(loader)) for _ in range(plan.grad_accum_steps)]
-    )
-    _free(stepper)
-    workers = str(profile.end_to_end_workers)
-    loader_rate = measure_loader_rate(profile, files, bundle, profile.end_to_end_workers)
-    return _with_mfu(
-        {
-            "zero": 1,
-            "micro": best["micro"],
-            "workers": int(workers),
-            **result,
-            "loader_images_per_s": loader_rate,
-            "loader_over_step": loader_rate / result["samples_per_s"],
-        },
-        env,
-    )
+    try:
+        result = _timed(
+            profile,
+            stepper,
+            lambda: [to_device(next(loader)) for _ in range(plan.grad_accum_steps)],
+            profile.end_to_end_steps,
+        )
+    finally:
+        _free(stepper)
+    in_flight = profile.end_to_end_workers * PREFETCH
+    timed_chunks = profile.end_to_end_steps * plan.grad_accum_steps * dataset.chunks_per_micro_batch
+    return {
+        "zero": 1,
+        "micro": micro,
+        "workers": profile.end_to_end_workers,
+        **result,
+        "timed_chunks_over_in_flight": timed_chunks / max(1, in_flight),
+    }
 
 
-def measure_loader_rate(profile: Profile, files, bundle, workers: int) -> float:
-    return measure_loader(
-        Profile(**{**profile.__dict__, "worker_counts": (workers,)}), files, bundle
-    )["images_per_s"][str(workers)]
+def loader_row(profile: Profile, files, bundle, workers: int) -> dict:
+    """images/s of the loader alone (train/data.py's micro_batch_loader): timed over at least
+    max(loader_min_chunks, 4 x what can be in flight) chunks, after as many as can be in flight
+    were taken (the workers started, their queue full)."""
+    from clipforge.train import data
+
+    micro = 256 if profile.device == "cuda" else 32
+    per_micro = len(data.chunk_bounds(micro))
+    in_flight = -(-max(1, workers) * PREFETCH // per_micro)  # in micro-batches
+    timed = -(-max(profile.loader_min_chunks, 4 * max(1, workers) * PREFETCH) // per_micro)
+    dataset = _dataset(files, bundle, _plan(micro, micro), in_flight + timed + 1)
+    loader = data.micro_batch_loader(dataset, 0, workers, profile.device == "cuda", PREFETCH)
+    for _ in range(in_flight):
+        next(loader)
+    began = time.perf_counter()
+    images = sum(sum(c[0].shape[0] for c in next(loader)) for _ in range(timed))
+    rate = images / (time.perf_counter() - began)
+    del loader
+    return {"images_per_s": rate, "timed_chunks": timed * per_micro}
+
+
+def device_decode_row(profile: Profile, files, batch: int = 256, repeats: int = 8) -> dict:
+    """Batched decode_jpeg on the device (nvjpeg on a GPU) plus the crop and resize to the
+    model's input there: the loader's option of decoding on the device."""
+    import torch
+
+    from clipforge.data.shards import ShardReader
+    from clipforge.train.data import decode_resize_on_device
+
+    reader = ShardReader(files.paths)
+    encoded = [
+        torch.frombuffer(bytearray(reader.read(0, i)["jpg"]), dtype=torch.uint8)
+        for i in range(min(batch, files.counts[0]))
+    ]
+    device = _torch_device(profile.device)
+    decode_resize_on_device(encoded, profile.image_size, device)
+    _sync(profile.device)
+    began = time.perf_counter()
+    for _ in range(repeats):
+        decode_resize_on_device(encoded, profile.image_size, device)
+    _sync(profile.device)
+    return {
+        "decode": f"decode_jpeg on {profile.device}, batched",
+        "images_per_s": repeats * len(encoded) / (time.perf_counter() - began),
+    }
+
+
+def measure_loader(profile, files, bundle, report, clock, budget) -> None:
+    ends = time.monotonic() + budget
+    for workers in profile.worker_counts:
+        row = attempt(min(ends - time.monotonic(), clock.left()), loader_row, profile, files,
+                      bundle, workers)  # fmt: skip
+        report.row("loader", {"decode": "cpu workers", "workers": workers, **row})
+    row = attempt(min(ends - time.monotonic(), clock.left()), device_decode_row, profile, files)
+    report.row("loader", {"decode": f"decode_jpeg on {profile.device}", **row})
 
 
 def _torch_device(device: str):
@@ -519,15 +901,58 @@ def _torch_device(device: str):
     return torch.device(device, 0) if device == "cuda" else torch.device("cpu")
 
 
-# -- (d) the real stage -----------------------------------------------------------------------
+# -- rows in a fresh process --------------------------------------------------------------------
+
+
+def fresh_process_row(profile: Profile, dry_run: bool, key: dict, seconds: float) -> dict:
+    """One step row measured by a child process of this script (`--row`)."""
+    if seconds <= 0:
+        raise OutOfTime("no time left")
+    command = [sys.executable, str(Path(__file__).resolve()), "--row", json.dumps(key)]
+    command += ["--dry-run"] if dry_run else []
+    try:
+        result = subprocess.run(
+            command, env=child_env(), capture_output=True, text=True, timeout=seconds
+        )
+    except subprocess.TimeoutExpired:
+        raise OutOfTime(f"over its {seconds:.0f} s budget") from None
+    sys.stderr.write(result.stderr[-4000:])
+    rows = [line[4:] for line in result.stdout.splitlines() if line.startswith("ROW ")]
+    if not rows:
+        raise RuntimeError(f"the row's process exited {result.returncode}: {_last_error(result)}")
+    return json.loads(rows[-1])
+
+
+def child_row(profile: Profile, key: dict) -> int:
+    from clipforge.train.dist import init_distributed
+
+    try:
+        init_distributed(profile.device)
+        bundle = _bundle(profile)
+        args = (key["zero"], key["micro"], key["compile"], key["grad_checkpointing"])
+        row = step_row(profile, bundle, *args)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as the row's error
+        traceback.print_exc()
+        row = {"error": first_line(exc)}
+    print("ROW " + json.dumps(row), flush=True)
+    return 0
+
+
+def measure_fresh(profile, dry_run, env, report, clock, budget, section, configs) -> None:
+    ends = time.monotonic() + budget
+    for zero, micro, compiled in configs:
+        key = _row_key(zero, micro, compiled, False, profile.global_batch)
+        left = min(ends - time.monotonic(), clock.left())
+        row = attempt(left + 5, fresh_process_row, profile, dry_run, key, left)
+        report.row(section, _with_mfu({**key, **row}, env))
+
+
+# -- the real stage -----------------------------------------------------------------------------
 
 
 def real_run(profile: Profile, workdir: Path) -> dict:
     """data stage -> train stage stopped by SIGTERM after a held step -> rerun resumes -> done."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = child_env()
     sets = [
         f"model.name={profile.model}",
         f"model.image_size={profile.image_size}",
@@ -542,7 +967,7 @@ def real_run(profile: Profile, workdir: Path) -> dict:
         f"train.save_every_steps={profile.run_save_every}",
         "train.log_every_steps=2",
         "train.optimizer=torch",
-        f"train.num_workers={min(8, os.cpu_count() or 1) if profile.device == 'cuda' else 0}",
+        f"train.num_workers={min(8, _CPUS) if profile.device == 'cuda' else 0}",
     ]
     args = ["--params", str(REPO / "params.yaml"), *sum((["--set", s] for s in sets), [])]
     subprocess.run(
@@ -562,19 +987,22 @@ def real_run(profile: Profile, workdir: Path) -> dict:
         text=True,
     )
     tsv = workdir / "metrics" / "train.tsv"
-    deadline = time.monotonic() + 300
-    # the held step waits for a stop request: send it once the run has logged the step before
-    while not (tsv.is_file() and _steps(tsv) and _steps(tsv)[-1] >= profile.run_hold_step - 2):
-        if held.poll() is not None or time.monotonic() > deadline:
+    try:
+        # the held step waits for a stop request: send it once the run has logged the step before
+        while not (tsv.is_file() and _steps(tsv) and _steps(tsv)[-1] >= profile.run_hold_step - 2):
+            if held.poll() is not None:
+                raise RuntimeError(f"the first run ended early: {held.stderr.read()[-2000:]}")
+            time.sleep(0.5)
+        held.send_signal(signal.SIGTERM)
+        stopped_code = held.wait()
+    finally:
+        if held.poll() is None:
             held.kill()
-            raise RuntimeError(f"the first run ended early: {held.stderr.read()[-2000:]}")
-        time.sleep(0.5)
-    held.send_signal(signal.SIGTERM)
-    stopped_code = held.wait(timeout=300)
+            held.wait()
     began = time.perf_counter()
     resumed = subprocess.run(train, cwd=workdir, env=env, capture_output=True, text=True)
     if resumed.returncode:
-        raise RuntimeError(f"the resumed run failed: {resumed.stderr[-2000:]}")
+        raise RuntimeError(f"the resumed run failed: {_last_error(resumed)}")
     summary = json.loads((workdir / "metrics" / "train.info.json").read_text())
     losses = _losses(tsv)
     return {
@@ -613,40 +1041,84 @@ def export_loads(model_dir: Path) -> bool:
     return bool(torch.isfinite(out[0]).all() and torch.isfinite(out[1]).all())
 
 
-# -- main -------------------------------------------------------------------------------------
+# -- main ---------------------------------------------------------------------------------------
+
+
+def run_all(profile: Profile, dry_run: bool, out: Path, skip: set[str]) -> None:
+    from clipforge.train.dist import init_distributed
+
+    clock = Clock(profile.total_seconds)
+    report = Report(out, profile, dry_run)
+
+    def budget(section: str) -> float:
+        return min(profile.section_seconds[section], clock.left())
+
+    env = attempt(budget("env"), environment, profile)
+    report.add("env", env)
+    init_distributed(profile.device)
+    bundle = _bundle(profile)
+    with tempfile.TemporaryDirectory(prefix="clipforge-gpu-bench-") as tmp:
+        work = Path(tmp)
+        if "zero1" not in skip:
+            measure_zero1(profile, bundle, env, report, clock, budget("zero1"))
+        if "reference" not in skip:
+            measure_references(profile, bundle, env, report, clock, budget("reference"), work)
+        files = None
+        if {"end_to_end", "loader"} - skip:
+            files = attempt(min(90, clock.left()), make_shards, work / "shards", profile.num_images)
+        no_shards = {"error": f"no shards: {files['error']}"} if isinstance(files, dict) else None
+        if "end_to_end" not in skip:
+            row = no_shards
+            if row is None:
+                rows = [r for r in report.data.get("zero1", []) if not r["grad_checkpointing"]]
+                ok = [r for r in rows if r.get("samples_per_s")]
+                micro = max(ok, key=_rate)["micro"] if ok else profile.zero1_micro_batches[-1]
+                row = attempt(budget("end_to_end"), end_to_end, profile, files, bundle, micro)
+            report.add("end_to_end", _with_mfu(row, env))
+        if "loader" not in skip:
+            if no_shards:
+                report.row("loader", {"decode": "-", **no_shards})
+            else:
+                measure_loader(profile, files, bundle, report, clock, budget("loader"))
+        _free(bundle)
+        if "zero23" not in skip:
+            configs = [(z, m, False) for z in (2, 3) for m in profile.zero23_micro_batches]
+            measure_fresh(profile, dry_run, env, report, clock, budget("zero23"), "zero23", configs)
+        if "compile" not in skip:
+            configs = [(1, m, True) for m in profile.compile_micro_batches]
+            measure_fresh(
+                profile, dry_run, env, report, clock, budget("compile"), "compile", configs
+            )
+        if "train_run" not in skip:
+            left = clock.left()
+            if left < profile.train_run_min_seconds:
+                result = {"error": f"not started: {left:.0f} s left of the run's budget"}
+            else:
+                (work / "run").mkdir()
+                result = attempt(left, real_run, profile, work / "run")
+            report.add("train_run", result)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--open-clip-train"]:
+        return run_open_clip_train(argv[2:] if argv[1:2] == ["--"] else argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for gpu-bench.json/.md")
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, seconds")
+    parser.add_argument("--out", type=Path, help="folder for gpu-bench.json/.md")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, a few minutes")
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["loader", "step", "end_to_end", "train_run"]
+        "--skip", nargs="*", default=[], choices=[s for s in SECTIONS if s != "env"]
     )
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # a child measuring one step row
     args = parser.parse_args(argv)
     profile = DRY if args.dry_run else FULL
     if profile.device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import tempfile
-
-    from clipforge.train.dist import init_distributed
-
-    report = Report(args.out, profile, args.dry_run)
-    with tempfile.TemporaryDirectory(prefix="clipforge-gpu-bench-") as tmp:
-        work = Path(tmp)
-        if "train_run" not in args.skip:  # first: its subprocesses need the GPU to themselves
-            (work / "run").mkdir()
-            report.add("train_run", real_run(profile, work / "run"))
-        init_distributed(profile.device)
-        env = environment(profile)
-        report.add("env", env)
-        files = make_shards(work / "shards", profile.num_images)
-        bundle = _bundle(profile)
-        if "loader" not in args.skip:
-            report.add("loader", measure_loader(profile, files, bundle))
-        steps = measure_steps(profile, bundle, env, report) if "step" not in args.skip else []
-        if "end_to_end" not in args.skip and any(r.get("samples_per_s") for r in steps):
-            report.add("end_to_end", measure_end_to_end(profile, files, bundle, env, steps))
+    if args.row:
+        return child_row(profile, json.loads(args.row))
+    if args.out is None:
+        parser.error("--out is required")
+    run_all(profile, args.dry_run, args.out, set(args.skip))
     print((args.out / "gpu-bench.md").read_text())
     return 0
 

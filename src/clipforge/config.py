@@ -213,6 +213,14 @@ class ModelConfig(Section):
     image_size: int | None = knob(
         None, "Override the model's input image size (null: the model's own).", ge=16, le=1024
     )
+    patch_dropout: float = knob(
+        0.0,
+        "FLIP-style patch dropout: the share of image patches dropped in training (0: none; "
+        "0.5 about halves the image tower's cost per sample, at some recall per step). Training "
+        "only: evaluation and the export see every patch.",
+        ge=0.0,
+        lt=1.0,
+    )
 
 
 @dataclass(kw_only=True)
@@ -275,6 +283,12 @@ class TrainConfig(Section):
     )
     seed: int = knob(0, "Seed for initialisation, data order and augmentation.", ge=0)
     num_workers: int = knob(1, "Data-loading processes per rank.", ge=0)
+    decode_on_device: bool = knob(
+        False,
+        "Decode the JPEGs on the GPU (batched nvjpeg) and crop and resize them there; the "
+        "loader workers only read bytes and draw each crop. CUDA only; open_clip's default "
+        "training transform only. Measured in BENCHMARKS.md (GPU benchmark, loader section).",
+    )
     shuffle_window_shards: int = knob(
         64,
         "Shards whose samples are shuffled together each epoch (windows of the shuffled shard "

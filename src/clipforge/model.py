@@ -87,9 +87,14 @@ def build_model(cfg: ModelConfig) -> ClipBundle:
     kwargs: dict[str, Any] = {"output_dict": True}
     if cfg.image_size:
         kwargs["force_image_size"] = cfg.image_size
+    if cfg.patch_dropout:
+        # open_clip's PatchDropout: active in train() mode only. Not in model_cfg below, so the
+        # export is the plain architecture.
+        kwargs["force_patch_dropout"] = cfg.patch_dropout
     model, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(name, **kwargs)
     if cfg.pretrained:
         load_pretrained(model, cfg.pretrained)
+    flag_causal_text_attention(model)
     model_cfg = copy.deepcopy(open_clip.get_model_config(name))
     if cfg.image_size:
         model_cfg["vision_cfg"]["image_size"] = cfg.image_size
@@ -102,6 +107,57 @@ def build_model(cfg: ModelConfig) -> ClipBundle:
         model_cfg,
         preprocess_cfg,
     )
+
+
+class CausalFlagAttention(torch.nn.MultiheadAttention):
+    """open_clip's text attention told that its mask is the causal one.
+
+    open_clip passes the text tower an explicit 77x77 float mask, which keeps
+    scaled_dot_product_attention off its flash and memory-efficient kernels. Given `is_causal`,
+    torch drops that mask and asks the kernel for causal attention instead: the same result
+    (tests/unit/test_causal_attention.py), other kernels. A subclass with no state of its own:
+    the parameters and the state dict are nn.MultiheadAttention's, so checkpoints and exports
+    are unchanged and plain open_clip loads them."""
+
+    def forward(self, query, key, value, *args, attn_mask=None, is_causal=False, **kwargs):
+        return super().forward(
+            query,
+            key,
+            value,
+            *args,
+            attn_mask=attn_mask,
+            is_causal=is_causal or attn_mask is not None,
+            **kwargs,
+        )
+
+
+def flag_causal_text_attention(model: torch.nn.Module) -> int:
+    """Swap the text tower's attention layers for CausalFlagAttention where open_clip's own
+    tower passes them exactly the causal mask; the number swapped (0: a tower this does not
+    describe, e.g. Hugging Face's, or a bidirectional one)."""
+    mask = getattr(model, "attn_mask", None)
+    blocks = getattr(getattr(model, "transformer", None), "resblocks", [])
+    if mask is None or not isinstance(mask, torch.Tensor) or mask.ndim != 2:
+        return 0
+    causal = torch.full_like(mask, float("-inf")).triu_(1)
+    if not torch.equal(mask, causal):
+        return 0
+    swapped = 0
+    for block in blocks:
+        if type(getattr(block, "attn", None)) is torch.nn.MultiheadAttention:
+            block.attn.__class__ = CausalFlagAttention
+            swapped += 1
+    return swapped
+
+
+def without_causal_flag(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` exactly as plain open_clip builds it (float-mask attention): the
+    references that benchmarks compare clipforge against."""
+    plain = copy.deepcopy(model)
+    for module in plain.modules():
+        if type(module) is CausalFlagAttention:
+            module.__class__ = torch.nn.MultiheadAttention
+    return plain
 
 
 def load_pretrained(model: torch.nn.Module, source: str) -> None:

@@ -26,29 +26,75 @@ def _run_wrapper(out, env: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_dry_run_measures_every_section_and_writes_json_and_markdown(tmp_path):
+    """Every section's real code path at tiny sizes: the references, the loader's decode on the
+    device, the fresh-process rows and torch.compile included; no row fails."""
     result = _run_wrapper(
         tmp_path / "out", {**subprocess_env(), "PYTHON": sys.executable}, "--dry-run"
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads((tmp_path / "out" / "gpu-bench.json").read_text())
+    check_dry_run(tmp_path / "out")
+
+
+def check_dry_run(out) -> None:
+    """What a complete dry run leaves in `out` (also run by hand on a dry run's folder)."""
+    data = json.loads((out / "gpu-bench.json").read_text())
     assert data["dry_run"] is True
-    assert all(rate > 0 for rate in data["loader"]["images_per_s"].values())
-    steps = data["step"]
-    assert sorted((r["zero"], r["micro"], r["grad_checkpointing"]) for r in steps) == sorted(
-        [(z, m, False) for z in (1, 2, 3) for m in (8, 16)] + [(1, 16, True)]
+    env = data["env"]
+    assert env["torchvision"] and env["deepspeed"] and env["cpus"] >= 1
+    assert env["datasheet_part"] is None  # a CPU: no datasheet peak, so no MFU
+    rows = {s: data[s] for s in ("zero1", "zero23", "compile")}
+    keys = sorted((r["zero"], r["micro"], r["compile"], r["grad_checkpointing"]) for rs in
+                  rows.values() for r in rs)  # fmt: skip
+    assert keys == sorted(
+        [(1, 16, False, False), (1, 8, False, False), (1, 16, False, True)]
+        + [(2, 16, False, False), (3, 16, False, False), (1, 8, True, False)]
     )
-    for row in steps:
+    for row in [r for rs in rows.values() for r in rs]:
         assert "error" not in row, row
-        assert row["samples_per_s"] > 0 and row["mfu_measured_peak"] > 0 and row["peak_mem_gb"] > 0
-    assert data["end_to_end"]["samples_per_s"] > 0 and data["end_to_end"]["loader_over_step"] > 0
+        assert row["samples_per_s"] > 0 and row["peak_mem_gb"] > 0
+        assert row["mfu"] is None and row["mfu_measured_peak"] > 0
+    references = {r["name"]: r for r in data["reference"]}
+    assert set(references) == {"plain_pytorch", "open_clip_train"}
+    for ref in references.values():
+        assert "error" not in ref, ref
+        assert ref["samples_per_s"] > 0
+    assert references["open_clip_train"]["step_samples_per_s"] > 0
+    assert data["end_to_end"]["samples_per_s"] > 0
+    loader = data["loader"]
+    assert [r.get("workers") for r in loader] == [0, 1, None]
+    assert all("error" not in r and r["images_per_s"] > 0 for r in loader), loader
+    assert all(value > 0 for value in data["ratios"].values()), data["ratios"]
     run = data["train_run"]
     assert run["stopped_exit_code"] == 143  # stopped by SIGTERM with a checkpoint...
     assert run["resumed_from_step"] == data["profile"]["run_hold_step"]  # ...resumed from it
     assert run["steps"] == data["profile"]["run_steps"]
     assert run["loss_falls"] is True and run["export_loads_in_open_clip"] is True
-    table = (tmp_path / "out" / "gpu-bench.md").read_text()
-    for heading in ("(a) loader alone", "(b) train step", "(c) end to end", "(d) python -m"):
+    assert run["mfu"] is None
+    table = (out / "gpu-bench.md").read_text()
+    for heading in ("## zero1", "## reference", "## end_to_end", "## loader", "## zero23",
+                    "## compile", "## ratios", "## train_run"):  # fmt: skip
         assert heading in table
+
+
+def test_a_failing_row_is_recorded_and_the_rest_runs():
+    """A row that raises leaves its first error line; one over its budget is stopped."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import gpu
+
+    def broken():
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore detail")
+
+    assert gpu.attempt(60, broken) == {
+        "error": "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"
+    }
+
+    def hangs():
+        import threading
+
+        threading.Event().wait()  # never set: only the budget ends it
+
+    assert gpu.attempt(0.2, hangs)["error"].startswith("OutOfTime")
+    assert gpu.attempt(0, broken)["error"].startswith("OutOfTime")
 
 
 def test_a_machine_without_deepspeed_and_without_wheels_gets_the_remedy(tmp_path):

@@ -31,6 +31,7 @@ def test_production_recipe_gives_zero1_bf16_fp32_accumulation_fused_adam_on_gpus
         0.2,
     )
     assert params["torch_adam"] is False  # DeepSpeed's fused CUDA kernel
+    assert "fused" not in params  # a torch AdamW argument, for torch's AdamW only
 
 
 def test_cpu_default_is_fp32_with_torch_adam():
@@ -41,6 +42,7 @@ def test_cpu_default_is_fp32_with_torch_adam():
     )
     assert config["bf16"] == {"enabled": False}
     assert config["optimizer"]["params"]["torch_adam"] is True
+    assert config["optimizer"]["params"]["fused"] is True  # torch's fused AdamW, on CPU too
     assert config["gradient_clipping"] == train.grad_clip_norm
 
 

@@ -22,6 +22,7 @@ through shared memory, pinned memory and the PCIe link.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import io
 import itertools
 import json
@@ -153,13 +154,18 @@ class MicroBatches(torch.utils.data.Dataset):
             self._reader = ShardReader(self.files.paths, max_open_files=self.window_shards)
         micro_batch, chunk = divmod(index, self.chunks_per_micro_batch)
         epoch, positions = self.positions(micro_batch)
-        images, captions = [], []
+        images, captions, jpegs = [], [], []
+        keeps_jpeg = isinstance(self.transform, DeviceCrop)
         for position in positions[slice(*self.chunks[chunk])]:
             sample = self._reader.read(*self.order.locate(epoch, position))
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(sample_seed(self.seed, epoch, position))
                 images.append(self.transform(Image.open(io.BytesIO(sample["jpg"]))))
+            if keeps_jpeg:
+                jpegs.append(torch.frombuffer(bytearray(sample["jpg"]), dtype=torch.uint8))
             captions.append(sample["txt"].decode("utf-8"))
+        if keeps_jpeg:  # (the JPEGs, their crop boxes): decoded by DeviceBatches
+            return (jpegs, torch.stack(images)), self.tokenizer(captions)
         return torch.stack(images), self.tokenizer(captions)
 
 
@@ -178,21 +184,149 @@ def uint8_transform(preprocess: Callable) -> tuple[Callable, list[float], list[f
     )
 
 
+class DeviceCrop:
+    """The loader workers' half of train.decode_on_device: the crop box of open_clip's
+    RandomResizedCrop, drawn exactly as it draws it (same generator calls, so the same box as the
+    CPU path for the same sample), from the JPEG's header alone: PIL decodes no pixel for
+    `.size`. The JPEG itself is decoded, cropped and resized on the GPU (`DeviceBatches`)."""
+
+    def __init__(self, crop):
+        self.size = crop.size[0] if isinstance(crop.size, (tuple, list)) else crop.size
+        self.scale = crop.scale
+        self.ratio = crop.ratio
+        self.interpolation = crop.interpolation
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        from torchvision import transforms
+
+        top, left, height, width = transforms.RandomResizedCrop.get_params(
+            image, self.scale, self.ratio
+        )
+        return torch.tensor([top, left, height, width])
+
+
+def device_decode_transform(preprocess: Callable) -> tuple[DeviceCrop, list[float], list[float]]:
+    """uint8_transform's counterpart for train.decode_on_device: the workers draw the crop, the
+    device does the rest. Only open_clip's default training transform (random resized crop, RGB,
+    to tensor, normalise) is supported; anything else is a config error naming it."""
+    from torchvision import transforms
+
+    from clipforge.fields import ConfigError
+
+    steps = preprocess.transforms
+    (normalize,) = [t for t in steps if isinstance(t, transforms.Normalize)]
+    plain = ("ToTensor", "MaybeToTensor", "Normalize", "MaybeConvertMode", "function")
+    crops = [t for t in steps if isinstance(t, transforms.RandomResizedCrop)]
+    others = [type(t).__name__ for t in steps if type(t).__name__ not in plain and t not in crops]
+    if len(crops) != 1 or others:
+        raise ConfigError(
+            f"train.decode_on_device: supports open_clip's default training transform (a random "
+            f"resized crop) only; this model's has {others or 'no random resized crop'}"
+        )
+    return DeviceCrop(crops[0]), list(normalize.mean), list(normalize.std)
+
+
+def check_decode_on_device(device: str) -> None:
+    """train.decode_on_device needs a GPU: nvjpeg has no CPU counterpart worth having (the
+    workers decode faster there)."""
+    from clipforge.fields import ConfigError
+
+    if device != "cuda":
+        raise ConfigError(
+            f"train.decode_on_device: needs a CUDA device, and the run's is {device!r}; set it "
+            f"to false (the loader workers then decode)"
+        )
+
+
 class DeviceBatches:
     """Chunks of uint8 pixels -> a micro-batch on the device, normalised as torchvision's
-    ToTensor + Normalize would (the same operations, in the same order), cast to `dtype`."""
+    ToTensor + Normalize would (the same operations, in the same order), cast to `dtype`.
 
-    def __init__(self, mean, std, device: torch.device, dtype: torch.dtype):
+    On a GPU the host-to-device copies run on a side stream: queued on the compute stream they
+    would wait behind the previous step's backward and optimizer step, which the host has not
+    waited for; on their own stream they overlap with it. The compute stream waits for the copy
+    only where it uses the batch. On CPU there is no stream and the same code copies nothing."""
+
+    def __init__(
+        self,
+        mean,
+        std,
+        device: torch.device,
+        dtype: torch.dtype,
+        decode: DeviceCrop | None = None,
+    ):
         self.mean = torch.tensor(mean, device=device).view(-1, 1, 1)
         self.std = torch.tensor(std, device=device).view(-1, 1, 1)
         self.device = device
         self.dtype = dtype
+        self.decode = decode  # train.decode_on_device: chunks of JPEGs and crop boxes
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def __call__(self, chunks: list[tuple[torch.Tensor, torch.Tensor]]):
-        images = torch.cat([c[0].to(self.device, non_blocking=True) for c in chunks])
-        texts = torch.cat([c[1].to(self.device, non_blocking=True) for c in chunks])
+        if isinstance(chunks[0][0], tuple):  # (JPEGs, crop boxes) from DeviceCrop's workers
+            jpegs = [jpeg for c in chunks for jpeg in c[0][0]]
+            boxes = torch.cat([c[0][1] for c in chunks]).tolist()
+            images = decode_crop_resize(jpegs, boxes, self.decode, self.device)
+            texts = torch.cat([c[1] for c in chunks]).to(self.device, non_blocking=True)
+            return self._normalise(images), texts
+        with _on_stream(self.copy_stream):
+            images = torch.cat([c[0].to(self.device, non_blocking=True) for c in chunks])
+            texts = torch.cat([c[1].to(self.device, non_blocking=True) for c in chunks])
+        if self.copy_stream is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(self.copy_stream)
+            # made on the copy stream, used on the compute stream: not to be reused before that
+            images.record_stream(compute)
+            texts.record_stream(compute)
+        return self._normalise(images), texts
+
+    def _normalise(self, images: torch.Tensor) -> torch.Tensor:
         images = images.float().div_(255).sub_(self.mean).div_(self.std)
-        return images.to(self.dtype), texts
+        return images.to(self.dtype)
+
+
+def _on_stream(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def decode_resize_on_device(
+    encoded: list[torch.Tensor], size: int, device: torch.device
+) -> torch.Tensor:
+    """JPEG bytes (1-d uint8 tensors) -> uint8 images [N, 3, size, size] on `device`: decoded in
+    one batched call (nvjpeg on a GPU), then on the device each shorter side resized to `size`
+    and the centre cropped, as open_clip's validation transform does."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    # Imported by name: `import torchvision` does not import transforms.v2 (an AttributeError
+    # on torchvision 0.26 otherwise).
+    from torchvision.transforms.v2 import functional as tvf
+
+    decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
+    return torch.stack(
+        [
+            tvf.center_crop(tvf.resize(image, [size], antialias=True), [size, size])
+            for image in decoded
+        ]
+    )
+
+
+def decode_crop_resize(
+    jpegs: list[torch.Tensor], boxes: list[list[int]], crop: DeviceCrop, device: torch.device
+) -> torch.Tensor:
+    """JPEGs decoded in one batched call on `device`, each cut to its box (top, left, height,
+    width) and resized to the crop's size with its interpolation, as RandomResizedCrop does on
+    the CPU; uint8 [N, 3, size, size]."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.transforms.v2 import functional as tvf
+
+    decoded = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)
+    size = [crop.size, crop.size]
+    return torch.stack(
+        [
+            tvf.resized_crop(image, *box, size, interpolation=crop.interpolation, antialias=True)
+            for image, box in zip(decoded, boxes)
+        ]
+    )
 
 
 def grouped(chunks: Iterator, size: int) -> Iterator[list]:

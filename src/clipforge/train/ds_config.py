@@ -28,6 +28,14 @@ def use_torch_adam(optimizer: str, device: str) -> bool:
     return optimizer == "torch" or (optimizer == "auto" and device == "cpu")
 
 
+def fused_torch_adam(optimizer: str, device: str) -> dict:
+    """torch's AdamW in one fused kernel (CUDA, and CPU since torch 2.4) where DeepSpeed hands
+    the step to torch: DeepSpeed passes unknown optimizer params through to torch.optim.AdamW,
+    whose default otherwise is the multi-tensor path, several passes over the fp32 master
+    weights and both moments instead of one."""
+    return {"fused": True} if use_torch_adam(optimizer, device) else {}
+
+
 def deepspeed_bf16(precision: str, zero_stage: int) -> bool:
     """bf16 weights in DeepSpeed's own bf16 mode, where it accumulates gradients in fp32.
 
@@ -67,6 +75,7 @@ def deepspeed_config(train: TrainConfig, plan: BatchPlan, device: str, precision
                 "weight_decay": train.weight_decay,
                 "torch_adam": use_torch_adam(train.optimizer, device),
                 "adam_w_mode": True,
+                **fused_torch_adam(train.optimizer, device),
             },
         },
         "steps_per_print": _QUIET_STEPS,

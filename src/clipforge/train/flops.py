@@ -1,6 +1,7 @@
 """Model FLOPs per training sample and the device's peak rate: the two halves of MFU.
 
-MFU (model FLOPs utilisation) = samples/s x FLOPs per training sample / (peak FLOP/s x ranks).
+MFU (model FLOPs utilisation) = samples/s x FLOPs per training sample / (peak FLOP/s x ranks),
+the peak being the datasheet's dense bf16 rate of the exact GPU part (PaLM's definition).
 It counts the model's useful work only: forward plus backward of one sample. The extra no-grad
 forward of cached accumulation is overhead and is not counted, nor are norms, activations,
 softmax or the optimizer, as is usual (PaLM's definition).
@@ -18,19 +19,36 @@ tests/unit/test_flops.py checks the formula against torch.utils.flop_counter.
 
 from __future__ import annotations
 
-import time
+import re
 
-# Dense bf16 tensor-core peak, FLOP/s, by a substring of torch.cuda.get_device_name().
-# Hopper: 790 TFLOP/s is what an 8192^3 bf16 matrix product reaches on an H200 (measured,
-# 788-798; the datasheet says 989): MFU against a rate no kernel attains would understate it.
-# Ampere A100/A800: the datasheet's 312.
-PEAK_BF16_FLOPS = (
-    ("H200", 790e12),
-    ("H100", 790e12),
-    ("H800", 790e12),
-    ("A100", 312e12),
-    ("A800", 312e12),
+# Datasheet dense (no sparsity) bf16 tensor-core peak, FLOP/s, of the exact part, matched on
+# torch.cuda.get_device_name() in this order: the PCIe and NVL parts share a family name with the
+# SXM part and reach less (lower clocks and power), so they are matched first and never fall
+# through to the SXM entry. A name no pattern matches has no peak, and so no MFU.
+# Names as the driver reports them: "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe",
+# "NVIDIA H100 NVL", "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB",
+# "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe", "NVIDIA A800-SXM4-80GB".
+DATASHEET_BF16_FLOPS = (
+    ("H200 NVL", r"\bH200 NVL\b", 835e12),
+    ("H200 SXM", r"\bH200\b", 989e12),
+    ("H100 NVL", r"\bH100 NVL\b", 835e12),
+    ("H100 PCIe", r"\bH100\b.*\bPCIe\b", 756e12),
+    ("H100 SXM", r"\bH100\b", 989e12),
+    ("H800 PCIe", r"\bH800\b.*\bPCIe\b", 756e12),
+    ("H800 SXM", r"\bH800\b", 989e12),
+    ("A100 PCIe", r"\bA100\b.*\bPCIe\b", 312e12),  # the same dense peak as the SXM part
+    ("A100 SXM", r"\bA100\b", 312e12),
+    ("A800 PCIe", r"\bA800\b.*\bPCIe\b", 312e12),
+    ("A800 SXM", r"\bA800\b", 312e12),
 )
+
+
+def datasheet_peak(device_name: str) -> tuple[str, float] | None:
+    """(the part matched, its dense bf16 peak) for a CUDA device name; None when unknown."""
+    for part, pattern, rate in DATASHEET_BF16_FLOPS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return part, rate
+    return None
 
 
 def _layer_macs(tokens: int, width: int, mlp_ratio: float) -> float:
@@ -69,31 +87,15 @@ def flops_per_sample(model_cfg: dict) -> float | None:
 
 
 def peak_flops(device: str, precision: str) -> float | None:
-    """Peak FLOP/s of one rank's device: the table above for GPUs in bf16, a measurement on CPU,
-    None where neither applies (MFU is then not reported)."""
+    """Peak FLOP/s of one rank's device for MFU: the datasheet's dense bf16 rate of a known GPU
+    part; None for anything else (fp32, CPUs, unknown parts), and MFU is then not reported: a
+    ratio to a peak nobody published is noise."""
     import torch
 
-    if device == "cuda":
-        if precision != "bf16":
-            return None
-        name = torch.cuda.get_device_name()
-        return next((rate for key, rate in PEAK_BF16_FLOPS if key in name), None)
-    return measured_cpu_flops()
-
-
-def measured_cpu_flops(size: int = 512, repeats: int = 5) -> float:
-    """fp32 matrix-product rate of this process's CPU threads (best of a few; a fraction of a
-    second): there is no table of CPU peaks worth trusting."""
-    import torch
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)  # first call: thread pool start-up
-    best = float("inf")
-    for _ in range(repeats):
-        began = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - began)
-    return 2 * size**3 / best
+    if device != "cuda" or precision != "bf16":
+        return None
+    part = datasheet_peak(torch.cuda.get_device_name())
+    return part[1] if part else None
 
 
 def mfu(

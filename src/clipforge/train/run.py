@@ -210,7 +210,11 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         precision,
         train.zero_stage,
     )
-    transform, mean, std = train_data.uint8_transform(bundle.preprocess_train)
+    if train.decode_on_device:
+        train_data.check_decode_on_device(device)
+        transform, mean, std = train_data.device_decode_transform(bundle.preprocess_train)
+    else:
+        transform, mean, std = train_data.uint8_transform(bundle.preprocess_train)
     dataset = train_data.MicroBatches(
         files,
         plan,
@@ -243,7 +247,7 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         engine=engine,
         checkpointer=checkpointer,
         state=state,
-        to_device=_device_batches(mean, std, device, precision, dist.local_rank),
+        to_device=_device_batches(mean, std, device, precision, dist.local_rank, transform),
         loader=train_data.micro_batch_loader(
             dataset,
             start_step * plan.grad_accum_steps,
@@ -384,13 +388,14 @@ def _engine_and_checkpointer(
 
 
 def _device_batches(
-    mean, std, device: str, precision: str, local_rank: int
+    mean, std, device: str, precision: str, local_rank: int, transform=None
 ) -> train_data.DeviceBatches:
     """uint8 chunks -> normalised micro-batches on the device, in the weights' dtype (bf16 where
     DeepSpeed keeps bf16 weights; fp32 weights under autocast get fp32 inputs)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     target = torch.device(device, local_rank) if device == "cuda" else torch.device("cpu")
-    return train_data.DeviceBatches(mean, std, target, dtype)
+    decode = transform if isinstance(transform, train_data.DeviceCrop) else None
+    return train_data.DeviceBatches(mean, std, target, dtype, decode)
 
 
 def _prefetch_factor(train: TrainConfig, bundle: ClipBundle) -> int:
