@@ -30,7 +30,7 @@ from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace
 from tests.launcher.sshd import free_port
 from tests.s3store import SECRET_KEY, S3Server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 HELD_STEP = 5  # of the 8 of RUN_SETS: the first host holds there until it dies
 STORED_STEP = 4  # the checkpoint (saved every 2 steps) the store has when the host dies
 

@@ -116,6 +116,7 @@ def one_host_reference(project, tmp_path_factory) -> Path:
     return work
 
 
+@pytest.mark.tier2
 def test_two_hosts_train_like_one_host_with_two_ranks(two_node_run, one_host_reference):
     """Both nodes finish; the final loss and every weight equal those of one host running two
     ranks with the same global batch, bit for bit (gloo sums two tensors the same way)."""
@@ -136,6 +137,7 @@ def test_two_hosts_train_like_one_host_with_two_ranks(two_node_run, one_host_ref
         assert torch.equal(two_hosts[name], one_host[name]), name
 
 
+@pytest.mark.tier2
 def test_each_node_talks_on_its_route_to_the_master_and_the_run_records_it(two_node_run):
     """The hostname resolves to the loopback on the hosts, yet the ranks met: each node got the
     interface of its route to node a (GLOO_SOCKET_IFNAME), recorded in run.json."""
@@ -151,12 +153,14 @@ def test_each_node_talks_on_its_route_to_the_master_and_the_run_records_it(two_n
     assert train["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
 
 
+@pytest.mark.tier2
 def test_checkpoints_hold_both_ranks_shards_on_the_shared_storage(two_node_run):
     latest = next((two_node_run.run_dir / "checkpoints").glob("run-*/latest"))
     step_dir = latest.parent / latest.read_text().strip()
     assert len(list(step_dir.glob("*optim_states.pt"))) == 2
 
 
+@pytest.mark.tier2
 def test_status_and_logs_cover_both_nodes(two_node_run):
     """`fab status` and `fab logs` with both hosts: every node's state and output."""
     status = two_node_run.fab_all("status")
@@ -169,6 +173,7 @@ def test_status_and_logs_cover_both_nodes(two_node_run):
     assert logs.stdout.count("all phases finished") == 2
 
 
+@pytest.mark.tier2
 def test_killed_ranks_on_node_b_restart_both_nodes_then_stop_and_resume(
     netns_hosts, project, tmp_path_factory, two_node_run
 ):
@@ -209,6 +214,7 @@ def test_killed_ranks_on_node_b_restart_both_nodes_then_stop_and_resume(
         assert torch.equal(final[name], reference[name]), name
 
 
+@pytest.mark.tier2
 def test_a_node_cut_off_mid_run_fails_with_a_clear_line_and_an_alert(
     netns_hosts, project, tmp_path_factory
 ):
