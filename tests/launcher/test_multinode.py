@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from tests.conftest import git, subprocess_env
 from tests.launcher.conftest import RUN_SETS, host_train_args, make_fab, set_args, wait_for_end
 from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace
 from tests.launcher.sshd import keygen
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -294,11 +294,12 @@ def test_a_wrong_host_key_on_node_b_only_refuses_the_launch(netns_hosts, project
 
 def wait_until(predicate, run: TwoNodeRun, what: str, timeout: float = 900) -> None:
     """Poll the shared storage until predicate() holds (a safety limit, not a speed test)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
+
+    def no_node_failed() -> None:
         states = [
             run.state(r).get("state") for r in (0, 1) if (run.nodes[r] / "state.json").exists()
         ]
-        if "failed" in states or time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached; node states {states}\n{run.log(0)[-3000:]}")
-        time.sleep(0.05)
+        if "failed" in states:
+            raise AssertionError(f"{what}: a node failed first; {states}\n{run.log(0)[-3000:]}")
+
+    wait_for(predicate, what=what, timeout=timeout, check=no_node_failed)

@@ -68,7 +68,9 @@ def test_a_committed_file_ships_even_where_the_pipeline_writes_it(used_checkout)
 
 def test_the_outputs_come_from_dvc_yaml_not_a_list():
     """A stage out added to dvc.yaml is excluded without editing the tests."""
-    text = "stages:\n  report:\n    cmd: x\n    outs: [reports/]\n    metrics: [{scores.json: {}}]\n"
+    text = (
+        "stages:\n  report:\n    cmd: x\n    outs: [reports/]\n    metrics: [{scores.json: {}}]\n"
+    )
     patterns = pipeline_outputs(text)
     assert is_output("reports/a/b.html", patterns) and is_output("scores.json", patterns)
     assert not is_output("reports.py", patterns) and not is_output("src/scores.json", patterns)
