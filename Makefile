@@ -66,9 +66,10 @@ test-tier2: env  ## the suite's slow tier: two-host runs in network namespaces, 
 
 LINTED := src infra tests fabfile.py docker bench scripts
 
-lint: env  ## ruff check + ruff format --check (make test runs it first)
+lint: env  ## ruff check + ruff format --check + mypy on src/ (make test runs it first)
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
+	$(PY) -m mypy
 
 format: env  ## let ruff fix imports and formatting
 	$(VENV)/bin/ruff check --fix $(LINTED)
