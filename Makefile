@@ -52,15 +52,16 @@ demo: env  ## train and evaluate the built-in default on CPU as a DVC experiment
 		&& dvc exp show --no-pager --hide-workspace --drop '.*' --keep $(RECALL_COLUMNS)
 
 # Lint first: a style error fails `make test` in seconds, before the suite's minutes.
-# The slow tier (pytest marker tier2: two hosts in network namespaces, runs moved between hosts)
-# is `make test-tier2`, which .ci/run runs after this; every behaviour it covers has a cheaper
-# test here too (one host with two ranks, a run resumed from the store in-process).
+# The slow tier (pytest marker tier2: two hosts in network namespaces, runs moved between hosts,
+# the GPU benchmark's CPU dry run) is `make test-tier2`, which .ci/run runs after this, so that
+# `make test` stays within 10 minutes on 2 cores. The first two have cheaper tests here too (one
+# host with two ranks, the refused two-host launches, a run resumed from the store in-process).
 TEST_SYSTEM_PACKAGES := openssh-server iproute2 fonts-wqy-microhei
 test: env img2dataset-env lint  ## lint, then the test suite but its slow tier (installs openssh-server, which the launcher tests run)
 	scripts/setup-system.sh $(TEST_SYSTEM_PACKAGES)
 	$(PY) -m pytest -m "not tier2" $(PYTEST_ARGS)
 
-test-tier2: env  ## the suite's slow tier: two-host runs in network namespaces, runs moved between hosts (~10 min)
+test-tier2: env  ## the suite's slow tier: two-host runs in network namespaces, runs moved between hosts
 	scripts/setup-system.sh $(TEST_SYSTEM_PACKAGES)
 	$(PY) -m pytest -m tier2 $(PYTEST_ARGS)
 

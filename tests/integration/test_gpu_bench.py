@@ -25,6 +25,8 @@ def _run_wrapper(out, env: dict, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+# ~40 s of CPU: in make test-tier2 (.ci/run), which keeps it from rotting all the same
+@pytest.mark.tier2
 def test_dry_run_measures_every_section_and_writes_json_and_markdown(tmp_path):
     result = _run_wrapper(
         tmp_path / "out", {**subprocess_env(), "PYTHON": sys.executable}, "--dry-run"
