@@ -75,6 +75,16 @@ def shipped_files(repo: Path) -> list[str]:
     return sorted(n for n in set(files) if (repo / n).is_file())
 
 
+def committed_text(repo: Path, name: str) -> str:
+    """The file `name` as committed (HEAD), not as a command the README shows left it in the
+    working tree (`dvc exp run -S train.lr=...` rewrites params.yaml); the working tree's copy
+    where `repo` is no git checkout."""
+    shown = subprocess.run(["git", "show", f"HEAD:{name}"], cwd=repo, capture_output=True)
+    if shown.returncode != 0:
+        return (repo / name).read_text(encoding="utf-8")
+    return shown.stdout.decode("utf-8")
+
+
 def copy_files(repo: Path, names: Iterable[str], root: Path) -> None:
     """Copy the named files of `repo` into `root`, with their permission bits."""
     for name in names:
