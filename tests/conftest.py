@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.checkout import copy_files, shipped_files
+
 REPO = Path(__file__).resolve().parents[1]
 
 # A reduced config: the same code paths as the demo, sized for seconds per run.
@@ -141,22 +143,11 @@ def untrained_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def project(tmp_path_factory) -> Path:
-    """The project as it is in this checkout (tracked and new files), committed in a repository
-    of its own: what `fab train` ships is exactly the code under test."""
+    """The project as it is in this checkout (tracked and new source files, not the outputs of a
+    pipeline run in it: tests/support/checkout.py), committed in a repository of its own: what
+    `fab train` ships is exactly the code under test."""
     root = tmp_path_factory.mktemp("project")
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for name in filter(None, (n.decode() for n in listed)):
-        source = REPO / name
-        if source.is_file():
-            target = root / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(source.read_bytes())
-            target.chmod(source.stat().st_mode & 0o777)
+    copy_files(REPO, shipped_files(REPO), root)
     git(root, "init", "--quiet")
     git(root, "add", "--all")
     git(root, "commit", "--quiet", "-m", "snapshot under test")

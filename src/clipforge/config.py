@@ -559,6 +559,7 @@ def batch_plan(
     if train.micro_batch_size == "auto" and micro_batch_size is None:
         return _share_of_each_rank(train, world, world_text)
     micro = micro_batch_size if train.micro_batch_size == "auto" else train.micro_batch_size
+    assert micro is not None  # `auto` without a probe returned above
     factors = f"train.micro_batch_size={micro} x {world_text}"
     per_step = micro * world
     if train.grad_accum_steps == "auto":

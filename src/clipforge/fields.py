@@ -39,7 +39,7 @@ class Section:
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # every Section is one
             key = f"{self.SECTION}.{f.name}"
             object.__setattr__(
                 self, f.name, _check_value(key, getattr(self, f.name), hints[f.name], f.metadata)

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from clipforge.alerts.config import AlertsConfig
+from tests.support.wait import wait_for
 
 # The secret part of every test URL: it must never show up in a log, event or repr.
 SECRET = "SECRET-9f3a61c2-token"
-WAIT_SECONDS = 10.0  # upper bound for "eventually"; tests normally pass in milliseconds
+# A safety limit for waits that end on an event (tests normally pass in milliseconds), never a
+# speed assertion: also the HTTP and flush timeouts of fast_config, which a test never reaches.
+WAIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -27,14 +29,16 @@ class Received:
 
 
 class WebhookServer:
-    """Records every POST; answers with scripted statuses (default 200) after an optional hold,
-    and with `retry_after` as the Retry-After header of every error reply when it is set."""
+    """Records every POST; answers with scripted statuses (default 200), and with `retry_after`
+    as the Retry-After header of every error reply when it is set. With `held` set, every request
+    waits until `release` is set (or the server stops); `hold_seconds` holds each for a while."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.received: list[Received] = []
         self.num_answered = 0
         self.statuses: deque[int] = deque()
         self.reply = b'{"code":0,"msg":"success","data":{}}'
+        self.held = False
         self.hold_seconds = 0.0
         self.retry_after: str | None = None
         self.release = threading.Event()
@@ -50,7 +54,9 @@ class WebhookServer:
                     )
                     status = server.statuses.popleft() if server.statuses else 200
                     server._cond.notify_all()
-                if server.hold_seconds:
+                if server.held:
+                    server.release.wait()
+                elif server.hold_seconds:
                     server.release.wait(server.hold_seconds)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -96,8 +102,8 @@ def fast_config(**overrides) -> AlertsConfig:
     """Defaults scaled down so that retries and flushes take milliseconds."""
     values = dict(
         retry_backoff_seconds=0.01,
-        http_timeout_seconds=3.0,
-        flush_timeout_seconds=3.0,
+        http_timeout_seconds=WAIT_SECONDS,
+        flush_timeout_seconds=WAIT_SECONDS,
         loss_spike_warmup_steps=3,
     )
     values.update(overrides)
@@ -105,7 +111,4 @@ def fast_config(**overrides) -> AlertsConfig:
 
 
 def eventually(predicate, what: str) -> None:
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    wait_for(predicate, what=what, timeout=WAIT_SECONDS, interval=0.01)

@@ -137,18 +137,31 @@ def test_poller_reports_findings_and_read_failures_once():
 
 
 def test_node_without_nvml_says_so_once_and_carries_on(caplog):
-    """Here there is no NVML driver: the monitor logs that GPU monitoring is off exactly once,
-    and the step rules keep working."""
-    reason = open_nvml()
-    if not isinstance(reason, str):
-        reason.close()
-        pytest.skip("this machine has NVML; the no-NVML path cannot be shown here")
+    """A node where NVML does not start (the reader seam answers as open_nvml does there, so
+    this runs on any machine): the monitor logs that GPU monitoring is off exactly once, saying
+    why, and the step rules keep working."""
+    reason = "NVML cannot start: Driver Not Loaded"
     caplog.set_level(logging.INFO, logger="clipforge.alerts")
-    with AlertMonitor(fast_config(gpu_poll_seconds=0.01), "run-1") as monitor:
+    config = fast_config(gpu_poll_seconds=0.01)
+    with AlertMonitor(config, "run-1", open_gpu_reader=lambda: reason) as monitor:
         assert monitor.check_loss(0, 2.0).skip is False
         monitor.check_update(0, 1.0)
     lines = [r for r in caplog.records if "gpu_monitor_unavailable" in r.getMessage()]
     assert len(lines) == 1 and "monitoring is off" in lines[0].getMessage()
+    assert reason in lines[0].getMessage()
+
+
+def test_open_nvml_gives_a_reader_or_the_reason_there_is_none():
+    """Whatever this machine has: open_nvml returns a reader that reads, or one line of why not
+    (the string the monitor logs)."""
+    reader = open_nvml()
+    if isinstance(reader, str):
+        assert reader and "\n" not in reader
+    else:
+        try:
+            assert all(isinstance(r, GpuReading) for r in reader.read())
+        finally:
+            reader.close()
 
 
 def test_gpu_findings_reach_the_webhook(webhook_server):

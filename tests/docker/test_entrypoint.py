@@ -12,12 +12,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.docker.conftest import DOCKER_DIR
+from tests.support.wait import wait_for
 
 ENTRYPOINT = str(DOCKER_DIR / "entrypoint.sh")
 
@@ -229,13 +229,11 @@ def ssh(server: dict, user: str, command: str, key: bool = True) -> subprocess.C
 
 
 def wait_listening(port: int, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(answers, what=f"a listener on 127.0.0.1:{port}", timeout=seconds, interval=0.1)
 
 
 def test_sshd_starts_then_the_command_runs(sshd_as_user):

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from safetensors.torch import load_file
 from clipforge.train.disk import tree_bytes
 from tests.conftest import run_train, subprocess_env, train_argv, write_params
 from tests.mounts import remount, tmpfs
+from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +54,12 @@ def test_checkpoints_made_read_only_mid_run_stop_it_with_a_clear_line(tmp_path, 
             text=True,
         )
         try:
-            deadline = time.monotonic() + 300
-            while _latest(checkpoints) != "step-00000004":
-                assert stage.poll() is None, stage.stderr.read()[-2000:]
-                assert time.monotonic() < deadline, "the run never saved step 4"
-                time.sleep(0.2)
+            wait_for(
+                lambda: _latest(checkpoints) == "step-00000004",
+                what="the run saving step 4",
+                check=still_running(stage, lambda: stage.stderr.read()[-2000:]),
+                interval=0.2,
+            )
             remount(disk, "ro")
             stage.send_signal(signal.SIGTERM)
             code = stage.wait(timeout=300)

@@ -25,6 +25,8 @@ def _run_wrapper(out, env: dict, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+# ~40 s of CPU: in make test-tier2 (.ci/run), which keeps it from rotting all the same
+@pytest.mark.tier2
 def test_dry_run_measures_every_section_and_writes_json_and_markdown(tmp_path):
     """Every section's real code path at tiny sizes: the references, the loader's decode on the
     device, the fresh-process rows and torch.compile included; no row fails."""

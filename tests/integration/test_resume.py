@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from tests.conftest import subprocess_env, train_argv, write_params
+from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -45,11 +45,12 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 240
-        while 6 not in _logged_steps(killed):
-            assert process.poll() is None, process.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the run never reached step 6"
-            time.sleep(0.5)
+        wait_for(
+            lambda: 6 in _logged_steps(killed),
+            what="the run reaching step 6",
+            check=still_running(process, lambda: process.stderr.read().decode()[-2000:]),
+            interval=0.5,
+        )
     finally:
         process.kill()  # SIGKILL
         process.wait()

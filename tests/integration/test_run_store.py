@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from clipforge.train.recovery import prepare_start
 from tests.conftest import subprocess_env, train_argv, write_params
 from tests.launcher.sshd import free_port
 from tests.s3store import SECRET_KEY
+from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -45,11 +45,7 @@ def _stage(root: Path, data: Path, env: dict, *sets: str) -> subprocess.Popen:
 
 def _wait(predicate, process: subprocess.Popen, what: str, timeout: float = 300) -> None:
     """Until predicate() (a safety limit, not a speed assertion); the process must stay alive."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert process.poll() is None, f"the stage ended ({process.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"{what}: not reached"
-        time.sleep(0.2)
+    wait_for(predicate, what=what, timeout=timeout, interval=0.2, check=still_running(process))
 
 
 def _objects(fs, prefix: str) -> list[str]:

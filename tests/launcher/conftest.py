@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from tests.alerts.alerts_helpers import WebhookServer
 from tests.conftest import SMALL_PARAMS
 from tests.launcher.netns import NetnsUnavailable, test_network
 from tests.launcher.sshd import FabRunner, start_sshd
+from tests.support.wait import wait_for
 
 
 # The reduced config as --set overrides (values as YAML, like `dvc exp run -S`), and the run shape
@@ -116,6 +116,10 @@ def fab(project, tmp_path, remote_root, sshd) -> FabRunner:
     return make_fab(project, tmp_path / "home", remote_root, sshd)
 
 
+# The states a supervisor ends a node in.
+ENDED = ("failed", "stopped", "finished")
+
+
 # -- runs --------------------------------------------------------------------------------------
 class LaunchedRun:
     """A run started by `fab train`, observed on the host (this machine) and through `fab`."""
@@ -146,16 +150,15 @@ class LaunchedRun:
 
     def wait_until(self, predicate, timeout: float = 600, what: str = "the run") -> None:
         """Poll the host until predicate() holds (a safety limit, not a speed assertion)."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if self.state().get("state") in ("failed", "stopped", "finished") and not predicate():
+
+        def not_ended() -> None:
+            if self.state().get("state") in ENDED and not predicate():
                 raise AssertionError(
                     f"{what}: run ended as {self.state()} first; log:\n"
                     + (self.node_dir / "train.log").read_text()[-3000:]
                 )
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not reached; state {self.state()}")
-            time.sleep(0.05)
+
+        wait_for(predicate, what=what, timeout=timeout, check=not_ended)
 
     def wait_finished(self, timeout: float = 600) -> dict:
         return wait_for_end(self.node_dir, timeout)
@@ -164,15 +167,12 @@ class LaunchedRun:
 def wait_for_end(node_dir: Path, timeout: float = 600) -> dict:
     """The node's final state, once its supervisor has recorded one (the timeout is a safety
     limit, not a speed assertion)."""
-    deadline = time.monotonic() + timeout
-    while (state := json.loads((node_dir / "state.json").read_text())).get("state") not in (
-        "failed",
-        "stopped",
-        "finished",
-    ):
-        assert time.monotonic() < deadline, f"{node_dir}: still {state}"
-        time.sleep(0.5)
-    return state
+
+    def final_state() -> dict | None:
+        state = json.loads((node_dir / "state.json").read_text())
+        return state if state.get("state") in ENDED else None
+
+    return wait_for(final_state, what=f"{node_dir} ending", timeout=timeout, interval=0.5)
 
 
 def host_train_args(data: str = "build") -> tuple[str, ...]:

@@ -18,9 +18,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.wait import wait_for
 
 DOCKERD = shutil.which("dockerd") or "/usr/sbin/dockerd"
 START_TIMEOUT_SECONDS = 60.0
@@ -108,17 +109,24 @@ def start_dockerd(root: Path | None = None) -> DockerEngine:
         start_new_session=True,
     )
     engine = DockerEngine(exec_root=exec_root, process=process, log=log)
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
+
+    def alive() -> None:
         if not engine.alive():
-            text = log.read_text(errors="replace")[-2000:]
-            engine.stop()
-            raise DockerUnavailable(f"dockerd exited: {text}")
-        if engine.socket.exists() and engine.docker("info", check=False).returncode == 0:
-            return engine
-        time.sleep(0.2)
-    engine.stop()
-    raise DockerUnavailable(f"dockerd did not answer within {START_TIMEOUT_SECONDS:g}s")
+            raise DockerUnavailable(f"dockerd exited: {log.read_text(errors='replace')[-2000:]}")
+
+    try:
+        wait_for(
+            lambda: engine.socket.exists() and engine.docker("info", check=False).returncode == 0,
+            what="dockerd answering",
+            timeout=START_TIMEOUT_SECONDS,
+            interval=0.2,
+            check=alive,
+            error=DockerUnavailable,
+        )
+    except DockerUnavailable:
+        engine.stop()
+        raise
+    return engine
 
 
 def _mounts_under(directory: Path) -> list[str]:

@@ -11,9 +11,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.wait import wait_for
 
 SSHD = Path("/usr/sbin/sshd")
 
@@ -109,14 +110,23 @@ LogLevel ERROR
         stdout=subprocess.DEVNULL,
         stderr=open(directory / "sshd.log", "wb"),
     )
-    deadline = time.monotonic() + 20
-    while not _listening(process.pid, port):
+
+    def alive() -> None:
         if process.poll() is not None:
             raise RuntimeError(f"sshd exited: {(directory / 'sshd.log').read_text()}")
-        if time.monotonic() > deadline:
-            process.terminate()
-            raise RuntimeError("sshd did not start listening")
-        time.sleep(0.1)
+
+    try:
+        wait_for(
+            lambda: _listening(process.pid, port),
+            what="sshd listening",
+            timeout=20,
+            interval=0.1,
+            check=alive,
+            error=RuntimeError,
+        )
+    except RuntimeError:
+        process.terminate()
+        raise
     public = (directory / "ssh_host_ed25519_key.pub").read_text().strip()
     return SshServer(
         port=port,

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 
 import pytest
@@ -29,8 +28,9 @@ from tests.launcher.hostprocs import files_containing, processes_under
 from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace
 from tests.launcher.sshd import free_port
 from tests.s3store import SECRET_KEY, S3Server
+from tests.support.wait import still_running, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 HELD_STEP = 5  # of the 8 of RUN_SETS: the first host holds there until it dies
 STORED_STEP = 4  # the checkpoint (saved every 2 steps) the store has when the host dies
 
@@ -184,11 +184,13 @@ def test_tensorboard_from_the_store_serves_the_run_here(moved_run):
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 300
     try:
-        while not any(url in line for line in lines):
-            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.2)
+        wait_for(
+            lambda: any(url in line for line in lines),
+            what=f"tensorboard serving {url}",
+            interval=0.2,
+            check=still_running(process, lambda: "".join(lines)),
+        )
         with urllib.request.urlopen(url + "data/runs", timeout=60) as response:
             assert any("-run-" in name for name in json.loads(response.read()))
     finally:

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from tests.conftest import git, subprocess_env
 from tests.launcher.conftest import RUN_SETS, host_train_args, make_fab, set_args, wait_for_end
 from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace
 from tests.launcher.sshd import keygen
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -116,6 +116,7 @@ def one_host_reference(project, tmp_path_factory) -> Path:
     return work
 
 
+@pytest.mark.tier2
 def test_two_hosts_train_like_one_host_with_two_ranks(two_node_run, one_host_reference):
     """Both nodes finish; the final loss and every weight equal those of one host running two
     ranks with the same global batch, bit for bit (gloo sums two tensors the same way)."""
@@ -136,6 +137,7 @@ def test_two_hosts_train_like_one_host_with_two_ranks(two_node_run, one_host_ref
         assert torch.equal(two_hosts[name], one_host[name]), name
 
 
+@pytest.mark.tier2
 def test_each_node_talks_on_its_route_to_the_master_and_the_run_records_it(two_node_run):
     """The hostname resolves to the loopback on the hosts, yet the ranks met: each node got the
     interface of its route to node a (GLOO_SOCKET_IFNAME), recorded in run.json."""
@@ -151,12 +153,14 @@ def test_each_node_talks_on_its_route_to_the_master_and_the_run_records_it(two_n
     assert train["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
 
 
+@pytest.mark.tier2
 def test_checkpoints_hold_both_ranks_shards_on_the_shared_storage(two_node_run):
     latest = next((two_node_run.run_dir / "checkpoints").glob("run-*/latest"))
     step_dir = latest.parent / latest.read_text().strip()
     assert len(list(step_dir.glob("*optim_states.pt"))) == 2
 
 
+@pytest.mark.tier2
 def test_status_and_logs_cover_both_nodes(two_node_run):
     """`fab status` and `fab logs` with both hosts: every node's state and output."""
     status = two_node_run.fab_all("status")
@@ -169,6 +173,7 @@ def test_status_and_logs_cover_both_nodes(two_node_run):
     assert logs.stdout.count("all phases finished") == 2
 
 
+@pytest.mark.tier2
 def test_killed_ranks_on_node_b_restart_both_nodes_then_stop_and_resume(
     netns_hosts, project, tmp_path_factory, two_node_run
 ):
@@ -209,6 +214,7 @@ def test_killed_ranks_on_node_b_restart_both_nodes_then_stop_and_resume(
         assert torch.equal(final[name], reference[name]), name
 
 
+@pytest.mark.tier2
 def test_a_node_cut_off_mid_run_fails_with_a_clear_line_and_an_alert(
     netns_hosts, project, tmp_path_factory
 ):
@@ -288,11 +294,12 @@ def test_a_wrong_host_key_on_node_b_only_refuses_the_launch(netns_hosts, project
 
 def wait_until(predicate, run: TwoNodeRun, what: str, timeout: float = 900) -> None:
     """Poll the shared storage until predicate() holds (a safety limit, not a speed test)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
+
+    def no_node_failed() -> None:
         states = [
             run.state(r).get("state") for r in (0, 1) if (run.nodes[r] / "state.json").exists()
         ]
-        if "failed" in states or time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached; node states {states}\n{run.log(0)[-3000:]}")
-        time.sleep(0.05)
+        if "failed" in states:
+            raise AssertionError(f"{what}: a node failed first; {states}\n{run.log(0)[-3000:]}")
+
+    wait_for(predicate, what=what, timeout=timeout, check=no_node_failed)

@@ -7,13 +7,13 @@ import json
 import signal
 import subprocess
 import threading
-import time
 import urllib.request
 
 import pytest
 import yaml
 
 from tests.launcher.sshd import free_port
+from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -108,10 +108,12 @@ def test_tensorboard_serves_the_run_through_an_ssh_forward(smoke_run):
     reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
     reader.start()
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 300
-    while not any(url in line for line in lines):
-        assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.2)
+    wait_for(
+        lambda: any(url in line for line in lines),
+        what=f"tensorboard serving {url}",
+        interval=0.2,
+        check=still_running(process, lambda: "".join(lines)),
+    )
     try:
         with urllib.request.urlopen(url + "data/runs", timeout=60) as response:
             runs = json.loads(response.read())

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from clipforge.launcher.host.plan import Phase, Plan, RestartPolicy
@@ -14,6 +13,7 @@ from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.supervisor import MODULE
 from tests.conftest import REPO
 from tests.launcher.hostprocs import processes_under
+from tests.support.wait import wait_for
 
 
 def _node(root: Path) -> NodeLayout:
@@ -130,7 +130,7 @@ def test_stop_request_interrupts_the_phase_and_restarts_nothing(tmp_path):
     process = _supervise(
         tmp_path, _sh("train", script, tmp_path), _sh("after", "touch after", tmp_path), wait=False
     )
-    _wait_for(lambda: (tmp_path / "started").exists())
+    wait_for(lambda: (tmp_path / "started").exists(), what="the phase starting", timeout=120)
     assert _supervisor("stop", tmp_path).wait(timeout=60) == 0
     process.wait(timeout=60)
     state = _state(tmp_path)
@@ -171,11 +171,3 @@ def test_backoff_doubles_up_to_its_cap():
         max_restarts=5, backoff_seconds=30, backoff_max_seconds=100, stop_timeout_seconds=1
     )
     assert [policy.delay_before(n) for n in (1, 2, 3, 4)] == [30, 60, 100, 100]
-
-
-def _wait_for(predicate, timeout: float = 120) -> None:
-    """Poll until predicate() holds (a safety limit, not a speed assertion)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)

@@ -12,6 +12,7 @@ import yaml
 from clipforge.config import Config, ConfigError, batch_plan, field_docs, load_config
 from clipforge.recipes import RECIPES
 from tests.conftest import REPO, subprocess_env, write_params
+from tests.support.checkout import committed_text
 
 
 def _error(tmp_path, params: dict, overrides=()) -> str:
@@ -22,9 +23,11 @@ def _error(tmp_path, params: dict, overrides=()) -> str:
     return str(excinfo.value)
 
 
-def test_committed_params_file_loads_as_the_embedded_default():
+def test_committed_params_file_loads_as_the_embedded_default(tmp_path):
     """params.yaml in the repository is exactly the embedded default, so `make demo` runs it."""
-    assert load_config(REPO / "params.yaml") == Config()
+    committed = tmp_path / "params.yaml"
+    committed.write_text(committed_text(REPO, "params.yaml"), encoding="utf-8")
+    assert load_config(committed) == Config()
 
 
 def _params_docs():

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from clipforge.data.stage import main
 from clipforge.data.testset import check_test_set, load_test_set
 from clipforge.fsutil import sha256_file
 from tests.conftest import subprocess_env, write_params
+from tests.support.wait import still_running, wait_for
 
 
 def _jpeg(size=(16, 16), colour=(200, 30, 30)) -> bytes:
@@ -432,17 +432,21 @@ def _stage_blocked_on_a_fifo(tmp_path):
 def _open_once_read(fifo, stage) -> int:
     """The FIFO's write end, once the stage has opened it for reading (or a failure if the stage
     ends first: a plain open would then wait for ever)."""
-    deadline = time.monotonic() + 120
-    while True:
+
+    def open_write_end() -> int | None:
         try:
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while nobody reads
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while nobody reads
         except OSError:
-            assert stage.poll() is None, stage.stderr.read()
-            assert time.monotonic() < deadline, "the stage never opened its source"
-            time.sleep(0.02)
-            continue
-        os.set_blocking(fd, True)
-        return fd
+            return None
+
+    fd = wait_for(
+        open_write_end,
+        what="the stage opening its source",
+        check=still_running(stage, stage.stderr.read),
+        interval=0.02,
+    )
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _partials(tmp_path) -> list[str]:

@@ -38,7 +38,8 @@ def test_where_a_run_is_stored_does_not_change_its_id(tmp_path):
         )
     )
     assert run_id(plain, manifest) == run_id(stored, manifest)
-    other = load_config(write_params(tmp_path / "c.yaml", {"train": {"lr": 5e-4}}))
+    # (twice the base lr: the README's `dvc exp run -S train.lr=...` may have changed the base)
+    other = load_config(write_params(tmp_path / "c.yaml", {"train": {"lr": 2 * plain.train.lr}}))
     assert run_id(other, manifest) != run_id(plain, manifest)
 
 

@@ -61,17 +61,17 @@ class LossSpikeRule:
 
     def observe(self, loss: float) -> tuple[bool, Finding | None]:
         """Feed one finite loss. Returns (is spike, finding when a spike starts)."""
-        armed = self._num_seen >= self._warmup_steps and self._average is not None
+        average = self._average if self._num_seen >= self._warmup_steps else None  # armed
         # A contrastive loss is >= 0; a non-positive average gives no meaningful ratio.
-        if armed and self._average > 0 and loss > self._factor * self._average:
+        if average is not None and average > 0 and loss > self._factor * average:
             finding = None
             if not self._in_spike:
                 finding = Finding(
                     events.LOSS_SPIKE,
                     "warning",
-                    f"loss {loss:.4g} is {loss / self._average:.1f}x its moving average "
-                    f"{self._average:.4g} (threshold {self._factor:g}x)",
-                    details={"loss": loss, "moving_average": self._average},
+                    f"loss {loss:.4g} is {loss / average:.1f}x its moving average "
+                    f"{average:.4g} (threshold {self._factor:g}x)",
+                    details={"loss": loss, "moving_average": average},
                 )
             self._in_spike = True
             return True, finding

@@ -149,7 +149,7 @@ def render(scene: Scene, rng: np.random.Generator, size: int) -> Image.Image:
         cx = (col + 0.5) * cell + rng.uniform(-slack, slack) * 0.8
         cy = (row + 0.5) * cell + rng.uniform(-slack, slack) * 0.8
         _draw_shape(draw, obj.shape, cx, cy, extent / 2, COLOURS[obj.colour])
-    image = image.resize((size, size), Image.BILINEAR)
+    image = image.resize((size, size), Image.Resampling.BILINEAR)
     pixels = np.asarray(image, dtype=np.int16) + rng.integers(-8, 9, size=(size, size, 3))
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 

@@ -66,7 +66,7 @@ def tool_version(executable: str) -> str:
     ]
     versions = {}
     for name in ("img2dataset", "webdataset"):
-        found = next(importlib.metadata.distributions(name=name, path=site_packages), None)
+        found = next(iter(importlib.metadata.distributions(name=name, path=site_packages)), None)
         if found is not None:
             versions[name] = found.version
     if "img2dataset" not in versions:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from clipforge.cli import StageError
 from clipforge.config import DataConfig
@@ -80,8 +81,8 @@ class Deduplicator:
     """First occurrence wins; remembers 8-byte hashes, not the strings."""
 
     def __init__(self, urls: bool, captions: bool):
-        self.urls = set() if urls else None
-        self.captions = set() if captions else None
+        self.urls: set[int] | None = set() if urls else None
+        self.captions: set[int] | None = set() if captions else None
 
     def verdict(self, url: str, caption: str) -> str | None:
         url_key = _hash64(url)
@@ -151,7 +152,7 @@ def check_columns(
 
 def _passes(
     batch, cols: dict, data: DataConfig, captions, report: FilterReport, file: str
-) -> list[tuple[str, object]]:
+) -> list[tuple[str, Any]]:  # (name, a pyarrow BooleanArray or None)
     """(filter name, boolean array of rows that pass, or None when not applied) in FILTERS order."""
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -36,7 +36,7 @@ class ShardWriter:
         self.split = split
         self.samples_per_shard = samples_per_shard
         self.shards: list[ShardInfo] = []
-        self._writer = None
+        self._writer: wds.TarWriter | None = None
         self._name = ""
         self._count = 0
         (root / split).mkdir(parents=True, exist_ok=True)

@@ -188,9 +188,10 @@ def _caption(line: str) -> Caption | None:
     except (ValueError, KeyError, TypeError):
         return None
     image_ids = [_int(i) for i in ids] if isinstance(ids, list) else [None]
-    if _int(text_id) is None or not isinstance(text, str) or None in image_ids:
+    number = _int(text_id)
+    if number is None or not isinstance(text, str) or None in image_ids:
         return None
-    return Caption(_int(text_id), text, tuple(image_ids))
+    return Caption(number, text, tuple(i for i in image_ids if i is not None))
 
 
 def _int(value) -> int | None:

@@ -40,8 +40,8 @@ def build_splits(data: DataConfig, out, skips: SkipLog) -> tuple[dict, dict]:
             for key, members in samples(url):
                 read += 1
                 pair, reason = usable_pair(members, data)
-                if reason:
-                    skips.add(reason, f"{url}:{key}")
+                if pair is None:
+                    skips.add(reason or "", f"{url}:{key}")
                     continue
                 # the shard's file name, not its location: moving shards keeps the split
                 writer.add(f"{name}/{key}", *pair)
@@ -59,7 +59,8 @@ def samples(url: str) -> Iterator[tuple[str, dict[str, bytes]]]:
     """(key, {extension: bytes}) per sample, streaming; raises on a damaged tar after yielding
     the samples completed before the damage."""
     with open_input(url) as handle, tarfile.open(fileobj=handle, mode="r|*") as archive:
-        key, members = None, {}
+        key: str | None = None
+        members: dict[str, bytes] = {}
         for info in archive:
             if not info.isfile():
                 continue
@@ -71,7 +72,7 @@ def samples(url: str) -> Iterator[tuple[str, dict[str, bytes]]]:
                 if key is not None:
                     yield key, members
                 key, members = member_key, {}
-            members[ext.lower()] = archive.extractfile(info).read()
+            members[ext.lower()] = archive.extractfile(info).read()  # type: ignore[union-attr]
         if key is not None:
             yield key, members
 
@@ -90,9 +91,9 @@ def usable_pair(
     except UnicodeDecodeError:
         text = members["txt"]
     caption, reason = clean_caption(text, data.max_caption_chars)
-    if reason:
+    if caption is None:
         return None, reason
     jpeg, reason = decode_image(members[ext], data.max_image_pixels, keep_jpeg=True)
-    if reason:
+    if jpeg is None:
         return None, reason
     return (jpeg, caption), None

@@ -51,7 +51,8 @@ def master_address(host: Host, stack: StackOutputs | None) -> str:
 
 def socket_env(interface: NodeInterface | None) -> dict[str, str]:
     """The ranks' environment for `interface` (None: a single node, nothing to choose)."""
-    return {name: interface.name for name in SOCKET_IFNAME_VARS} if interface else {}
+    name = interface.name if interface else None
+    return {var: name for var in SOCKET_IFNAME_VARS} if name else {}
 
 
 def check_nodes(

@@ -117,7 +117,7 @@ def make_options(
         gpus=gpus,
         nodes=nodes,
         smoke=smoke,
-        runtime=runtime,
+        runtime=runtime,  # type: ignore[arg-type]  # __post_init__ checks it
         allow_dirty=allow_dirty,
         data=data,
         user_overrides=tuple(sets),

@@ -73,13 +73,13 @@ def parse_stack_outputs(raw: Any, path: Path) -> StackOutputs:
         )
     namespace = raw.get("namespace")
     ssh = _get(raw, path, "ssh", dict)
-    volumes = raw.get("volumes") if isinstance(raw.get("volumes"), dict) else {}
+    volumes = v if isinstance(v := raw.get("volumes"), dict) else {}
     mounts = {
         role: spec["mount_path"]
         for role, spec in volumes.items()
         if isinstance(spec, dict) and isinstance(spec.get("mount_path"), str)
     }
-    tensorboard = raw.get("tensorboard") if isinstance(raw.get("tensorboard"), dict) else {}
+    tensorboard = t if isinstance(t := raw.get("tensorboard"), dict) else {}
     tb_service = tensorboard.get("service")
     tb_host = f"{tb_service}.{namespace}.svc" if tb_service and namespace else tb_service
     return StackOutputs(

@@ -174,7 +174,7 @@ def uint8_transform(preprocess: Callable) -> tuple[Callable, list[float], list[f
     and the normalisation's mean and std, applied later on the device."""
     from torchvision import transforms
 
-    steps = preprocess.transforms
+    steps = preprocess.transforms  # type: ignore[attr-defined]  # open_clip's is a Compose
     (normalize,) = [t for t in steps if isinstance(t, transforms.Normalize)]
     kept = [t for t in steps if type(t).__name__ not in ("ToTensor", "MaybeToTensor", "Normalize")]
     return (

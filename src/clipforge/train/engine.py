@@ -25,7 +25,8 @@ from clipforge.train.optim import WarmupCosine, make_scheduler, param_groups
 
 
 def make_logit_scale_1d(model: torch.nn.Module) -> None:
-    model.logit_scale = torch.nn.Parameter(model.logit_scale.detach().reshape(1))
+    scale: torch.Tensor = model.logit_scale  # type: ignore[assignment]  # open_clip's Parameter
+    model.logit_scale = torch.nn.Parameter(scale.detach().reshape(1))
 
 
 def create_engine(

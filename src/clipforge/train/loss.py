@@ -125,6 +125,7 @@ def accumulate_gradients(
         engine.backward(loss, scale_wrt_gas=False)
         if j < k - 1:
             engine.step()  # a micro-step: DeepSpeed counts it; the update waits for the boundary
+    assert first_loss is not None  # micro_batches is never empty
     return StepOutput(first_loss, out["logit_scale"].detach())
 
 

@@ -17,7 +17,8 @@ def no_weight_decay(name: str, param: torch.nn.Parameter) -> bool:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, exempt = [], []
+    decay: list[torch.nn.Parameter] = []
+    exempt: list[torch.nn.Parameter] = []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (exempt if no_weight_decay(name, param) else decay).append(param)

@@ -27,7 +27,7 @@ def send_run_failed(message: str, launch_id: str, run_id: str | None) -> str:
     if not targets:
         return "alert not sent: no webhooks configured (CLIPFORGE_ALERT_WEBHOOKS)"
     config = AlertsConfig()
-    outcomes = []
+    outcomes: list = []
     dispatcher = WebhookDispatcher(
         targets, config, log=logging.getLogger(__name__), on_outcome=outcomes.append
     )

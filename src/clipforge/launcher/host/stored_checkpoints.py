@@ -65,7 +65,7 @@ def describe(
     with open(os.path.join(training_run_dir, "latest"), encoding="utf-8") as f:
         tag = f.read().strip()
     path = os.path.realpath(os.path.join(training_run_dir, tag))
-    entry = {
+    entry: dict[str, object] = {
         "launch_id": launch_id,
         "run_id": os.path.basename(training_run_dir),
         "tag": tag,

@@ -244,7 +244,7 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        if phase.stdin_env:
+        if phase.stdin_env and child.stdin is not None:
             values = "".join(f"{os.environ.get(name, '')}\n" for name in phase.stdin_env)
             try:
                 child.stdin.write(values.encode())
