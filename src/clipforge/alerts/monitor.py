@@ -24,6 +24,7 @@ from clipforge.alerts.config import AlertsConfig
 from clipforge.alerts.delivery import WebhookDispatcher
 from clipforge.alerts.events import Alert, DeliveryOutcome, Finding, TextEvent
 from clipforge.alerts.gpu import GpuHealthRules, GpuPoller, GpuReader, open_nvml
+from clipforge.alerts.health import HealthReading, HealthRules
 from clipforge.alerts.ratelimit import AlertGate
 from clipforge.alerts.rules import StepRules, StepVerdict
 from clipforge.alerts.targets import WebhookTarget, load_targets, redact
@@ -64,6 +65,7 @@ class AlertMonitor:
         self._run_reported = False
         self._started = self._closed = False
         self._rules = StepRules(config)
+        self._health = HealthRules(config)
         self._gate = AlertGate(
             min_seconds_between_repeats=config.min_seconds_between_repeats,
             max_messages_per_window=config.max_messages_per_window,
@@ -233,6 +235,20 @@ class AlertMonitor:
         verdict = self._rules.check_update(step, None if grad_norm is None else float(grad_norm))
         self._step_seen(step, verdict)
         return verdict
+
+    def check_health(self, reading: HealthReading) -> None:
+        """At a log interval: logit scale and in-batch accuracy, already read from the device.
+        Only rank 0 alerts (every rank sees the same logit scale; rank 0's batch stands for
+        the others)."""
+        if self.watches_run:
+            for finding in self._health.observe(reading):
+                self._emit(finding, reading.step)
+
+    def check_validation(self, step: int, mean_recall: float | None) -> None:
+        """After a validation: its mean recall (the same on every rank)."""
+        if self.watches_run:
+            for finding in self._health.observe_validation(step, mean_recall):
+                self._emit(finding, step)
 
     def heartbeat(self, step: int) -> None:
         """Progress without a training step (eval, checkpoint save): keeps the watchdog quiet."""

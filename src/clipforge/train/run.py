@@ -126,6 +126,7 @@ class TrainingRun:
         )
         if self.monitor and metrics:
             self.monitor.validation(step, metrics)
+        self.alerts.check_validation(step, metrics.get("mean_recall"))
         if self.gallery is not None:  # every rank encodes it; rank 0 draws
             found = samples.rankings(self.engine, self.gallery, self.to_device, self.autocast)
             if self.monitor:
