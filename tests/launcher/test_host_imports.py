@@ -21,7 +21,8 @@ SRC = REPO / "src"
 HOST_PACKAGE = "clipforge.launcher.host"
 # Project modules the host side may use: its own package, the packages that contain it (they run
 # first on import), the atomic writes (clipforge.fsutil), and the alert delivery the supervisor
-# shares with the stage (clipforge.alerts' events, config, formats, targets, delivery).
+# shares with the stage (clipforge.alerts' events, config, formats, targets, delivery), and the
+# ranks' heartbeats its hang watchdog reads (clipforge.alerts.progress).
 ALLOWED_PROJECT = (
     "clipforge",
     "clipforge.fsutil",
@@ -32,6 +33,7 @@ ALLOWED_PROJECT = (
     "clipforge.alerts.delivery",
     "clipforge.alerts.events",
     "clipforge.alerts.formats",
+    "clipforge.alerts.progress",
     "clipforge.alerts.targets",
     "clipforge.fields",
 )

@@ -25,6 +25,7 @@ from clipforge.alerts.delivery import WebhookDispatcher
 from clipforge.alerts.events import Alert, DeliveryOutcome, Finding, TextEvent
 from clipforge.alerts.gpu import GpuHealthRules, GpuPoller, GpuReader, open_nvml
 from clipforge.alerts.health import HealthReading, HealthRules
+from clipforge.alerts.progress import ProgressFile
 from clipforge.alerts.ratelimit import AlertGate
 from clipforge.alerts.rules import StepRules, StepVerdict
 from clipforge.alerts.targets import WebhookTarget, load_targets, redact
@@ -49,6 +50,7 @@ class AlertMonitor:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         open_gpu_reader: Callable[[], GpuReader | str] = open_nvml,
+        progress: ProgressFile | None = None,
     ) -> None:
         self.config = config
         self.run_id = run_id
@@ -88,13 +90,19 @@ class AlertMonitor:
             else None
         )
         self._poller: GpuPoller | None = None
+        # Every rank's heartbeat for the supervisor's hang watchdog (None: not supervised).
+        self._progress = progress
 
     @classmethod
     def from_environment(
         cls, config: AlertsConfig, run_id: str, *, rank: int = 0, local_rank: int = 0, **kwargs
     ) -> AlertMonitor:
-        """Targets from CLIPFORGE_ALERT_WEBHOOKS / _FILE, read only by processes that alert."""
+        """Targets from CLIPFORGE_ALERT_WEBHOOKS / _FILE, read only by processes that alert;
+        a progress file for the supervisor's watchdog when it set CLIPFORGE_PROGRESS_DIR."""
         targets = load_targets() if rank == 0 or local_rank == 0 else []
+        kwargs.setdefault(
+            "progress", ProgressFile.from_environment(rank, config.stall_timeout_seconds)
+        )
         return cls(config, run_id, targets=targets, rank=rank, local_rank=local_rank, **kwargs)
 
     def __repr__(self) -> str:
@@ -108,6 +116,8 @@ class AlertMonitor:
         if self._started:
             return self
         self._started = True
+        if self._progress:  # set-up is over: from now on, silence is a hang
+            self._progress.beat(self._last_step)
         if self._dispatcher:
             self._dispatcher.start()
         if self._watchdog:
@@ -121,6 +131,8 @@ class AlertMonitor:
         if self._closed:
             return
         self._closed = True
+        if self._progress:
+            self._progress.close(self._last_step)
         if self._watchdog:
             self._watchdog.stop()
         if self._poller:
@@ -255,6 +267,8 @@ class AlertMonitor:
         self._last_step = step
         if self._watchdog:
             self._watchdog.beat(step)
+        if self._progress:
+            self._progress.beat(step)
 
     def drain_events(self) -> list[TextEvent]:
         """Alerts and delivery outcomes since the last call, for SummaryWriter.add_text."""

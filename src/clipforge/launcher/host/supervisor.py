@@ -17,6 +17,13 @@ Two attempts in a row that end on the same rendezvous error (the nodes cannot co
 address, a link down, a firewall) are a fault no restart fixes: the supervisor gives up at once.
 Whenever it gives up, it says why in the log and sends a `run_failed` alert to the webhooks.
 
+A hang is a crash. Every rank writes a heartbeat (clipforge.alerts.progress) into
+NODE_DIR/progress; a rank silent for its `alerts.stall_timeout_seconds` makes the supervisor
+dump the stacks of every rank into the run's log (py-spy when installed, else each rank's
+faulthandler on SIGUSR1), send a `hang` alert, and kill the attempt: the restart resumes from
+the latest checkpoint like any other. NCCL's own watchdog and flight recorder are switched on
+for the ranks too (TORCH_NCCL_* below), dumping into the same folder on a collective timeout.
+
 Detached = a new session (setsid) with no terminal and stdin/stdout away from the SSH channel, so
 closing the connection sends it nothing. It makes itself a child subreaper, so processes orphaned
 by a crashed attempt (ranks, loader workers) are reaped here even where PID 1 does not reap (a
@@ -29,14 +36,23 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from clipforge.alerts import events
+from clipforge.alerts.progress import (
+    PROGRESS_DIR_ENV,
+    STACK_DUMP_SIGNAL,
+    Hang,
+    find_hang,
+    read_progress,
+)
 from clipforge.fsutil import atomic_write_text
-from clipforge.launcher.host.alert import send_run_failed
+from clipforge.launcher.host.alert import send_alert, send_run_failed
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 
@@ -53,6 +69,21 @@ RENDEZVOUS_ERRORS = re.compile(
     r"Socket Timeout|No route to host|Network is unreachable)[^\n]*"
 )
 OUTPUT_SCANNED_BYTES = 256 * 1024  # of an attempt's output, the end: where its fatal error is
+# How long the stack dumps of a hung attempt may take before it is killed: until the run's log
+# has been quiet for STACK_DUMP_QUIET_SECONDS, at most STACK_DUMP_MAX_SECONDS.
+STACK_DUMP_QUIET_SECONDS = 1.0
+STACK_DUMP_MAX_SECONDS = 30.0
+
+
+# NCCL's watchdog and flight recorder (torch >= 2.2): on a collective timeout each rank dumps its
+# last collectives there. Inert under gloo (CPU). A value already in the environment wins.
+def nccl_debug_env(progress_dir: str) -> dict[str, str]:
+    return {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(progress_dir, "nccl_trace_rank_"),
+    }
 
 
 def read_json(path: str | Path) -> dict | None:
@@ -109,6 +140,7 @@ class Supervisor:
             "passed_env": sorted(name for name in PASSTHROUGH_ENV if name in os.environ),
         }
         self._child_status: int | None = None
+        self._hang: Hang | None = None  # the current attempt's, when the watchdog found one
         self._attempt_log_start = 0  # where the current attempt's output begins in train.log
 
     # -- state -------------------------------------------------------------------------------
@@ -152,12 +184,12 @@ class Supervisor:
             code = self._attempt(phase, attempt)
             if self.state["state"] == "stopping":
                 return self._stopped()
-            if code == 0:
+            if code == 0 and self._hang is None:  # a hung attempt failed, whatever its exit
                 return "done"
-            exits = (
-                self.state["exits"]
-                + [{"phase": phase.name, "attempt": attempt, "code": code, "at": time.time()}]
-            )[-MAX_EXITS_KEPT:]
+            exit_record = {"phase": phase.name, "attempt": attempt, "code": code, "at": time.time()}
+            if self._hang is not None:
+                exit_record["hang"] = self._hang.describe()
+            exits = (self.state["exits"] + [exit_record])[-MAX_EXITS_KEPT:]
             self._set(exits=exits)
             restarts = self.state["restarts"]
             rendezvous = rendezvous_error(self._attempt_output())
@@ -178,8 +210,9 @@ class Supervisor:
                 )
                 return self._give_up(phase, code, why)
             delay = self.plan.policy.delay_before(restarts + 1)
+            how = "hung and was killed" if self._hang else f"exited with {_describe(code)}"
             self._log(
-                f"phase {phase.name} exited with {_describe(code)}; restart "
+                f"phase {phase.name} {how}; restart "
                 f"{restarts + 1}/{self.plan.policy.max_restarts} in {delay:g}s, from the "
                 f"latest checkpoint"
             )
@@ -223,8 +256,16 @@ class Supervisor:
             )
         self._log(f"phase {phase.name} attempt {attempt}: {' '.join(phase.argv)}")
         self._attempt_log_start = os.path.getsize(self.layout.train_log)
-        env = dict(os.environ, **phase.env)
+        shutil.rmtree(self.layout.progress_dir, ignore_errors=True)  # the last attempt's beats
+        os.makedirs(self.layout.progress_dir, exist_ok=True)
+        env = {
+            **nccl_debug_env(self.layout.progress_dir),
+            **os.environ,
+            PROGRESS_DIR_ENV: self.layout.progress_dir,
+            **phase.env,
+        }
         self._child_status = None
+        self._hang = None
         with open(self.layout.train_log, "ab") as log:
             child = subprocess.Popen(
                 phase.argv,
@@ -251,10 +292,17 @@ class Supervisor:
         )
         group = child.pid  # a new session: the child leads its own process group
         stop_deadline = None
+        attempt_started = time.time()
         while self._child_status is None:
             self._reap(child.pid)
             if self._child_status is not None:
                 break
+            if stop_deadline is None and self._hang is None:
+                hang = find_hang(
+                    read_progress(self.layout.progress_dir), time.time(), attempt_started
+                )
+                if hang is not None:
+                    self._handle_hang(hang, group)
             if stop_deadline is None and self.stop_requested():
                 self._log(f"stop requested: asking phase {phase.name} to checkpoint and exit")
                 self._set(state="stopping")
@@ -282,6 +330,50 @@ class Supervisor:
                 check=False,
             )
         return code
+
+    def _handle_hang(self, hang: Hang, group: int) -> None:
+        """Stacks of every rank into the log, an alert, then the attempt is killed (a crash)."""
+        self._hang = hang
+        message = f"node {self.layout.node_rank}: {hang.describe()}"
+        self._log(f"{message}; dumping the stacks of every rank, then restarting")
+        self._dump_stacks(hang)
+        self._log(send_alert(events.HANG, "critical", message, self.layout.run_id))
+        _signal_group(group, signal.SIGKILL)
+
+    def _dump_stacks(self, hang: Hang) -> None:
+        py_spy = shutil.which("py-spy")
+        for rank in hang.everyone:
+            self._log(f"stacks of rank {rank.rank} (pid {rank.pid})")
+            if py_spy:
+                with open(self.layout.train_log, "ab") as log:
+                    done = subprocess.run(
+                        [py_spy, "dump", "--pid", str(rank.pid)],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        timeout=STACK_DUMP_MAX_SECONDS,
+                        check=False,
+                    )
+                if done.returncode == 0:
+                    continue
+            # faulthandler (registered by every supervised rank) writes to the rank's stderr,
+            # the run's log; SIGCONT lets a stopped process run its handler.
+            for sig in (STACK_DUMP_SIGNAL, signal.SIGCONT):
+                try:
+                    os.kill(rank.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    break
+        self._wait_log_quiet()
+
+    def _wait_log_quiet(self) -> None:
+        deadline = time.monotonic() + STACK_DUMP_MAX_SECONDS
+        size, quiet_since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            now_size = os.path.getsize(self.layout.train_log)
+            if now_size != size:
+                size, quiet_since = now_size, time.monotonic()
+            elif time.monotonic() - quiet_since >= STACK_DUMP_QUIET_SECONDS:
+                return
+            time.sleep(POLL_SECONDS / 5)
 
     def _ask_to_stop(self, phase: Phase, group: int) -> None:
         if phase.stop_argv:
