@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import sys
 import time
@@ -23,7 +24,14 @@ from decimal import Decimal
 from pathlib import Path
 
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
-from clipforge.launcher.host.supervisor import TERMINAL_STATES, read_json, supervisor_pid
+from clipforge.launcher.host.state import (
+    RunState,
+    StateFileError,
+    SupervisorState,
+    read_state,
+    state_from_dict,
+)
+from clipforge.launcher.host.supervisor import read_json, supervisor_pid
 
 RECENT_ROWS = 10
 
@@ -31,10 +39,15 @@ RECENT_ROWS = 10
 # -- host side -----------------------------------------------------------------------------------
 def collect(layout: NodeLayout) -> dict:
     record = read_json(layout.record) or {}
-    state = read_json(layout.state) or {}
+    state_error = None
+    try:
+        state = read_state(layout.state)
+    except StateFileError as exc:
+        state, state_error = None, str(exc)
     alive = supervisor_pid(layout) is not None
-    if state.get("state") not in TERMINAL_STATES and not alive and state:
-        state["state"] = "lost"  # the supervisor died without saying so (host reboot, kill -9)
+    if state and not state.state.terminal and not alive:
+        # the supervisor died without saying so (host reboot, kill -9)
+        state = dataclasses.replace(state, state=RunState.LOST)
     manifest = Path(layout.output("data/manifest.json"))
     checkpoints = Path(record.get("checkpoints_dir") or layout.output("checkpoints"))
     own = {path.name for path in checkpoints.glob("run-*") if path.is_dir()}
@@ -58,7 +71,8 @@ def collect(layout: NodeLayout) -> dict:
                 "executor",
             )
         },
-        "state": state,
+        "state": state.to_dict() if state else {},
+        "state_error": state_error,
         "supervisor_alive": alive,
         "last_row": rows[-1] if rows else None,
         "recent_step_seconds": [float(r["step_s"]) for r in rows[-RECENT_ROWS:] if r.get("step_s")],
@@ -122,13 +136,15 @@ def _latest_checkpoint(checkpoints: Path) -> str | None:
 # -- laptop side ---------------------------------------------------------------------------------
 def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str, str]]:
     """(label, value) rows for the status table."""
-    record, state, row = info["record"], info["state"], info.get("last_row") or {}
+    record, row = info["record"], info.get("last_row") or {}
+    state = state_from_dict(info["state"], "the supervisor's state") if info["state"] else None
+    name = state.state if state else None
     total = info.get("total_steps")
     step = int(row["step"]) if row.get("step") else 0
-    if info.get("summary") and state.get("state") == "finished":
+    if info.get("summary") and name is RunState.FINISHED:
         step = info["summary"].get("steps", step)
-    started = state.get("started_at")
-    ended = state.get("finished_at") or info["host_time"]
+    started = state.started_at if state else None
+    ended = (state.finished_at if state else None) or info["host_time"]
     elapsed = ended - started if started else None
     seconds_per_step = _median(info.get("recent_step_seconds") or [])
     gpus = (record.get("gpus_per_node") or 0) * (record.get("num_nodes") or 1)
@@ -138,7 +154,7 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
             f"{record.get('run_id')} (commit {str(record.get('commit'))[:10]}, "
             f"{record.get('runtime')} runtime, {_gpus_text(record)})",
         ),
-        ("state", _state_text(state, info)),
+        ("state", _state_text(state, info.get("state_error"))),
         (
             "step",
             f"{step}/{total if total else '?'}"
@@ -152,11 +168,11 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         (
             "ETA",
             _duration(seconds_per_step * (total - step))
-            if seconds_per_step and total and state.get("state") == "running"
+            if seconds_per_step and total and name is RunState.RUNNING
             else "-",
         ),
         ("elapsed", _duration(elapsed) if elapsed is not None else "-"),
-        ("restarts", f"{state.get('restarts', 0)}/{state.get('max_restarts', '?')}"),
+        ("restarts", f"{state.restarts}/{state.max_restarts}" if state else "0/?"),
         ("checkpoint", info.get("latest_checkpoint") or "none yet"),
     ]
     if info.get("sync"):
@@ -194,15 +210,16 @@ def sync_text(sync: dict) -> str:
     return text
 
 
-def _state_text(state: dict, info: dict) -> str:
-    name = state.get("state", "unknown")
-    if name == "running":
-        return f"running (phase {state.get('phase')}, attempt {state.get('attempt')})"
-    if name == "lost":
+def _state_text(state: SupervisorState | None, error: str | None) -> str:
+    if state is None:
+        return f"damaged: {error}" if error else "unknown"
+    if state.state is RunState.RUNNING:
+        return f"running (phase {state.phase}, attempt {state.attempt})"
+    if state.state is RunState.LOST:
         return (
             "lost: the supervisor is gone without finishing; `fab train --resume RUN` restarts it"
         )
-    return name
+    return state.state.value
 
 
 def _percent(cell: str | None) -> str:

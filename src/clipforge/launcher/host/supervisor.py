@@ -33,6 +33,7 @@ container running `sleep infinity`), and an attempt is over only when its whole 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -55,12 +56,18 @@ from clipforge.fsutil import atomic_write_text
 from clipforge.launcher.host.alert import send_alert, send_run_failed
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
+from clipforge.launcher.host.state import (
+    TERMINAL_STATES,  # noqa: F401  (re-exported: readers of the state import it from here)
+    RunState,
+    StateFileError,
+    SupervisorState,
+    read_state,
+)
 
 MODULE = "clipforge.launcher.host.supervisor"  # as `python -m` runs it: how its process is found
 POLL_SECONDS = 0.5
 REMNANT_GRACE_SECONDS = 30.0  # after an attempt ended, leftovers get this long before SIGKILL
 MAX_EXITS_KEPT = 50
-TERMINAL_STATES = ("finished", "stopped", "failed")
 # Errors of setting up the process group across nodes (torch.distributed's store, gloo, NCCL
 # bootstrap): the same one twice in a row means the next restart would meet it again.
 RENDEZVOUS_ERRORS = re.compile(
@@ -123,30 +130,29 @@ class Supervisor:
         self.layout = layout
         self.plan = Plan.from_json(Path(layout.plan).read_text(encoding="utf-8"))
         self.signalled = False
-        previous = read_json(layout.state) or {}
+        self._damaged_previous = None
+        try:
+            previous = read_state(layout.state)
+        except StateFileError as exc:  # said in the log once the run's log is open
+            previous, self._damaged_previous = None, str(exc)
         # A supervisor started again on the same node (`fab train --resume`) keeps the count.
-        self.state = {
-            "state": "starting",
-            "phase": None,
-            "attempt": 0,
-            "restarts": previous.get("restarts", 0),
-            "max_restarts": self.plan.policy.max_restarts,
-            "supervisor_pid": os.getpid(),
-            "child_pid": None,
-            "started_at": previous.get("started_at", time.time()),
-            "attempt_started_at": None,
-            "finished_at": None,
-            "exits": previous.get("exits", []),
-            "passed_env": sorted(name for name in PASSTHROUGH_ENV if name in os.environ),
-        }
+        self.state = SupervisorState(
+            state=RunState.STARTING,
+            supervisor_pid=os.getpid(),
+            started_at=previous.started_at if previous else time.time(),
+            max_restarts=self.plan.policy.max_restarts,
+            restarts=previous.restarts if previous else 0,
+            exits=previous.exits if previous else [],
+            passed_env=sorted(name for name in PASSTHROUGH_ENV if name in os.environ),
+        )
         self._child_status: int | None = None
         self._hang: Hang | None = None  # the current attempt's, when the watchdog found one
         self._attempt_log_start = 0  # where the current attempt's output begins in train.log
 
     # -- state -------------------------------------------------------------------------------
     def _set(self, **changes) -> None:
-        self.state.update(changes, updated_at=time.time())
-        atomic_write_text(self.layout.state, json.dumps(self.state, indent=2) + "\n")
+        self.state = dataclasses.replace(self.state, **changes, updated_at=time.time())
+        atomic_write_text(self.layout.state, self.state.to_json())
 
     def _log(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -165,13 +171,17 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         atomic_write_text(self.layout.pid_file, f"{os.getpid()}\n")
-        self._set(state="starting")
+        if self._damaged_previous:
+            self._log(
+                f"the previous state is unreadable ({self._damaged_previous}); restarts count from 0"
+            )
+        self._set(state=RunState.STARTING)
         for phase in self.plan.phases:
             outcome = self._run_phase(phase)
             if outcome != "done":
                 return 0 if outcome == "stopped" else 1
         self._log("all phases finished")
-        self._set(state="finished", child_pid=None, finished_at=time.time())
+        self._set(state=RunState.FINISHED, child_pid=None, finished_at=time.time())
         return 0
 
     def _run_phase(self, phase: Phase) -> str:
@@ -182,16 +192,16 @@ class Supervisor:
                 return self._stopped()
             attempt += 1
             code = self._attempt(phase, attempt)
-            if self.state["state"] == "stopping":
+            if self.state.state is RunState.STOPPING:
                 return self._stopped()
             if code == 0 and self._hang is None:  # a hung attempt failed, whatever its exit
                 return "done"
             exit_record = {"phase": phase.name, "attempt": attempt, "code": code, "at": time.time()}
             if self._hang is not None:
                 exit_record["hang"] = self._hang.describe()
-            exits = (self.state["exits"] + [exit_record])[-MAX_EXITS_KEPT:]
+            exits = (self.state.exits + [exit_record])[-MAX_EXITS_KEPT:]
             self._set(exits=exits)
-            restarts = self.state["restarts"]
+            restarts = self.state.restarts
             rendezvous = rendezvous_error(self._attempt_output())
             if rendezvous and last_rendezvous_error == rendezvous[0]:
                 return self._give_up(
@@ -216,7 +226,7 @@ class Supervisor:
                 f"{restarts + 1}/{self.plan.policy.max_restarts} in {delay:g}s, from the "
                 f"latest checkpoint"
             )
-            self._set(state="backoff", restarts=restarts + 1, child_pid=None)
+            self._set(state=RunState.BACKOFF, restarts=restarts + 1, child_pid=None)
             if not self._sleep(delay):
                 return self._stopped()
 
@@ -226,7 +236,7 @@ class Supervisor:
             f"giving up ({why})"
         )
         self._log(message)
-        self._set(state="failed", child_pid=None, finished_at=time.time(), reason=why)
+        self._set(state=RunState.FAILED, child_pid=None, finished_at=time.time(), reason=why)
         self._log(send_run_failed(message, self.layout.run_id))
         return "failed"
 
@@ -242,7 +252,7 @@ class Supervisor:
 
     def _stopped(self) -> str:
         self._log("stopped on request")
-        self._set(state="stopped", child_pid=None, finished_at=time.time())
+        self._set(state=RunState.STOPPED, child_pid=None, finished_at=time.time())
         return "stopped"
 
     def _attempt(self, phase: Phase, attempt: int) -> int:
@@ -284,7 +294,7 @@ class Supervisor:
             except BrokenPipeError:  # the command died at once; its exit code tells
                 pass
         self._set(
-            state="running",
+            state=RunState.RUNNING,
             phase=phase.name,
             attempt=attempt,
             child_pid=child.pid,
@@ -305,7 +315,7 @@ class Supervisor:
                     self._handle_hang(hang, group)
             if stop_deadline is None and self.stop_requested():
                 self._log(f"stop requested: asking phase {phase.name} to checkpoint and exit")
-                self._set(state="stopping")
+                self._set(state=RunState.STOPPING)
                 self._ask_to_stop(phase, group)
                 stop_deadline = time.monotonic() + self.plan.policy.stop_timeout_seconds
             if stop_deadline is not None and time.monotonic() > stop_deadline:
@@ -317,7 +327,7 @@ class Supervisor:
         child.returncode = code  # reaped here, not by Popen
         # Ranks and loader workers of the attempt may outlive its leader: a crashed attempt's are
         # killed now (they hold GPUs); after a stop they get time to finish writing the checkpoint.
-        if self.state["state"] == "stopping":
+        if self.state.state is RunState.STOPPING:
             self._wait_group_gone(group, self.plan.policy.stop_timeout_seconds)
         else:
             _signal_group(group, signal.SIGKILL)
