@@ -35,6 +35,7 @@ TEMPERATURE_COLLAPSED = "temperature_collapsed"
 ACCURACY_AT_CHANCE = "accuracy_at_chance"
 RECALL_DECLINING = "recall_declining"
 HANG = "hang"
+GPU_LOST = "gpu_lost"
 
 # Lifecycle messages happen a handful of times per run and are the ones a user waits for
 # ("did it finish?"), so the rate limiter never holds them back.

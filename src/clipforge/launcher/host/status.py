@@ -173,6 +173,7 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ),
         ("elapsed", _duration(elapsed) if elapsed is not None else "-"),
         ("restarts", f"{state.restarts}/{state.max_restarts}" if state else "0/?"),
+        *_gpu_rows(state),
         ("checkpoint", info.get("latest_checkpoint") or "none yet"),
     ]
     if info.get("sync"):
@@ -210,6 +211,21 @@ def sync_text(sync: dict) -> str:
     return text
 
 
+def _gpu_rows(state: SupervisorState | None) -> list[tuple[str, str]]:
+    """A `GPUs` row once the supervisor found one gone (the gpu_lost alert's facts)."""
+    gpus = state.gpus if state else None
+    if not gpus or not gpus.get("lost"):
+        return []
+    lost = ", ".join(f"GPU {i}" for i in gpus["lost"])
+    return [
+        (
+            "GPUs",
+            f"lost {lost} of {gpus.get('planned')} (found by {gpus.get('source')}); "
+            f"{len(gpus.get('usable', []))} answer",
+        )
+    ]
+
+
 def _state_text(state: SupervisorState | None, error: str | None) -> str:
     if state is None:
         return f"damaged: {error}" if error else "unknown"
@@ -219,6 +235,8 @@ def _state_text(state: SupervisorState | None, error: str | None) -> str:
         return (
             "lost: the supervisor is gone without finishing; `fab train --resume RUN` restarts it"
         )
+    if state.state is RunState.FAILED and state.reason:
+        return f"failed: {state.reason}"
     return state.state.value
 
 

@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +55,7 @@ from clipforge.alerts.progress import (
 )
 from clipforge.fsutil import atomic_write_text
 from clipforge.launcher.host.alert import send_alert, send_run_failed
+from clipforge.launcher.host.gpus import judge, read_inventory
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.state import (
@@ -191,6 +193,9 @@ class Supervisor:
             if self.stop_requested():
                 return self._stopped()
             attempt += 1
+            lost = self._gpus_lost(phase)
+            if lost:
+                return self._give_up(phase, None, lost)
             code = self._attempt(phase, attempt)
             if self.state.state is RunState.STOPPING:
                 return self._stopped()
@@ -230,11 +235,36 @@ class Supervisor:
             if not self._sleep(delay):
                 return self._stopped()
 
-    def _give_up(self, phase: Phase, code: int, why: str) -> str:
-        message = (
-            f"node {self.layout.node_rank}: phase {phase.name} exited with {_describe(code)}; "
-            f"giving up ({why})"
+    def _gpus_lost(self, phase: Phase) -> str | None:
+        """Before an attempt of a restartable phase: why it cannot run on the GPUs left (a
+        `gpu_lost` alert is sent), or None when they are all there or nothing can tell."""
+        if not phase.restartable:
+            return None
+        planned = int((read_json(self.layout.record) or {}).get("gpus_per_node") or 0)
+        inventory = read_inventory(self.layout.node_dir, planned)
+        if inventory is None or planned == 0:
+            return None
+        min_gpus = self.plan.policy.min_gpus or max(1, planned // 2)
+        verdict = judge(planned, inventory, min_gpus)
+        self._set(
+            gpus={
+                "planned": planned,
+                "usable": list(inventory.usable),
+                "lost": list(verdict.lost),
+                "source": inventory.source,
+            }
         )
+        if verdict.can_continue:
+            return None
+        host = socket.gethostname()
+        message = f"node {self.layout.node_rank} ({host}): {verdict.message}"
+        self._log(message)
+        self._log(send_alert(events.GPU_LOST, "critical", message, self.layout.run_id))
+        return verdict.message
+
+    def _give_up(self, phase: Phase, code: int | None, why: str) -> str:
+        ended = "cannot start" if code is None else f"exited with {_describe(code)}"
+        message = f"node {self.layout.node_rank}: phase {phase.name} {ended}; giving up ({why})"
         self._log(message)
         self._set(state=RunState.FAILED, child_pid=None, finished_at=time.time(), reason=why)
         self._log(send_run_failed(message, self.layout.run_id))
