@@ -79,3 +79,25 @@ def test_status_shows_a_damaged_state_and_a_lost_supervisor(tmp_path):
     lost = collect(_node(tmp_path / "b", running.to_json()))
     assert lost["state"]["state"] == "lost"
     assert dict(summarize(lost, None))["state"].startswith("lost: ")
+
+
+def test_status_shows_goodput_and_what_the_lost_time_cost():
+    """250 steps x 2 s = 500 s of training in 1000 s since the supervisor started (a crash and
+    its redone steps, set-up, saves): 50% goodput, the other half's GPU cost priced."""
+    from decimal import Decimal
+
+    from clipforge.launcher.host.status import goodput
+
+    assert goodput(250, 2.0, 1000.0) == 0.5
+    assert goodput(900, 2.0, 1000.0) == 1.0  # steps brought by an earlier launch
+    assert goodput(10, None, 1000.0) is None
+    info = {
+        "record": {"run_id": "r", "commit": "c", "runtime": "host", "gpus_per_node": 4},
+        "state": {"state": "running", "started_at": 100.0, "max_restarts": 3, "restarts": 1},
+        "last_row": {"step": "250"},
+        "recent_step_seconds": [2.0],
+        "host_time": 1100.0,
+    }
+    row = dict(summarize(info, Decimal("3.60")))["goodput"]
+    # 500 s lost x 4 GPUs x 3.60/h = 2.00
+    assert row.startswith("50% of the time trained; 8m20s went elsewhere (2.00 of the cost)")

@@ -186,6 +186,9 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
             ),
         )
     )
+    rows.append(
+        ("goodput", _goodput_text(step, seconds_per_step, elapsed, gpus, price_per_gpu_hour))
+    )
     if info.get("smoke"):
         rows.append(
             (
@@ -276,6 +279,35 @@ def _cost_text(
         per_epoch = per_gpu_second * Decimal(str(round(seconds_per_step * steps_per_epoch))) * gpus
         text += f", {per_epoch:.2f} per epoch"
     return text
+
+
+def goodput(step: int, seconds_per_step: float | None, elapsed: float | None) -> float | None:
+    """The share of the run's wall time that went into the steps it kept: steps done x the
+    typical step time, over the time since the supervisor started. Set-up, validation,
+    checkpoint saves, back-offs, crashed attempts and the steps redone after them (since the
+    last checkpoint) are the rest. At most 1 (a run resumed from an earlier launch's checkpoint
+    brings steps this launch did not pay for)."""
+    if not seconds_per_step or not elapsed or elapsed <= 0:
+        return None
+    return min(1.0, step * seconds_per_step / elapsed)
+
+
+def _goodput_text(
+    step: int,
+    seconds_per_step: float | None,
+    elapsed: float | None,
+    gpus: int,
+    price: Decimal | None,
+) -> str:
+    share = goodput(step, seconds_per_step, elapsed)
+    if share is None:
+        return "-"
+    lost = (1 - share) * elapsed
+    text = f"{100 * share:.0f}% of the time trained; {_duration(lost)} went elsewhere"
+    if gpus and price is not None:
+        wasted = price / Decimal(3600) * Decimal(str(round(lost))) * gpus
+        text += f" ({wasted:.2f} of the cost)"
+    return text + " (set-up, validation, saves, restarts and the steps they redid)"
 
 
 def _median(values: list[float]) -> float | None:
