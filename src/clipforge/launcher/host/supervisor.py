@@ -376,6 +376,9 @@ class Supervisor:
         self._hang = hang
         message = f"node {self.layout.node_rank}: {hang.describe()}"
         self._log(f"{message}; dumping the stacks of every rank, then restarting")
+        # Frozen first: a rank woken for its dump must not carry the run on (a collective with
+        # a peer that is stopped cannot complete), nor write a checkpoint the kill would tear.
+        _signal_group(group, signal.SIGSTOP)
         self._dump_stacks(hang)
         self._log(send_alert(events.HANG, "critical", message, self.layout.run_id))
         _signal_group(group, signal.SIGKILL)
@@ -387,7 +390,7 @@ class Supervisor:
             if py_spy:
                 with open(self.layout.train_log, "ab") as log:
                     done = subprocess.run(
-                        [py_spy, "dump", "--pid", str(rank.pid)],
+                        [py_spy, "dump", "--nonblocking", "--pid", str(rank.pid)],
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         timeout=STACK_DUMP_MAX_SECONDS,
@@ -396,13 +399,17 @@ class Supervisor:
                 if done.returncode == 0:
                     continue
             # faulthandler (registered by every supervised rank) writes to the rank's stderr,
-            # the run's log; SIGCONT lets a stopped process run its handler.
-            for sig in (STACK_DUMP_SIGNAL, signal.SIGCONT):
-                try:
-                    os.kill(rank.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    break
-        self._wait_log_quiet()
+            # the run's log, from its C handler: the rank is woken for it, then frozen again.
+            try:
+                os.kill(rank.pid, STACK_DUMP_SIGNAL)
+                os.kill(rank.pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                continue
+            self._wait_log_quiet()
+            try:
+                os.kill(rank.pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _wait_log_quiet(self) -> None:
         deadline = time.monotonic() + STACK_DUMP_MAX_SECONDS
