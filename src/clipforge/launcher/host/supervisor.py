@@ -379,13 +379,16 @@ class Supervisor:
         # Frozen first: a rank woken for its dump must not carry the run on (a collective with
         # a peer that is stopped cannot complete), nor write a checkpoint the kill would tear.
         _signal_group(group, signal.SIGSTOP)
-        self._dump_stacks(hang)
+        self._dump_stacks(hang, group)
         self._log(send_alert(events.HANG, "critical", message, self.layout.run_id))
         _signal_group(group, signal.SIGKILL)
 
-    def _dump_stacks(self, hang: Hang) -> None:
+    def _dump_stacks(self, hang: Hang, group: int) -> None:
         py_spy = shutil.which("py-spy")
         for rank in hang.everyone:
+            if not _in_group(rank.pid, group):  # never signal a pid this attempt does not own
+                self._log(f"rank {rank.rank}: pid {rank.pid} is not of this attempt; no dump")
+                continue
             self._log(f"stacks of rank {rank.rank} (pid {rank.pid})")
             if py_spy:
                 with open(self.layout.train_log, "ab") as log:
@@ -485,6 +488,13 @@ def _signal_group(group: int, sig: int) -> None:
         os.killpg(group, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _group_alive(group: int) -> bool:
