@@ -22,7 +22,8 @@ HOST_PACKAGE = "clipforge.launcher.host"
 # Project modules the host side may use: its own package, the packages that contain it (they run
 # first on import), the user-error type (clipforge.errors), the atomic writes (clipforge.fsutil),
 # the small helpers and the two ids (clipforge.util, clipforge.ids), and the alert delivery the
-# supervisor shares with the stage (clipforge.alerts' events, config, formats, targets, delivery).
+# supervisor shares with the stage (clipforge.alerts' events, config, formats, targets, delivery), and the
+# ranks' heartbeats its hang watchdog reads (clipforge.alerts.progress).
 ALLOWED_PROJECT = (
     "clipforge",
     "clipforge.errors",
@@ -36,6 +37,7 @@ ALLOWED_PROJECT = (
     "clipforge.alerts.delivery",
     "clipforge.alerts.events",
     "clipforge.alerts.formats",
+    "clipforge.alerts.progress",
     "clipforge.alerts.targets",
     "clipforge.fields",
 )

@@ -171,3 +171,42 @@ def test_backoff_doubles_up_to_its_cap():
         max_restarts=5, backoff_seconds=30, backoff_max_seconds=100, stop_timeout_seconds=1
     )
     assert [policy.delay_before(n) for n in (1, 2, 3, 4)] == [30, 60, 100, 100]
+
+
+# A stand-in for one rank: beats like the stage's ranks do; on its first attempt, after two
+# beats, it stops itself (SIGSTOP, as a wedged process), on the next it finishes.
+_HUNG_RANK = """
+import os, signal, sys, time
+from clipforge.alerts.progress import ProgressFile
+progress = ProgressFile.from_environment(0, float(sys.argv[1]))
+first = not os.path.exists("attempted")
+open("attempted", "a").close()
+for step in (1, 2):
+    progress.beat(step)
+    time.sleep(1.1)  # one write per second at most: the second beat is written too
+if first:
+    os.kill(os.getpid(), signal.SIGSTOP)
+progress.close(2)
+"""
+
+
+def test_a_hung_rank_is_dumped_alerted_killed_and_restarted(tmp_path, webhook):
+    """A rank silent for its stall timeout (here: stopped): the supervisor writes its stack into
+    the run's log, sends a `hang` alert, kills the attempt and restarts it; the restart
+    finishes. The exit is recorded as a hang."""
+    phase = Phase(
+        name="train",
+        argv=[sys.executable, "-c", _HUNG_RANK, "2"],
+        cwd=str(tmp_path),
+        env={"PYTHONPATH": str(REPO / "src")},
+    )
+    process = _supervise(tmp_path, phase, env={"CLIPFORGE_ALERT_WEBHOOKS": webhook.url()})
+    state = _state(tmp_path)
+    assert process.returncode == 0 and state["state"] == "finished"
+    assert state["restarts"] == 1 and "no training step for" in state["exits"][0]["hang"]
+    log = _log(tmp_path)
+    assert "dumping the stacks of every rank" in log and "stacks of rank 0" in log
+    assert 'File "<string>"' in log  # faulthandler's dump of the stopped rank's main thread
+    assert "hung and was killed; restart 1/3" in log
+    (alert,) = [r.body for r in webhook.wait_for(1) if r.body["rule"] == "hang"]
+    assert alert["severity"] == "critical" and "rank 0" in alert["message"]

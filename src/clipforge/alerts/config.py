@@ -38,6 +38,42 @@ class AlertsConfig(Section):
         "non-finite loss skips its step.",
         ge=1,
     )
+    temperature_alerts: bool = knob(
+        True,
+        "Alert when the learned logit scale (inverse temperature) sits at train.max_logit_scale "
+        "or falls to logit_scale_floor (alerts/health.py).",
+    )
+    logit_scale_pinned_fraction: float = knob(
+        0.99,
+        "The logit scale counts as pinned at or above this fraction of its cap.",
+        gt=0.0,
+        le=1.0,
+    )
+    logit_scale_floor: float = knob(
+        2.0, "The logit scale counts as collapsed at or below this (CLIP starts at 14.3).", gt=0.0
+    )
+    chance_accuracy_alerts: bool = knob(
+        True,
+        "Alert when in-batch contrastive accuracy stays below chance_accuracy_factor / batch "
+        "after chance_accuracy_warmup_steps.",
+    )
+    chance_accuracy_factor: float = knob(
+        2.0, "Accuracy below this many times chance (1/batch) counts as near chance.", gt=1.0
+    )
+    chance_accuracy_warmup_steps: int = knob(
+        500, "Optimizer steps before the chance-accuracy rule is armed.", ge=0
+    )
+    health_patience_logs: int = knob(
+        3,
+        "Log intervals in a row the temperature or accuracy condition must hold before it alerts.",
+        ge=1,
+    )
+    recall_decline_alerts: bool = knob(
+        True, "Alert when validation mean recall falls recall_decline_validations times in a row."
+    )
+    recall_decline_validations: int = knob(
+        3, "Validations in a row, each with a lower mean recall than the one before.", ge=1
+    )
     gpu_temp_celsius: float = knob(
         85.0, "Alert when a GPU's core temperature reaches this.", ge=40.0, le=120.0
     )

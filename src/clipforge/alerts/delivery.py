@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from clipforge.alerts.config import AlertsConfig
 from clipforge.alerts.events import Alert, DeliveryOutcome
-from clipforge.alerts.formats import accepted, build_payload, encode
+from clipforge.alerts.formats import accepted, build_request, encode
 from clipforge.alerts.targets import WebhookTarget, redact
 from clipforge.util import backoff_seconds
 
@@ -169,11 +169,11 @@ class _TargetWorker:
             self._report(outcome)
 
     def _deliver(self, alert: Alert) -> DeliveryOutcome:
-        body = encode(build_payload(self.target.kind, alert))
         attempts_allowed = 1 + self._config.max_retries
         detail = ""
         for attempt in range(1, attempts_allowed + 1):
-            ok, retryable, detail, retry_after = self._post(body)
+            url, payload = build_request(self.target, alert, now_seconds=time.time())
+            ok, retryable, detail, retry_after = self._post(url, encode(payload))
             if ok:
                 return DeliveryOutcome(alert, self.target.label, True, attempt, detail)
             if not retryable or attempt == attempts_allowed:
@@ -198,10 +198,10 @@ class _TargetWorker:
                 )
         raise AssertionError("unreachable")
 
-    def _post(self, body: bytes) -> tuple[bool, bool, str, float | None]:
+    def _post(self, url: str, body: bytes) -> tuple[bool, bool, str, float | None]:
         """One attempt. Returns (accepted, worth retrying, detail, Retry-After seconds)."""
         request = urllib.request.Request(
-            self.target.url,
+            url,
             data=body,
             method="POST",
             headers={

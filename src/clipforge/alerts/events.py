@@ -30,6 +30,12 @@ CHECKPOINT_DAMAGED = "checkpoint_damaged"
 STORE_UNREACHABLE = "store_unreachable"
 STORE_SYNC_LAG = "store_sync_lag"
 STORE_CAUGHT_UP = "store_caught_up"
+TEMPERATURE_PINNED = "temperature_pinned"
+TEMPERATURE_COLLAPSED = "temperature_collapsed"
+ACCURACY_AT_CHANCE = "accuracy_at_chance"
+RECALL_DECLINING = "recall_declining"
+HANG = "hang"
+GPU_LOST = "gpu_lost"
 
 # Lifecycle messages happen a handful of times per run and are the ones a user waits for
 # ("did it finish?"), so the rate limiter never holds them back.

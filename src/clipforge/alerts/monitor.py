@@ -24,6 +24,8 @@ from clipforge.alerts.config import AlertsConfig
 from clipforge.alerts.delivery import WebhookDispatcher
 from clipforge.alerts.events import Alert, DeliveryOutcome, Finding, TextEvent
 from clipforge.alerts.gpu import GpuHealthRules, GpuPoller, GpuReader, open_nvml
+from clipforge.alerts.health import HealthReading, HealthRules
+from clipforge.alerts.progress import ProgressFile
 from clipforge.alerts.ratelimit import AlertGate
 from clipforge.alerts.rules import StepRules, StepVerdict
 from clipforge.alerts.targets import WebhookTarget, load_targets, redact
@@ -49,6 +51,7 @@ class AlertMonitor:
         wall_clock: Callable[[], float] = time.time,
         open_gpu_reader: Callable[[], GpuReader | str] = open_nvml,
         launch_id: str | None = None,
+        progress: ProgressFile | None = None,
     ) -> None:
         self.config = config
         self.run_id = run_id
@@ -66,6 +69,7 @@ class AlertMonitor:
         self._run_reported = False
         self._started = self._closed = False
         self._rules = StepRules(config)
+        self._health = HealthRules(config)
         self._gate = AlertGate(
             min_seconds_between_repeats=config.min_seconds_between_repeats,
             max_messages_per_window=config.max_messages_per_window,
@@ -88,13 +92,19 @@ class AlertMonitor:
             else None
         )
         self._poller: GpuPoller | None = None
+        # Every rank's heartbeat for the supervisor's hang watchdog (None: not supervised).
+        self._progress = progress
 
     @classmethod
     def from_environment(
         cls, config: AlertsConfig, run_id: str, *, rank: int = 0, local_rank: int = 0, **kwargs
     ) -> AlertMonitor:
-        """Targets from CLIPFORGE_ALERT_WEBHOOKS / _FILE, read only by processes that alert."""
+        """Targets from CLIPFORGE_ALERT_WEBHOOKS / _FILE, read only by processes that alert;
+        a progress file for the supervisor's watchdog when it set CLIPFORGE_PROGRESS_DIR."""
         targets = load_targets() if rank == 0 or local_rank == 0 else []
+        kwargs.setdefault(
+            "progress", ProgressFile.from_environment(rank, config.stall_timeout_seconds)
+        )
         return cls(config, run_id, targets=targets, rank=rank, local_rank=local_rank, **kwargs)
 
     def __repr__(self) -> str:
@@ -111,6 +121,8 @@ class AlertMonitor:
         if self._started:
             return self
         self._started = True
+        if self._progress:  # set-up is over: from now on, silence is a hang
+            self._progress.beat(self._last_step)
         if self._dispatcher:
             self._dispatcher.start()
         if self._watchdog:
@@ -124,6 +136,8 @@ class AlertMonitor:
         if self._closed:
             return
         self._closed = True
+        if self._progress:
+            self._progress.close(self._last_step)
         if self._watchdog:
             self._watchdog.stop()
         if self._poller:
@@ -239,11 +253,27 @@ class AlertMonitor:
         self._step_seen(step, verdict)
         return verdict
 
+    def check_health(self, reading: HealthReading) -> None:
+        """At a log interval: logit scale and in-batch accuracy, already read from the device.
+        Only rank 0 alerts (every rank sees the same logit scale; rank 0's batch stands for
+        the others)."""
+        if self.watches_run:
+            for finding in self._health.observe(reading):
+                self._emit(finding, reading.step)
+
+    def check_validation(self, step: int, mean_recall: float | None) -> None:
+        """After a validation: its mean recall (the same on every rank)."""
+        if self.watches_run:
+            for finding in self._health.observe_validation(step, mean_recall):
+                self._emit(finding, step)
+
     def heartbeat(self, step: int) -> None:
         """Progress without a training step (eval, checkpoint save): keeps the watchdog quiet."""
         self._last_step = step
         if self._watchdog:
             self._watchdog.beat(step)
+        if self._progress:
+            self._progress.beat(step)
 
     def drain_events(self) -> list[TextEvent]:
         """Alerts and delivery outcomes since the last call, for SummaryWriter.add_text."""

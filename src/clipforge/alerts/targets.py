@@ -3,9 +3,13 @@
 A webhook URL is a credential: whoever has it can post into the team's chat. It is read from
 `CLIPFORGE_ALERT_WEBHOOKS` (comma-separated) and/or the file named by
 `CLIPFORGE_ALERT_WEBHOOKS_FILE` (one entry per line or comma-separated, `#` starts a comment).
-Each entry is `feishu:URL`, `lark:URL` (same format as Feishu), `slack:URL`, or a bare URL
-(generic JSON). Anything that is printed shows `WebhookTarget.label` instead: the kind, the
-host and a short hash, enough to tell two targets apart and never enough to use one.
+Each entry is `feishu:URL`, `lark:URL` (same format as Feishu), `dingtalk:URL`, `wecom:URL`,
+`slack:URL`, or a bare URL (generic JSON). A Feishu/Lark or DingTalk bot with signature
+verification on takes its signing secret in the same entry, `feishu:URL;secret=SECRET`: it
+travels exactly like the URL (the variable, the file, the Kubernetes Secret) and is never in
+params.yaml, a command line or an output. Anything that is printed shows `WebhookTarget.label`
+instead: the kind, the host and a short hash, enough to tell two targets apart and never
+enough to use one.
 """
 
 from __future__ import annotations
@@ -22,8 +26,18 @@ from clipforge.errors import UserError
 ENV_WEBHOOKS = "CLIPFORGE_ALERT_WEBHOOKS"
 ENV_WEBHOOKS_FILE = "CLIPFORGE_ALERT_WEBHOOKS_FILE"
 
-KINDS = ("feishu", "slack", "generic")
-_PREFIXES = {"feishu": "feishu", "lark": "feishu", "slack": "slack"}
+KINDS = ("feishu", "dingtalk", "wecom", "slack", "generic")
+_PREFIXES = {
+    "feishu": "feishu",
+    "lark": "feishu",
+    "dingtalk": "dingtalk",
+    "wecom": "wecom",
+    "slack": "slack",
+}
+# The services whose bots check a signature made with a secret of their own; WeCom's group bot
+# has none (its key is in the URL), Slack's is for apps, not incoming webhooks.
+SIGNED_KINDS = ("feishu", "dingtalk")
+_SECRET_MARK = ";secret="
 
 
 class WebhookError(UserError, ValueError):
@@ -35,17 +49,22 @@ class WebhookTarget:
     kind: str
     """"feishu", "slack" or "generic"."""
     url: str = field(repr=False)
+    secret: str = field(default="", repr=False)
+    """The bot's signing secret ("" for none): messages are then signed (see formats.py)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise WebhookError(f"webhook kind must be one of {KINDS}, got {self.kind!r}")
+        if self.secret and self.kind not in SIGNED_KINDS:
+            raise WebhookError(f"a {self.kind} webhook takes no signing secret")
 
     @property
     def label(self) -> str:
         """Printable stand-in for the URL, e.g. `feishu:https://open.feishu.cn/…#1a2b3c4d`."""
         parts = urllib.parse.urlsplit(self.url)
         digest = hashlib.sha256(self.url.encode()).hexdigest()[:8]
-        return f"{self.kind}:{parts.scheme}://{parts.hostname}/…(redacted)#{digest}"
+        signed = "signed " if self.secret else ""
+        return f"{signed}{self.kind}:{parts.scheme}://{parts.hostname}/…(redacted)#{digest}"
 
     def __repr__(self) -> str:
         return f"WebhookTarget({self.label})"
@@ -88,15 +107,22 @@ def parse_targets(entries: Iterable[str], *, source: str | None) -> list[Webhook
         entry = raw.strip()
         if not entry:
             continue
+        where = (f"{source}: " if source else "") + f"entry {position}"
         kind, url = _split_kind(entry)
+        url, mark, secret = url.partition(_SECRET_MARK)
         parts = urllib.parse.urlsplit(url)
         if kind is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise WebhookError(
-                (f"{source}: " if source else "")
-                + f"entry {position} is not `feishu:URL`, `lark:URL`, `slack:URL` or "
-                f"an http(s) URL (the entry is not shown because it may be a secret)"
+                f"{where} is not `feishu:URL`, `lark:URL`, `dingtalk:URL`, `wecom:URL`, "
+                f"`slack:URL` or an http(s) URL, optionally followed by `;secret=SECRET` "
+                f"(the entry is not shown because it may be a secret)"
             )
-        targets.append(WebhookTarget(kind=kind, url=url))
+        if mark and (kind not in SIGNED_KINDS or not secret.strip()):
+            raise ValueError(
+                f"{where}: `;secret=` needs a non-empty secret and is only for "
+                f"{' and '.join(SIGNED_KINDS)} bots (the entry is not shown)"
+            )
+        targets.append(WebhookTarget(kind=kind, url=url, secret=secret.strip()))
     return targets
 
 
@@ -118,7 +144,12 @@ def redact(text: str, targets: Iterable[WebhookTarget]) -> str:
     """
     for target in targets:
         text = text.replace(target.url, target.label)
-        path = urllib.parse.urlsplit(target.url).path
-        if len(path) > 1:
-            text = text.replace(path, "/…(redacted)")
+        if target.secret:
+            text = text.replace(target.secret, "…(redacted secret)")
+        parts = urllib.parse.urlsplit(target.url)
+        # DingTalk and WeCom keep their token in the query (access_token=, key=), not the path.
+        if parts.query:
+            text = text.replace(parts.query, "…(redacted)")
+        if len(parts.path) > 1:
+            text = text.replace(parts.path, "/…(redacted)")
     return text

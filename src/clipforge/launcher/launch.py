@@ -26,6 +26,7 @@ from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
+from clipforge.launcher.host.state import RunState, StateFileError, SupervisorState, state_from_dict
 from clipforge.launcher.host.stored_checkpoints import RUN_ROOTS_FILE
 from clipforge.launcher.options import TrainOptions, resolve_params
 from clipforge.launcher.session import (
@@ -310,6 +311,15 @@ def _write_run_files(
         )
 
 
+def _remote_state(host: Host, layout: NodeLayout) -> SupervisorState | None:
+    """The node's supervisor state (None: none yet); a damaged one is the user's to look at."""
+    raw = read_remote_json(host, layout.state)
+    try:
+        return state_from_dict(raw, f"{host.label}:{layout.state}") if raw else None
+    except StateFileError as exc:
+        raise LauncherError(str(exc)) from None
+
+
 def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None:
     """Start the node's supervisor detached; secrets go over the SSH channel's stdin only."""
     secrets = {name: os.environ[name] for name in PASSTHROUGH_ENV if name in os.environ}
@@ -326,10 +336,10 @@ def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None
     )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        state = read_remote_json(host, layout.state)
-        if state and state.get("state") in ("starting", "running", "finished"):
+        state = _remote_state(host, layout)
+        if state and state.state.started:
             return
-        if state and state.get("state") == "failed":
+        if state and state.state is RunState.FAILED:
             break
         time.sleep(0.5)
     log = probe(host.cxn, f"tail -n 20 {q(layout.supervisor_log)} {q(layout.train_log)}").stdout
@@ -341,8 +351,8 @@ def resume(
 ) -> None:
     """Start the supervisors of an existing run again (after `fab stop`, or a lost supervisor)."""
     for host, layout in zip(hosts, layouts):
-        state = read_remote_json(host, layout.state) or {}
-        if state.get("state") == "finished":
+        state = _remote_state(host, layout)
+        if state and state.state is RunState.FINISHED:
             raise LauncherError(
                 f"{host.label}: run {layout.launch_id} has finished; nothing to resume"
             )

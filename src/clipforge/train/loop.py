@@ -21,6 +21,7 @@ from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.config import BatchPlan, TrainConfig
 from clipforge.train.engine import clamp_logit_scale
 from clipforge.train.faults import Faults
+from clipforge.train.health import FeatureTap, health_reading
 from clipforge.train.loss import contrastive_step
 from clipforge.train.reporting import PerfMeter
 from clipforge.train.validation import validation_due
@@ -161,6 +162,7 @@ def train_clip(
     """Run optimizer steps start_step..total_steps-1; returns the final scalars."""
     engine, alerts = parts.engine, parts.alerts
     checks = StepChecks(alerts, parts.stop, parts.device)
+    loss_fn = FeatureTap(parts.loss_fn)  # keeps the step's features for the health alerts
     last: dict = {}
     for step in range(start_step, total_steps):
         done = step + 1  # optimizer steps taken once this one is: the step's number everywhere
@@ -172,7 +174,7 @@ def train_clip(
         )
         lr = engine.get_lr()[0]  # the rate this step uses; the scheduler advances inside step()
         skip_if = functools.partial(checks.before_backward, done)
-        out = contrastive_step(engine, parts.loss_fn, micro_batches, skip_if, parts.autocast)
+        out = contrastive_step(engine, loss_fn, micro_batches, skip_if, parts.autocast)
         if not out.skipped:
             clamp_logit_scale(engine, train.max_logit_scale)
             checks.updated(done, engine.get_global_grad_norm())
@@ -183,7 +185,10 @@ def train_clip(
         last = {"step": done, "epoch": done / steps_per_epoch, "loss": checks.agreed.loss, "lr": lr}
         if logged or saved or stopping:  # read back from the device only what is reported
             last["grad_norm"] = checks.pending_grad_norm()
-            last["logit_scale"] = float(out.logit_scale)
+            health = health_reading(done, loss_fn, out.logit_scale, train.max_logit_scale)
+            last["logit_scale"] = health.logit_scale
+            if logged:
+                alerts.check_health(health)
         if done == total_steps:
             checks.finish()
         if logged:

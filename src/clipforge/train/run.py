@@ -21,6 +21,7 @@ import torch
 
 from clipforge import util
 from clipforge.alerts.monitor import AlertMonitor
+from clipforge.alerts.progress import collective_timeout_seconds
 from clipforge.cli import StageError
 from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan
 from clipforge.fsutil import atomic_write_text
@@ -128,6 +129,7 @@ class TrainingRun:
         )
         if self.monitor and metrics:
             self.monitor.validation(step, metrics)
+        self.alerts.check_validation(step, metrics.get("mean_recall"))
         if self.gallery is not None:  # every rank encodes it; rank 0 draws
             found = retrieval_grid.rankings(
                 self.engine, self.gallery, self.to_device, self.autocast
@@ -164,8 +166,11 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
     """Process group, model, engine (resumed from the latest checkpoint), data and monitors."""
     train = config.train
     # A collective waiting longer than the stall timeout waits on a dead or cut-off peer: it fails
-    # then (and the supervisor restarts or gives up) instead of hanging on for torch's default.
-    dist = init_distributed(device, timeout_seconds=config.alerts.stall_timeout_seconds)
+    # then (and the supervisor restarts or gives up) instead of hanging on for torch's default;
+    # under the supervisor's hang watchdog, which acts first, at twice that (alerts/progress.py).
+    dist = init_distributed(
+        device, timeout_seconds=collective_timeout_seconds(config.alerts.stall_timeout_seconds)
+    )
     precision = resolve_precision(
         train.precision, device, device == "cuda" and torch.cuda.is_bf16_supported()
     )

@@ -1,5 +1,5 @@
-"""The supervisor's own alert, sent when it gives up on a run: the stage, which sends every other
-alert, is not running then. Same webhooks (CLIPFORGE_ALERT_WEBHOOKS, in the supervisor's
+"""The supervisor's own alerts: when it gives up on a run (the stage, which sends every other
+alert, is not running then), and when its watchdog finds the run hung. Same webhooks (CLIPFORGE_ALERT_WEBHOOKS, in the supervisor's
 environment only), same delivery and formats as the stage's (clipforge.alerts, standard library).
 """
 
@@ -20,6 +20,11 @@ from clipforge.alerts.targets import load_targets, redact
 def send_run_failed(message: str, launch_id: str, run_id: str | None) -> str:
     """Deliver a `run_failed` alert to every configured webhook; one line saying how it went.
     `run_id`: the training run's, when its checkpoints tell it (None before it saved any)."""
+    return send_alert(events.RUN_FAILED, "critical", message, launch_id, run_id)
+
+
+def send_alert(rule: str, severity: str, message: str, launch_id: str, run_id: str | None) -> str:
+    """Deliver one alert to every configured webhook; one line saying how it went."""
     try:
         targets = load_targets(os.environ)
     except ValueError as exc:
@@ -34,8 +39,8 @@ def send_run_failed(message: str, launch_id: str, run_id: str | None) -> str:
     dispatcher.start()
     dispatcher.submit(
         Alert(
-            rule=events.RUN_FAILED,
-            severity="critical",
+            rule=rule,
+            severity=severity,
             message=redact(message, targets),
             run_id=run_id,
             launch_id=launch_id,

@@ -63,6 +63,8 @@ class RestartPolicy:
     backoff_seconds: float  # first delay; doubled after each restart...
     backoff_max_seconds: float  # ...up to this
     stop_timeout_seconds: float  # after a stop request, SIGKILL whatever is left after this long
+    # The fewest GPUs a node's run may go on with (clipforge.launcher.host.gpus); None: half.
+    min_gpus: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
@@ -72,6 +74,8 @@ class RestartPolicy:
                 f"backoff: need 0 <= backoff_seconds ({self.backoff_seconds}) <= "
                 f"backoff_max_seconds ({self.backoff_max_seconds})"
             )
+        if self.min_gpus is not None and self.min_gpus < 1:
+            raise ValueError(f"min_gpus: must be >= 1, got {self.min_gpus}")
         if self.stop_timeout_seconds <= 0:
             raise ValueError(f"stop_timeout_seconds: must be > 0, got {self.stop_timeout_seconds}")
 

@@ -10,6 +10,7 @@
   <root>/runs/<run>/node-<rank>/{plan.json,state.json,supervisor.pid,train.log,supervisor.log,stop,
                                 smoke.json,tensorboard.pid,tensorboard.log}
   <root>/runs/<run>/node-<rank>/home/  HOME inside the container (docker runtime)
+  <root>/runs/<run>/node-<rank>/progress/rank-<r>.json  each rank's heartbeat (hang watchdog)
 
 Every path of a node is a property of its NodeLayout: nothing else spells these names.
 """
@@ -96,6 +97,11 @@ class NodeLayout:
     @property
     def supervisor_log(self) -> str:
         return posixpath.join(self.node_dir, "supervisor.log")
+
+    @property
+    def progress_dir(self) -> str:
+        """The ranks' heartbeat files, read by the supervisor's hang watchdog."""
+        return posixpath.join(self.node_dir, "progress")
 
     @property
     def stop_request(self) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import sys
 import time
@@ -24,7 +25,14 @@ from pathlib import Path
 
 from clipforge.ids import launch_id_of, run_ids_in
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
-from clipforge.launcher.host.supervisor import TERMINAL_STATES, read_json, supervisor_pid
+from clipforge.launcher.host.state import (
+    RunState,
+    StateFileError,
+    SupervisorState,
+    read_state,
+    state_from_dict,
+)
+from clipforge.launcher.host.supervisor import read_json, supervisor_pid
 from clipforge.util import format_duration, steps_per_epoch, total_steps
 
 RECENT_ROWS = 10
@@ -33,10 +41,15 @@ RECENT_ROWS = 10
 # -- host side -----------------------------------------------------------------------------------
 def collect(layout: NodeLayout) -> dict:
     record = read_json(layout.record) or {}
-    state = read_json(layout.state) or {}
+    state_error = None
+    try:
+        state = read_state(layout.state)
+    except StateFileError as exc:
+        state, state_error = None, str(exc)
     alive = supervisor_pid(layout) is not None
-    if state.get("state") not in TERMINAL_STATES and not alive and state:
-        state["state"] = "lost"  # the supervisor died without saying so (host reboot, kill -9)
+    if state and not state.state.terminal and not alive:
+        # the supervisor died without saying so (host reboot, kill -9)
+        state = dataclasses.replace(state, state=RunState.LOST)
     manifest = Path(layout.output("data/manifest.json"))
     checkpoints = Path(record.get("checkpoints_dir") or layout.output("checkpoints"))
     own = set(run_ids_in(checkpoints))
@@ -63,7 +76,8 @@ def collect(layout: NodeLayout) -> dict:
             },
         },
         "run_ids": sorted(own),
-        "state": state,
+        "state": state.to_dict() if state else {},
+        "state_error": state_error,
         "supervisor_alive": alive,
         "last_row": rows[-1] if rows else None,
         "recent_step_seconds": [float(r["step_s"]) for r in rows[-RECENT_ROWS:] if r.get("step_s")],
@@ -132,13 +146,15 @@ def _latest_checkpoint(checkpoints: Path) -> str | None:
 # -- laptop side ---------------------------------------------------------------------------------
 def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str, str]]:
     """(label, value) rows for the status table."""
-    record, state, row = info["record"], info["state"], info.get("last_row") or {}
+    record, row = info["record"], info.get("last_row") or {}
+    state = state_from_dict(info["state"], "the supervisor's state") if info["state"] else None
+    name = state.state if state else None
     total = info.get("total_steps")
     step = int(row["step"]) if row.get("step") else 0
-    if info.get("summary") and state.get("state") == "finished":
+    if info.get("summary") and name is RunState.FINISHED:
         step = info["summary"].get("steps", step)
-    started = state.get("started_at")
-    ended = state.get("finished_at") or info["host_time"]
+    started = state.started_at if state else None
+    ended = (state.finished_at if state else None) or info["host_time"]
     elapsed = ended - started if started else None
     seconds_per_step = _median(info.get("recent_step_seconds") or [])
     gpus = (record.get("gpus_per_node") or 0) * (record.get("num_nodes") or 1)
@@ -151,7 +167,7 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ),
         # the training run(s) of this launch, by the checkpoints it saved: none until the first
         ("run", ", ".join(info.get("run_ids") or []) or "-"),
-        ("state", _state_text(state, info)),
+        ("state", _state_text(state, info.get("state_error"))),
         (
             "step",
             f"{step}/{total if total else '?'}"
@@ -165,11 +181,12 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         (
             "ETA",
             format_duration(seconds_per_step * (total - step))
-            if seconds_per_step and total and state.get("state") == "running"
+            if seconds_per_step and total and name is RunState.RUNNING
             else "-",
         ),
         ("elapsed", format_duration(elapsed) if elapsed is not None else "-"),
-        ("restarts", f"{state.get('restarts', 0)}/{state.get('max_restarts', '?')}"),
+        ("restarts", f"{state.restarts}/{state.max_restarts}" if state else "0/?"),
+        *_gpu_rows(state),
         ("checkpoint", info.get("latest_checkpoint") or "none yet"),
     ]
     if info.get("sync"):
@@ -181,6 +198,9 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
                 elapsed, gpus, price_per_gpu_hour, seconds_per_step, info.get("steps_per_epoch")
             ),
         )
+    )
+    rows.append(
+        ("goodput", _goodput_text(step, seconds_per_step, elapsed, gpus, price_per_gpu_hour))
     )
     if info.get("smoke"):
         rows.append(
@@ -207,15 +227,33 @@ def sync_text(sync: dict) -> str:
     return text
 
 
-def _state_text(state: dict, info: dict) -> str:
-    name = state.get("state", "unknown")
-    if name == "running":
-        return f"running (phase {state.get('phase')}, attempt {state.get('attempt')})"
-    if name == "lost":
+def _gpu_rows(state: SupervisorState | None) -> list[tuple[str, str]]:
+    """A `GPUs` row once the supervisor found one gone (the gpu_lost alert's facts)."""
+    gpus = state.gpus if state else None
+    if not gpus or not gpus.get("lost"):
+        return []
+    lost = ", ".join(f"GPU {i}" for i in gpus["lost"])
+    return [
+        (
+            "GPUs",
+            f"lost {lost} of {gpus.get('planned')} (found by {gpus.get('source')}); "
+            f"{len(gpus.get('usable', []))} answer",
+        )
+    ]
+
+
+def _state_text(state: SupervisorState | None, error: str | None) -> str:
+    if state is None:
+        return f"damaged: {error}" if error else "unknown"
+    if state.state is RunState.RUNNING:
+        return f"running (phase {state.phase}, attempt {state.attempt})"
+    if state.state is RunState.LOST:
         return (
             "lost: the supervisor is gone without finishing; `fab train --resume RUN` restarts it"
         )
-    return name
+    if state.state is RunState.FAILED and state.reason:
+        return f"failed: {state.reason}"
+    return state.state.value
 
 
 def _percent(cell: str | None) -> str:
@@ -254,6 +292,35 @@ def _cost_text(
         per_epoch = per_gpu_second * Decimal(str(round(seconds_per_step * steps_per_epoch))) * gpus
         text += f", {per_epoch:.2f} per epoch"
     return text
+
+
+def goodput(step: int, seconds_per_step: float | None, elapsed: float | None) -> float | None:
+    """The share of the run's wall time that went into the steps it kept: steps done x the
+    typical step time, over the time since the supervisor started. Set-up, validation,
+    checkpoint saves, back-offs, crashed attempts and the steps redone after them (since the
+    last checkpoint) are the rest. At most 1 (a run resumed from an earlier launch's checkpoint
+    brings steps this launch did not pay for)."""
+    if not seconds_per_step or not elapsed or elapsed <= 0:
+        return None
+    return min(1.0, step * seconds_per_step / elapsed)
+
+
+def _goodput_text(
+    step: int,
+    seconds_per_step: float | None,
+    elapsed: float | None,
+    gpus: int,
+    price: Decimal | None,
+) -> str:
+    share = goodput(step, seconds_per_step, elapsed)
+    if share is None:
+        return "-"
+    lost = (1 - share) * elapsed
+    text = f"{100 * share:.0f}% of the time trained; {format_duration(lost)} went elsewhere"
+    if gpus and price is not None:
+        wasted = price / Decimal(3600) * Decimal(str(round(lost))) * gpus
+        text += f" ({wasted:.2f} of the cost)"
+    return text + " (set-up, validation, saves, restarts and the steps they redid)"
 
 
 def _median(values: list[float]) -> float | None:

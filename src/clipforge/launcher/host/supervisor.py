@@ -17,6 +17,13 @@ Two attempts in a row that end on the same rendezvous error (the nodes cannot co
 address, a link down, a firewall) are a fault no restart fixes: the supervisor gives up at once.
 Whenever it gives up, it says why in the log and sends a `run_failed` alert to the webhooks.
 
+A hang is a crash. Every rank writes a heartbeat (clipforge.alerts.progress) into
+NODE_DIR/progress; a rank silent for its `alerts.stall_timeout_seconds` makes the supervisor
+dump the stacks of every rank into the run's log (py-spy when installed, else each rank's
+faulthandler on SIGUSR1), send a `hang` alert, and kill the attempt: the restart resumes from
+the latest checkpoint like any other. NCCL's own watchdog and flight recorder are switched on
+for the ranks too (TORCH_NCCL_* below), dumping into the same folder on a collective timeout.
+
 Detached = a new session (setsid) with no terminal and stdin/stdout away from the SSH channel, so
 closing the connection sends it nothing. It makes itself a child subreaper, so processes orphaned
 by a crashed attempt (ranks, loader workers) are reaped here even where PID 1 does not reap (a
@@ -26,26 +33,44 @@ container running `sleep infinity`), and an attempt is over only when its whole 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from clipforge.alerts import events
+from clipforge.alerts.progress import (
+    PROGRESS_DIR_ENV,
+    STACK_DUMP_SIGNAL,
+    Hang,
+    find_hang,
+    read_progress,
+)
 from clipforge.fsutil import atomic_write_text
 from clipforge.ids import run_ids_in
-from clipforge.launcher.host.alert import send_run_failed
+from clipforge.launcher.host.alert import send_alert, send_run_failed
+from clipforge.launcher.host.gpus import judge, read_inventory
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
+from clipforge.launcher.host.state import (
+    TERMINAL_STATES,  # noqa: F401  (re-exported: readers of the state import it from here)
+    RunState,
+    StateFileError,
+    SupervisorState,
+    read_state,
+)
 
 MODULE = "clipforge.launcher.host.supervisor"  # as `python -m` runs it: how its process is found
 POLL_SECONDS = 0.5
 REMNANT_GRACE_SECONDS = 30.0  # after an attempt ended, leftovers get this long before SIGKILL
 MAX_EXITS_KEPT = 50
-TERMINAL_STATES = ("finished", "stopped", "failed")
 # Errors of setting up the process group across nodes (torch.distributed's store, gloo, NCCL
 # bootstrap): the same one twice in a row means the next restart would meet it again.
 RENDEZVOUS_ERRORS = re.compile(
@@ -54,6 +79,21 @@ RENDEZVOUS_ERRORS = re.compile(
     r"Socket Timeout|No route to host|Network is unreachable)[^\n]*"
 )
 OUTPUT_SCANNED_BYTES = 256 * 1024  # of an attempt's output, the end: where its fatal error is
+# How long the stack dumps of a hung attempt may take before it is killed: until the run's log
+# has been quiet for STACK_DUMP_QUIET_SECONDS, at most STACK_DUMP_MAX_SECONDS.
+STACK_DUMP_QUIET_SECONDS = 1.0
+STACK_DUMP_MAX_SECONDS = 30.0
+
+
+# NCCL's watchdog and flight recorder (torch >= 2.2): on a collective timeout each rank dumps its
+# last collectives there. Inert under gloo (CPU). A value already in the environment wins.
+def nccl_debug_env(progress_dir: str) -> dict[str, str]:
+    return {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(progress_dir, "nccl_trace_rank_"),
+    }
 
 
 def read_json(path: str | Path) -> dict | None:
@@ -93,29 +133,29 @@ class Supervisor:
         self.layout = layout
         self.plan = Plan.from_json(Path(layout.plan).read_text(encoding="utf-8"))
         self.signalled = False
-        previous = read_json(layout.state) or {}
+        self._damaged_previous = None
+        try:
+            previous = read_state(layout.state)
+        except StateFileError as exc:  # said in the log once the run's log is open
+            previous, self._damaged_previous = None, str(exc)
         # A supervisor started again on the same node (`fab train --resume`) keeps the count.
-        self.state = {
-            "state": "starting",
-            "phase": None,
-            "attempt": 0,
-            "restarts": previous.get("restarts", 0),
-            "max_restarts": self.plan.policy.max_restarts,
-            "supervisor_pid": os.getpid(),
-            "child_pid": None,
-            "started_at": previous.get("started_at", time.time()),
-            "attempt_started_at": None,
-            "finished_at": None,
-            "exits": previous.get("exits", []),
-            "passed_env": sorted(name for name in PASSTHROUGH_ENV if name in os.environ),
-        }
+        self.state = SupervisorState(
+            state=RunState.STARTING,
+            supervisor_pid=os.getpid(),
+            started_at=previous.started_at if previous else time.time(),
+            max_restarts=self.plan.policy.max_restarts,
+            restarts=previous.restarts if previous else 0,
+            exits=previous.exits if previous else [],
+            passed_env=sorted(name for name in PASSTHROUGH_ENV if name in os.environ),
+        )
         self._child_status: int | None = None
+        self._hang: Hang | None = None  # the current attempt's, when the watchdog found one
         self._attempt_log_start = 0  # where the current attempt's output begins in train.log
 
     # -- state -------------------------------------------------------------------------------
     def _set(self, **changes) -> None:
-        self.state.update(changes, updated_at=time.time())
-        atomic_write_text(self.layout.state, json.dumps(self.state, indent=2) + "\n")
+        self.state = dataclasses.replace(self.state, **changes, updated_at=time.time())
+        atomic_write_text(self.layout.state, self.state.to_json())
 
     def _log(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -134,13 +174,17 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         atomic_write_text(self.layout.pid_file, f"{os.getpid()}\n")
-        self._set(state="starting")
+        if self._damaged_previous:
+            self._log(
+                f"the previous state is unreadable ({self._damaged_previous}); restarts count from 0"
+            )
+        self._set(state=RunState.STARTING)
         for phase in self.plan.phases:
             outcome = self._run_phase(phase)
             if outcome != "done":
                 return 0 if outcome == "stopped" else 1
         self._log("all phases finished")
-        self._set(state="finished", child_pid=None, finished_at=time.time())
+        self._set(state=RunState.FINISHED, child_pid=None, finished_at=time.time())
         return 0
 
     def _run_phase(self, phase: Phase) -> str:
@@ -150,17 +194,20 @@ class Supervisor:
             if self.stop_requested():
                 return self._stopped()
             attempt += 1
+            lost = self._gpus_lost(phase)
+            if lost:
+                return self._give_up(phase, None, lost)
             code = self._attempt(phase, attempt)
-            if self.state["state"] == "stopping":
+            if self.state.state is RunState.STOPPING:
                 return self._stopped()
-            if code == 0:
+            if code == 0 and self._hang is None:  # a hung attempt failed, whatever its exit
                 return "done"
-            exits = (
-                self.state["exits"]
-                + [{"phase": phase.name, "attempt": attempt, "code": code, "at": time.time()}]
-            )[-MAX_EXITS_KEPT:]
+            exit_record = {"phase": phase.name, "attempt": attempt, "code": code, "at": time.time()}
+            if self._hang is not None:
+                exit_record["hang"] = self._hang.describe()
+            exits = (self.state.exits + [exit_record])[-MAX_EXITS_KEPT:]
             self._set(exits=exits)
-            restarts = self.state["restarts"]
+            restarts = self.state.restarts
             rendezvous = rendezvous_error(self._attempt_output())
             if rendezvous and last_rendezvous_error == rendezvous[0]:
                 return self._give_up(
@@ -179,22 +226,52 @@ class Supervisor:
                 )
                 return self._give_up(phase, code, why)
             delay = self.plan.policy.delay_before(restarts + 1)
+            how = "hung and was killed" if self._hang else f"exited with {_describe(code)}"
             self._log(
-                f"phase {phase.name} exited with {_describe(code)}; restart "
+                f"phase {phase.name} {how}; restart "
                 f"{restarts + 1}/{self.plan.policy.max_restarts} in {delay:g}s, from the "
                 f"latest checkpoint"
             )
-            self._set(state="backoff", restarts=restarts + 1, child_pid=None)
+            self._set(state=RunState.BACKOFF, restarts=restarts + 1, child_pid=None)
             if not self._sleep(delay):
                 return self._stopped()
 
-    def _give_up(self, phase: Phase, code: int, why: str) -> str:
-        message = (
-            f"node {self.layout.node_rank}: phase {phase.name} exited with {_describe(code)}; "
-            f"giving up ({why})"
+    def _gpus_lost(self, phase: Phase) -> str | None:
+        """Before an attempt of a restartable phase: why it cannot run on the GPUs left (a
+        `gpu_lost` alert is sent), or None when they are all there or nothing can tell."""
+        if not phase.restartable:
+            return None
+        planned = int((read_json(self.layout.record) or {}).get("gpus_per_node") or 0)
+        inventory = read_inventory(self.layout.node_dir, planned)
+        if inventory is None or planned == 0:
+            return None
+        min_gpus = self.plan.policy.min_gpus or max(1, planned // 2)
+        verdict = judge(planned, inventory, min_gpus)
+        self._set(
+            gpus={
+                "planned": planned,
+                "usable": list(inventory.usable),
+                "lost": list(verdict.lost),
+                "source": inventory.source,
+            }
         )
+        if verdict.can_continue:
+            return None
+        host = socket.gethostname()
+        message = f"node {self.layout.node_rank} ({host}): {verdict.message}"
         self._log(message)
-        self._set(state="failed", child_pid=None, finished_at=time.time(), reason=why)
+        self._log(
+            send_alert(
+                events.GPU_LOST, "critical", message, self.layout.launch_id, self._training_run_id()
+            )
+        )
+        return verdict.message
+
+    def _give_up(self, phase: Phase, code: int | None, why: str) -> str:
+        ended = "cannot start" if code is None else f"exited with {_describe(code)}"
+        message = f"node {self.layout.node_rank}: phase {phase.name} {ended}; giving up ({why})"
+        self._log(message)
+        self._set(state=RunState.FAILED, child_pid=None, finished_at=time.time(), reason=why)
         self._log(send_run_failed(message, self.layout.launch_id, self._training_run_id()))
         return "failed"
 
@@ -218,7 +295,7 @@ class Supervisor:
 
     def _stopped(self) -> str:
         self._log("stopped on request")
-        self._set(state="stopped", child_pid=None, finished_at=time.time())
+        self._set(state=RunState.STOPPED, child_pid=None, finished_at=time.time())
         return "stopped"
 
     def _attempt(self, phase: Phase, attempt: int) -> int:
@@ -232,8 +309,16 @@ class Supervisor:
             )
         self._log(f"phase {phase.name} attempt {attempt}: {' '.join(phase.argv)}")
         self._attempt_log_start = os.path.getsize(self.layout.train_log)
-        env = dict(os.environ, **phase.env)
+        shutil.rmtree(self.layout.progress_dir, ignore_errors=True)  # the last attempt's beats
+        os.makedirs(self.layout.progress_dir, exist_ok=True)
+        env = {
+            **nccl_debug_env(self.layout.progress_dir),
+            **os.environ,
+            PROGRESS_DIR_ENV: self.layout.progress_dir,
+            **phase.env,
+        }
         self._child_status = None
+        self._hang = None
         with open(self.layout.train_log, "ab") as log:
             child = subprocess.Popen(
                 phase.argv,
@@ -252,7 +337,7 @@ class Supervisor:
             except BrokenPipeError:  # the command died at once; its exit code tells
                 pass
         self._set(
-            state="running",
+            state=RunState.RUNNING,
             phase=phase.name,
             attempt=attempt,
             child_pid=child.pid,
@@ -260,13 +345,20 @@ class Supervisor:
         )
         group = child.pid  # a new session: the child leads its own process group
         stop_deadline = None
+        attempt_started = time.time()
         while self._child_status is None:
             self._reap(child.pid)
             if self._child_status is not None:
                 break
+            if stop_deadline is None and self._hang is None:
+                hang = find_hang(
+                    read_progress(self.layout.progress_dir), time.time(), attempt_started
+                )
+                if hang is not None:
+                    self._handle_hang(hang, group)
             if stop_deadline is None and self.stop_requested():
                 self._log(f"stop requested: asking phase {phase.name} to checkpoint and exit")
-                self._set(state="stopping")
+                self._set(state=RunState.STOPPING)
                 self._ask_to_stop(phase, group)
                 stop_deadline = time.monotonic() + self.plan.policy.stop_timeout_seconds
             if stop_deadline is not None and time.monotonic() > stop_deadline:
@@ -278,7 +370,7 @@ class Supervisor:
         child.returncode = code  # reaped here, not by Popen
         # Ranks and loader workers of the attempt may outlive its leader: a crashed attempt's are
         # killed now (they hold GPUs); after a stop they get time to finish writing the checkpoint.
-        if self.state["state"] == "stopping":
+        if self.state.state is RunState.STOPPING:
             self._wait_group_gone(group, self.plan.policy.stop_timeout_seconds)
         else:
             _signal_group(group, signal.SIGKILL)
@@ -291,6 +383,64 @@ class Supervisor:
                 check=False,
             )
         return code
+
+    def _handle_hang(self, hang: Hang, group: int) -> None:
+        """Stacks of every rank into the log, an alert, then the attempt is killed (a crash)."""
+        self._hang = hang
+        message = f"node {self.layout.node_rank}: {hang.describe()}"
+        self._log(f"{message}; dumping the stacks of every rank, then restarting")
+        # Frozen first: a rank woken for its dump must not carry the run on (a collective with
+        # a peer that is stopped cannot complete), nor write a checkpoint the kill would tear.
+        _signal_group(group, signal.SIGSTOP)
+        self._dump_stacks(hang, group)
+        self._log(
+            send_alert(
+                events.HANG, "critical", message, self.layout.launch_id, self._training_run_id()
+            )
+        )
+        _signal_group(group, signal.SIGKILL)
+
+    def _dump_stacks(self, hang: Hang, group: int) -> None:
+        py_spy = shutil.which("py-spy")
+        for rank in hang.everyone:
+            if not _in_group(rank.pid, group):  # never signal a pid this attempt does not own
+                self._log(f"rank {rank.rank}: pid {rank.pid} is not of this attempt; no dump")
+                continue
+            self._log(f"stacks of rank {rank.rank} (pid {rank.pid})")
+            if py_spy:
+                with open(self.layout.train_log, "ab") as log:
+                    done = subprocess.run(
+                        [py_spy, "dump", "--nonblocking", "--pid", str(rank.pid)],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        timeout=STACK_DUMP_MAX_SECONDS,
+                        check=False,
+                    )
+                if done.returncode == 0:
+                    continue
+            # faulthandler (registered by every supervised rank) writes to the rank's stderr,
+            # the run's log, from its C handler: the rank is woken for it, then frozen again.
+            try:
+                os.kill(rank.pid, STACK_DUMP_SIGNAL)
+                os.kill(rank.pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                continue
+            self._wait_log_quiet()
+            try:
+                os.kill(rank.pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _wait_log_quiet(self) -> None:
+        deadline = time.monotonic() + STACK_DUMP_MAX_SECONDS
+        size, quiet_since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            now_size = os.path.getsize(self.layout.train_log)
+            if now_size != size:
+                size, quiet_since = now_size, time.monotonic()
+            elif time.monotonic() - quiet_since >= STACK_DUMP_QUIET_SECONDS:
+                return
+            time.sleep(POLL_SECONDS / 5)
 
     def _ask_to_stop(self, phase: Phase, group: int) -> None:
         if phase.stop_argv:
@@ -355,6 +505,13 @@ def _signal_group(group: int, sig: int) -> None:
         os.killpg(group, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _group_alive(group: int) -> bool:
