@@ -21,10 +21,13 @@ SRC = REPO / "src"
 HOST_PACKAGE = "clipforge.launcher.host"
 # Project modules the host side may use: its own package, the packages that contain it (they run
 # first on import), the atomic writes (clipforge.fsutil), and the alert delivery the supervisor
-# shares with the stage (clipforge.alerts' events, config, formats, targets, delivery).
+# shares with the stage (clipforge.alerts' events, config, formats, targets, delivery), and the
+# checkpoints' names (clipforge.checkpoints.layout, shipped inline by stored_checkpoints).
 ALLOWED_PROJECT = (
     "clipforge",
     "clipforge.fsutil",
+    "clipforge.checkpoints",
+    "clipforge.checkpoints.layout",
     "clipforge.launcher",
     HOST_PACKAGE,
     "clipforge.alerts",
