@@ -58,7 +58,8 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
     raw = manifest.read_bytes()
     num_train = _checked_shards(manifest, raw)
     try:
-        steps_per_epoch(num_train, config.train.global_batch_size)
+        per_epoch = steps_per_epoch(num_train, config.train.global_batch_size)
+        _check_warmup(config, config.train.max_steps or config.train.epochs * per_epoch)
         if config.model.pretrained:
             weights_file(config.model.pretrained, "model.pretrained")
     except ValueError as exc:  # ConfigError and ModelFilesError alike
@@ -73,6 +74,22 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
         except StoreError as exc:
             raise StageError(str(exc)) from None
     return raw
+
+
+def _check_warmup(config: Config, total_steps: int) -> None:
+    """A warm-up longer than the run never reaches train.lr: said, with the peak it does reach
+    (the last step's warm-up share, as WarmupCosine gives it)."""
+    train = config.train
+    if train.warmup_steps > total_steps:
+        peak = train.lr * total_steps / train.warmup_steps
+        log.warning(
+            "train.warmup_steps=%d is longer than the run's %d steps: the learning rate peaks "
+            "at %.3g, not train.lr=%g; lower train.warmup_steps to train at train.lr",
+            train.warmup_steps,
+            total_steps,
+            peak,
+            train.lr,
+        )
 
 
 def _checked_shards(manifest: Path, raw: bytes) -> int:
