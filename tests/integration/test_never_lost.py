@@ -282,3 +282,55 @@ def test_the_lease_is_released_at_a_clean_end(s3, reference_run, tmp_path):
     sync.start().finish("finished", [])
     assert store.complete_steps() == [8, 12]
     assert not store.fs.exists(store.path("lease.json"))
+
+
+# -- one line, before heavy work ----------------------------------------------------------------
+def test_an_unusable_alert_webhook_stops_the_stage_before_anything_is_built(
+    small_data, tmp_path, capsys, monkeypatch
+):
+    """CLIPFORGE_ALERT_WEBHOOKS='not a url': exit 2 with one line, before the model is built
+    (it came after ~60 s of it) and with nothing written (it left batch_plan.json)."""
+    monkeypatch.setenv("CLIPFORGE_ALERT_WEBHOOKS", "not a url")
+    assert run_train(tmp_path, small_data) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "CLIPFORGE_ALERT_WEBHOOKS" in errors[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_the_end_of_a_run_says_how_long_it_waits_for_a_failing_store(
+    reference_run, tmp_path, caplog
+):
+    """A store that does not answer: the end of the run says it waits, for how long and how to
+    leave (it waited storage.flush_timeout_seconds without a word), then what is left behind."""
+    import s3fs
+
+    from tests.launcher.sshd import free_port
+
+    run_dir = _copy_run(reference_run, tmp_path)
+    nowhere = s3fs.S3FileSystem(
+        key="k",
+        secret="s",
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        retries=1,
+        config_kwargs={"retries": {"max_attempts": 1}},
+        skip_instance_cache=True,
+    )
+    store = RunStore("s3://gone/runs", run_dir.name, filesystem=(nowhere, "gone/runs"))
+    sync = StoreSync(
+        store,
+        Checkpointer(run_dir, 2, True),
+        StorageConfig(remote=store.remote, flush_timeout_seconds=0),
+        AlertMonitor(AlertsConfig(), store.run_id, targets=[]),
+        logs=[],
+        record={},
+        faults=Faults(),
+    )
+    with caplog.at_level(logging.INFO, "clipforge.train"):
+        sync.start().finish("finished", [])
+    said = [r.getMessage() for r in caplog.records]
+    assert any(
+        "waiting up to 0s (storage.flush_timeout_seconds) for the last uploads" in m
+        and "Ctrl-C leaves them on this disk" in m
+        for m in said
+    )
+    assert any("not everything uploaded after 0s" in m for m in said)
