@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from clipforge.checkpoints import storage
-from clipforge.checkpoints.layout import MANIFEST, tag_for
+from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, tag_for
 from clipforge.checkpoints.manifest import write_manifest
 from clipforge.cli import StageError
 from clipforge.config import Config
@@ -113,7 +113,9 @@ class Checkpointer:
                 write_manifest(self.run_dir / tag)
                 self.publish(tag)
         except Exception:
-            if not (self.run_dir / tag / MANIFEST).is_file():  # a save that never finished
+            if not (
+                self.run_dir / tag / CHECKPOINT_MANIFEST
+            ).is_file():  # a save that never finished
                 shutil.rmtree(self.run_dir / tag, ignore_errors=True)
             message = write_failure_message(self.run_dir, space.need)
             if message is None:

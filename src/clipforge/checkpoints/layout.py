@@ -25,7 +25,7 @@ import re
 import time
 
 LATEST = "latest"
-MANIFEST = "manifest.json"
+CHECKPOINT_MANIFEST = "manifest.json"
 WRITER_LOCK = "writer.lock"
 STORE_CHECKPOINTS = "checkpoints"  # under <remote>/<run id>/
 STORE_LEASE = "lease.json"  # under <remote>/<run id>/

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from clipforge.checkpoints.layout import MANIFEST, parse_manifest, size_problem
+from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, parse_manifest, size_problem
 from clipforge.fsutil import atomic_write_text, sha256_file
 
 
@@ -22,7 +22,7 @@ def checkpoint_files(directory: Path) -> list[str]:
     return sorted(
         str(p.relative_to(directory))
         for p in directory.rglob("*")
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p.name != CHECKPOINT_MANIFEST
     )
 
 
@@ -32,14 +32,16 @@ def write_manifest(directory: Path) -> dict:
         for name in checkpoint_files(directory)
     }
     manifest = {"tag": directory.name, "files": files}
-    atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(
+        directory / CHECKPOINT_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    )
     return manifest
 
 
 def read_manifest(directory: Path) -> dict | None:
     """The manifest, or None when there is none or it is not one."""
     try:
-        return parse_manifest((directory / MANIFEST).read_bytes())
+        return parse_manifest((directory / CHECKPOINT_MANIFEST).read_bytes())
     except OSError:
         return None
 
@@ -52,7 +54,7 @@ def problem(directory: Path) -> str | None:
         return "its folder is missing"
     manifest = read_manifest(directory)
     if manifest is None:
-        return f"it has no readable {MANIFEST} (a save cut short, or a checkpoint from before manifests)"
+        return f"it has no readable {CHECKPOINT_MANIFEST} (a save cut short, or a checkpoint from before manifests)"
     sizes = {name: (directory / name).stat().st_size for name in checkpoint_files(directory)}
     found = size_problem(manifest, sizes)
     if found:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Protocol
 
 from clipforge.checkpoints.layout import (
+    CHECKPOINT_MANIFEST,
     LATEST,
-    MANIFEST,
     damaged_name,
     marker_text,
     parse_manifest,
@@ -168,11 +168,11 @@ def publish(storage: CheckpointStorage, tag: str) -> None:
 
 
 def has_manifest(storage: CheckpointStorage, tag: str) -> bool:
-    return storage.read(f"{tag}/{MANIFEST}") is not None
+    return storage.read(f"{tag}/{CHECKPOINT_MANIFEST}") is not None
 
 
 def manifest(storage: CheckpointStorage, tag: str) -> dict | None:
-    data = storage.read(f"{tag}/{MANIFEST}")
+    data = storage.read(f"{tag}/{CHECKPOINT_MANIFEST}")
     return None if data is None else parse_manifest(data)
 
 
@@ -184,9 +184,9 @@ def not_whole(storage: CheckpointStorage, tag: str) -> str | None:
     if found is None:
         if not storage.exists(tag):
             return "its folder is missing"
-        return f"it has no readable {MANIFEST}"
+        return f"it has no readable {CHECKPOINT_MANIFEST}"
     sizes = storage.sizes(tag)
-    sizes.pop(MANIFEST, None)
+    sizes.pop(CHECKPOINT_MANIFEST, None)
     return size_problem(found, sizes)
 
 

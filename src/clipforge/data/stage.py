@@ -37,7 +37,7 @@ from clipforge.fsutil import replace_dir_atomically
 
 log = logging.getLogger("clipforge.data")
 
-MANIFEST = "manifest.json"
+DATA_MANIFEST = "manifest.json"
 # The params sections this stage reads (dvc.yaml's params: recipe plus these).
 PARAM_SECTIONS = STAGE_SECTIONS["data"]
 
@@ -66,7 +66,9 @@ def build_dataset(config: Config, out: Path) -> dict:
         splits["test"] = _copy_test_set(Path(data.test_dir), out / "test")
         source["test_set"] = str(data.test_dir)
     manifest = {"source": source, "splits": splits, "skipped": skips.to_dict()}
-    (out / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8")
+    (out / DATA_MANIFEST).write_text(
+        json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8"
+    )
     (out / "config.yaml").write_text(config.to_yaml(), "utf-8")
     return manifest
 

@@ -31,7 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clipforge.checkpoints import storage
-from clipforge.checkpoints.layout import MANIFEST, STORE_CHECKPOINTS, marker_tag, tag_step
+from clipforge.checkpoints.layout import (
+    CHECKPOINT_MANIFEST,
+    STORE_CHECKPOINTS,
+    marker_tag,
+    tag_step,
+)
 
 LAUNCHES = "launches"
 # Set by `fab train` for the train stage: the launch's run.json, which the stage copies to
@@ -109,10 +114,10 @@ class RunStore:
         """Files first, the manifest last (any manifest left from an earlier upload of this tag
         removed before); not the marker: `publish` does that. `after_first_file`: a fault hook."""
         target = self.path(f"{STORE_CHECKPOINTS}/{directory.name}")
-        if self.fs.exists(f"{target}/{MANIFEST}"):
-            self.fs.rm_file(f"{target}/{MANIFEST}")
+        if self.fs.exists(f"{target}/{CHECKPOINT_MANIFEST}"):
+            self.fs.rm_file(f"{target}/{CHECKPOINT_MANIFEST}")
         names = [str(p.relative_to(directory)) for p in sorted(directory.rglob("*")) if p.is_file()]
-        names.sort(key=lambda name: name == MANIFEST)  # stable: the manifest goes last
+        names.sort(key=lambda name: name == CHECKPOINT_MANIFEST)  # stable: the manifest goes last
         for index, name in enumerate(names):
             self.fs.put_file(str(directory / name), f"{target}/{name}")
             if index == 0:
@@ -125,8 +130,8 @@ class RunStore:
         """The files the store's manifest of `tag` lists, and the manifest, into `into`."""
         manifest = self.manifest(tag)
         if manifest is None:
-            raise FileNotFoundError(f"{self.url}/checkpoints/{tag}/{MANIFEST}")
-        for name in [*manifest["files"], MANIFEST]:
+            raise FileNotFoundError(f"{self.url}/checkpoints/{tag}/{CHECKPOINT_MANIFEST}")
+        for name in [*manifest["files"], CHECKPOINT_MANIFEST]:
             local = into / name
             local.parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(self.path(f"checkpoints/{tag}/{name}"), str(local))

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.checkpoints.checkpointer import Checkpointer
-from clipforge.checkpoints.layout import MANIFEST, tag_for, tag_step
+from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, tag_for, tag_step
 from clipforge.checkpoints.lock import (
     LEASE_HEARTBEAT_SECONDS,
     Holder,
@@ -286,7 +286,8 @@ class StoreSync:
         return [
             tag
             for tag in self.checkpointer.tags()
-            if tag_step(tag) <= latest and (self.checkpointer.run_dir / tag / MANIFEST).is_file()
+            if tag_step(tag) <= latest
+            and (self.checkpointer.run_dir / tag / CHECKPOINT_MANIFEST).is_file()
         ]
 
     def _upload_files(self, entries: list[Mirrored]) -> None:

@@ -91,7 +91,9 @@ def newest_tag(training_run_dir: str) -> str | None:
         key=layout.tag_step,
     )
     finished = [
-        t for t in tags if os.path.isfile(os.path.join(training_run_dir, t, layout.MANIFEST))
+        t
+        for t in tags
+        if os.path.isfile(os.path.join(training_run_dir, t, layout.CHECKPOINT_MANIFEST))
     ]
     return (finished or tags or [None])[-1]
 
