@@ -128,7 +128,7 @@ class FsspecStorage:
         return {
             posixpath.relpath(path, base): int(info.get("size") or 0)
             for path, info in found.items()
-            if info.get("type", "file") == "file"
+            if info.get("type", "file") == "file" and path.rstrip("/") != base  # a single object
         }
 
     def exists(self, name: str) -> bool:
