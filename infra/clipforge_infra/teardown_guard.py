@@ -168,7 +168,7 @@ def stored_on_stack(outputs: dict) -> list[StoredCheckpoint]:
     roots = [f"{path}/{DEFAULT_ROOT_NAME}" for path in stack.mount_paths.values()]
     arguments = [*(f"--retained={p}" for p in retained), *(f"--root={p}" for p in roots)]
     arguments.append(f"--root=~/{DEFAULT_ROOT_NAME}")
-    script = Path(stored_checkpoints.__file__).read_text(encoding="utf-8")
+    script = stored_checkpoints.script_source()
     found: dict[str, StoredCheckpoint] = {}
     for spec in specs:
         try:

@@ -441,10 +441,15 @@ def resolve(
         if not isinstance(mapping, dict):
             raise ConfigError(f"{name} must be a mapping of sections, got {type(mapping).__name__}")
         known = {"recipe", *SECTIONS}
+        _check_names(name, mapping)
         unknown = sorted(set(mapping) - known)
         if unknown:
             raise ConfigError(f"unknown top-level key {unknown[0]!r}: allowed are {sorted(known)}")
     recipe = forced.get("recipe", raw.get("recipe", "default"))
+    if not isinstance(recipe, str):
+        raise ConfigError(
+            f"recipe: got {recipe!r}; must be the name of a recipe: {sorted(RECIPES)}"
+        )
     if recipe not in RECIPES:
         raise ConfigError(f"recipe: unknown recipe {recipe!r}: allowed are {sorted(RECIPES)}")
 
@@ -468,10 +473,20 @@ def resolve(
     return Config(recipe=recipe, **built)
 
 
+def _check_names(where: str, mapping: dict) -> None:
+    """Keys are names: a YAML key like `1:` or `true:` would otherwise fail far from here."""
+    for key in mapping:
+        if not isinstance(key, str):
+            raise ConfigError(f"{where}: key {key!r} is not a name; keys are words like `train`")
+
+
 def _section_items(mapping: dict, section: str, embedded: dict) -> list[tuple[str, Any]]:
-    values = mapping.get(section) or {}
+    values = mapping.get(section)
+    if values is None:  # `train:` with nothing under it: an empty section
+        values = {}
     if not isinstance(values, dict):
         raise ConfigError(f"{section}: must be a mapping of keys, got {values!r}")
+    _check_names(section, values)
     for key in values:
         if key not in embedded[section]:
             raise ConfigError(

@@ -15,8 +15,8 @@ import pytest
 from infra_harness import INFRA_DIR  # noqa: F401  (puts infra/ on sys.path)
 from stack_worker import forget_roots, record_root, stack_outputs, write_run
 
+from clipforge.checkpoints.manifest import write_manifest
 from clipforge.launcher.host.stored_checkpoints import newest_checkpoints
-from clipforge.store.manifest import write_manifest
 from clipforge.store.remote import RunStore
 from clipforge_infra.teardown_guard import (
     LocalDvcRemote,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from clipforge.train.checkpoint import Checkpointer
-from clipforge.train.recovery import prepare_start
+from clipforge.checkpoints.checkpointer import Checkpointer
+from clipforge.checkpoints.recovery import prepare_start
 from tests.conftest import run_train
 
 pytestmark = pytest.mark.slow
@@ -118,7 +118,7 @@ def test_with_no_intact_checkpoint_the_stage_stops_with_one_line_saying_what_to_
     reference_run, small_data, tmp_path, capsys
 ):
     """Both checkpoints damaged: exit code 2 and one error line naming both and the remedy; both
-    are set aside, so the rerun it suggests trains from step 0."""
+    are set aside, and the stale `latest` too, so the rerun it suggests trains from step 0."""
     run_dir = _copy_run(reference_run, tmp_path)
     (run_dir / NEWEST / MODEL).write_bytes(b"")
     (run_dir / BEFORE / OPTIMIZER).unlink()
@@ -129,7 +129,11 @@ def test_with_no_intact_checkpoint_the_stage_stops_with_one_line_saying_what_to_
     assert f"{NEWEST}: {MODEL} is emptied" in errors[0] and f"{OPTIMIZER} is missing" in errors[0]
     assert "rerun the stage to train from step 0" in errors[0]
     assert sorted(p.name[:21] for p in run_dir.glob("damaged-*")) == [
+        "damaged-latest-" + sorted(run_dir.glob("damaged-latest-*"))[0].name[15:21],
         f"damaged-{BEFORE}",
         f"damaged-{NEWEST}",
     ]
     assert not (tmp_path / "models").exists()
+    assert run_train(tmp_path, small_data) == 0  # the rerun the line suggests
+    info = json.loads((tmp_path / "metrics" / "train.info.json").read_text())
+    assert info["resumed_from_step"] == 0 and info["steps"] == 12

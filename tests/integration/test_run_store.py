@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from clipforge.checkpoints.checkpointer import Checkpointer
+from clipforge.checkpoints.recovery import prepare_start
 from clipforge.store.remote import RunStore
-from clipforge.train.checkpoint import Checkpointer
-from clipforge.train.recovery import prepare_start
 from tests.conftest import subprocess_env, train_argv, write_params
 from tests.launcher.sshd import free_port
 from tests.s3store import SECRET_KEY

@@ -10,6 +10,7 @@ importing each host module in a Python that has no site-packages at all.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -23,13 +24,16 @@ HOST_PACKAGE = "clipforge.launcher.host"
 # first on import), the user-error type (clipforge.errors), the atomic writes (clipforge.fsutil),
 # the small helpers and the two ids (clipforge.util, clipforge.ids), and the alert delivery the
 # supervisor shares with the stage (clipforge.alerts' events, config, formats, targets, delivery), and the
-# ranks' heartbeats its hang watchdog reads (clipforge.alerts.progress).
+# ranks' heartbeats its hang watchdog reads (clipforge.alerts.progress), and the
+# checkpoints' names (clipforge.checkpoints.layout, shipped inline by stored_checkpoints).
 ALLOWED_PROJECT = (
     "clipforge",
     "clipforge.errors",
     "clipforge.fsutil",
     "clipforge.ids",
     "clipforge.util",
+    "clipforge.checkpoints",
+    "clipforge.checkpoints.layout",
     "clipforge.launcher",
     HOST_PACKAGE,
     "clipforge.alerts",
@@ -141,3 +145,30 @@ def test_every_host_module_imports_without_site_packages():
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_stored_checkpoints_script_runs_alone_with_the_layout_inlined(tmp_path):
+    """What `make down`'s guard and `fab clean` send to a worker runs under `python3 -S` with
+    nothing of clipforge importable, and (`latest` being a hint) names the newest finished
+    checkpoint of a run whose `latest` is gone."""
+    from clipforge.launcher.host.stored_checkpoints import script_source
+
+    run_dir = tmp_path / "runs" / "r1" / "node-0" / "code" / "checkpoints" / "run-abc"
+    for step, manifest in ((4, True), (8, True), (12, False)):
+        (run_dir / f"step-{step:08d}").mkdir(parents=True)
+        (run_dir / f"step-{step:08d}" / "model.pt").write_bytes(b"weights")
+        if manifest:
+            (run_dir / f"step-{step:08d}" / "manifest.json").write_text("{}")
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", script_source(), "--root", str(tmp_path)],
+        env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (entry,) = json.loads(result.stdout)
+    assert (entry["run_id"], entry["tag"], entry["problem"]) == (
+        "run-abc",
+        "step-00000008",
+        None,
+    )

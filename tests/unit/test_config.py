@@ -285,3 +285,62 @@ def test_a_global_batch_the_ranks_cannot_share_names_every_factor(tmp_path):
         "train.global_batch_size: 130 is not a multiple of world size 4 (train.num_nodes=1 x "
         "train.ranks_per_node=4); choose a global batch that is"
     )
+
+
+# -- params that gave tracebacks: one line, exit 2, nothing run ------------------------------
+@pytest.mark.parametrize(
+    ("params_text", "sets", "said"),
+    [
+        ("recipe: default\n", ["recipe=[a]"], "recipe: got ['a']; must be the name of a recipe"),
+        ("1: a\nfoo: b\n", [], "params: key 1 is not a name"),
+        ("recipe: default\ntrain:\n  1: a\n  lr: 0.1\n", [], "train: key 1 is not a name"),
+        ("train: false\n", [], "train: must be a mapping of keys, got False"),
+        ("train: []\n", [], "train: must be a mapping of keys, got []"),
+    ],
+)
+def test_params_of_the_wrong_shape_are_one_line(tmp_path, capsys, params_text, sets, said):
+    """Each ends the stage with exit 2 and one error line naming the key (they gave a TypeError
+    traceback, or were taken as an empty section)."""
+    from clipforge.train.stage import main
+
+    (tmp_path / "params.yaml").write_text(params_text)
+    argv = ["--params", str(tmp_path / "params.yaml"), "--print-config"]
+    assert main([*argv, *[a for s in sets for a in ("--set", s)]]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"clipforge.train: error: {said}")
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_before_any_training(
+    tmp_path, small_data, capsys
+):
+    """storage.remote=ftp://x (a protocol that connects when opened, to no such host): exit 2,
+    one line naming it, before the training stack is imported; nothing written."""
+    from clipforge.train.stage import main
+    from tests.conftest import train_argv
+
+    params = write_params(tmp_path / "params.yaml")
+    argv = [*train_argv(tmp_path, small_data, params), "--set", "storage.remote=ftp://x"]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("clipforge.train: error: storage.remote ftp://x: cannot be opened (")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_a_warm_up_longer_than_the_run_says_the_peak_it_reaches(tmp_path, small_data, caplog):
+    """train.warmup_steps=100 on a 4-step run: one warning with the peak lr (4/100 of train.lr),
+    before the training stack is imported."""
+    from clipforge.config import load_config
+    from clipforge.train.stage import _check_warmup
+
+    config = load_config(
+        write_params(tmp_path / "params.yaml"), ["train.warmup_steps=100", "train.lr=1e-3"]
+    )
+    _check_warmup(config, 4)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "train.warmup_steps=100 is longer than the run's 4 steps: the learning rate peaks at "
+        "4e-05, not train.lr=0.001; lower train.warmup_steps to train at train.lr"
+    )
+    caplog.clear()
+    _check_warmup(config, 100)
+    assert caplog.records == []

@@ -493,3 +493,71 @@ def test_a_stopped_or_killed_data_stage_leaves_no_partial_folder_for_long(tmp_pa
     assert rerun.returncode == 0, rerun.stderr
     assert f"removing {left}, left by an interrupted run" in rerun.stderr
     assert _partials(tmp_path) == []
+
+
+# -- no silent wrong number (issue: a 1-image test set scored 100, copies leaked into test) ----
+def _given_test_set(directory: Path, num_images: int) -> Path:
+    """A Chinese-CLIP test set of `num_images` distinct images, one caption each."""
+    directory.mkdir()
+    with (
+        open(directory / "test_imgs.tsv", "w") as imgs,
+        open(directory / "test_texts.jsonl", "w") as texts,
+    ):
+        for i in range(num_images):
+            payload = base64.b64encode(_jpeg(colour=(30 * i % 256, 10, 10))).decode()
+            imgs.write(f"{i}\t{payload}\n")
+            texts.write(json.dumps({"text_id": i, "text": f"图{i}", "image_ids": [i]}) + "\n")
+    return directory
+
+
+def test_a_given_test_set_of_one_image_is_refused_before_anything_is_written(tmp_path, capsys):
+    """data.test_dir with one image and one text: exit 2, one line each for images and texts,
+    no data/ written (it would report 100.0 for every recall)."""
+    given = _given_test_set(tmp_path / "given", 1)
+    params = write_params(tmp_path / "params.yaml", {"data": {"test_dir": str(given)}})
+    assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 2
+    assert capsys.readouterr().err == (
+        "clipforge.data: error: data.test_dir: the test set has 1 image: too few to measure "
+        "anything (recall over one is 100%)\n"
+        "clipforge.data: error: data.test_dir: the test set has 1 text: too few to measure "
+        "anything (recall over one is 100%)\n"
+    )
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_given_test_set_under_ten_images_is_a_warning(tmp_path, caplog):
+    given = _given_test_set(tmp_path / "given", 5)
+    params = write_params(tmp_path / "params.yaml", {"data": {"test_dir": str(given)}})
+    assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"data.test_dir: the test set has 5 {unit}: recall@10 over fewer than 10 is 100% "
+        f"whatever the model"
+        for unit in ("images", "texts")
+    ]
+
+
+def test_identical_pairs_are_kept_once_before_splitting(tmp_path, monkeypatch, caplog):
+    """50 more copies of one of 64 distinct pairs (same bytes, same caption, other paths): it is
+    kept once, the 50 counted as duplicate_pair with one warning, so no copy lands in the test set of the
+    images it trained on."""
+    pairs = _many_images(tmp_path, monkeypatch, 64)
+    rows = [json.loads(line) for line in pairs.read_text().splitlines()]
+    for i in range(50):
+        shutil.copyfile(pairs.parent / "000.jpg", pairs.parent / f"copy{i}.jpg")
+        rows.append({"image": f"copy{i}.jpg", "caption": rows[0]["caption"]})
+    pairs.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    params = _local_params(tmp_path, pairs, test_fraction=0.3)
+    assert main(["--params", str(params), "--out", "data"]) == 0
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["skipped"]["counts"] == {"duplicate_pair": 50}
+    assert manifest["source"]["num_images"] == 64
+    splits = manifest["splits"]
+    assert splits["train"]["count"] + splits["test"]["images"] == 64
+    warnings = [
+        r.getMessage() for r in caplog.records if "copies of another pair" in r.getMessage()
+    ]
+    assert warnings == [
+        "50 pairs are copies of another pair (same image, same caption): each is kept once, so "
+        "that none is scored on an image it was trained on"
+    ]

@@ -75,6 +75,49 @@ def check_held_out_sizes(data: DataConfig, splits: dict, num_images: int | None)
     return warnings
 
 
+def check_given_test_set(counts: dict) -> list[str]:
+    """The same floor for a test set given whole (data.test_dir) as for a split one: StageError
+    under MIN_HELD_OUT images or texts, a warning under FEW_HELD_OUT."""
+    errors, warnings = [], []
+    for unit in ("images", "texts"):
+        count = counts[unit]
+        where = f"data.test_dir: the test set has {count} {unit if count != 1 else unit[:-1]}"
+        if count < MIN_HELD_OUT:
+            errors.append(f"{where}: too few to measure anything (recall over one is 100%)")
+        elif count < FEW_HELD_OUT:
+            warnings.append(
+                f"{where}: recall@10 over fewer than {FEW_HELD_OUT} is 100% whatever the model"
+            )
+    if errors:
+        raise StageError("\n".join(errors))
+    return warnings
+
+
+class SeenPairs:
+    """Identical pairs (the same image bytes and caption, under any path): the first is kept and
+    the others counted, so that no copy of a training pair lands in the val or test split."""
+
+    def __init__(self) -> None:
+        self._seen: set[bytes] = set()
+        self.duplicates = 0
+
+    def first_time(self, image: bytes, caption: str) -> bool:
+        key = hashlib.sha256(hashlib.sha256(image).digest() + caption.encode("utf-8")).digest()
+        if key in self._seen:
+            self.duplicates += 1
+            return False
+        self._seen.add(key)
+        return True
+
+    def warning(self) -> str | None:
+        if not self.duplicates:
+            return None
+        return (
+            f"{self.duplicates} pairs are copies of another pair (same image, same caption): "
+            f"each is kept once, so that none is scored on an image it was trained on"
+        )
+
+
 def _held_out_remedy(split: str, num_images: int) -> str:
     other = (
         "set data.test_dir to a test set"

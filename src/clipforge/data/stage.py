@@ -30,14 +30,14 @@ from clipforge.data import builtin, laion, testset, wds_source
 from clipforge.data.local import load_image, read_records, split_of
 from clipforge.data.samples import SkipLog, clean_caption, shorter_side_at_most
 from clipforge.data.shards import write_shards
-from clipforge.data.splits import check_held_out_sizes
+from clipforge.data.splits import SeenPairs, check_given_test_set, check_held_out_sizes
 from clipforge.data.splits import shard_summary as _shard_summary
 from clipforge.data.splits import test_hashes as _test_hashes
 from clipforge.fsutil import replace_dir_atomically
 
 log = logging.getLogger("clipforge.data")
 
-MANIFEST = "manifest.json"
+DATA_MANIFEST = "manifest.json"
 # The params sections this stage reads (dvc.yaml's params: recipe plus these).
 PARAM_SECTIONS = STAGE_SECTIONS["data"]
 
@@ -66,7 +66,9 @@ def build_dataset(config: Config, out: Path) -> dict:
         splits["test"] = _copy_test_set(Path(data.test_dir), out / "test")
         source["test_set"] = str(data.test_dir)
     manifest = {"source": source, "splits": splits, "skipped": skips.to_dict()}
-    (out / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8")
+    (out / DATA_MANIFEST).write_text(
+        json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8"
+    )
     (out / "config.yaml").write_text(config.to_yaml(), "utf-8")
     return manifest
 
@@ -106,8 +108,12 @@ def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, di
     buckets: dict[str, list[tuple[str, bytes, str]]] = {"train": [], "val": []}
     test_images: dict[Path, tuple[bytes, list[str]]] = {}
     images = set()
+    seen = SeenPairs()
     records = read_records(path, skips, data.allow_paths_outside_source)
     for record, jpeg, caption in _valid_pairs(records, data, skips):
+        if not seen.first_time(jpeg, caption):
+            skips.add("duplicate_pair", record.origin)
+            continue
         images.add(record.image)
         split = split_of(record.image, data.seed, held_out["val"], held_out["test"])
         if split == "test":
@@ -115,6 +121,8 @@ def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, di
         else:
             jpeg = shorter_side_at_most(jpeg, data.resize_to)
             buckets[split].append((f"{split}-{len(buckets[split]):08d}", jpeg, caption))
+    if seen.warning():
+        log.warning("%s", seen.warning())
     splits = {
         split: _shard_summary(write_shards(items, out, split, data.samples_per_shard))
         for split, items in buckets.items()
@@ -152,6 +160,8 @@ def _copy_test_set(source: Path, target: Path) -> dict:
         raise StageError(
             "\n".join(f"data.test_dir: {line}" for line in str(exc).splitlines())
         ) from None
+    for warning in check_given_test_set(counts):
+        log.warning("%s", warning)
     target.mkdir(parents=True)
     for name in (testset.IMAGES_FILE, testset.TEXTS_FILE):
         shutil.copyfile(source / name, target / name)

@@ -120,7 +120,7 @@ def unstored_checkpoints(host: Host, settings: Settings, launch_ids: list[str]) 
     """The newest checkpoints of the launches `launch_ids` on the host that their run store does not
     hold whole (none for a run without a store), each with its run and why; one listing of the
     host's checkpoints for all of them."""
-    script = Path(stored_checkpoints.__file__).read_text(encoding="utf-8")
+    script = stored_checkpoints.script_source()
     listed = run(
         host.cxn,
         f"{q(settings.python)} -c {q(script)} --root {q(host.root)}",

@@ -4,7 +4,7 @@ Only the place, never a credential: each fsspec library reads its own from the e
 its profile (s3fs: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL or ~/.aws; gcsfs:
 GOOGLE_APPLICATION_CREDENTIALS; ...), so params.yaml, which is committed and saved next to every
 output, holds none. Where a run is stored is not part of what it is: the run id ignores this
-section (clipforge.train.checkpoint.run_id fingerprints data, model and train only).
+section (clipforge.checkpoints.checkpointer.run_id fingerprints data, model and train only).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ gs://, oss://, az://...) or a local path.
   <remote>/<run id>/checkpoints/step-NNNNNNNN/   a checkpoint's files; its manifest.json last
   <remote>/<run id>/checkpoints/latest           the newest complete checkpoint, written last
   <remote>/<run id>/checkpoints/damaged-...      checkpoints found damaged, set aside
+  <remote>/<run id>/lease.json                   the trainer writing the run, and its heartbeat
   <remote>/<run id>/logs/<label>/                TensorBoard events
   <remote>/<run id>/metrics/                     train.tsv, val.tsv, train.json, train.info.json
   <remote>/<run id>/models/clip/                 the exported model, at the end
@@ -12,9 +13,11 @@ gs://, oss://, az://...) or a local path.
 
 A checkpoint's files go up first, its manifest after them and the marker last, so a reader that
 follows the marker, or takes only checkpoints with a manifest, never sees a torn one (a process
-killed mid-upload). Before a checkpoint is uploaded again (a rerun of the same steps), its old
-manifest is removed first, for the same reason. What is downloaded is verified against its
-manifest before it is used.
+killed mid-upload). Before a checkpoint is uploaded again (a rerun of the same steps, a copy
+found not whole), its old manifest is removed first, for the same reason. A checkpoint counts as
+held only when it is whole: its manifest there and every file it lists with its size
+(clipforge.checkpoints.storage.not_whole); the marker is a hint. What is downloaded is verified
+against its manifest before it is used. The names are clipforge.checkpoints.layout's.
 
 fsspec and the protocol's library (s3fs for s3://) are imported when a store is opened, not
 before: a run without a store never needs them.
@@ -24,15 +27,17 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from clipforge.store.manifest import MANIFEST
+from clipforge.checkpoints import storage
+from clipforge.checkpoints.layout import (
+    CHECKPOINT_MANIFEST,
+    STORE_CHECKPOINTS,
+    marker_tag,
+    tag_step,
+)
 
-LATEST = "latest"
-_TAG = re.compile(r"^step-(\d{8})$")
 LAUNCHES = "launches"
 # Set by `fab train` for the train stage: the launch's run.json, which the stage copies to
 # <remote>/launches/<launch id>.json, so that the launch can be found from its id alone.
@@ -56,14 +61,14 @@ def open_filesystem(remote: str):
         fs, root = fsspec.core.url_to_fs(remote)
     except (ImportError, ValueError) as exc:  # fsspec names the package a protocol needs
         raise StoreError(f"storage.remote {remote}: {exc}") from None
+    except OSError as exc:  # a protocol that connects when opened (ftp://, sftp://): no server
+        first_line = (str(exc).splitlines() or [""])[0][:200]
+        raise StoreError(
+            f"storage.remote {remote}: cannot be opened ({type(exc).__name__}: {first_line})"
+        ) from None
     if hasattr(fs, "auto_mkdir"):  # a local path: folders come with files, as on object stores
         fs.auto_mkdir = True
     return fs, root.rstrip("/")
-
-
-def tag_step(tag: str) -> int | None:
-    match = _TAG.match(tag)
-    return int(match.group(1)) if match else None
 
 
 class RunStore:
@@ -75,82 +80,65 @@ class RunStore:
         self.fs, root = filesystem or open_filesystem(remote)
         self.root = posixpath.join(root, run_id)
         self.url = f"{self.remote}/{run_id}"
+        self.checkpoints = storage.FsspecStorage(
+            self.fs, self.path(STORE_CHECKPOINTS), f"{self.url}/{STORE_CHECKPOINTS}"
+        )
 
     def path(self, relative: str) -> str:
         return posixpath.join(self.root, relative)
 
     # -- checkpoints -------------------------------------------------------------------------
     def latest_step(self) -> int | None:
-        """The step the store's `latest` names; None without a marker (or with one that names no
-        checkpoint tag)."""
-        try:
-            text = self.fs.cat_file(self.path(f"checkpoints/{LATEST}")).decode("utf-8", "replace")
-        except FileNotFoundError:
-            return None
-        return tag_step(text.strip())
+        """The step the store's `latest` names (a hint); None without a marker (or with one that
+        names no checkpoint tag)."""
+        text = storage.marker(self.checkpoints)
+        tag = marker_tag(text) if text is not None else None
+        return tag_step(tag) if tag else None
 
     def complete_steps(self) -> list[int]:
-        """Steps of the checkpoints whose manifest is there (all their files went up before it),
-        at most the one `latest` names, oldest first."""
-        directory = self.path("checkpoints")
-        self.fs.invalidate_cache(directory)
-        try:
-            names = [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(directory, detail=False)]
-        except FileNotFoundError:
-            return []
-        latest = self.latest_step()
-        steps = []
-        for name in names:
-            step = tag_step(name)
-            if step is None or (latest is not None and step > latest):
-                continue
-            if self.fs.exists(self.path(f"checkpoints/{name}/{MANIFEST}")):
-                steps.append(step)
-        return sorted(steps)
+        """Steps of the checkpoints the store holds whole (its manifest, which went up after its
+        files, and every file it lists with its size), oldest first."""
+        return [
+            tag_step(tag)
+            for tag in storage.tags(self.checkpoints)
+            if storage.has_manifest(self.checkpoints, tag)
+            and storage.not_whole(self.checkpoints, tag) is None
+        ]
 
     def manifest(self, tag: str) -> dict | None:
-        try:
-            return json.loads(self.fs.cat_file(self.path(f"checkpoints/{tag}/{MANIFEST}")))
-        except (FileNotFoundError, ValueError):
-            return None
+        return storage.manifest(self.checkpoints, tag)
 
     def upload_checkpoint(
         self, directory: Path, after_first_file: Callable[[], None] = lambda: None
     ) -> None:
         """Files first, the manifest last (any manifest left from an earlier upload of this tag
         removed before); not the marker: `publish` does that. `after_first_file`: a fault hook."""
-        target = self.path(f"checkpoints/{directory.name}")
-        if self.fs.exists(f"{target}/{MANIFEST}"):
-            self.fs.rm_file(f"{target}/{MANIFEST}")
+        target = self.path(f"{STORE_CHECKPOINTS}/{directory.name}")
+        if self.fs.exists(f"{target}/{CHECKPOINT_MANIFEST}"):
+            self.fs.rm_file(f"{target}/{CHECKPOINT_MANIFEST}")
         names = [str(p.relative_to(directory)) for p in sorted(directory.rglob("*")) if p.is_file()]
-        names.sort(key=lambda name: name == MANIFEST)  # stable: the manifest goes last
+        names.sort(key=lambda name: name == CHECKPOINT_MANIFEST)  # stable: the manifest goes last
         for index, name in enumerate(names):
             self.fs.put_file(str(directory / name), f"{target}/{name}")
             if index == 0:
                 after_first_file()
 
     def publish(self, tag: str) -> None:
-        self.fs.pipe_file(self.path(f"checkpoints/{LATEST}"), f"{tag}\n".encode())
+        storage.publish(self.checkpoints, tag)
 
     def download_checkpoint(self, tag: str, into: Path) -> None:
         """The files the store's manifest of `tag` lists, and the manifest, into `into`."""
         manifest = self.manifest(tag)
         if manifest is None:
-            raise FileNotFoundError(f"{self.url}/checkpoints/{tag}/{MANIFEST}")
-        for name in [*manifest["files"], MANIFEST]:
+            raise FileNotFoundError(f"{self.url}/checkpoints/{tag}/{CHECKPOINT_MANIFEST}")
+        for name in [*manifest["files"], CHECKPOINT_MANIFEST]:
             local = into / name
             local.parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(self.path(f"checkpoints/{tag}/{name}"), str(local))
 
     def set_aside(self, tag: str) -> str:
         """Move a damaged checkpoint out of the way (kept for inspection); its new URL."""
-        name = f"damaged-{tag}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
-        source = self.path(f"checkpoints/{tag}")
-        # file by file: fsspec's recursive mv of a prefix fails on some stores once it is copied
-        for relative in self.files(f"checkpoints/{tag}"):
-            self.fs.copy(f"{source}/{relative}", self.path(f"checkpoints/{name}/{relative}"))
-        self.fs.rm(source, recursive=True)
-        return f"{self.url}/checkpoints/{name}"
+        return storage.set_aside(self.checkpoints, tag)
 
     def prune(self, keep: int) -> list[str]:
         """Keep the `keep` newest complete checkpoints; remove older checkpoint folders (complete
@@ -158,13 +146,9 @@ class RunStore:
         kept = self.complete_steps()[-keep:]
         if not kept:
             return []
-        removed = []
-        for path in self.fs.ls(self.path("checkpoints"), detail=False):
-            name = posixpath.basename(path.rstrip("/"))
-            step = tag_step(name)
-            if step is not None and step < kept[0]:
-                self.fs.rm(self.path(f"checkpoints/{name}"), recursive=True)
-                removed.append(name)
+        removed = [tag for tag in storage.tags(self.checkpoints) if tag_step(tag) < kept[0]]
+        for tag in removed:
+            self.checkpoints.remove(tag)
         return removed
 
     # -- other files -------------------------------------------------------------------------
@@ -204,11 +188,17 @@ class RunStore:
 
 def missing_from_store(remote: str, run_id: str, tag: str) -> str | None:
     """None when the store holds checkpoint `tag` of training run `run_id` whole (its manifest
-    went up after its files); else why not, as a predicate ("is not in the run store ... yet")."""
-    step = tag_step(tag)
+    went up after its files, and every file it lists is there with its size); else why not, as a
+    predicate ("is not in the run store ... yet", "is not whole in the run store ...")."""
+    if tag_step(tag) is None:
+        return f"is not in the run store {remote} yet"
     try:
-        if step is not None and step in RunStore(remote, run_id).complete_steps():
-            return None
+        store = RunStore(remote, run_id)
+        if storage.has_manifest(store.checkpoints, tag):
+            problem = storage.not_whole(store.checkpoints, tag)
+            if problem is None:
+                return None
+            return f"is not whole in the run store {remote} ({problem})"
     except Exception as exc:  # any library's error: unreachable, no credentials, no bucket
         first_line = (str(exc).splitlines() or [""])[0][:200]
         return (

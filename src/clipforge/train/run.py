@@ -22,14 +22,16 @@ import torch
 from clipforge import util
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.alerts.progress import collective_timeout_seconds
+from clipforge.checkpoints import recovery
+from clipforge.checkpoints.checkpointer import Checkpointer, run_id
+from clipforge.checkpoints.lock import Holder, RunLock, lock_run_dir
 from clipforge.cli import StageError
 from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan
 from clipforge.fsutil import atomic_write_text
 from clipforge.ids import launch_id_of
 from clipforge.model import ClipBundle, build_model
 from clipforge.train import data as train_data
-from clipforge.train import recovery, retrieval_grid
-from clipforge.train.checkpoint import Checkpointer, run_id
+from clipforge.train import retrieval_grid
 from clipforge.train.dist import DistInfo, init_distributed, resolve_device
 from clipforge.train.ds_config import (
     deepspeed_bf16,
@@ -51,7 +53,13 @@ from clipforge.train.loss import make_clip_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
 from clipforge.train.optim import WarmupCosine
 from clipforge.train.reporting import PerfMeter, TrainMonitor, run_label
-from clipforge.train.sync import StoreSync, launch_record, open_store, start_store_sync
+from clipforge.train.sync import (
+    StoreSync,
+    launch_record,
+    open_store,
+    start_store_sync,
+    take_store_lease,
+)
 from clipforge.train.validation import validation_metrics
 
 log = logging.getLogger("clipforge.train")
@@ -80,6 +88,7 @@ class TrainingRun:
     alerts: AlertMonitor
     sync: StoreSync | None = None  # rank 0, with storage.remote set
     gallery: retrieval_grid.SampleGallery | None = None  # retrieval samples (None: no val split)
+    lock: RunLock | None = None  # rank 0: the run directory's writer lock
 
     @property
     def start_step(self) -> int:
@@ -159,18 +168,47 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
             run.monitor.close()
         if run.sync:  # the last checkpoint and the logs, up to storage.flush_timeout_seconds
             run.sync.finish(outcome, _final_outputs(paths) if outcome == "finished" else [])
+        if run.lock:
+            run.lock.release()
         stop.uninstall()
 
 
 def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str) -> TrainingRun:
     """Process group, model, engine (resumed from the latest checkpoint), data and monitors."""
-    train = config.train
     # A collective waiting longer than the stall timeout waits on a dead or cut-off peer: it fails
     # then (and the supervisor restarts or gives up) instead of hanging on for torch's default;
     # under the supervisor's hang watchdog, which acts first, at twice that (alerts/progress.py).
     dist = init_distributed(
         device, timeout_seconds=collective_timeout_seconds(config.alerts.stall_timeout_seconds)
     )
+    identity = run_id(config, manifest)
+    run_dir = paths["checkpoints"] / identity
+    # the alert targets (a malformed webhook is a one-line error) before anything is written
+    alerts = _alert_monitor(config, identity, dist)  # set-up may report a damaged checkpoint
+    # One writer per run, before anything is built or written: a second trainer of the same run
+    # stops here in one line. Rank 0 holds it for the run's ranks.
+    holder = Holder.this_process()
+    lock = _agreed_on(lambda: lock_run_dir(run_dir, holder), dist.is_main)
+    try:
+        return _set_up_locked(config, paths, device, dist, identity, alerts, holder, lock)
+    except BaseException:
+        if lock:
+            lock.release()
+        raise
+
+
+def _set_up_locked(
+    config: Config,
+    paths: dict[str, Path],
+    device: str,
+    dist: DistInfo,
+    identity: str,
+    alerts: AlertMonitor,
+    holder: Holder,
+    lock: RunLock | None,
+) -> TrainingRun:
+    train = config.train
+    run_dir = paths["checkpoints"] / identity
     precision = resolve_precision(
         train.precision, device, device == "cuda" and torch.cuda.is_bf16_supported()
     )
@@ -178,20 +216,19 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
     bundle = build_model(config.model)
     if train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
-    identity = run_id(config, manifest)
-    plan = _batch_plan(train, dist, bundle, paths["checkpoints"] / identity, precision)
+    plan = _batch_plan(train, dist, bundle, run_dir, precision)
     files = train_data.split_files(paths["data"], "train")
     steps_per_epoch = train_data.steps_per_epoch(files.num_samples, plan.global_batch_size)
     total_steps = util.total_steps(train.max_steps, train.epochs, steps_per_epoch)
-    alerts = _alert_monitor(config, identity, dist)  # set-up may report a damaged checkpoint
     store = open_store(config.storage, identity) if dist.is_main else None
+    lease_taken = take_store_lease(store, holder) if store else False
     engine, checkpointer = _engine_and_checkpointer(
         train,
         plan,
         device,
         precision,
         bundle,
-        paths["checkpoints"] / identity,
+        run_dir,
         total_steps,
         dist.is_main,
     )
@@ -234,7 +271,9 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         config.model.name, plan.global_batch_size, train.lr, train.zero_stage, identity
     )
     sync = (
-        start_store_sync(config, store, checkpointer, alerts, paths, label, start_step)
+        start_store_sync(
+            config, store, checkpointer, alerts, paths, label, start_step, holder, lease_taken
+        )
         if store
         else None
     )
@@ -269,6 +308,7 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         gallery=retrieval_grid.load_gallery(
             paths["data"], train_data.uint8_transform(bundle.preprocess_val)[0], bundle.tokenizer
         ),
+        lock=lock,
     )
 
 
@@ -353,6 +393,28 @@ def _probe(train: TrainConfig, dist: DistInfo, bundle: ClipBundle, precision: st
     )
 
 
+def _agreed_on(take: Callable[[], RunLock], is_main: bool) -> RunLock | None:
+    """Rank 0 takes the lock; a refusal stops every rank with rank 0's line (the others would
+    wait for it in the next collective)."""
+    import torch.distributed as torch_dist
+
+    lock, error = None, None
+    if is_main:
+        try:
+            lock = take()
+        except StageError as exc:
+            error = str(exc)
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        shared = [error]
+        torch_dist.broadcast_object_list(shared, src=0)
+        error = shared[0]
+    if error:
+        if lock:
+            lock.release()
+        raise StageError(error)
+    return lock
+
+
 def _agreed(value: int, how: Callable) -> int:
     """`how` (min or max) of an integer over all ranks, the same on every rank."""
     import torch.distributed as torch_dist
@@ -374,8 +436,8 @@ def _engine_and_checkpointer(
     total_steps: int,
     is_main: bool,
 ) -> tuple[object, Checkpointer]:
-    """The DeepSpeed engine, and the run's checkpoint directory cleared of any half-written
-    checkpoint (its DeepSpeed config written beside, for inspection)."""
+    """The DeepSpeed engine and the run's checkpointer (its DeepSpeed config written beside the
+    checkpoints, for inspection; what to resume from is recovery's to decide)."""
     ds_config = deepspeed_config(train, plan, device, precision)
     engine = create_engine(
         bundle.model,
@@ -387,7 +449,6 @@ def _engine_and_checkpointer(
     checkpointer = Checkpointer(run_dir, train.keep_checkpoints, is_main)
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        checkpointer.discard_incomplete()
         atomic_write_text(run_dir / "deepspeed_config.json", json.dumps(ds_config, indent=2) + "\n")
     return engine, checkpointer
 

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from clipforge import util
 from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
 from clipforge.config import STAGE_SECTIONS, Config, steps_per_epoch
@@ -57,7 +58,8 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
         )
     raw = manifest.read_bytes()
     num_train = _checked_shards(manifest, raw)
-    steps_per_epoch(num_train, config.train.global_batch_size)
+    per_epoch = steps_per_epoch(num_train, config.train.global_batch_size)
+    _check_warmup(config, util.total_steps(config.train.max_steps, config.train.epochs, per_epoch))
     if config.model.pretrained:
         weights_file(config.model.pretrained, "model.pretrained")
     for key in ("checkpoints", "logs", "metrics", "model"):
@@ -70,6 +72,22 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
         except StoreError as exc:
             raise StageError(str(exc)) from None
     return raw
+
+
+def _check_warmup(config: Config, total_steps: int) -> None:
+    """A warm-up longer than the run never reaches train.lr: said, with the peak it does reach
+    (the last step's warm-up share, as WarmupCosine gives it)."""
+    train = config.train
+    if train.warmup_steps > total_steps:
+        peak = train.lr * total_steps / train.warmup_steps
+        log.warning(
+            "train.warmup_steps=%d is longer than the run's %d steps: the learning rate peaks "
+            "at %.3g, not train.lr=%g; lower train.warmup_steps to train at train.lr",
+            train.warmup_steps,
+            total_steps,
+            peak,
+            train.lr,
+        )
 
 
 def _checked_shards(manifest: Path, raw: bytes) -> int:

@@ -18,6 +18,13 @@ waiting longer than `storage.max_lag_seconds`: `store_sync_lag`; all caught up a
 `store_caught_up`. The lag (steps and seconds) goes to TensorBoard at each save, and with the
 rest of the sync's state to `sync.json` beside the checkpoints, which `fab status` and `make
 down`'s guard read.
+
+What the store holds is what it holds whole (clipforge.checkpoints.storage.not_whole), learnt
+when the uploader starts and again after a failed pass: a checkpoint the start of the run found
+not whole there (and set aside) is uploaded again from the local copy. The uploader also keeps
+the run's lease in the store (clipforge.checkpoints.lock): refreshed every minute, checked before
+each checkpoint goes up; lost to another trainer, it uploads nothing more and the training stops
+at its next save.
 """
 
 from __future__ import annotations
@@ -33,13 +40,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.alerts.monitor import AlertMonitor
+from clipforge.checkpoints.checkpointer import Checkpointer
+from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, tag_for, tag_step
+from clipforge.checkpoints.lock import (
+    LEASE_HEARTBEAT_SECONDS,
+    Holder,
+    LeaseLost,
+    check_lease,
+    release_lease,
+    renew_lease,
+    take_lease,
+)
 from clipforge.config import Config
 from clipforge.fsutil import atomic_write_text
 from clipforge.ids import launch_id_of
 from clipforge.store.config import StorageConfig
-from clipforge.store.manifest import MANIFEST
-from clipforge.store.remote import RUN_RECORD_ENV, RunStore, tag_step
-from clipforge.train.checkpoint import Checkpointer
+from clipforge.store.remote import RUN_RECORD_ENV, RunStore
 from clipforge.train.faults import Faults, faults_from_env
 from clipforge.util import backoff_seconds, exception_summary
 
@@ -71,6 +87,8 @@ class StoreSync:
         record: dict,
         faults: Faults,
         clock=time.monotonic,
+        holder: Holder | None = None,
+        lease_taken: bool = False,
     ):
         self.store = store
         self.checkpointer = checkpointer
@@ -80,7 +98,12 @@ class StoreSync:
         self.record = record
         self.faults = faults
         self.clock = clock
-        self.synced_step: int | None = None  # the store's newest; None until it has answered
+        self.synced_step: int | None = None  # the store's newest whole one (None: none known)
+        self._store_known = False  # whether synced_step is what the store answered
+        self.holder = holder  # the lease's holder: this trainer (None: no lease kept)
+        self._lease_taken = lease_taken
+        self._lease_due_at = 0.0
+        self.lost: LeaseLost | None = None  # the lease, taken by another trainer
         self.state = "training"
         self._lock = threading.Lock()  # _saved_at: written by both threads
         self._saved_at: dict[int, float] = {}  # local checkpoints not yet in the store
@@ -106,6 +129,9 @@ class StoreSync:
         return self
 
     def checkpoint_saved(self, step: int) -> Lag:
+        """LeaseLost when another trainer has taken the run over in the store."""
+        if self.lost is not None:
+            raise self.lost
         with self._lock:
             self._saved_at.setdefault(step, self.clock())
         self._logs_due_at = 0.0
@@ -127,7 +153,7 @@ class StoreSync:
 
     def _needs_upload(self, step: int) -> bool:
         synced = self.synced_step
-        return synced is None or step > synced
+        return not self._store_known or synced is None or step > synced
 
     def finish(self, state: str, final: list[Mirrored]) -> None:
         """A last pass (the final checkpoint, logs, `final`), waited for up to
@@ -135,7 +161,21 @@ class StoreSync:
         self.state = state
         self._final = final
         self._wake()
-        if not self._final_done.wait(self.config.flush_timeout_seconds):
+        if not self._final_done.is_set() and self.lost is None:
+            # made visible: a failing store would otherwise hold the end of the run silently
+            log.log(
+                logging.WARNING if self._failures else logging.INFO,
+                "run store %s: waiting up to %gs (storage.flush_timeout_seconds) for the last "
+                "uploads%s; Ctrl-C leaves them on this disk for the next start",
+                self.store.url,
+                self.config.flush_timeout_seconds,
+                f" (failing: {self._last_error})" if self._last_error else "",
+            )
+        try:
+            done = self.lost is not None or self._final_done.wait(self.config.flush_timeout_seconds)
+        except KeyboardInterrupt:
+            done = False
+        if not done:
             log.warning(
                 "run store %s: not everything uploaded after %gs (%d checkpoint(s) waiting%s); "
                 "they stay in %s, and the next start of the stage uploads them",
@@ -152,6 +192,11 @@ class StoreSync:
         self._thread.join(timeout=_POLL_SECONDS)
         self._write_status()
         self.checkpointer.prune()  # what the store now holds need not stay here beyond `keep`
+        if self.holder is not None and self.lost is None and not self._thread.is_alive():
+            try:
+                release_lease(self.store, self.holder)
+            except Exception as exc:  # a store gone: the lease simply stops beating
+                log.debug("run store %s: lease not released (%s)", self.store.url, exc)
 
     def _wake(self) -> None:
         try:
@@ -171,6 +216,11 @@ class StoreSync:
                 return
             try:
                 self._pass()
+            except LeaseLost as exc:  # another trainer writes the run now: write nothing more
+                log.error("%s", exc)
+                self.lost = exc
+                self._final_done.set()
+                return
             except Exception as exc:  # the store's trouble never reaches the training
                 backoff = backoff_seconds(
                     self._failures + 1,
@@ -185,11 +235,17 @@ class StoreSync:
             self._write_status()
 
     def _pass(self) -> None:
-        self.synced_step = self.store.latest_step()
+        if not self._store_known or self._failures:  # learnt again after trouble
+            whole = self.store.complete_steps()
+            self.synced_step = whole[-1] if whole else None
+            self._store_known = True
+        self._keep_lease()
         for tag in self._published_tags():
             step = tag_step(tag)
             if not self._needs_upload(step):
                 continue
+            if self.holder is not None:
+                check_lease(self.store, self.holder)
             self.store.upload_checkpoint(
                 self.checkpointer.run_dir / tag,
                 after_first_file=lambda step=step: self.faults.after_first_uploaded_file(step),
@@ -214,6 +270,17 @@ class StoreSync:
             self.store.write_json("status.json", self._status())
             self._final_done.set()
 
+    def _keep_lease(self) -> None:
+        if self.holder is None or self.clock() < self._lease_due_at:
+            return
+        if self._lease_taken:
+            check_lease(self.store, self.holder)
+            renew_lease(self.store, self.holder)
+        else:  # the store did not answer when the run started
+            take_lease(self.store, self.holder)
+            self._lease_taken = True
+        self._lease_due_at = self.clock() + LEASE_HEARTBEAT_SECONDS
+
     def _published_tags(self) -> list[str]:
         """Local checkpoints up to what `latest` names, with their manifest, oldest first."""
         latest = tag_step(self.checkpointer.latest_tag() or "")
@@ -222,7 +289,8 @@ class StoreSync:
         return [
             tag
             for tag in self.checkpointer.tags()
-            if tag_step(tag) <= latest and (self.checkpointer.run_dir / tag / MANIFEST).is_file()
+            if tag_step(tag) <= latest
+            and (self.checkpointer.run_dir / tag / CHECKPOINT_MANIFEST).is_file()
         ]
 
     def _upload_files(self, entries: list[Mirrored]) -> None:
@@ -271,7 +339,7 @@ class StoreSync:
             and (self._lag_alerted or self._unreachable_alerted)
         ):
             self._lag_alerted = self._unreachable_alerted = False
-            tag = f"step-{self.synced_step:08d}" if self.synced_step is not None else "none"
+            tag = tag_for(self.synced_step) if self.synced_step is not None else "none"
             self.alerts.store_caught_up(self.store.url, tag)
 
     def _status(self) -> dict:
@@ -324,6 +392,8 @@ def start_store_sync(
     paths: dict[str, Path],
     label: str,
     start_step: int,
+    holder: Holder | None = None,
+    lease_taken: bool = False,
 ) -> StoreSync:
     """The uploader of this run, started; on a disk that lacks the run's curves (a run moved to
     another host), they are fetched from the store first, so the logs go on where they were."""
@@ -344,8 +414,33 @@ def start_store_sync(
         "start_step": start_step,
         "launch": launch,
     }
-    sync = StoreSync(store, checkpointer, config.storage, alerts, logs, record, faults_from_env())
+    sync = StoreSync(
+        store,
+        checkpointer,
+        config.storage,
+        alerts,
+        logs,
+        record,
+        faults_from_env(),
+        holder=holder,
+        lease_taken=lease_taken,
+    )
     return sync.start()
+
+
+def take_store_lease(store: RunStore, holder: Holder) -> bool:
+    """Take the run's lease in the store before anything is written there; False (and a line)
+    when the store does not answer: the uploader takes it at its first pass then."""
+    try:
+        take_lease(store, holder)
+    except Exception as exc:  # an unreachable store is no reason not to train
+        log.warning("run store %s: lease not taken yet (%s)", store.url, _first_line(exc))
+        return False
+    return True
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
 
 
 def _restore_curves(store: RunStore, logs: list[Mirrored]) -> None:

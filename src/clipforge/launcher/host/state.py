@@ -1,7 +1,7 @@
 """The supervisor's state (NODE_DIR/state.json): one typed record, one writer, one reader.
 
 It crosses processes and machines: the supervisor writes it, `fab status` (host side, then the
-laptop), `fab train` (waiting for the start, `--resume`) and `fab watch` read it. So it is a
+laptop), `fab train` (waiting for the start, `--resume`) and the laptop's watch read it. So it is a
 typed record with a `RunState` enum rather than a dict whose "state" string is compared in five
 places, and `parse_state` is the one reader: a damaged file is an error that says what is
 wrong with it (which field, what it holds), not a KeyError somewhere later. Standard library

@@ -1,14 +1,15 @@
 """The newest checkpoint of every run on this host, as JSON: what `make down` must not lose.
 
-Run on each worker as a script given whole (`python3 -c SOURCE [--retained DIR]... [--root DIR]...`):
-standard library only, importing nothing of clipforge, since the runs on a host may hold any
-version of the code.
+Run on each worker as a script given whole (`python3 -c SOURCE [--retained DIR]... [--root DIR]...`,
+SOURCE from `script_source`): standard library only, and the checkpoint names are
+clipforge.checkpoints.layout's, whose source `script_source` puts in place of its import, since
+the runs on a host may hold any version of the code and none need be importable there.
 
 Runs live under run roots: each root `fab train` recorded on this host (RUN_ROOTS_FILE in the
 home directory, one absolute path a line), and each --root given. In a root, every run's
 checkpoints directories (run.json's `checkpoints_dir`, and each node checkout's checkpoints/)
-hold one `run-<id>/` per training run, whose `latest` names its newest checkpoint. For each such
-checkpoint the output gives its real path (symlinks resolved), the --retained directory it lies
+hold one `run-<id>/` per training run, whose `latest` names its newest checkpoint (a hint: with
+none, or one that names no checkpoint, the newest finished checkpoint). For each such checkpoint the output gives its real path (symlinks resolved), the --retained directory it lies
 under, and, when it lies under none, the md5 of each of its files: the caller looks for those in
 the DVC remote (DVC 3 stores a file under its md5). With the run's store (run.json's
 params.storage.remote), the caller also looks there.
@@ -22,6 +23,8 @@ import hashlib
 import json
 import os
 import sys
+
+from clipforge.checkpoints import layout
 
 RUN_ROOTS_FILE = ".clipforge/run-roots"  # under the home directory
 _MD5_CHUNK_BYTES = 8 * 2**20
@@ -57,13 +60,50 @@ def _record(run_dir: str) -> dict:
     return record if isinstance(record, dict) else {}
 
 
+def script_source() -> str:
+    """This module's source, runnable by `python3 -c` where clipforge is not importable: the
+    layout module's source is executed in place of its import."""
+    with open(__file__, encoding="utf-8") as f:
+        own = f.read()
+    with open(layout.__file__, encoding="utf-8") as f:
+        inline = (
+            "import types as _types\n\n"
+            "layout = _types.ModuleType('layout')\n"
+            f"exec({f.read()!r}, layout.__dict__)\n"
+        )
+    statement = "from clipforge.checkpoints import layout\n"
+    assert statement in own, "stored_checkpoints imports the layout in one known statement"
+    return own.replace(statement, inline, 1)
+
+
+def newest_tag(training_run_dir: str) -> str | None:
+    """The tag `latest` names; without a readable one, the newest checkpoint whose save finished
+    (its manifest is there), or the newest checkpoint folder."""
+    try:
+        with open(os.path.join(training_run_dir, layout.LATEST), encoding="utf-8") as f:
+            tag = layout.marker_tag(f.read())
+    except (OSError, UnicodeDecodeError):
+        tag = None
+    if tag:
+        return tag
+    tags = sorted(
+        (n for n in os.listdir(training_run_dir) if layout.tag_step(n) is not None),
+        key=layout.tag_step,
+    )
+    finished = [
+        t
+        for t in tags
+        if os.path.isfile(os.path.join(training_run_dir, t, layout.CHECKPOINT_MANIFEST))
+    ]
+    return (finished or tags or [None])[-1]
+
+
 def describe(
     launch_id: str, training_run_dir: str, retained: list[str], store: str | None = None
 ) -> dict:
     """The newest checkpoint of one training run (`run_id`) of launch `launch_id`: where it
     really is, and whether retained."""
-    with open(os.path.join(training_run_dir, "latest"), encoding="utf-8") as f:
-        tag = f.read().strip()
+    tag = newest_tag(training_run_dir) or layout.LATEST
     path = os.path.realpath(os.path.join(training_run_dir, tag))
     entry: dict[str, object] = {
         "launch_id": launch_id,
@@ -77,7 +117,11 @@ def describe(
     }
     files = sorted(os.path.join(top, name) for top, _, names in os.walk(path) for name in names)
     if not files:
-        entry["problem"] = f"`latest` names {tag}, which is missing or empty"
+        entry["problem"] = (
+            f"`latest` names {tag}, which is missing or empty"
+            if layout.tag_step(tag) is not None
+            else f"`{layout.LATEST}` names no checkpoint"
+        )
         return entry
     for directory in retained:
         real = os.path.realpath(directory)
@@ -100,8 +144,12 @@ def newest_checkpoints(roots: list[str], retained: list[str]) -> list[dict]:
     entries = []
     for root in dict.fromkeys(os.path.expanduser(r) for r in roots):
         for run, directory, store in checkpoints_dirs(root):
-            for latest in sorted(glob.glob(os.path.join(directory, "run-*", "latest"))):
-                entries.append(describe(run, os.path.dirname(latest), retained, store))
+            for training_run_dir in sorted(glob.glob(os.path.join(directory, "run-*", ""))):
+                training_run_dir = training_run_dir.rstrip("/")
+                if newest_tag(training_run_dir) or os.path.lexists(
+                    os.path.join(training_run_dir, layout.LATEST)
+                ):
+                    entries.append(describe(run, training_run_dir, retained, store))
     return entries
 
 

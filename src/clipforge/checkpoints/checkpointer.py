@@ -1,24 +1,27 @@
 """Checkpoints in DeepSpeed's own format, one directory per run, with an atomic `latest` marker.
 
   checkpoints/run-<id>/step-00000100/   a DeepSpeed checkpoint (+ config.yaml, manifest.json)
-  checkpoints/run-<id>/latest           the tag of the newest complete checkpoint
+  checkpoints/run-<id>/latest           the tag of the newest complete checkpoint (a hint)
   checkpoints/run-<id>/deepspeed_config.json
   checkpoints/run-<id>/sync.json        the run store's progress (clipforge.train.sync)
+
+(the names: clipforge.checkpoints.layout)
 
 The run id is a fingerprint of everything that determines the result (data, model, training
 params), so re-running the stage with the same params resumes the interrupted run, while
 `dvc exp run -S train.lr=...` starts a run of its own instead of resuming someone else's.
 `latest` is replaced atomically only after every rank has finished writing and rank 0 has written
-the checkpoint's manifest (sizes and sha256 of its files, clipforge.store.manifest), so a run
-killed mid-save resumes from the previous checkpoint, and a start can tell an intact checkpoint
-from a damaged one (clipforge.train.recovery). A checkpoint the run store still needs is not
-pruned.
+the checkpoint's manifest (sizes and sha256 of its files, clipforge.checkpoints.manifest), so a
+run killed mid-save resumes from the previous checkpoint, and a start can tell an intact
+checkpoint from a damaged one (clipforge.checkpoints.recovery). A checkpoint the run store still
+needs is not pruned.
 
 Before each save, the free space is compared with the size of the previous checkpoint (the first
 one: an estimate from the parameter count): too little stops the run with a clear error before
 anything is written, little enough that the save after this one may not fit is reported (the run
 raises the `disk_space_low` alert). A save that fails anyway (a disk filled by someone else, a
-directory made read-only) is removed and reported as such, not as torch's zip-writer error.
+directory made read-only) is removed (it has no manifest yet: nothing else is ever removed but
+by `prune`) and reported as such, not as torch's zip-writer error.
 """
 
 from __future__ import annotations
@@ -27,18 +30,17 @@ import hashlib
 import json
 import logging
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from clipforge.checkpoints import storage
+from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, tag_for
+from clipforge.checkpoints.manifest import write_manifest
 from clipforge.cli import StageError
 from clipforge.config import Config
-from clipforge.fsutil import atomic_write_text
-from clipforge.store.manifest import write_manifest
-from clipforge.store.remote import LATEST, tag_step
 from clipforge.train.disk import (
     CHECKPOINT_BYTES_PER_PARAMETER,
     DiskSpace,
@@ -60,17 +62,6 @@ _NOT_IN_FINGERPRINT = {
 }
 
 
-def tag_for(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def step_of(tag: str) -> int:
-    step = tag_step(tag)
-    if step is None:
-        raise ValueError(f"not a checkpoint tag: {tag!r}")
-    return step
-
-
 def run_id(config: Config, manifest_bytes: bytes) -> str:
     train = {k: v for k, v in config.to_dict()["train"].items() if k not in _NOT_IN_FINGERPRINT}
     identity = {
@@ -87,28 +78,24 @@ class Checkpointer:
         self.run_dir = run_dir
         self.keep = keep
         self.is_main = is_main
+        self.storage = storage.LocalStorage(run_dir)
         # A tag the run store has not taken yet is kept beyond `keep` (set by the store's sync).
         self.needed_elsewhere: Callable[[str], bool] = lambda tag: False
 
     def latest_tag(self) -> str | None:
-        marker = self.run_dir / LATEST
-        return marker.read_text(encoding="utf-8").strip() if marker.is_file() else None
+        """What `latest` holds (set by the start of the run to a checkpoint that verifies)."""
+        text = storage.marker(self.storage)
+        return None if text is None else text.strip()
 
     def tags(self) -> list[str]:
-        if not self.run_dir.is_dir():
-            return []
-        return sorted(
-            p.name for p in self.run_dir.iterdir() if p.is_dir() and tag_step(p.name) is not None
-        )
+        return [t for t in storage.tags(self.storage) if (self.run_dir / t).is_dir()]
 
     def publish(self, tag: str) -> None:
-        atomic_write_text(self.run_dir / LATEST, tag + "\n")
+        storage.publish(self.storage, tag)
 
     def set_aside(self, name: str) -> Path:
         """Rename a damaged checkpoint (or marker) out of the way, kept for inspection."""
-        target = self.run_dir / f"damaged-{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
-        (self.run_dir / name).rename(target)
-        return target
+        return Path(storage.set_aside(self.storage, name))
 
     def save(self, engine, step: int, client_state: dict, config_yaml: str) -> DiskSpace:
         """Every rank calls this; DeepSpeed writes its shards, rank 0 then publishes the tag.
@@ -126,7 +113,10 @@ class Checkpointer:
                 write_manifest(self.run_dir / tag)
                 self.publish(tag)
         except Exception:
-            shutil.rmtree(self.run_dir / tag, ignore_errors=True)  # `latest` still names the last
+            if not (
+                self.run_dir / tag / CHECKPOINT_MANIFEST
+            ).is_file():  # a save that never finished
+                shutil.rmtree(self.run_dir / tag, ignore_errors=True)
             message = write_failure_message(self.run_dir, space.need)
             if message is None:
                 raise
@@ -169,15 +159,6 @@ class Checkpointer:
                 f"move the run directory away to start afresh"
             )
         return client_state
-
-    def discard_incomplete(self) -> None:
-        """Remove tags newer than `latest`: leftovers of a save that was interrupted."""
-        latest = self.latest_tag()
-        newest_complete = step_of(latest) if latest else -1
-        for tag in self.tags():
-            if step_of(tag) > newest_complete:
-                log.info("removing incomplete checkpoint %s", self.run_dir / tag)
-                shutil.rmtree(self.run_dir / tag, ignore_errors=True)
 
     def prune(self) -> None:
         for tag in self.tags()[: -self.keep]:

@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, parse_manifest, size_problem
 from clipforge.fsutil import atomic_write_text, sha256_file
-
-MANIFEST = "manifest.json"
 
 
 def checkpoint_files(directory: Path) -> list[str]:
@@ -23,7 +22,7 @@ def checkpoint_files(directory: Path) -> list[str]:
     return sorted(
         str(p.relative_to(directory))
         for p in directory.rglob("*")
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p.name != CHECKPOINT_MANIFEST
     )
 
 
@@ -33,19 +32,18 @@ def write_manifest(directory: Path) -> dict:
         for name in checkpoint_files(directory)
     }
     manifest = {"tag": directory.name, "files": files}
-    atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(
+        directory / CHECKPOINT_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    )
     return manifest
 
 
 def read_manifest(directory: Path) -> dict | None:
     """The manifest, or None when there is none or it is not one."""
     try:
-        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return parse_manifest((directory / CHECKPOINT_MANIFEST).read_bytes())
+    except OSError:
         return None
-    return (
-        manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
-    )
 
 
 def problem(directory: Path) -> str | None:
@@ -56,17 +54,12 @@ def problem(directory: Path) -> str | None:
         return "its folder is missing"
     manifest = read_manifest(directory)
     if manifest is None:
-        return f"it has no readable {MANIFEST} (a save cut short, or a checkpoint from before manifests)"
-    files = manifest["files"]
-    for name, expected in files.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{name} is missing"
-        size = path.stat().st_size
-        if size != expected["bytes"]:
-            what = "emptied" if size == 0 else "truncated" if size < expected["bytes"] else "grown"
-            return f"{name} is {what}: {size:,} bytes, the manifest says {expected['bytes']:,}"
-    for name, expected in files.items():
+        return f"it has no readable {CHECKPOINT_MANIFEST} (a save cut short, or a checkpoint from before manifests)"
+    sizes = {name: (directory / name).stat().st_size for name in checkpoint_files(directory)}
+    found = size_problem(manifest, sizes)
+    if found:
+        return found
+    for name, expected in manifest["files"].items():
         if sha256_file(directory / name) != expected["sha256"]:
             return f"{name} does not match its sha256 in the manifest (changed since it was saved)"
     return None

@@ -1,0 +1,107 @@
+"""The names of a training run's checkpoints: the one module that knows them.
+
+  <run dir>/step-00000100/                 a checkpoint: DeepSpeed's files, config.yaml and
+  <run dir>/step-00000100/manifest.json      its manifest (size + sha256 of each file), last
+  <run dir>/latest                         a hint: the tag of the newest checkpoint published
+  <run dir>/damaged-<name>-<UTC time>      a checkpoint or marker found damaged, set aside
+  <run dir>/.download-<tag>                a checkpoint being fetched from the run store
+  <run dir>/writer.lock                    the advisory lock of the one trainer of the run
+
+The run store holds the same names under `<remote>/<run id>/checkpoints/`, and the lease of the
+trainer writing there in `<remote>/<run id>/lease.json`.
+
+A checkpoint is whole when its manifest is there and every file it lists has its size (and, read
+locally, its sha256): `size_problem` is that proof, shared by the local disk and the store. A
+save that has no manifest yet never finished; nothing else is ever removed by a start.
+
+Standard library only: the host side (clipforge.launcher.host) ships it to the workers with a
+bare python3 (see stored_checkpoints.script_source).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+LATEST = "latest"
+CHECKPOINT_MANIFEST = "manifest.json"
+WRITER_LOCK = "writer.lock"
+STORE_CHECKPOINTS = "checkpoints"  # under <remote>/<run id>/
+STORE_LEASE = "lease.json"  # under <remote>/<run id>/
+_TAG = re.compile(r"^step-(\d{8})$")
+_DAMAGED = "damaged-"
+_DOWNLOAD = ".download-"
+
+
+def tag_for(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def tag_step(name: str) -> int | None:
+    """The step of a checkpoint tag; None for any other name."""
+    match = _TAG.match(name)
+    return int(match.group(1)) if match else None
+
+
+def step_of(tag: str) -> int:
+    step = tag_step(tag)
+    if step is None:
+        raise ValueError(f"not a checkpoint tag: {tag!r}")
+    return step
+
+
+def marker_text(tag: str) -> str:
+    return f"{tag}\n"
+
+
+def marker_tag(text: str) -> str | None:
+    """The tag a `latest` marker names; None when it names none (garbage, empty)."""
+    tag = text.strip()
+    return tag if tag_step(tag) is not None else None
+
+
+def damaged_name(name: str, when: float | None = None, attempt: int = 0) -> str:
+    """The name a damaged checkpoint (or marker) `name` is set aside under; `attempt` > 0 when
+    that name is taken (two set asides in one second)."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if when is None else when))
+    return f"{_DAMAGED}{name}-{stamp}" + (f"-{attempt}" if attempt else "")
+
+
+def is_set_aside(name: str) -> bool:
+    return name.startswith(_DAMAGED)
+
+
+def download_name(tag: str) -> str:
+    return f"{_DOWNLOAD}{tag}"
+
+
+def is_download(name: str) -> bool:
+    return name.startswith(_DOWNLOAD)
+
+
+def parse_manifest(text: str | bytes) -> dict | None:
+    """A manifest's content, or None when it is not one."""
+    try:
+        manifest = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        return None
+    files = manifest["files"]
+    if not all(isinstance(v, dict) and isinstance(v.get("bytes"), int) for v in files.values()):
+        return None
+    return manifest
+
+
+def size_problem(manifest: dict, sizes: dict[str, int]) -> str | None:
+    """What is wrong with a checkpoint whose files have `sizes` (path relative to it -> bytes),
+    against its manifest, in a few words; None when every file listed is there with its size."""
+    for name, expected in manifest["files"].items():
+        if name not in sizes:
+            return f"{name} is missing"
+        size, want = sizes[name], expected["bytes"]
+        if size != want:
+            what = "emptied" if size == 0 else "truncated" if size < want else "grown"
+            return f"{name} is {what}: {size:,} bytes, the manifest says {want:,}"
+    return None
