@@ -7,7 +7,8 @@
 #   scripts/setup-system.sh iproute2         the multi-node tests give each "host" a network
 #                                            namespace with `ip netns` (make test)
 #   scripts/setup-system.sh fonts-wqy-microhei   a CJK font: the retrieval samples in TensorBoard
-#                                            draw their Chinese captions with it (make test)
+#                                            draw their Chinese captions with it (make demo,
+#                                            make test)
 #   scripts/setup-system.sh docker.io debootstrap   a private Docker engine and the Debian base of
 #                                            the CPU image (make image-cpu, make test-integration)
 set -euo pipefail
