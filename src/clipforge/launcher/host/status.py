@@ -68,6 +68,8 @@ def collect(layout: NodeLayout) -> dict:
         "sync": _newest_json(checkpoints.glob("run-*/sync.json")),
         "summary": _own_summary(layout, own),
         "smoke": read_json(layout.smoke_result),
+        "data_ready": manifest.is_file(),
+        "recall": _own_recall(layout, state),
         "host_time": time.time(),
     }
 
@@ -79,6 +81,23 @@ def _own_summary(layout: NodeLayout, own: set[str]) -> dict | None:
     if not info or info.get("run_id") not in own:
         return None
     return {**(read_json(layout.output("metrics/train.json")) or {}), **info}
+
+
+RECALL_KEYS = ("t2i_r01", "t2i_r05", "t2i_r10", "i2t_r01", "i2t_r05", "i2t_r10", "mean_recall")
+
+
+def _own_recall(layout: NodeLayout, state: dict) -> dict | None:
+    """metrics/eval.json once this launch's eval phase wrote it: a file written after the
+    supervisor started (the checkout, which may hold committed metrics, was made before)."""
+    path = Path(layout.output("metrics/eval.json"))
+    started = state.get("started_at")
+    try:
+        if not started or path.stat().st_mtime < started:
+            return None
+    except FileNotFoundError:
+        return None
+    metrics = read_json(path) or {}
+    return {k: metrics[k] for k in RECALL_KEYS if k in metrics} or None
 
 
 def _tsv_rows(path: Path) -> list[dict]:
@@ -152,7 +171,11 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         (
             "ETA",
             _duration(seconds_per_step * (total - step))
-            if seconds_per_step and total and state.get("state") == "running"
+            if seconds_per_step
+            and total
+            and state.get("state") == "running"
+            and state.get("phase") == "train"
+            and step < total
             else "-",
         ),
         ("elapsed", _duration(elapsed) if elapsed is not None else "-"),
@@ -169,6 +192,8 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
             ),
         )
     )
+    if info.get("recall"):
+        rows.append(("recall", recall_text(info["recall"])))
     if info.get("smoke"):
         rows.append(
             (
@@ -194,10 +219,41 @@ def sync_text(sync: dict) -> str:
     return text
 
 
+def recall_text(recall: dict) -> str:
+    """The eval stage's numbers (percent), the mean first: what the run is for."""
+
+    def triple(direction: str) -> str:
+        return "/".join(f"{recall[f'{direction}_r{k:02d}']:.1f}" for k in (1, 5, 10))
+
+    text = f"mean {recall['mean_recall']:.2f}" if "mean_recall" in recall else ""
+    if all(f"{d}_r{k:02d}" in recall for d in ("t2i", "i2t") for k in (1, 5, 10)):
+        text += f" (R@1/5/10 text->image {triple('t2i')}, image->text {triple('i2t')})"
+    return text.strip()
+
+
+def activity(state: dict, info: dict) -> str | None:
+    """What the running phase is doing, where the step and the speed cannot tell yet."""
+    phase = state.get("phase")
+    if phase == "train" and info.get("last_row"):
+        return None  # the step, loss and speed rows say it
+    if phase == "data" or (phase == "train" and not info.get("data_ready")):
+        return "getting the data: the data stage or `dvc pull`"
+    if phase == "train":
+        return "building the model and the DeepSpeed engine; no step logged yet"
+    if phase == "eval":
+        return "evaluating the exported model on the test set"
+    if phase == "smoke":
+        return "smoke recheck: reloading the final checkpoint (an expected restart)"
+    return None
+
+
 def _state_text(state: dict, info: dict) -> str:
     name = state.get("state", "unknown")
     if name == "running":
-        return f"running (phase {state.get('phase')}, attempt {state.get('attempt')})"
+        doing = activity(state, info)
+        return f"running (phase {state.get('phase')}, attempt {state.get('attempt')})" + (
+            f": {doing}" if doing else ""
+        )
     if name == "lost":
         return (
             "lost: the supervisor is gone without finishing; `fab train --resume RUN` restarts it"
