@@ -58,8 +58,8 @@ demo: env  ## train and evaluate the built-in default on CPU as a DVC experiment
 		&& echo "every recall: dvc metrics show; curves: dvc plots show, tensorboard --logdir logs"
 
 # Lint first: a style error fails `make test` in seconds, before the suite's minutes.
-test: env img2dataset-env lint  ## lint, then the test suite (installs openssh-server, which the launcher tests run)
-	scripts/setup-system.sh openssh-server iproute2 fonts-wqy-microhei
+test: env img2dataset-env lint  ## lint, then the test suite (installs openssh-server and chromium, which tests run)
+	scripts/setup-system.sh openssh-server iproute2 fonts-wqy-microhei chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 LINTED := src infra tests fabfile.py docker bench scripts
