@@ -223,7 +223,8 @@ def train(
         f"started run {launch_id} on {', '.join(h.label for h in hosts)}"
         + (" (smoke)" if smoke else "")
     )
-    _say("watch it: fab status | fab logs --follow | fab tensorboard; stop it: fab stop")
+    fab = session.fab_command(sys.argv)
+    _say(f"watch it: {fab} status | {fab} logs --follow | {fab} tensorboard; stop it: {fab} stop")
 
 
 @all_hosts_task(
@@ -294,7 +295,7 @@ def tensorboard(c: Invocation, run=None, port=6006, from_store=False, store=None
 def stop(c: Invocation, run=None):
     """Graceful stop: every node checkpoints, then exits; the supervisor restarts nothing."""
     pairs, _ = _nodes(c, run)
-    watch.stop(pairs, c.settings, _say)
+    watch.stop(pairs, c.settings, _say, session.fab_command(sys.argv))
 
 
 @all_hosts_task(
@@ -307,7 +308,8 @@ def stop(c: Invocation, run=None):
     }
 )
 def fetch(c: Invocation, run=None, to="runs", push=False, from_store=False, store=None):
-    """Bring back metrics, the exported model and logs (or push them to the DVC remote)."""
+    """Bring back metrics (recall: eval.json), the exported model and logs, and the run's DVC
+    experiment for `dvc exp show` (or push the outputs to the DVC remote)."""
     if from_store:
         from_store_mod.fetch(_store(store), run, Path(to), _say)
         return
@@ -316,19 +318,21 @@ def fetch(c: Invocation, run=None, to="runs", push=False, from_store=False, stor
         fetch_mod.push(pairs[0][0], pairs[0][1], c.settings, _say)
     else:
         fetch_mod.fetch(pairs, Path(to), _say)
+        # Node 0's checkout is the DVC workspace of a run through DVC.
+        fetch_mod.fetch_experiment(*pairs[0], current_source(Path.cwd()).root, _say)
 
 
 @all_hosts_task(
     name="clean",
     help={
-        "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)",
+        "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest run only)",
         "all_": "every run on the hosts",
         "force": "remove runs whose newest checkpoint the run store lacks (also FORCE=1)",
     },
 )
 def clean_(c: Invocation, run=None, all_=False, force=False):
-    """Remove finished or stopped runs from the hosts (never a running one, nor, without
-    --force, one whose newest checkpoint its run store does not hold)."""
+    """Remove the newest run (or --run, or --all) from the hosts: finished or stopped ones only,
+    never a running one, nor, without --force, one whose newest checkpoint the store lacks."""
     hosts, _ = session.open_hosts(c.hosts, c.config, c.settings)
     chosen = [(h, watch.all_runs(h) if all_ else [session.launch_id_on(h, run)]) for h in hosts]
     if not (force or os.environ.get("FORCE") == "1"):
@@ -344,6 +348,9 @@ def clean_(c: Invocation, run=None, all_=False, force=False):
             )
     for host, runs in chosen:
         watch.clean(host, c.settings, runs, _say)
+    if not (all_ or run):
+        fab = session.fab_command(sys.argv)
+        _say(f"(the newest run only: {fab} clean --run RUN for another, --all for every run)")
 
 
 ns = Collection(check, train, status, logs, tensorboard, stop, fetch, clean_)

@@ -5,7 +5,9 @@
 # Including this file must not make `up` the default goal of the including Makefile.
 INFRA_SAVED_DEFAULT_GOAL := $(.DEFAULT_GOAL)
 
-PYTHON ?= .venv/bin/python
+# Its own name: the top-level Makefile's PYTHON (python3, which creates .venv) must not replace
+# the venv's interpreter, which has the project and Pulumi's SDK installed.
+INFRA_PYTHON ?= .venv/bin/python
 INFRA_DIR := infra
 # The Pulumi project (Pulumi.yaml and the Pulumi.<stack>.yaml files); tests point it elsewhere.
 PULUMI_PROJECT_DIR ?= $(INFRA_DIR)
@@ -15,7 +17,7 @@ STACK ?=
 REGISTRY ?=
 FORCE ?=
 
-INFRA_STACKCTL = PYTHONPATH="$(INFRA_DIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) -m clipforge_infra.stackctl \
+INFRA_STACKCTL = PYTHONPATH="$(INFRA_DIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(INFRA_PYTHON) -m clipforge_infra.stackctl \
 	--stack "$(STACK)" --registry "$(REGISTRY)" --project-dir "$(PULUMI_PROJECT_DIR)" --outputs "$(STACK_OUTPUTS)"
 
 .PHONY: up down preview

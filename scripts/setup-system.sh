@@ -7,7 +7,10 @@
 #   scripts/setup-system.sh iproute2         the multi-node tests give each "host" a network
 #                                            namespace with `ip netns` (make test)
 #   scripts/setup-system.sh fonts-wqy-microhei   a CJK font: the retrieval samples in TensorBoard
-#                                            draw their Chinese captions with it (make test)
+#                                            draw their Chinese captions with it (make demo,
+#                                            make test)
+#   scripts/setup-system.sh chromium          a headless browser: the test that `dvc plots show`'s
+#                                            page draws its charts offline (make test)
 #   scripts/setup-system.sh docker.io debootstrap   a private Docker engine and the Debian base of
 #                                            the CPU image (make image-cpu, make test-integration)
 set -euo pipefail
@@ -18,9 +21,10 @@ present() {
     openssh-server) [ -x /usr/sbin/sshd ] ;;
     iproute2) command -v ip >/dev/null 2>&1 ;;
     fonts-wqy-microhei) [ -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] ;;
+    chromium) command -v chromium >/dev/null 2>&1 ;;
     docker.io) [ -x /usr/sbin/dockerd ] ;;
     debootstrap) command -v debootstrap >/dev/null 2>&1 ;;
-    *) echo "setup-system: unknown package $1 (known: numactl, openssh-server, iproute2, fonts-wqy-microhei, docker.io, debootstrap)" >&2; exit 2 ;;
+    *) echo "setup-system: unknown package $1 (known: numactl, openssh-server, iproute2, fonts-wqy-microhei, chromium, docker.io, debootstrap)" >&2; exit 2 ;;
   esac
 }
 

@@ -18,7 +18,12 @@ __all__ = ["EXIT_USAGE", "StageError", "UserError", "run_stage", "stage_parser"]
 EXIT_USAGE = 2
 
 
+# `--set`'s example in each stage's --help: a key of the section that stage reads.
+SET_EXAMPLES = {"data": "data.num_train=1000", "eval": "eval.batch_size=256"}
+
+
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    example = SET_EXAMPLES.get(prog.rsplit(".", 1)[-1], "train.lr=1e-4")
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument(
         "--params", default="params.yaml", help="params file (default: params.yaml)"
@@ -29,7 +34,7 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a parameter, e.g. --set train.lr=1e-4 (repeatable; the value "
+        help=f"override a parameter, e.g. --set {example} (repeatable; the value "
         "is YAML, as with `dvc exp run -S`)",
     )
     parser.add_argument(

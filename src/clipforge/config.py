@@ -309,7 +309,7 @@ class TrainConfig(Section):
     keep_checkpoints: int = knob(2, "Checkpoints kept per run (older ones are deleted).", ge=1)
     log_every_steps: int = knob(10, "Interval of log lines, TensorBoard and metrics rows.", ge=1)
     val_every_steps: int | None = knob(
-        None,
+        20,  # the demo's ~90 steps: a validation curve of several points, not one dot
         "Validation (loss and retrieval recall, TensorBoard "
         "`val/*`) every this many steps, besides epoch ends "
         "(null: epoch ends only).",

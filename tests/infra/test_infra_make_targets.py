@@ -102,7 +102,7 @@ def make(target: str, tmp_path: Path, *variables: str, path: str = SYSTEM_PATH, 
         "-f",
         str(INFRA_DIR / "infra.mk"),
         target,
-        f"PYTHON={sys.executable}",
+        f"INFRA_PYTHON={sys.executable}",
         f"STACK_OUTPUTS={tmp_path / 'stack-outputs.json'}",
         *variables,
     ]

@@ -75,10 +75,33 @@ def _pairs(argv, flag):
 def test_single_node_trains_through_dvc_with_every_set_as_dash_s():
     """One node, DVC-managed data: `dvc exp run -S ... train`, --gpus as ranks per node, --set last."""
     plan = node_plan(_options(sets=["train.lr=0.0005"]), _node(), POLICY)
-    assert [p.name for p in plan.phases] == ["train"]
+    assert [p.name for p in plan.phases] == ["train", "eval"]
     argv = plan.phases[0].argv
     assert argv[:5] == [PY, "-m", "dvc", "exp", "run"] and argv[-1] == "train"
     assert _pairs(argv, "-S") == ["train.num_nodes=1", "train.ranks_per_node=4", "train.lr=0.0005"]
+
+
+def test_the_run_evaluates_through_dvc_with_the_same_params():
+    """After train, `dvc exp run -S ... eval` with the very same -S (so train stays up to date):
+    the exported model on the recipe's test set, restarted like any phase."""
+    plan = node_plan(_options(sets=["train.lr=0.0005"]), _node(), POLICY)
+    train, evaluate = plan.phases
+    assert evaluate.argv == train.argv[:-1] + ["eval"] and evaluate.restartable
+
+
+def test_without_dvc_node_0_evaluates_the_exported_model_on_the_test_split():
+    """Mounted data or several nodes: `python -m clipforge.eval` on the data's test split, on node
+    0 only (rank 0 exported the model into its checkout)."""
+    mounted = node_plan(_options(data="/mnt/datasets/zh"), _node(), POLICY).phases
+    assert [p.name for p in mounted] == ["train", "eval"]
+    assert mounted[1].argv[:3] == [PY, "-m", "clipforge.eval"]
+    assert _pairs(mounted[1].argv, "--data") == ["/mnt/datasets/zh/test"]
+    node_1 = node_plan(_options(nodes=2, gpus=8), _node(rank=1), POLICY).phases
+    assert [p.name for p in node_1] == ["data", "train"]
+    node_0 = node_plan(_options(nodes=2, gpus=8), _node(rank=0), POLICY).phases
+    assert _pairs(node_0[2].argv, "--data") == [
+        "/srv/runs-root/runs/20260101-000000-abcdef12/node-0/code/data/test"
+    ]
 
 
 def test_gpus_0_is_a_cpu_run():
@@ -91,11 +114,12 @@ def test_gpus_0_is_a_cpu_run():
 
 
 def test_pull_fetches_the_data_first_and_smoke_reloads_last():
-    """--data pull adds a `dvc pull data` phase; --smoke a final, non-restartable reload check."""
+    """--data pull adds a `dvc pull data` phase; --smoke a final, non-restartable reload check,
+    after eval (a smoke run is evaluated too)."""
     plan = node_plan(_options(data="pull", smoke=True), _node(), POLICY)
-    assert [p.name for p in plan.phases] == ["data", "train", "smoke"]
+    assert [p.name for p in plan.phases] == ["data", "train", "eval", "smoke"]
     assert plan.phases[0].argv == [PY, "-m", "dvc", "pull", "data"]
-    smoke = plan.phases[2]
+    smoke = plan.phases[3]
     assert not smoke.restartable and smoke.argv[smoke.argv.index("--") + 1 :] == [
         PY,
         "-m",

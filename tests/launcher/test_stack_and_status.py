@@ -200,3 +200,34 @@ def test_status_without_a_price_says_where_to_give_one():
     """No price from the stack or the option: the cost row says how to give one."""
     rows = dict(summarize(_info(), None))
     assert "--price-per-gpu-hour" in rows["cost"]
+
+
+def test_status_names_what_a_phase_does_before_its_first_step():
+    """Data stage, model build, eval and smoke recheck: the state row says which, and there is
+    no ETA outside the training steps."""
+    info = _info()
+    info["last_row"], info["data_ready"] = None, False
+    assert "getting the data" in dict(summarize(info, None))["state"]
+    info["data_ready"] = True
+    assert "building the model" in dict(summarize(info, None))["state"]
+    for phase, words in (("eval", "evaluating"), ("smoke", "smoke recheck")):
+        rows = dict(summarize(_info(phase=phase), None))
+        assert words in rows["state"] and rows["ETA"] == "-"
+
+
+def test_status_shows_the_recall_once_eval_wrote_it():
+    """The eval phase's metrics/eval.json: mean recall first, then R@1/5/10 both ways."""
+    info = _info(state="finished", finished_at=1000.0 + 60)
+    info["recall"] = {
+        "t2i_r01": 9.6667,
+        "t2i_r05": 43.833,
+        "t2i_r10": 73.5,
+        "i2t_r01": 10.0,
+        "i2t_r05": 39.333,
+        "i2t_r10": 66.333,
+        "mean_recall": 40.444,
+    }
+    assert dict(summarize(info, None))["recall"] == (
+        "mean 40.44 (R@1/5/10 text->image 9.7/43.8/73.5, image->text 10.0/39.3/66.3)"
+    )
+    assert "recall" not in dict(summarize(_info(), None))

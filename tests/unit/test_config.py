@@ -177,11 +177,13 @@ def test_production_recipe_is_one_switch():
 def test_user_choice_in_params_wins_over_the_recipe(tmp_path):
     """Under a recipe, a key the user changed in params.yaml keeps the user's value."""
     path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump({"recipe": "production", "train": {"lr": 1e-4, "epochs": 1}}))
+    path.write_text(
+        yaml.safe_dump({"recipe": "production", "train": {"lr": 1e-4, "max_steps": None}})
+    )
     config = load_config(path)
     assert config.train.lr == 1e-4  # changed from the embedded default: the user's
-    assert config.train.epochs == 5  # still the embedded default: the recipe's
-    assert load_config(path, ["train.epochs=1"]).train.epochs == 1  # --set always wins
+    assert config.train.max_steps == 42_000  # still the embedded default: the recipe's
+    assert load_config(path, ["train.max_steps=null"]).train.max_steps is None  # --set wins
 
 
 def test_stage_reports_config_error_with_exit_code_2_and_writes_nothing(tmp_path):

@@ -52,3 +52,15 @@ def test_demo_installs_no_package_only_the_tests_need():
     demo = _make("-n", "-B", "demo")
     assert "scripts/setup-system.sh numactl" in demo and "openssh-server" not in demo
     assert "scripts/setup-system.sh openssh-server" in _make("-n", "-B", "test")
+
+
+def test_make_up_and_down_use_the_venvs_python_outside_a_venv():
+    """The Makefile's PYTHON (python3, which creates .venv) does not replace the interpreter of
+    make up/down, which must have the project and Pulumi's SDK: .venv's."""
+    for target in ("up", "down"):
+        assert ".venv/bin/python -m clipforge_infra.stackctl" in _make("-n", target, "STACK=x")
+
+
+def test_help_shows_the_image_name_expanded():
+    listed = _make("help")
+    assert "$(" not in listed and "clipforge:" in listed

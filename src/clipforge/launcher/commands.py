@@ -34,6 +34,21 @@ def dvc_train_argv(python: str, overrides: tuple[str, ...]) -> list[str]:
     return [python, "-m", "dvc", "exp", "run", *sets, "train"]
 
 
+def dvc_eval_argv(python: str, overrides: tuple[str, ...]) -> list[str]:
+    """The eval stage through DVC, after train: the same `-S` leave train up to date, so this
+    evaluates the exported model on the recipe's test set and records the experiment again, now
+    with every stage's results (the one `fab fetch` brings home)."""
+    sets = [arg for item in overrides for arg in ("-S", item)]
+    return [python, "-m", "dvc", "exp", "run", *sets, "eval"]
+
+
+def direct_eval_argv(python: str, overrides: tuple[str, ...], data_dir: str) -> list[str]:
+    """The eval stage without DVC: the model rank 0 exported (models/clip in the checkout) on the
+    test split of the run's data; metrics/eval.json and eval.info.json as the stage writes them."""
+    sets = [arg for item in overrides for arg in ("--set", item)]
+    return [python, "-m", "clipforge.eval", *sets, "--data", posixpath.join(data_dir, "test")]
+
+
 def dvc_pull_argv(python: str) -> list[str]:
     """The data stage's outputs recorded in the commit's dvc.lock, from the configured remote."""
     return [python, "-m", "dvc", "pull", "data"]
@@ -224,7 +239,9 @@ class NodeContext:
 def node_plan(
     options: TrainOptions, node: NodeContext, policy: RestartPolicy, init_dvc: bool = False
 ) -> Plan:
-    """Phases for one node: get the data, train, and with --smoke reload the checkpoint.
+    """Phases for one node: get the data, train, evaluate (node 0, which holds the exported
+    model), and with --smoke reload the checkpoint last (after eval: a reload that trained on
+    would then not change the numbers the run reports).
     `init_dvc`: the commit has no .dvc/, so the checkout is made a DVC repository first."""
     layout = node.layout
     docker = options.runtime == "docker"
@@ -265,6 +282,10 @@ def node_plan(
         train = direct_train_argv(python, options.overrides, data_dir)
         resume = train
     inner.append(("train", train, True))
+    if options.through_dvc:
+        inner.append(("eval", dvc_eval_argv(python, options.overrides), True))
+    elif layout.node_rank == 0:
+        inner.append(("eval", direct_eval_argv(python, options.overrides, data_dir), True))
     if options.smoke:
         inner.append(("smoke", smoke_argv(python, layout, resume), False))
 

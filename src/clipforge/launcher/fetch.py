@@ -1,13 +1,19 @@
 """`fab fetch`: bring a run's results home, or push them to the DVC remote from the host.
 
-Home: runs/<run id>/ under the project (gitignored) with metrics/, models/clip/ and logs/ as the
-train stage wrote them on node 0, and node-<rank>/ with each node's record, state and train.log.
-The copy lands in a temporary directory first and replaces the previous one whole.
+Home: runs/<run id>/ under the project (gitignored) with metrics/ (the eval stage's eval.json and
+eval.info.json among them), models/clip/ and logs/ as the stages wrote them on node 0, and
+node-<rank>/ with each node's record, state and train.log. The copy lands in a temporary
+directory first and replaces the previous one whole.
+
+A run through DVC (one node) is also a DVC experiment of the launched commit: its git ref comes
+home into the local repository's experiments, so `dvc exp show` lists it beside the demo and
+every other run, with its params and metrics.
 """
 
 from __future__ import annotations
 
 import posixpath
+import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -52,8 +58,60 @@ def fetch(
             _copy_home(host, picks, tmp)
         if not (tmp / "metrics").is_dir():
             say(f"note: no metrics yet for {launch_id} (the run has not logged a step)")
+        elif not (tmp / "metrics" / "eval.json").is_file():
+            say(f"note: no metrics/eval.json yet for {launch_id} (its eval phase has not finished)")
     say(f"fetched {launch_id} into {target}")
     return target
+
+
+# DVC's own refs under refs/exps that are no experiment: its executors' and queue's bookkeeping.
+_NOT_EXPERIMENTS = ("refs/exps/exec/", "refs/exps/celery/", "refs/exps/temp/")
+
+
+def newest_experiment(refs: str) -> str | None:
+    """The newest experiment among `git for-each-ref --sort=-creatordate` lines."""
+    for ref in refs.split():
+        if ref.startswith("refs/exps/") and not ref.startswith(_NOT_EXPERIMENTS):
+            return ref
+    return None
+
+
+def fetch_experiment(host: Host, layout: NodeLayout, repo: Path, say: Callable[[str], None]):
+    """The run's newest DVC experiment (the eval phase's: every stage's params and metrics) into
+    `repo`'s experiment refs, as a git bundle based on the launched commit, which `repo` holds.
+    None when the run made none (several nodes, mounted data: no DVC)."""
+    record = read_remote_json(host, layout.record) or {}
+    code = q(layout.code)
+    refs = probe(
+        host.cxn, f"git -C {code} for-each-ref --sort=-creatordate --format='%(refname)' refs/exps"
+    )
+    ref = newest_experiment(refs.stdout) if refs.ok else None
+    if ref is None:
+        return None
+    base = record.get("commit")
+    remote_bundle = run(
+        host.cxn,
+        f'b=$(mktemp /tmp/clipforge-exp.XXXXXX) && git -C {code} bundle create "$b" '
+        f'{q(ref)}{" ^" + q(base) if base else ""} && echo "$b"',
+        what="bundling the run's DVC experiment",
+    ).stdout.strip()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / "experiment.bundle"
+            host.cxn.get(remote_bundle, str(local))
+            fetched = subprocess.run(
+                ["git", "fetch", "--quiet", str(local), f"+{ref}:{ref}"],
+                cwd=repo,
+                capture_output=True,
+                text=True,
+            )
+    finally:
+        probe(host.cxn, f"rm -f {q(remote_bundle)}")
+    if fetched.returncode != 0:
+        raise LauncherError(f"git fetch of the run's experiment failed: {fetched.stderr.strip()}")
+    name = ref.rsplit("/", 1)[-1]
+    say(f"experiment {name} of {layout.run_id}: `dvc exp show` lists it beside the others")
+    return name
 
 
 def _copy_home(host: Host, picks: list[tuple[str, str]], into: Path) -> None:

@@ -210,3 +210,23 @@ def read_remote_json(host: Host, path: str) -> dict | None:
         return json.loads(result.stdout)
     except json.JSONDecodeError:
         return None
+
+
+# Fabric's flags that say which hosts and how to reach them, with and without their value.
+_CONNECTION_FLAGS = {"-H": True, "--hosts": True, "-i": True, "--identity": True}
+_CONNECTION_FLAGS |= {"-S": True, "--ssh-config": True, "--prompt-for-passphrase": False}
+
+
+def fab_command(argv: list[str]) -> str:
+    """`fab` with the connection flags of this command line (-H, -i, -S as the user typed them),
+    for the hints a task prints: `fab status` alone would look for the stack's workers."""
+    kept, rest = ["fab"], iter(argv[1:])
+    for arg in rest:
+        flag = arg.split("=", 1)[0]
+        if flag in _CONNECTION_FLAGS:
+            kept.append(arg)
+            if _CONNECTION_FLAGS[flag] and "=" not in arg:
+                kept.append(next(rest, ""))
+        elif len(arg) > 2 and arg[:2] in ("-H", "-i", "-S") and not arg.startswith("--"):
+            kept.append(arg)  # -Hhost: the value glued to the flag
+    return " ".join(q(a) for a in kept)

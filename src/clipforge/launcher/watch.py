@@ -98,12 +98,17 @@ def _follow(host: Host, layout: NodeLayout, info: dict, lines: int, tag: bool) -
     host.cxn.run(command, warn=True, in_stream=False)
 
 
-def stop(nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say) -> None:
-    """Ask every node to checkpoint and exit; wait until they have; show the checkpoint."""
+def stop(
+    nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say, fab: str = "fab"
+) -> None:
+    """Ask every node to checkpoint and exit; wait until they have; show the checkpoint and, for
+    a run that has work left, how to resume it (`fab`: the command with the user's -H/-i)."""
+    finished = 0
     for host, layout in nodes:
         state = read_remote_json(host, layout.state) or {}
         if state.get("state") in supervisor.TERMINAL_STATES:
             say(f"{host.label}: run {layout.launch_id} already {state['state']}")
+            finished += state["state"] == "finished"
             continue
         run(
             host.cxn,
@@ -131,8 +136,10 @@ def stop(nodes: list[tuple[Host, NodeLayout]], settings: Settings, say: Say) -> 
             f"{host.label}: {info['state'].get('state')}; latest checkpoint: "
             f"{checkpoint or 'none (stopped before the first training step)'}"
         )
-    if nodes:
-        say(f"resume with: fab train --resume {nodes[0][1].launch_id}")
+    if nodes and finished < len(nodes):
+        say(f"resume with: {fab} train --resume {nodes[0][1].launch_id}")
+    elif nodes:
+        say(f"nothing to stop: see its results with {fab} status, {fab} fetch")
 
 
 def tensorboard(

@@ -340,7 +340,9 @@ def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
                 "device": run.dist.device,
             }
         )
-        if run.state:
+        # A start at the final step (the smoke recheck's reload, a rerun of a finished run)
+        # trains nothing: an expected reload, no restart to warn about.
+        if run.state and run.start_step < run.total_steps:
             run.alerts.run_restarted(run.resumes, from_step=run.start_step)
         final = _train(run, parts)
         _check_replicas(run)

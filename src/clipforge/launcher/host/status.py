@@ -87,6 +87,8 @@ def collect(layout: NodeLayout) -> dict:
         "sync": _newest_json(checkpoints.glob("run-*/sync.json")),
         "summary": _own_summary(layout, own),
         "smoke": read_json(layout.smoke_result),
+        "data_ready": manifest.is_file(),
+        "recall": _own_recall(layout, state.started_at if state else None),
         "host_time": time.time(),
     }
 
@@ -98,6 +100,22 @@ def _own_summary(layout: NodeLayout, own: set[str]) -> dict | None:
     if not info or info.get("run_id") not in own:
         return None
     return {**(read_json(layout.output("metrics/train.json")) or {}), **info}
+
+
+RECALL_KEYS = ("t2i_r01", "t2i_r05", "t2i_r10", "i2t_r01", "i2t_r05", "i2t_r10", "mean_recall")
+
+
+def _own_recall(layout: NodeLayout, started: float | None) -> dict | None:
+    """metrics/eval.json once this launch's eval phase wrote it: a file written after the
+    supervisor started (the checkout, which may hold committed metrics, was made before)."""
+    path = Path(layout.output("metrics/eval.json"))
+    try:
+        if not started or path.stat().st_mtime < started:
+            return None
+    except FileNotFoundError:
+        return None
+    metrics = read_json(path) or {}
+    return {k: metrics[k] for k in RECALL_KEYS if k in metrics} or None
 
 
 def _tsv_rows(path: Path) -> list[dict]:
@@ -167,7 +185,7 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ),
         # the training run(s) of this launch, by the checkpoints it saved: none until the first
         ("run", ", ".join(info.get("run_ids") or []) or "-"),
-        ("state", _state_text(state, info.get("state_error"))),
+        ("state", _state_text(state, info.get("state_error"), info)),
         (
             "step",
             f"{step}/{total if total else '?'}"
@@ -181,7 +199,12 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         (
             "ETA",
             format_duration(seconds_per_step * (total - step))
-            if seconds_per_step and total and name is RunState.RUNNING
+            if seconds_per_step
+            and total
+            and name is RunState.RUNNING
+            and state is not None
+            and state.phase == "train"
+            and step < total
             else "-",
         ),
         ("elapsed", format_duration(elapsed) if elapsed is not None else "-"),
@@ -202,6 +225,8 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
     rows.append(
         ("goodput", _goodput_text(step, seconds_per_step, elapsed, gpus, price_per_gpu_hour))
     )
+    if info.get("recall"):
+        rows.append(("recall", recall_text(info["recall"])))
     if info.get("smoke"):
         rows.append(
             (
@@ -242,11 +267,42 @@ def _gpu_rows(state: SupervisorState | None) -> list[tuple[str, str]]:
     ]
 
 
-def _state_text(state: SupervisorState | None, error: str | None) -> str:
+def recall_text(recall: dict) -> str:
+    """The eval stage's numbers (percent), the mean first: what the run is for."""
+
+    def triple(direction: str) -> str:
+        return "/".join(f"{recall[f'{direction}_r{k:02d}']:.1f}" for k in (1, 5, 10))
+
+    text = f"mean {recall['mean_recall']:.2f}" if "mean_recall" in recall else ""
+    if all(f"{d}_r{k:02d}" in recall for d in ("t2i", "i2t") for k in (1, 5, 10)):
+        text += f" (R@1/5/10 text->image {triple('t2i')}, image->text {triple('i2t')})"
+    return text.strip()
+
+
+def activity(state: SupervisorState, info: dict) -> str | None:
+    """What the running phase is doing, where the step and the speed cannot tell yet."""
+    phase = state.phase
+    if phase == "train" and info.get("last_row"):
+        return None  # the step, loss and speed rows say it
+    if phase == "data" or (phase == "train" and not info.get("data_ready")):
+        return "getting the data: the data stage or `dvc pull`"
+    if phase == "train":
+        return "building the model and the DeepSpeed engine; no step logged yet"
+    if phase == "eval":
+        return "evaluating the exported model on the test set"
+    if phase == "smoke":
+        return "smoke recheck: reloading the final checkpoint (an expected restart)"
+    return None
+
+
+def _state_text(state: SupervisorState | None, error: str | None, info: dict) -> str:
     if state is None:
         return f"damaged: {error}" if error else "unknown"
     if state.state is RunState.RUNNING:
-        return f"running (phase {state.phase}, attempt {state.attempt})"
+        doing = activity(state, info)
+        return f"running (phase {state.phase}, attempt {state.attempt})" + (
+            f": {doing}" if doing else ""
+        )
     if state.state is RunState.LOST:
         return (
             "lost: the supervisor is gone without finishing; `fab train --resume RUN` restarts it"
