@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 STALL_SECONDS = 30
 
 
-def _wait_for(predicate, what: str, timeout: float = 600) -> None:
+def _wait_for(predicate, what: str, timeout: float = 1200) -> None:
     """Poll until predicate() holds (a safety limit, not a speed assertion)."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -75,7 +75,7 @@ def test_a_stopped_rank_is_a_hang_the_run_restarts_and_finishes(
         (rank_1,) = [p for p in read_progress(node.progress_dir) if p.rank == 1]
         os.kill(rank_1.pid, signal.SIGSTOP)
         release.touch()
-        assert supervisor.wait(timeout=1200) == 0
+        assert supervisor.wait(timeout=2400) == 0
     finally:
         if supervisor.poll() is None:
             supervisor.kill()

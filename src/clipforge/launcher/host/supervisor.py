@@ -79,10 +79,12 @@ RENDEZVOUS_ERRORS = re.compile(
     r"Socket Timeout|No route to host|Network is unreachable)[^\n]*"
 )
 OUTPUT_SCANNED_BYTES = 256 * 1024  # of an attempt's output, the end: where its fatal error is
-# How long the stack dumps of a hung attempt may take before it is killed: until the run's log
-# has been quiet for STACK_DUMP_QUIET_SECONDS, at most STACK_DUMP_MAX_SECONDS.
-STACK_DUMP_QUIET_SECONDS = 1.0
+# How long one rank's stack dump may take before the next (and then the kill).
 STACK_DUMP_MAX_SECONDS = 30.0
+STACK_DUMP_SETTLE_SECONDS = 0.2
+_FAULTHANDLER_HEADER = re.compile(
+    rb"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):"
+)
 
 
 # NCCL's watchdog and flight recorder (torch >= 2.2): on a collective timeout each rank dumps its
@@ -420,27 +422,30 @@ class Supervisor:
                     continue
             # faulthandler (registered by every supervised rank) writes to the rank's stderr,
             # the run's log, from its C handler: the rank is woken for it, then frozen again.
+            offset = os.path.getsize(self.layout.train_log)
             try:
                 os.kill(rank.pid, STACK_DUMP_SIGNAL)
                 os.kill(rank.pid, signal.SIGCONT)
             except (ProcessLookupError, PermissionError):
                 continue
-            self._wait_log_quiet()
+            self._wait_for_dump(offset)
             try:
                 os.kill(rank.pid, signal.SIGSTOP)
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def _wait_log_quiet(self) -> None:
+    def _wait_for_dump(self, offset: int) -> None:
+        """Until faulthandler's header shows in the log after `offset` (it writes the whole dump
+        at once, from its handler), plus a moment for the rest; at most STACK_DUMP_MAX_SECONDS.
+        Not "until the log is quiet": a woken rank may go on logging."""
         deadline = time.monotonic() + STACK_DUMP_MAX_SECONDS
-        size, quiet_since = -1, time.monotonic()
         while time.monotonic() < deadline:
-            now_size = os.path.getsize(self.layout.train_log)
-            if now_size != size:
-                size, quiet_since = now_size, time.monotonic()
-            elif time.monotonic() - quiet_since >= STACK_DUMP_QUIET_SECONDS:
-                return
-            time.sleep(POLL_SECONDS / 5)
+            with open(self.layout.train_log, "rb") as log:
+                log.seek(offset)
+                if _FAULTHANDLER_HEADER.search(log.read()):
+                    time.sleep(STACK_DUMP_SETTLE_SECONDS)
+                    return
+            time.sleep(POLL_SECONDS / 10)
 
     def _ask_to_stop(self, phase: Phase, group: int) -> None:
         if phase.stop_argv:
