@@ -119,7 +119,7 @@ LogLevel ERROR
         wait_for(
             lambda: _listening(process.pid, port),
             what="sshd listening",
-            timeout=20,
+            timeout=120,  # a safety limit: sshd starts in well under a second on a quiet box
             interval=0.1,
             check=alive,
             error=RuntimeError,
