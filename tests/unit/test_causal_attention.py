@@ -48,3 +48,14 @@ def test_a_text_mask_that_is_not_the_causal_one_is_left_alone():
     model.attn_mask = torch.zeros_like(model.attn_mask)
     assert flag_causal_text_attention(model) == 0
     assert {type(b.attn) for b in model.transformer.resblocks} == {torch.nn.MultiheadAttention}
+
+
+def test_evaluation_without_gradients_gives_the_same_features():
+    """Under no_grad in eval mode torch may take MultiheadAttention's fast path: same result."""
+    flagged = build_model(ModelConfig()).model.eval()
+    plain = without_causal_flag(flagged)
+    texts = torch.randint(1, 49000, (3, flagged.context_length))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            flagged.encode_text(texts), plain.encode_text(texts), rtol=1e-5, atol=1e-5
+        )
