@@ -32,6 +32,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from clipforge.data import testset
+from clipforge.fsutil import sha256_file
+
 HASH_SIDE = 32  # pHash: the DCT of a 32x32 greyscale image...
 LOW_FREQUENCIES = 8  # ...of which the 8x8 lowest frequencies make the 64 bits
 MAX_EXAMPLES = 20
@@ -193,15 +196,16 @@ def not_checked(reason: str) -> dict:
 def eval_record(data_manifest: Path, test_dir: Path) -> dict:
     """For eval.info.json: was the training data of data_manifest checked against the test set in
     test_dir (the same files, by sha256), and with what result."""
-    from clipforge.data.splits import test_hashes
-
     if not Path(data_manifest).is_file():
         return not_checked(f"no data manifest at {data_manifest}")
     manifest = json.loads(Path(data_manifest).read_text(encoding="utf-8"))
     record = manifest.get("decontamination") or not_checked("the data stage did not check")
     if not record.get("checked"):
         return record
-    current = test_hashes(Path(test_dir))["sha256"]
+    current = {
+        name: sha256_file(Path(test_dir) / name)
+        for name in (testset.IMAGES_FILE, testset.TEXTS_FILE)
+    }
     same = record.get("test_set_sha256") == current
     return {
         "checked": same,

@@ -54,6 +54,7 @@ def build_dataset(config: Config, out: Path) -> dict:
         splits, source = _builtin_splits(data, out)
     elif data.source == "laion-parquet":
         splits, source = laion.build_splits(data, out, skips)
+        checked = source.pop("decontamination", checked)
     elif data.source == "webdataset" and inplace.use_in_place(data, files):
         if data.resize_to:
             log.warning("data.resize_to is not applied in place: images are trained as they are")
