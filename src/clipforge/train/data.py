@@ -247,16 +247,22 @@ def grouped(chunks: Iterator, size: int) -> Iterator[list]:
 
 
 class Batches:
-    """Micro-batches as lists of (images, token ids) chunks; `skipped` counts the samples the
-    loaders replaced (by reason), as this process received them."""
+    """An iterator of micro-batches as lists of (images, token ids) chunks; `skipped` counts the
+    samples the loaders replaced (by reason), as this process received them."""
 
     def __init__(self, loader, per_micro_batch: int):
         self.loader = loader
         self.per_micro_batch = per_micro_batch
         self.skipped = SkipLog()
+        self._groups: Iterator[list] | None = None
 
-    def __iter__(self) -> Iterator[list]:
-        return grouped(self._chunks(), self.per_micro_batch)
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> list:
+        if self._groups is None:
+            self._groups = grouped(self._chunks(), self.per_micro_batch)
+        return next(self._groups)
 
     def _chunks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for images, tokens, skipped in self.loader:
