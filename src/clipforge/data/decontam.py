@@ -78,7 +78,7 @@ def pixel_hash(image: Image.Image) -> str:
 
 def open_image(raw: bytes, max_pixels: int, draft: bool = False) -> Image.Image | None:
     """The decoded image, or None when it does not decode or has more than max_pixels.
-    draft: a JPEG decoded at the smallest scale still at least 4x the hash's side."""
+    draft: a JPEG decoded at the smallest scale (1/2 to 1/8) still at least the hash's side."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -86,7 +86,7 @@ def open_image(raw: bytes, max_pixels: int, draft: bool = False) -> Image.Image 
             if image.width * image.height > max_pixels:
                 return None
             if draft and image.format == "JPEG":
-                image.draft("RGB", (4 * HASH_SIDE, 4 * HASH_SIDE))
+                image.draft("RGB", (HASH_SIDE, HASH_SIDE))
             image.load()
             return image
     except Exception:  # PIL raises many types for broken files: all mean "not an image" here
@@ -141,7 +141,7 @@ class TestHashes:
             if image is None:
                 continue
             ids.append(image_id)
-            phashes.append(perceptual_hash(image))
+            phashes.append(image_hash(raw, max_pixels))  # as the training images are hashed
             pixels.append(pixel_hash(image))
         return cls(ids, np.array(phashes, dtype=np.uint64), pixels, sha256)
 

@@ -22,7 +22,6 @@ What is checked where:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -40,14 +39,14 @@ from clipforge.data import decontam, testset
 from clipforge.data.inputs import expand_paths
 from clipforge.data.samples import SkipLog, clean_caption, decode_image
 from clipforge.data.shards import open_shard, shard_identity
-from clipforge.data.splits import split_of_identity, test_hashes
+from clipforge.data.splits import identity_digest, split_of_digest, test_hashes
 
 log = logging.getLogger("clipforge.data")
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 # data.in_place: auto: shards totalling at least this are used in place, smaller ones copied.
 AUTO_IN_PLACE_BYTES = 10 * 2**30
-VERIFY_SAMPLE_SHARE = 0.01  # data.verify: sample: images decoded here (at least one per shard)
+VERIFY_SAMPLE_SHARE = 0.01  # data.verify: sample: the share of images decoded here
 _SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
 
 
@@ -83,16 +82,22 @@ def tar_members(f: BinaryIO, size: int) -> Iterator[tuple[str, int, int]]:
                     yield info.name, info.offset_data, info.size
 
 
+_ZERO_BLOCK = bytes(512)
+
+
 def _ustar_members(f: BinaryIO, size: int) -> Iterator[tuple[str, int, int]]:
     position = 0
     while position + 512 <= size:
         f.seek(position)
         header = f.read(512)
-        if header.count(0) == 512:
+        if header == _ZERO_BLOCK:
             return
-        stored = _octal(header[148:156])
-        if stored != sum(header[:148]) + 256 + sum(header[156:]):
-            raise tarfile.ReadError(f"bad header checksum at byte {position}")
+        # ustar/PAX headers (webdataset's, img2dataset's, Python's) are known by their magic and
+        # parsed strictly; only others pay for the checksum (a Python sum over 512 bytes)
+        if header[257:262] != b"ustar":
+            stored = _octal(header[148:156])
+            if stored != sum(header[:148]) + 256 + sum(header[156:]):
+                raise tarfile.ReadError(f"bad header checksum at byte {position}")
         kind = header[156:157]
         if kind in (b"x", b"g", b"L", b"K"):
             raise _NeedsTarfile(position)
@@ -220,8 +225,8 @@ def scan_shard(url: str, options: ScanOptions, scan_file: Path) -> ShardScan:
                 if reason:
                     skips.add(reason, where)
                     continue
-                identity_key = f"{name}/{key}"
-                verified = _verified(identity_key, options.verify)
+                digest = identity_digest(f"{name}/{key}", options.seed)
+                verified = _verified(digest, options.verify)
                 phash = 0
                 if verified or options.hash_images:
                     raw = _read(f, found[ext])
@@ -238,9 +243,7 @@ def scan_shard(url: str, options: ScanOptions, scan_file: Path) -> ShardScan:
                     if reason:
                         skips.add(reason, where)
                         continue
-                split = split_of_identity(
-                    identity_key, options.seed, options.val_fraction, options.test_fraction
-                )
+                split = split_of_digest(digest, options.val_fraction, options.test_fraction)
                 keys.append(key)
                 locations.append((*found[ext], *found["txt"]))
                 splits.append(_SPLIT_CODES[split])
@@ -272,13 +275,11 @@ def _read(f: BinaryIO, location: tuple[int, int]) -> bytes:
     return f.read(location[1])
 
 
-def _verified(identity_key: str, verify: str) -> bool:
-    if verify == "all":
-        return True
-    if verify == "none":
-        return False
-    digest = hashlib.sha256(f"verify:{identity_key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < VERIFY_SAMPLE_SHARE
+def _verified(digest: bytes, verify: str) -> bool:
+    """data.verify for one sample; `sample` by bytes of its split hash that the split ignores."""
+    if verify == "sample":
+        return int.from_bytes(digest[8:16], "big") / 2**64 < VERIFY_SAMPLE_SHARE
+    return verify == "all"
 
 
 def _scan(args: tuple[str, ScanOptions, Path]) -> ShardScan:
