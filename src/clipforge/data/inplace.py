@@ -102,9 +102,12 @@ def _ustar_members(f: BinaryIO, size: int) -> Iterator[tuple[str, int, int]]:
         if kind in (b"x", b"g", b"L", b"K"):
             raise _NeedsTarfile(position)
         name = header[:100].split(b"\0", 1)[0]
-        if header[257:262] == b"ustar" and header[345]:
+        if header[345] and header[257:262] == b"ustar":
             name = header[345:500].split(b"\0", 1)[0] + b"/" + name
-        length = _octal(header[124:136])
+        try:  # the common case inline: octal digits, NUL or space padded
+            length = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
+        except ValueError:
+            length = _octal(header[124:136])
         data = position + 512
         if kind in (b"0", b"\0", b"7"):
             text = name.decode("utf-8", "surrogateescape")
@@ -208,13 +211,12 @@ def scan_shard(url: str, options: ScanOptions, scan_file: Path) -> ShardScan:
         with open_shard(url) as f:
             for key, found in grouped_samples(tar_members(f, identity["size"])):
                 samples += 1
-                where = f"{url}:{key}"
-                ext = next((e for e in IMAGE_EXTENSIONS if e in found), None)
+                ext = "jpg" if "jpg" in found else _image_extension(found)
                 if ext is None:
-                    skips.add("missing_image", where)
+                    skips.add("missing_image", f"{url}:{key}")
                     continue
                 if "txt" not in found:
-                    skips.add("missing_caption", where)
+                    skips.add("missing_caption", f"{url}:{key}")
                     continue
                 raw_caption = _read(f, found["txt"])
                 try:
@@ -223,7 +225,7 @@ def scan_shard(url: str, options: ScanOptions, scan_file: Path) -> ShardScan:
                     text = raw_caption
                 _, reason = clean_caption(text, options.max_caption_chars)
                 if reason:
-                    skips.add(reason, where)
+                    skips.add(reason, f"{url}:{key}")
                     continue
                 digest = identity_digest(f"{name}/{key}", options.seed)
                 verified = _verified(digest, options.verify)
@@ -231,8 +233,8 @@ def scan_shard(url: str, options: ScanOptions, scan_file: Path) -> ShardScan:
                 if verified or options.hash_images:
                     raw = _read(f, found[ext])
                     decoded += 1
-                    if verified:
-                        _, reason = decode_image(raw, options.max_image_pixels)
+                    if verified:  # keep_jpeg: a JPEG that decodes is not encoded again
+                        _, reason = decode_image(raw, options.max_image_pixels, keep_jpeg=True)
                     if reason is None and options.hash_images:
                         # a reduced-scale decode still reads the whole JPEG: a cut file fails
                         image = decontam.open_image(raw, options.max_image_pixels, draft=True)
@@ -241,7 +243,7 @@ def scan_shard(url: str, options: ScanOptions, scan_file: Path) -> ShardScan:
                         else:
                             phash = decontam.perceptual_hash(image)
                     if reason:
-                        skips.add(reason, where)
+                        skips.add(reason, f"{url}:{key}")
                         continue
                 split = split_of_digest(digest, options.val_fraction, options.test_fraction)
                 keys.append(key)
@@ -268,6 +270,10 @@ def scan_shard(url: str, options: ScanOptions, scan_file: Path) -> ShardScan:
         error,
         skips,
     )
+
+
+def _image_extension(found: dict) -> str | None:
+    return next((e for e in IMAGE_EXTENSIONS if e in found), None)
 
 
 def _read(f: BinaryIO, location: tuple[int, int]) -> bytes:
