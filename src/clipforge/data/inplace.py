@@ -190,7 +190,8 @@ class ShardScan:
         return len(self.splits)
 
     def index(self) -> tuple[np.ndarray, np.ndarray]:
-        """(locations: int64 [kept, 4] image offset, size, caption offset, size; keys)."""
+        """(locations: int64 [kept, 4] image offset, size, caption offset, size; keys as UTF-8
+        bytes)."""
         with np.load(self.scan_file) as f:
             return f["locations"], f["keys"]
 
@@ -257,7 +258,7 @@ def scan_shard(url: str, options: ScanOptions, scan_file: Path) -> ShardScan:
         np.savez(
             f,
             locations=np.array(locations, dtype=np.int64).reshape(-1, 4),
-            keys=np.array(keys, dtype=np.str_),
+            keys=np.array([k.encode("utf-8", "surrogateescape") for k in keys], dtype=np.bytes_),
         )
     return ShardScan(
         url,
@@ -450,7 +451,11 @@ def _decontaminate(
                 kind = "exact" if pixels == test.pixel_hashes[column] else "near"
                 split = "train" if scan.splits[row] == _SPLIT_CODES["train"] else "val"
                 findings.add(
-                    f"{scan.url}:{keys[row]}", split, test.image_ids[column], distance, kind
+                    f"{scan.url}:{keys[row].decode('utf-8', 'replace')}",
+                    split,
+                    test.image_ids[column],
+                    distance,
+                    kind,
                 )
                 if data.decontaminate == "drop":
                     scan.splits[row] = DROPPED
@@ -468,7 +473,8 @@ def _write_index(scans: list[ShardScan], out: Path, split: str) -> dict:
         locations, keys = scan.index()
         name = f"{split}/{number:06d}.npz"
         with open(out / name, "wb") as f:
-            np.savez(f, locations=locations[rows], keys=keys[rows])
+            # compressed: offsets grow steadily and keys share prefixes (DVC hashes these files)
+            np.savez_compressed(f, locations=locations[rows], keys=keys[rows])
         shards.append(
             {"name": name, "url": scan.url, "identity": scan.identity, "count": len(rows)}
         )
