@@ -52,6 +52,7 @@ def build_dataset(config: Config, out: Path) -> dict:
         files = expand_paths(data.paths, "webdataset .tar shards")
     if data.source == "builtin":
         splits, source = _builtin_splits(data, out)
+        checked = decontam.not_checked("builtin: test scenes are excluded from train when drawn")
     elif data.source == "laion-parquet":
         splits, source = laion.build_splits(data, out, skips)
         checked = source.pop("decontamination", checked)
