@@ -214,3 +214,29 @@ def test_headers_are_read_like_tarfile_reads_them(in_place_run):
     with tarfile.open(path) as tar:
         theirs = [(i.name, i.offset_data, i.size) for i in tar if i.isfile()]
     assert ours == theirs
+
+
+def test_a_test_split_taken_from_the_shards_is_written_out(tmp_path):
+    """Without data.test_dir, the test share of the samples becomes data/test (Chinese-CLIP
+    layout, readable by eval), and train + val + test hold every kept sample once."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    make_planted_shard(shards / "shard-0000.tar")
+    params = {
+        "data": {
+            "source": "webdataset",
+            "paths": [f"{shards}/*.tar"],
+            "in_place": True,
+            "workers": 1,
+            "val_fraction": 0.2,
+            "test_fraction": 0.3,
+        }
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    assert main(["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "data")]) == 0
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text(encoding="utf-8"))
+    splits = manifest["splits"]
+    test = testset.load_test_set(tmp_path / "data" / "test")
+    assert len(test.image_ids) == splits["test"]["images"] > 0
+    found = manifest["decontamination"]["found"]["total"]  # test images again in train/val
+    assert splits["train"]["count"] + splits["val"]["count"] + len(test.image_ids) + found == 23
