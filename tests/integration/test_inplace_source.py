@@ -240,3 +240,32 @@ def test_a_test_split_taken_from_the_shards_is_written_out(tmp_path):
     assert len(test.image_ids) == splits["test"]["images"] > 0
     found = manifest["decontamination"]["found"]["total"]  # test images again in train/val
     assert splits["train"]["count"] + splits["val"]["count"] + len(test.image_ids) + found == 23
+
+
+def test_shards_behind_an_fsspec_url_are_read_and_checked_by_listing(tmp_path):
+    """file:// URLs go through fsspec like s3://: indexed, read back, and a rewritten shard is
+    found by the directory listing and named."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    images = make_planted_shard(shards / "shard-0000.tar")
+    params = {
+        "data": {
+            "source": "webdataset",
+            "paths": [f"file://{shards}/shard-*.tar"],
+            "in_place": True,
+            "workers": 1,
+            "val_fraction": 0.0,
+            "test_fraction": 0.2,
+            "decontaminate": "off",
+        }
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    assert main(["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "data")]) == 0
+    files = split_files(tmp_path / "data", "train")
+    assert files.in_place[0]["url"].startswith("file://")
+    sample = files.reader().read(0, 0)
+    assert sample["jpg"] in images.values()
+    victim = shards / "shard-0000.tar"
+    victim.write_bytes(victim.read_bytes() + b"\0" * 1024)
+    with pytest.raises(ShardChangedError, match="shard-0000.tar: its size was"):
+        split_files(tmp_path / "data", "train")

@@ -145,16 +145,7 @@ def shard_identity(url: str, sampled_hash: bool = False) -> dict:
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(url)
-        info = fs.info(path)
-        identity = {"size": int(info["size"])}
-        for key in ("ETag", "etag", "e_tag"):
-            if info.get(key):
-                identity["etag"] = str(info[key]).strip('"')
-                break
-        for key in ("mtime", "LastModified", "last_modified", "updated"):
-            if info.get(key) is not None:
-                identity["mtime"] = str(info[key])
-                break
+        identity = _remote_identity(fs.info(path))
     if sampled_hash:
         identity["sampled_sha256"] = _sampled_sha256(url, identity["size"])
     return identity
@@ -169,12 +160,28 @@ def _sampled_sha256(url: str, size: int) -> str:
     return digest.hexdigest()
 
 
-def changed(url: str, recorded: dict) -> str | None:
-    """What differs between a shard and its recorded identity (None: nothing)."""
-    try:
-        now = shard_identity(url)
-    except FileNotFoundError:
-        return "it is gone"
+def _remote_identity(info: dict) -> dict:
+    """Size, etag and mtime from an fsspec info entry (S3, GCS, HTTP... name them differently)."""
+    identity: dict = {"size": int(info["size"])}
+    for key in ("ETag", "etag", "e_tag"):
+        if info.get(key):
+            identity["etag"] = str(info[key]).strip('"')
+            break
+    for key in ("mtime", "LastModified", "last_modified", "updated"):
+        if info.get(key) is not None:
+            identity["mtime"] = str(info[key])
+            break
+    return identity
+
+
+def changed(url: str, recorded: dict, now: dict | None = None) -> str | None:
+    """What differs between a shard and its recorded identity (None: nothing); `now`: its
+    identity when already known (a directory listing)."""
+    if now is None:
+        try:
+            now = shard_identity(url)
+        except FileNotFoundError:
+            return "it is gone"
     for key in ("size", "mtime_ns", "etag", "mtime"):
         if key in recorded and now.get(key) != recorded[key]:
             return f"its {key} was {recorded[key]}, now {now.get(key)}"
@@ -184,8 +191,13 @@ def changed(url: str, recorded: dict) -> str | None:
 def check_unchanged(shards: list[dict]) -> None:
     """ShardChangedError naming every shard (up to a few) that changed since the manifest."""
     problems = []
+    listed = _listed_identities([s["url"] for s in shards if "://" in s["url"]])
     for shard in shards:
-        why = changed(shard["url"], shard["identity"])
+        url = shard["url"]
+        if "://" in url and url not in listed:
+            why = "it is gone"
+        else:
+            why = changed(url, shard["identity"], listed.get(url))
         if why:
             problems.append(f"{shard['url']}: {why}")
     if problems:
@@ -194,6 +206,25 @@ def check_unchanged(shards: list[dict]) -> None:
             "shards changed since the data stage indexed them (rerun it: dvc repro data):\n"
             + "\n".join(shown)
         )
+
+
+def _listed_identities(urls: list[str]) -> dict[str, dict]:
+    """Identities of remote shards from one listing per directory: 100k shards on S3 are ~100
+    paginated LIST requests, not 100k HEAD requests."""
+    import fsspec
+
+    by_directory: dict[str, list[str]] = {}
+    for url in urls:
+        by_directory.setdefault(url.rsplit("/", 1)[0], []).append(url)
+    found = {}
+    for directory, members in by_directory.items():
+        fs, path = fsspec.core.url_to_fs(directory)
+        infos = {fs.unstrip_protocol(i["name"]): i for i in fs.ls(path, detail=True) if "size" in i}
+        for url in members:
+            info = infos.get(url) or infos.get(fs.unstrip_protocol(fsspec.core.url_to_fs(url)[1]))
+            if info is not None:
+                found[url] = _remote_identity(info)
+    return found
 
 
 def open_shard(url: str) -> BinaryIO:
