@@ -331,6 +331,8 @@ def build_splits(
     """Index the shards of data.paths (or `files`) into out/; returns (splits, source,
     decontamination) for the manifest."""
     files = files if files is not None else expand_paths(data.paths, "webdataset .tar shards")
+    # absolute: the train stage may run from another directory than this stage did
+    files = [url if "://" in url else os.path.abspath(url) for url in files]
     options = ScanOptions(
         seed=data.seed,
         val_fraction=data.val_fraction,
