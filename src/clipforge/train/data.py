@@ -13,6 +13,10 @@ So micro-batch number i of a rank is computable from i alone: a resumed run star
 DataLoader at the checkpoint's position and sees exactly the batches the interrupted run would
 have seen, whatever the number of loader workers, without reading the skipped samples.
 
+Shards used in place (data.in_place) are read through the same (shard, index) addressing, at the
+offsets the data stage indexed (clipforge.data.shards.InPlaceReader); a sample whose image does
+not decode there is replaced by the next position's and counted (`Batches.skipped`).
+
 The loader's unit of work is a chunk of at most CHUNK_SAMPLES samples of one micro-batch, so a
 micro-batch is decoded by many workers at once. Workers emit uint8 pixels; the cast and the
 normalisation happen on the device (`DeviceBatches`), which moves a quarter of fp32's bytes
