@@ -103,6 +103,29 @@ class DataConfig(Section):
     max_caption_chars: int = knob(
         512, "Captions longer than this are skipped as `caption_too_long`.", ge=1
     )
+    # webdataset, laion-parquet: shards used where they are (clipforge.data.inplace)
+    in_place: bool | Literal["auto"] = knob(
+        "auto",
+        "webdataset, laion-parquet: index the shards where they are (a local or read-only mount, "
+        "an fsspec URL) and train from them, instead of copying them into data/; `auto`: in "
+        "place when the shards total 10 GiB or more.",
+    )
+    verify: Literal["all", "sample", "none"] = knob(
+        "sample",
+        "In place: images decoded by the data stage to check them: `all`, `sample` (1%, by a hash "
+        "of the key) or `none`; one found corrupt in training is skipped and counted there.",
+    )
+    workers: int | Literal["auto"] = knob(
+        "auto", "In place: processes indexing shards, one shard each (`auto`: one per CPU).", ge=1
+    )
+    decontaminate: Literal["drop", "report", "off"] = knob(
+        "drop",
+        "In place: find test-set images among the train/val images (exact: decoded pixels; near: "
+        "64-bit pHash) and `drop` them, only `report` them in the manifest, or `off`.",
+    )
+    decontaminate_max_distance: int = knob(
+        6, "Decontamination: pHash bits two images may differ by and still match.", ge=0, le=32
+    )
     # laion-parquet: filters on the metadata, applied in this order before anything is downloaded
     min_similarity: float = knob(
         0.32,

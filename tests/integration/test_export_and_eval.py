@@ -86,6 +86,7 @@ def test_eval_stage_writes_metrics_with_the_documented_keys(
     info = json.loads((tmp_path / "metrics" / "eval.info.json").read_text())
     assert (info["num_images"], info["num_texts"]) == (24, 48)
     assert info["model"] == model
+    assert info["decontamination"]["checked"] is False  # built-in data: disjoint when drawn
     assert (tmp_path / "metrics" / "eval.config.yaml").is_file()
     assert "t2i_r01" in capsys.readouterr().out  # the table
 

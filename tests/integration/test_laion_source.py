@@ -305,3 +305,33 @@ def test_test_set_comes_from_test_dir(laion_run):
     """With data.test_dir (e.g. Flickr30K-CN) the test set is copied, not split off the download."""
     test = laion_run["manifest"]["splits"]["test"]
     assert (test["images"], test["texts"]) == (3, 3)
+
+
+def test_the_download_can_be_indexed_in_place(laion_run):
+    """data.in_place: true indexes img2dataset's shards where they are: the same images, read
+    from the download directory (nothing copied into data/), the same failures by reason."""
+    root = laion_run["root"]
+    done = subprocess.run(
+        [sys.executable, "-m", "clipforge.data", "--out", "data-in-place"]
+        + ["--set", "data.in_place=true", "--set", "data.verify=all"],
+        cwd=root,
+        env=subprocess_env(),  # every shard is downloaded: img2dataset is not run again
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    data = root / "data-in-place"
+    assert not list(data.rglob("*.tar"))
+    manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["skipped"]["counts"] == laion_run["manifest"]["skipped"]["counts"]
+    assert manifest["decontamination"]["checked"]
+    captions = []
+    for split in ("train", "val"):
+        files = split_files(data, split)
+        reader = files.reader()
+        for shard, count in enumerate(files.counts):
+            captions += [reader.read(shard, i)["txt"].decode() for i in range(count)]
+    scenario = laion_run["scenario"]
+    expected = [scenario["captions"][u] for u in scenario["kept"] if u not in scenario["failing"]]
+    assert sorted(captions) == sorted(expected)

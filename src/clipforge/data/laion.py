@@ -9,7 +9,9 @@ interruption: a rerun filters again (streaming; cheap next to downloading), find
 and img2dataset continues with the shards it has not finished. Changing a filter or the resize
 policy gives another key, hence a fresh download. Successful samples are then re-written into
 data/train and data/val (and a test set) in key order, so the same downloads always give the
-same shards, whatever order the threads finished in.
+same shards, whatever order the threads finished in. With data.in_place (`auto`: from
+AUTO_IN_PLACE_ROWS rows), img2dataset's shards are indexed where they are instead
+(clipforge.data.inplace): no second copy.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from clipforge.cli import StageError
 from clipforge.config import DataConfig
-from clipforge.data import download
+from clipforge.data import download, inplace
 from clipforge.data.inputs import expand_paths
 from clipforge.data.laion_filter import FilterReport, filtered_tables
 from clipforge.data.samples import SkipLog
@@ -76,15 +78,24 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
                     work / "img2dataset.log",
                 )
             )
-        # Shards are re-written in order as soon as each is finished, while img2dataset fetches
-        # the next ones: the copy costs no wall time but the last shard's.
-        writer = SplitWriter(out, data)
+        in_place = in_place_download(data, report.kept)
+        writer = None if in_place else SplitWriter(out, data)
         for name in shard_names:
             if job is not None and name not in done:
                 job.wait_for_shard(name)
-            write_shard_samples(shards_dir, name, writer, skips)
+            if in_place:  # failures counted now; the successes are indexed once all are there
+                count_failures(shards_dir, name, skips)
+            else:
+                # Shards are re-written in order as soon as each is finished, while img2dataset
+                # fetches the next ones: the copy costs no wall time but the last shard's.
+                write_shard_samples(shards_dir, name, writer, skips)
     stats = download.shard_stats(shards_dir, expected)
-    splits = writer.close()
+    decontamination = None
+    if in_place:
+        tars = [str(shards_dir / f"{name}.tar") for name in shard_names]
+        splits, _, decontamination = inplace.build_splits(data, out, skips, tars, "laion-parquet")
+    else:
+        splits = writer.close()
     successes = sum(s.successes for s in stats)
     log.info(
         "downloaded %d of %d images (%.1f%%) in %d shards",
@@ -110,7 +121,26 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
             ],
         },
     }
+    if decontamination is not None:
+        source["in_place"] = True
+        source["decontamination"] = decontamination
     return splits, source
+
+
+# data.in_place: auto: a download of at least this many rows (about 10 GiB at 256 px) is indexed
+# where img2dataset wrote it instead of copied into data/.
+AUTO_IN_PLACE_ROWS = 1_000_000
+
+
+def in_place_download(data: DataConfig, rows: int) -> bool:
+    return rows >= AUTO_IN_PLACE_ROWS if data.in_place == "auto" else bool(data.in_place)
+
+
+def count_failures(shards_dir: Path, shard: str, skips: SkipLog) -> None:
+    """img2dataset's failed rows of one shard as skips (its successes are in the tar)."""
+    for row in download.sample_statuses(shards_dir, shard):
+        if row.status != "success":
+            skips.add(download.skip_reason(row.status, row.error_message), row.url)
 
 
 def filter_into_work_dir(

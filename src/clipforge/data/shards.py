@@ -1,5 +1,8 @@
 """webdataset tar shards: writing them, and reading samples back by position.
 
+Shards used in place (data.in_place) are read here too, by the locations the data stage
+indexed, after a check that each is still what the manifest recorded (its identity).
+
 Writing goes through the `webdataset` library so the shards are what every webdataset tool
 expects (`<key>.jpg` + `<key>.txt` per sample). Reading for training uses the tar headers
 directly: a sample is addressed by (shard, index), which makes the data order a pure function
@@ -8,13 +11,20 @@ of the step and lets a resumed run seek straight to its position.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
+from clipforge.cli import StageError
 from clipforge.fsutil import sha256_file
+
+SAMPLED_HASH_BYTES = 1 << 16  # identity: sha256 of the first, middle and last 64 KiB
 
 
 @dataclass(frozen=True)
@@ -117,3 +127,146 @@ class ShardReader:
                 self._files.pop(oldest).close()
             self._files[shard] = open(self.paths[shard], "rb")
         return self._files[shard]
+
+
+# -- shards used in place (clipforge.data.inplace writes their index) --------------------------
+
+
+class ShardChangedError(StageError):
+    """A shard is not what the manifest recorded: its bytes are not where the index says."""
+
+
+def shard_identity(url: str, sampled_hash: bool = False) -> dict:
+    """Size and mtime (local) or etag/mtime (fsspec), and optionally a sampled sha256."""
+    if "://" not in url:
+        stat = os.stat(url)
+        identity: dict = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    else:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(url)
+        identity = _remote_identity(fs.info(path))
+    if sampled_hash:
+        identity["sampled_sha256"] = _sampled_sha256(url, identity["size"])
+    return identity
+
+
+def _sampled_sha256(url: str, size: int) -> str:
+    digest = hashlib.sha256(str(size).encode())
+    with open_shard(url) as f:
+        for start in sorted({0, max(0, size // 2 - SAMPLED_HASH_BYTES // 2), size}):
+            f.seek(max(0, min(start, size - SAMPLED_HASH_BYTES)))
+            digest.update(f.read(SAMPLED_HASH_BYTES))
+    return digest.hexdigest()
+
+
+def _remote_identity(info: dict) -> dict:
+    """Size, etag and mtime from an fsspec info entry (S3, GCS, HTTP... name them differently)."""
+    identity: dict = {"size": int(info["size"])}
+    for key in ("ETag", "etag", "e_tag"):
+        if info.get(key):
+            identity["etag"] = str(info[key]).strip('"')
+            break
+    for key in ("mtime", "LastModified", "last_modified", "updated"):
+        if info.get(key) is not None:
+            identity["mtime"] = str(info[key])
+            break
+    return identity
+
+
+def changed(url: str, recorded: dict, now: dict | None = None) -> str | None:
+    """What differs between a shard and its recorded identity (None: nothing); `now`: its
+    identity when already known (a directory listing)."""
+    if now is None:
+        try:
+            now = shard_identity(url)
+        except FileNotFoundError:
+            return "it is gone"
+    for key in ("size", "mtime_ns", "etag", "mtime"):
+        if key in recorded and now.get(key) != recorded[key]:
+            return f"its {key} was {recorded[key]}, now {now.get(key)}"
+    return None
+
+
+def check_unchanged(shards: list[dict]) -> None:
+    """ShardChangedError naming every shard (up to a few) that changed since the manifest."""
+    problems = []
+    listed = _listed_identities([s["url"] for s in shards if "://" in s["url"]])
+    for shard in shards:
+        url = shard["url"]
+        if "://" in url and url not in listed:
+            why = "it is gone"
+        else:
+            why = changed(url, shard["identity"], listed.get(url))
+        if why:
+            problems.append(f"{shard['url']}: {why}")
+    if problems:
+        shown = problems[:5] + ([f"... and {len(problems) - 5} more"] if len(problems) > 5 else [])
+        raise ShardChangedError(
+            "shards changed since the data stage indexed them (rerun it: dvc repro data):\n"
+            + "\n".join(shown)
+        )
+
+
+def _listed_identities(urls: list[str]) -> dict[str, dict]:
+    """Identities of remote shards from one listing per directory: 100k shards on S3 are ~100
+    paginated LIST requests, not 100k HEAD requests."""
+    import fsspec
+
+    by_directory: dict[str, list[str]] = {}
+    for url in urls:
+        by_directory.setdefault(url.rsplit("/", 1)[0], []).append(url)
+    found = {}
+    for directory, members in by_directory.items():
+        fs, path = fsspec.core.url_to_fs(directory)
+        infos = {fs.unstrip_protocol(i["name"]): i for i in fs.ls(path, detail=True) if "size" in i}
+        for url in members:
+            info = infos.get(url) or infos.get(fs.unstrip_protocol(fsspec.core.url_to_fs(url)[1]))
+            if info is not None:
+                found[url] = _remote_identity(info)
+    return found
+
+
+def open_shard(url: str) -> BinaryIO:
+    """A binary file object for a path or fsspec URL (the caller closes it)."""
+    if "://" not in url:
+        return open(url, "rb")
+    import fsspec
+
+    return fsspec.open(url, "rb").open()
+
+
+class InPlaceReader:
+    """Random access to the samples of a split in their original shards, by (shard, index):
+    ShardReader's interface. Index files are loaded once per shard; a few shards stay open."""
+
+    def __init__(self, index_files: list[Path], shards: list[dict], max_open_files: int = 16):
+        self.index_files = index_files
+        self.shards = shards
+        self.max_open_files = max_open_files
+        self._locations: dict[int, np.ndarray] = {}
+        self._files: dict[int, BinaryIO] = {}
+
+    def read(self, shard: int, index: int) -> dict[str, bytes]:
+        if shard not in self._locations:
+            with np.load(self.index_files[shard]) as index_file:
+                self._locations[shard] = index_file["locations"]
+        image_at, image_size, text_at, text_size = self._locations[shard][index].tolist()
+        f = self._file(shard)
+        return {"jpg": _read_at(f, image_at, image_size), "txt": _read_at(f, text_at, text_size)}
+
+    def _file(self, shard: int) -> BinaryIO:
+        if shard not in self._files:
+            entry = self.shards[shard]
+            why = changed(entry["url"], entry["identity"])
+            if why:
+                raise ShardChangedError(f"{entry['url']} changed since the data stage: {why}")
+            if len(self._files) >= self.max_open_files:
+                self._files.pop(next(iter(self._files))).close()
+            self._files[shard] = open_shard(entry["url"])
+        return self._files[shard]
+
+
+def _read_at(f: BinaryIO, offset: int, size: int) -> bytes:
+    f.seek(offset)
+    return f.read(size)

@@ -31,7 +31,15 @@ FEW_HELD_OUT = 10
 
 def split_of_identity(identity: str, seed: int, val_fraction: float, test_fraction: float) -> str:
     """`train`, `val` or `test` from a hash of what identifies an image (a path, a URL)."""
-    digest = hashlib.sha256(f"{seed}:{identity}".encode()).digest()
+    return split_of_digest(identity_digest(identity, seed), val_fraction, test_fraction)
+
+
+def identity_digest(identity: str, seed: int) -> bytes:
+    """The hash split_of_identity splits by (its first 8 bytes; the rest are free to use)."""
+    return hashlib.sha256(f"{seed}:{identity}".encode()).digest()
+
+
+def split_of_digest(digest: bytes, val_fraction: float, test_fraction: float) -> str:
     u = int.from_bytes(digest[:8], "big") / 2**64
     if u < test_fraction:
         return "test"

@@ -26,7 +26,8 @@ from clipforge.cli import (
     stage_parser,
 )
 from clipforge.config import STAGE_SECTIONS, Config, DataConfig
-from clipforge.data import builtin, laion, testset, wds_source
+from clipforge.data import builtin, decontam, inplace, laion, testset, wds_source
+from clipforge.data.inputs import expand_paths
 from clipforge.data.local import load_image, read_records, split_of
 from clipforge.data.samples import SkipLog, clean_caption, shorter_side_at_most
 from clipforge.data.shards import write_shards
@@ -46,12 +47,21 @@ def build_dataset(config: Config, out: Path) -> dict:
     """Write every split of the configured source into the empty directory `out`."""
     data = config.data
     skips = SkipLog()
+    checked = decontam.not_checked("only shards indexed in place are checked (data.in_place)")
+    if data.source == "webdataset":
+        files = expand_paths(data.paths, "webdataset .tar shards")
     if data.source == "builtin":
         splits, source = _builtin_splits(data, out)
+        checked = decontam.not_checked("builtin: test scenes are excluded from train when drawn")
     elif data.source == "laion-parquet":
         splits, source = laion.build_splits(data, out, skips)
+        checked = source.pop("decontamination", checked)
+    elif data.source == "webdataset" and inplace.use_in_place(data, files):
+        if data.resize_to:
+            log.warning("data.resize_to is not applied in place: images are trained as they are")
+        splits, source, checked = inplace.build_splits(data, out, skips, files)
     elif data.source == "webdataset":
-        splits, source = wds_source.build_splits(data, out, skips)
+        splits, source = wds_source.build_splits(data, out, skips, files)
     else:
         splits, source = _local_splits(data, out, skips)
     if splits["train"]["count"] == 0:
@@ -62,10 +72,15 @@ def build_dataset(config: Config, out: Path) -> dict:
     if data.source != "builtin":  # the built-in source is sized by counts, not fractions
         for warning in check_held_out_sizes(data, splits, source.get("num_images")):
             log.warning("%s", warning)
-    if data.test_dir:
+    if data.test_dir and "test" not in splits:
         splits["test"] = _copy_test_set(Path(data.test_dir), out / "test")
         source["test_set"] = str(data.test_dir)
-    manifest = {"source": source, "splits": splits, "skipped": skips.to_dict()}
+    manifest = {
+        "source": source,
+        "splits": splits,
+        "skipped": skips.to_dict(),
+        "decontamination": checked,
+    }
     (out / DATA_MANIFEST).write_text(
         json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8"
     )

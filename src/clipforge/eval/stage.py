@@ -16,6 +16,7 @@ from pathlib import Path
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
 from clipforge.config import STAGE_SECTIONS, weights_included
 from clipforge.data import testset
+from clipforge.data.decontam import eval_record
 from clipforge.eval.core import evaluate
 from clipforge.eval.loading import tags_text
 from clipforge.fsutil import atomic_write_text
@@ -81,6 +82,8 @@ def _run(args) -> None:
         for spec, pretrained, what, _ in models
     ]
     info = {"model": args.model, "pretrained": args.pretrained, "test_set": args.data, **counts}
+    # was the training data (the data stage's manifest beside the test set) checked against it?
+    info["decontamination"] = eval_record(Path(args.data).parent / "manifest.json", args.data)
     if baseline:
         base = baseline[0][0]
         metrics["baseline"] = base

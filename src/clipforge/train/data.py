@@ -13,6 +13,10 @@ So micro-batch number i of a rank is computable from i alone: a resumed run star
 DataLoader at the checkpoint's position and sees exactly the batches the interrupted run would
 have seen, whatever the number of loader workers, without reading the skipped samples.
 
+Shards used in place (data.in_place) are read through the same (shard, index) addressing, at the
+offsets the data stage indexed (clipforge.data.shards.InPlaceReader); a sample whose image does
+not decode there is replaced by the next position's and counted (`Batches.skipped`).
+
 The loader's unit of work is a chunk of at most CHUNK_SAMPLES samples of one micro-batch, so a
 micro-batch is decoded by many workers at once. Workers emit uint8 pixels; the cast and the
 normalisation happen on the device (`DeviceBatches`), which moves a quarter of fp32's bytes
@@ -36,7 +40,8 @@ import torch
 from PIL import Image
 
 from clipforge.config import BatchPlan, steps_per_epoch
-from clipforge.data.shards import ShardReader
+from clipforge.data.samples import SkipLog
+from clipforge.data.shards import InPlaceReader, ShardReader, check_unchanged
 from clipforge.fields import ConfigError
 
 
@@ -44,17 +49,36 @@ from clipforge.fields import ConfigError
 class SplitFiles:
     paths: list[Path]
     counts: list[int]
+    # A split used in place (clipforge.data.inplace): the manifest's entries of its shards; `paths`
+    # are then their index files.
+    in_place: list[dict] | None = None
 
     @property
     def num_samples(self) -> int:
         return sum(self.counts)
 
+    def shard_name(self, shard: int) -> str:
+        return self.in_place[shard]["url"] if self.in_place else self.paths[shard].name
+
+    def reader(self, max_open_files: int = 16) -> ShardReader | InPlaceReader:
+        """Random access by (shard, index): to data/'s shards, or to the original ones."""
+        if self.in_place is not None:
+            return InPlaceReader(self.paths, self.in_place, max_open_files)
+        return ShardReader(self.paths, max_open_files=max_open_files)
+
 
 def split_files(data_dir: Path, split: str) -> SplitFiles:
-    """Shards of a split and their sample counts, from data/manifest.json."""
+    """Shards of a split and their sample counts, from data/manifest.json. Shards used in place
+    are checked against the manifest first (ShardChangedError names one that changed)."""
     manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
-    shards = manifest["splits"][split]["shards"]
-    return SplitFiles([data_dir / s["name"] for s in shards], [int(s["count"]) for s in shards])
+    entry = manifest["splits"][split]
+    shards = entry["shards"]
+    paths = [data_dir / s["name"] for s in shards]
+    counts = [int(s["count"]) for s in shards]
+    if not entry.get("in_place"):
+        return SplitFiles(paths, counts)
+    check_unchanged(shards)
+    return SplitFiles(paths, counts, in_place=shards)
 
 
 class EpochOrder:
@@ -132,7 +156,7 @@ class MicroBatches(torch.utils.data.Dataset):
         self.order = EpochOrder(files.counts, seed, window_shards)
         self.steps_per_epoch = steps_per_epoch(files.num_samples, plan.global_batch_size)
         self.chunks = chunk_bounds(plan.micro_batch_size)
-        self._reader: ShardReader | None = None  # opened lazily, once per loader worker
+        self._reader: ShardReader | InPlaceReader | None = None  # lazily, once per worker
 
     @property
     def chunks_per_micro_batch(self) -> int:
@@ -149,24 +173,48 @@ class MicroBatches(torch.utils.data.Dataset):
         start = step_in_epoch * self.plan.global_batch_size + (j * world + self.rank) * m
         return epoch, range(start, start + m)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]:
+        """(uint8 images, token ids, skipped samples as (reason, where))."""
         if self._reader is None:  # the open files of one window of shards
-            self._reader = ShardReader(self.files.paths, max_open_files=self.window_shards)
+            self._reader = self.files.reader(max_open_files=self.window_shards)
         micro_batch, chunk = divmod(index, self.chunks_per_micro_batch)
         epoch, positions = self.positions(micro_batch)
-        images, captions, jpegs = [], [], []
+        images, captions, jpegs, skipped = [], [], [], []
         keeps_jpeg = isinstance(self.transform, DeviceCrop)
         for position in positions[slice(*self.chunks[chunk])]:
-            sample = self._reader.read(*self.order.locate(epoch, position))
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(sample_seed(self.seed, epoch, position))
-                images.append(self.transform(Image.open(io.BytesIO(sample["jpg"]))))
+            image, caption, jpeg = self._sample(epoch, position, skipped)
+            images.append(image)
+            captions.append(caption)
             if keeps_jpeg:
-                jpegs.append(torch.frombuffer(bytearray(sample["jpg"]), dtype=torch.uint8))
-            captions.append(sample["txt"].decode("utf-8"))
+                jpegs.append(torch.frombuffer(bytearray(jpeg), dtype=torch.uint8))
         if keeps_jpeg:  # (the JPEGs, their crop boxes): decoded by DeviceBatches
-            return (jpegs, torch.stack(images)), self.tokenizer(captions)
-        return torch.stack(images), self.tokenizer(captions)
+            return (jpegs, torch.stack(images)), self.tokenizer(captions), skipped
+        return torch.stack(images), self.tokenizer(captions), skipped
+
+    def _sample(self, epoch: int, position: int, skipped: list) -> tuple[torch.Tensor, str, bytes]:
+        """The sample at `position` (its transformed image, caption and JPEG bytes); one that does
+        not decode (a corrupt JPEG in a shard used in place, verified by sampling only) is
+        replaced by the next position's, so the batch keeps its size and the data order stays a
+        function of the step alone."""
+        for attempt in range(MAX_REPLACEMENTS + 1):
+            shard, index = self.order.locate(epoch, (position + attempt) % self.files.num_samples)
+            sample = self._reader.read(shard, index)
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(sample_seed(self.seed, epoch, position))
+                    image = self.transform(Image.open(io.BytesIO(sample["jpg"])))
+                return image, sample["txt"].decode("utf-8"), sample["jpg"]
+            except (OSError, SyntaxError, ValueError, UnicodeDecodeError) as exc:
+                # PIL: OSError (truncated, unidentified), SyntaxError (bad PNG), ValueError
+                reason = (
+                    "caption_not_utf8" if isinstance(exc, UnicodeDecodeError) else "corrupt_image"
+                )
+                skipped.append((reason, f"{self.files.shard_name(shard)}#{index}"))
+        raise RuntimeError(f"{MAX_REPLACEMENTS + 1} consecutive samples do not decode")
+
+
+# A run of this many unreadable samples in a row is no bad JPEG but unreadable data: a bug to see.
+MAX_REPLACEMENTS = 64
 
 
 def uint8_transform(preprocess: Callable) -> tuple[Callable, list[float], list[float]]:
@@ -338,9 +386,34 @@ def grouped(chunks: Iterator, size: int) -> Iterator[list]:
         yield group
 
 
+class Batches:
+    """An iterator of micro-batches as lists of (images, token ids) chunks; `skipped` counts the
+    samples the loaders replaced (by reason), as this process received them."""
+
+    def __init__(self, loader, per_micro_batch: int):
+        self.loader = loader
+        self.per_micro_batch = per_micro_batch
+        self.skipped = SkipLog()
+        self._groups: Iterator[list] | None = None
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> list:
+        if self._groups is None:
+            self._groups = grouped(self._chunks(), self.per_micro_batch)
+        return next(self._groups)
+
+    def _chunks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for images, tokens, skipped in self.loader:
+            for reason, where in skipped:
+                self.skipped.add(reason, where)
+            yield images, tokens
+
+
 def micro_batch_loader(
     dataset: MicroBatches, start: int, num_workers: int, pin_memory: bool, prefetch_factor: int
-) -> Iterator[list]:
+) -> Batches:
     """Micro-batches start, start + 1, ... in order, as lists of chunks prepared by worker
     processes (each chunk by one worker, the chunks of a micro-batch by several)."""
     per_micro_batch = dataset.chunks_per_micro_batch
@@ -353,7 +426,7 @@ def micro_batch_loader(
         prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=False,
     )
-    return grouped(iter(loader), per_micro_batch)
+    return Batches(loader, per_micro_batch)
 
 
 SHM_SHARE = 0.5  # of /dev/shm's free space the loaders of one node may fill

@@ -30,7 +30,6 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from clipforge.data.shards import ShardReader
 from clipforge.train import data as train_data
 
 GALLERY_SIZE = 64
@@ -75,7 +74,7 @@ def load_gallery(data_dir: Path, transform, tokenizer) -> SampleGallery | None:
     ][:GALLERY_SIZE]
     if len(positions) < 2:
         return None
-    reader = ShardReader(files.paths)
+    reader = files.reader()
     images, captions, thumbnails = [], [], []
     for shard, index in positions:
         sample = reader.read(shard, index)

@@ -119,6 +119,8 @@ class TrainingRun:
             },
             self.config.to_yaml(),
         )
+        for reason, count in self.loader.skipped.counts.items() if self.monitor else ():
+            self.monitor.writer.add_scalar(f"data/skipped_{reason}", count, step)  # at read time
         if space.low:
             self.alerts.disk_space_low(str(space.path), space.free, space.need)
         if self.sync:
@@ -630,6 +632,7 @@ def _export(run: TrainingRun, final: dict, wall_seconds: float, perf: dict) -> d
         "samples_seen": run.total_steps * run.plan.global_batch_size,
         "wall_seconds": wall_seconds,
         "final_lr": final.get("lr"),
+        "skipped_at_read": run.loader.skipped.to_dict(),  # corrupt samples replaced, this process
         # this process's steps (a resumed run: those after the resume)
         **{k: perf.get(k) for k in ("samples_per_s", "mfu", "peak_mem_gb", "data_wait_share")},
     }
