@@ -25,17 +25,22 @@ def wait_for(
     error: type[Exception] = AssertionError,
 ) -> T:
     """Call predicate() every `interval` seconds until it returns something true, and return
-    that. Before each try `check()` (if given) may raise to give up early (the process that was
-    to make it true has ended). Past `timeout` seconds, raise `error` naming `what`."""
+    that. While it is false, `check()` (if given) may raise to give up early (the process that
+    was to make it true has ended); a predicate that came true meanwhile still wins. Past
+    `timeout` seconds, raise `error` naming `what`."""
     deadline = time.monotonic() + timeout
-    while True:
+    while not (result := predicate()):
         if check is not None:
-            check()
-        if result := predicate():
-            return result
+            try:
+                check()
+            except Exception:
+                if result := predicate():  # it came true just before the end
+                    return result
+                raise
         if time.monotonic() > deadline:
             raise error(f"{what}: not reached within {timeout:g} s")
         time.sleep(interval)
+    return result
 
 
 def still_running(process: subprocess.Popen, output: Callable[[], str] = str) -> Callable[[], None]:
