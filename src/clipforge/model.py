@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import open_clip
 import torch
@@ -156,7 +156,7 @@ def without_causal_flag(model: torch.nn.Module) -> torch.nn.Module:
     plain = copy.deepcopy(model)
     for module in plain.modules():
         if type(module) is CausalFlagAttention:
-            module.__class__ = torch.nn.MultiheadAttention
+            cast(torch.nn.Module, module).__class__ = torch.nn.MultiheadAttention
     return plain
 
 

@@ -37,8 +37,8 @@ from clipforge.checkpoints.layout import (
     download_name,
     is_download,
     marker_tag,
+    step_of,
     tag_for,
-    tag_step,
 )
 from clipforge.cli import StageError
 from clipforge.store.remote import RunStore
@@ -84,16 +84,18 @@ def prepare_start(checkpointer: Checkpointer, store: RunStore | None, report: Re
     hint = marker_tag(hint_text) if hint_text is not None else None
     reported = hint_text is not None and hint is None  # the marker's trouble: said once
     if reported:
+        assert hint_text is not None  # reported: a marker that names no tag
         found_damaged(
             str(run_dir / LATEST),
             f"it holds {hint_text.strip()[:40]!r}, not a checkpoint tag",
             str(checkpointer.set_aside(LATEST)),
         )
-    finished = _local_finished(checkpointer, tag_step(hint) if hint else -1, found_damaged)
+    finished = _local_finished(checkpointer, step_of(hint) if hint else -1, found_damaged)
     remote = _store_whole_steps(store, found_damaged)
-    hint_step = tag_step(hint) if hint else None
+    hint_step = step_of(hint) if hint else None
     if hint_step is not None and hint_step not in finished and hint_step not in remote:
         if hint_step > max(finished | remote, default=-1):  # the newest checkpoint is gone
+            assert hint is not None  # hint_step is its step
             found_damaged(str(run_dir / hint), "`latest` names it but it is missing", None)
             reported = True
     for step in sorted(finished | remote, reverse=True):
@@ -103,7 +105,7 @@ def prepare_start(checkpointer: Checkpointer, store: RunStore | None, report: Re
             if problem is None:
                 return _start_from(checkpointer, tag, hint_text, reported)
             found_damaged(str(run_dir / tag), problem, str(checkpointer.set_aside(tag)))
-        if step in remote and _fetch(store, tag, run_dir, found_damaged):
+        if step in remote and store is not None and _fetch(store, tag, run_dir, found_damaged):
             return _start_from(checkpointer, tag, hint_text, reported)
     if damaged:
         if local.exists(LATEST):  # stale: what it named is set aside or gone
@@ -122,10 +124,10 @@ def _local_finished(checkpointer: Checkpointer, hint_step: int, found_damaged) -
     removed. One with none below a finished one lost its manifest: set aside."""
     run_dir, local = checkpointer.run_dir, checkpointer.storage
     tags = checkpointer.tags()
-    finished = {tag_step(t) for t in tags if storage.has_manifest(local, t)}
+    finished = {step_of(t) for t in tags if storage.has_manifest(local, t)}
     newest = max(finished | {hint_step}, default=-1)
     for tag in tags:
-        step = tag_step(tag)
+        step = step_of(tag)
         if step in finished:
             continue
         if step > newest:
@@ -144,13 +146,13 @@ def _store_whole_steps(store: RunStore | None, found_damaged) -> set[int]:
     if store is None:
         return set()
     try:
-        whole = set()
+        whole: set[int] = set()
         for tag in storage.tags(store.checkpoints):
             if not storage.has_manifest(store.checkpoints, tag):
                 continue
             problem = storage.not_whole(store.checkpoints, tag)
             if problem is None:
-                whole.add(tag_step(tag))
+                whole.add(step_of(tag))
             else:
                 aside = storage.set_aside(store.checkpoints, tag)
                 found_damaged(f"{store.checkpoints.where}/{tag}", problem, aside)

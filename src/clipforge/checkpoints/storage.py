@@ -23,6 +23,7 @@ from clipforge.checkpoints.layout import (
     marker_text,
     parse_manifest,
     size_problem,
+    step_of,
     tag_step,
 )
 
@@ -154,7 +155,7 @@ class FsspecStorage:
 # -- over either -------------------------------------------------------------------------------
 def tags(storage: CheckpointStorage) -> list[str]:
     """The checkpoint folders, oldest step first (set-aside and staging names left out)."""
-    return sorted((n for n in storage.names() if tag_step(n) is not None), key=tag_step)
+    return sorted((n for n in storage.names() if tag_step(n) is not None), key=step_of)
 
 
 def marker(storage: CheckpointStorage) -> str | None:

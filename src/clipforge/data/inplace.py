@@ -133,7 +133,8 @@ def grouped_samples(
     members: Iterator[tuple[str, int, int]],
 ) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
     """(key, {extension: (offset, size)}): runs of consecutive members sharing `<key>.`."""
-    key, found = None, {}
+    key: str | None = None
+    found: dict[str, tuple[int, int]] = {}
     try:
         for name, offset, size in members:
             member_key, ext = _key_and_extension(name)

@@ -23,6 +23,7 @@ import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from clipforge.cli import StageError
 from clipforge.config import DataConfig
@@ -86,6 +87,7 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
             if in_place:  # failures counted now; the successes are indexed once all are there
                 count_failures(shards_dir, name, skips)
             else:
+                assert writer is not None  # made when not in place
                 # Shards are re-written in order as soon as each is finished, while img2dataset
                 # fetches the next ones: the copy costs no wall time but the last shard's.
                 write_shard_samples(shards_dir, name, writer, skips)
@@ -95,6 +97,7 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
         tars = [str(shards_dir / f"{name}.tar") for name in shard_names]
         splits, _, decontamination = inplace.build_splits(data, out, skips, tars, "laion-parquet")
     else:
+        assert writer is not None  # made when not in place
         splits = writer.close()
     successes = sum(s.successes for s in stats)
     log.info(
@@ -104,7 +107,7 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
         100.0 * successes / report.kept,
         len(stats),
     )
-    source = {
+    source: dict[str, Any] = {
         "type": "laion-parquet",
         "paths": list(data.paths),
         "files": files,

@@ -195,7 +195,7 @@ def check_unchanged(shards: list[dict]) -> None:
     for shard in shards:
         url = shard["url"]
         if "://" in url and url not in listed:
-            why = "it is gone"
+            why: str | None = "it is gone"
         else:
             why = changed(url, shard["identity"], listed.get(url))
         if why:

@@ -42,6 +42,7 @@ def format_table(metrics: dict, info: dict) -> str:
 def _run(args) -> None:
     config = load_stage_config(args, PARAM_SECTIONS)
     cfg = config.eval
+    assert cfg is not None  # PARAM_SECTIONS holds eval: it is loaded
     models = [(args.model, args.pretrained, "--model", "--pretrained")]
     if cfg.baseline_model:
         models.append(

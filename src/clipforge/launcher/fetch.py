@@ -110,7 +110,7 @@ def fetch_experiment(host: Host, layout: NodeLayout, repo: Path, say: Callable[[
     if fetched.returncode != 0:
         raise LauncherError(f"git fetch of the run's experiment failed: {fetched.stderr.strip()}")
     name = ref.rsplit("/", 1)[-1]
-    say(f"experiment {name} of {layout.run_id}: `dvc exp show` lists it beside the others")
+    say(f"experiment {name} of {layout.launch_id}: `dvc exp show` lists it beside the others")
     return name
 
 

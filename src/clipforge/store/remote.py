@@ -35,6 +35,7 @@ from clipforge.checkpoints.layout import (
     CHECKPOINT_MANIFEST,
     STORE_CHECKPOINTS,
     marker_tag,
+    step_of,
     tag_step,
 )
 
@@ -99,7 +100,7 @@ class RunStore:
         """Steps of the checkpoints the store holds whole (its manifest, which went up after its
         files, and every file it lists with its size), oldest first."""
         return [
-            tag_step(tag)
+            step_of(tag)
             for tag in storage.tags(self.checkpoints)
             if storage.has_manifest(self.checkpoints, tag)
             and storage.not_whole(self.checkpoints, tag) is None
@@ -146,7 +147,7 @@ class RunStore:
         kept = self.complete_steps()[-keep:]
         if not kept:
             return []
-        removed = [tag for tag in storage.tags(self.checkpoints) if tag_step(tag) < kept[0]]
+        removed = [tag for tag in storage.tags(self.checkpoints) if step_of(tag) < kept[0]]
         for tag in removed:
             self.checkpoints.remove(tag)
         return removed

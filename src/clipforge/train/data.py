@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -173,13 +174,19 @@ class MicroBatches(torch.utils.data.Dataset):
         start = step_in_epoch * self.plan.global_batch_size + (j * world + self.rank) * m
         return epoch, range(start, start + m)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]:
-        """(uint8 images, token ids, skipped samples as (reason, where))."""
+    def __getitem__(
+        self, index: int
+    ) -> tuple[
+        torch.Tensor | tuple[list[torch.Tensor], torch.Tensor], torch.Tensor, list[tuple[str, str]]
+    ]:
+        """(uint8 images, token ids, skipped samples as (reason, where)); the images are
+        (the JPEGs, their crop boxes) when the device decodes them (DeviceCrop)."""
         if self._reader is None:  # the open files of one window of shards
             self._reader = self.files.reader(max_open_files=self.window_shards)
         micro_batch, chunk = divmod(index, self.chunks_per_micro_batch)
         epoch, positions = self.positions(micro_batch)
-        images, captions, jpegs, skipped = [], [], [], []
+        images, captions, jpegs = [], [], []
+        skipped: list[tuple[str, str]] = []
         keeps_jpeg = isinstance(self.transform, DeviceCrop)
         for position in positions[slice(*self.chunks[chunk])]:
             image, caption, jpeg = self._sample(epoch, position, skipped)
@@ -191,11 +198,14 @@ class MicroBatches(torch.utils.data.Dataset):
             return (jpegs, torch.stack(images)), self.tokenizer(captions), skipped
         return torch.stack(images), self.tokenizer(captions), skipped
 
-    def _sample(self, epoch: int, position: int, skipped: list) -> tuple[torch.Tensor, str, bytes]:
+    def _sample(
+        self, epoch: int, position: int, skipped: list[tuple[str, str]]
+    ) -> tuple[torch.Tensor, str, bytes]:
         """The sample at `position` (its transformed image, caption and JPEG bytes); one that does
         not decode (a corrupt JPEG in a shard used in place, verified by sampling only) is
         replaced by the next position's, so the batch keeps its size and the data order stays a
         function of the step alone."""
+        assert self._reader is not None  # opened by __getitem__, the only caller
         for attempt in range(MAX_REPLACEMENTS + 1):
             shard, index = self.order.locate(epoch, (position + attempt) % self.files.num_samples)
             sample = self._reader.read(shard, index)
@@ -261,7 +271,7 @@ def device_decode_transform(preprocess: Callable) -> tuple[DeviceCrop, list[floa
 
     from clipforge.fields import ConfigError
 
-    steps = preprocess.transforms
+    steps = cast(transforms.Compose, preprocess).transforms  # open_clip's is a Compose
     (normalize,) = [t for t in steps if isinstance(t, transforms.Normalize)]
     plain = ("ToTensor", "MaybeToTensor", "Normalize", "MaybeConvertMode", "function")
     crops = [t for t in steps if isinstance(t, transforms.RandomResizedCrop)]

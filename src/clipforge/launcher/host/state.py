@@ -15,6 +15,7 @@ import enum
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class RunState(str, enum.Enum):
@@ -82,7 +83,7 @@ class SupervisorState:
 
 
 _REQUIRED = ("state", "started_at", "max_restarts")
-_TYPES = {
+_TYPES: dict[str, type | tuple[type, ...]] = {
     "supervisor_pid": (int, type(None)),
     "started_at": (int, float),
     "max_restarts": int,
@@ -113,7 +114,7 @@ def state_from_dict(raw: object, source: str = "state.json") -> SupervisorState:
     except ValueError:
         allowed = ", ".join(s.value for s in RunState)
         raise StateFileError(f"{source}: state is {raw['state']!r}, not one of {allowed}") from None
-    values = {"state": state}
+    values: dict[str, Any] = {"state": state}
     for key, kinds in _TYPES.items():
         if key not in raw:
             continue

@@ -371,6 +371,7 @@ def _goodput_text(
     share = goodput(step, seconds_per_step, elapsed)
     if share is None:
         return "-"
+    assert elapsed is not None  # goodput is None without it
     lost = (1 - share) * elapsed
     text = f"{100 * share:.0f}% of the time trained; {format_duration(lost)} went elsewhere"
     if gpus and price is not None:

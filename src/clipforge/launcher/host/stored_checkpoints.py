@@ -88,14 +88,15 @@ def newest_tag(training_run_dir: str) -> str | None:
         return tag
     tags = sorted(
         (n for n in os.listdir(training_run_dir) if layout.tag_step(n) is not None),
-        key=layout.tag_step,
+        key=layout.step_of,
     )
     finished = [
         t
         for t in tags
         if os.path.isfile(os.path.join(training_run_dir, t, layout.CHECKPOINT_MANIFEST))
     ]
-    return (finished or tags or [None])[-1]
+    candidates = finished or tags
+    return candidates[-1] if candidates else None
 
 
 def describe(
