@@ -38,7 +38,7 @@ def _wait_for(predicate, what: str, timeout: float = 1200) -> None:
 def test_a_stopped_rank_is_a_hang_the_run_restarts_and_finishes(
     tmp_path, small_data, reference_run, webhook
 ):
-    node = NodeLayout(root=str(tmp_path), run_id="run", node_rank=0)
+    node = NodeLayout(root=str(tmp_path), launch_id="run", node_rank=0)
     Path(node.node_dir).mkdir(parents=True)
     release = tmp_path / "release"
     params = write_params(tmp_path / "params.yaml")

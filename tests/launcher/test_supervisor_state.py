@@ -62,7 +62,7 @@ def test_no_state_yet_is_none(tmp_path):
 
 
 def _node(tmp_path: Path, state_text: str) -> NodeLayout:
-    layout = NodeLayout(root=str(tmp_path), run_id="run", node_rank=0)
+    layout = NodeLayout(root=str(tmp_path), launch_id="run", node_rank=0)
     Path(layout.node_dir).mkdir(parents=True)
     Path(layout.state).write_text(state_text)
     return layout

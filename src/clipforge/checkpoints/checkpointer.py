@@ -27,7 +27,6 @@ by `prune`) and reported as such, not as torch's zip-writer error.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, tag_for
 from clipforge.checkpoints.manifest import write_manifest
 from clipforge.cli import StageError
 from clipforge.config import Config
+from clipforge.ids import run_id_for
 from clipforge.train.disk import (
     CHECKPOINT_BYTES_PER_PARAMETER,
     DiskSpace,
@@ -69,8 +69,7 @@ def run_id(config: Config, manifest_bytes: bytes) -> str:
         "model": config.to_dict()["model"],
         "train": train,
     }
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    return f"run-{digest[:12]}"
+    return run_id_for(identity)
 
 
 class Checkpointer:

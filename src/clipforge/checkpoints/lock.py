@@ -74,23 +74,37 @@ class Holder:
 class RunLock:
     """The lock of one run directory, held by this process until `release` (or its end)."""
 
-    def __init__(self, run_dir: Path, holder: Holder, fd: int):
+    def __init__(self, run_dir: Path, holder: Holder, fd: int, made: list[Path]):
         self.path = run_dir / WRITER_LOCK
         self.holder = holder
         self._fd: int | None = fd
+        self._made = made  # the folders taking the lock created, innermost first
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing drops the flock; the file stays, telling who had it
             self._fd = None
 
+    def abandon(self) -> None:
+        """Release after a start that wrote nothing: the lock file goes with the folders taking
+        it created, when they hold nothing else, so a refused start leaves no trace."""
+        if self._fd is not None and [p.name for p in self.path.parent.iterdir()] == [WRITER_LOCK]:
+            self.path.unlink()
+            for folder in self._made:
+                with contextlib.suppress(OSError):  # not empty: something else lives there
+                    folder.rmdir()
+        self.release()
+
 
 def lock_run_dir(run_dir: Path, holder: Holder | None = None) -> RunLock:
     """Take the run directory's lock; StageError naming the holder when a live process has it."""
     holder = holder or Holder.this_process()
+    made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / WRITER_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    # Held through a read-only descriptor (flock needs no write access): a disk that goes
+    # read-only under a run (remounted, or by the kernel after an error) must not be kept busy.
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -104,10 +118,11 @@ def lock_run_dir(run_dir: Path, holder: Holder | None = None) -> RunLock:
     previous = Holder.parse(_read_fd(fd))
     if previous and previous.token != holder.token:
         log.info("%s: taking over the lock of %s, which has ended", run_dir, previous.describe())
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, holder.to_json().encode(), 0)
-    os.fsync(fd)
-    return RunLock(run_dir, holder, fd)
+    with open(path, "w", encoding="utf-8") as f:  # under the lock: nobody else writes it
+        f.write(holder.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    return RunLock(run_dir, holder, fd, made)
 
 
 def _read_fd(fd: int) -> bytes:

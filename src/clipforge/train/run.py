@@ -195,7 +195,7 @@ def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str)
         return _set_up_locked(config, paths, device, dist, identity, alerts, holder, lock)
     except BaseException:
         if lock:
-            lock.release()
+            lock.abandon()
         raise
 
 
