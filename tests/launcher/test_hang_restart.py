@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,18 +20,11 @@ from clipforge.launcher.host.plan import Phase, Plan, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.supervisor import MODULE
 from tests.conftest import subprocess_env, train_argv, write_params
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 # Long enough for the slowest step, validation or save of the reduced run on a loaded machine.
 STALL_SECONDS = 30
-
-
-def _wait_for(predicate, what: str, timeout: float = 1200) -> None:
-    """Poll until predicate() holds (a safety limit, not a speed assertion)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_a_stopped_rank_is_a_hang_the_run_restarts_and_finishes(
@@ -70,8 +62,16 @@ def test_a_stopped_rank_is_a_hang_the_run_restarts_and_finishes(
     )
     try:
         checkpoints = tmp_path / "checkpoints"
-        _wait_for(lambda: any(checkpoints.glob("run-*/latest")), "the checkpoint of step 2")
-        _wait_for(lambda: len(read_progress(node.progress_dir)) == 2, "both ranks' heartbeats")
+        wait_for(
+            lambda: any(checkpoints.glob("run-*/latest")),
+            what="the checkpoint of step 2",
+            timeout=1200,
+        )
+        wait_for(
+            lambda: len(read_progress(node.progress_dir)) == 2,
+            what="both ranks' heartbeats",
+            timeout=1200,
+        )
         (rank_1,) = [p for p in read_progress(node.progress_dir) if p.rank == 1]
         os.kill(rank_1.pid, signal.SIGSTOP)
         release.touch()

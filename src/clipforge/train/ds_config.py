@@ -32,8 +32,16 @@ def fused_torch_adam(optimizer: str, device: str) -> dict:
     """torch's AdamW in one fused kernel (CUDA, and CPU since torch 2.4) where DeepSpeed hands
     the step to torch: DeepSpeed passes unknown optimizer params through to torch.optim.AdamW,
     whose default otherwise is the multi-tensor path, several passes over the fp32 master
-    weights and both moments instead of one."""
-    return {"fused": True} if use_torch_adam(optimizer, device) else {}
+    weights and both moments instead of one. torch before 2.4 (the image's 2.1) has no CPU
+    kernel and refuses `fused` there: the multi-tensor path then."""
+    fused = device == "cuda" or fused_adamw_on_cpu()
+    return {"fused": True} if fused and use_torch_adam(optimizer, device) else {}
+
+
+def fused_adamw_on_cpu() -> bool:
+    from torch.torch_version import TorchVersion, __version__
+
+    return TorchVersion(__version__) >= (2, 4)
 
 
 def deepspeed_bf16(precision: str, zero_stage: int) -> bool:
