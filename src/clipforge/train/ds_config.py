@@ -39,9 +39,10 @@ def fused_torch_adam(optimizer: str, device: str) -> dict:
 
 
 def fused_adamw_on_cpu() -> bool:
-    from torch.torch_version import TorchVersion, __version__
+    import torch
 
-    return TorchVersion(__version__) >= (2, 4)
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 4)
 
 
 def deepspeed_bf16(precision: str, zero_stage: int) -> bool:
