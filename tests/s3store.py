@@ -68,3 +68,22 @@ class S3Server:
         name = f"runs-{secrets.token_hex(4)}"
         self.filesystem().mkdir(name)
         return f"s3://{name}"
+
+
+def unreachable_store(run_id: str):
+    """A RunStore of `run_id` at an S3 endpoint where nothing answers (one try per request):
+    a store that is down for the whole run."""
+    import s3fs
+
+    from clipforge.store.remote import RunStore
+    from tests.launcher.sshd import free_port
+
+    nowhere = s3fs.S3FileSystem(
+        key="k",
+        secret="s",
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        retries=1,
+        config_kwargs={"retries": {"max_attempts": 1}},
+        skip_instance_cache=True,
+    )
+    return RunStore("s3://gone/runs", run_id, filesystem=(nowhere, "gone/runs"))

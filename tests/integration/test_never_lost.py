@@ -302,20 +302,10 @@ def test_the_end_of_a_run_says_how_long_it_waits_for_a_failing_store(
 ):
     """A store that does not answer: the end of the run says it waits, for how long and how to
     leave (it waited storage.flush_timeout_seconds without a word), then what is left behind."""
-    import s3fs
-
-    from tests.launcher.sshd import free_port
+    from tests.s3store import unreachable_store
 
     run_dir = _copy_run(reference_run, tmp_path)
-    nowhere = s3fs.S3FileSystem(
-        key="k",
-        secret="s",
-        endpoint_url=f"http://127.0.0.1:{free_port()}",
-        retries=1,
-        config_kwargs={"retries": {"max_attempts": 1}},
-        skip_instance_cache=True,
-    )
-    store = RunStore("s3://gone/runs", run_dir.name, filesystem=(nowhere, "gone/runs"))
+    store = unreachable_store(run_dir.name)
     sync = StoreSync(
         store,
         Checkpointer(run_dir, 2, True),

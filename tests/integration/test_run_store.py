@@ -17,8 +17,7 @@ from clipforge.checkpoints.checkpointer import Checkpointer
 from clipforge.checkpoints.recovery import prepare_start
 from clipforge.store.remote import RunStore
 from tests.conftest import subprocess_env, train_argv, write_params
-from tests.launcher.sshd import free_port
-from tests.s3store import SECRET_KEY
+from tests.s3store import SECRET_KEY, unreachable_store
 from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
@@ -276,19 +275,9 @@ def test_a_damaged_checkpoint_in_the_store_is_set_aside_and_the_one_before_used(
 def test_an_unreachable_store_at_start_is_no_reason_not_to_train(reference_run, tmp_path, caplog):
     """Nothing answers at the store's endpoint: the newest local checkpoint is chosen, with a
     line saying the store could not be reached."""
-    import s3fs
-
     shutil.copytree(reference_run / "checkpoints", tmp_path / "checkpoints")
     (run_dir,) = (tmp_path / "checkpoints").iterdir()
-    nowhere = s3fs.S3FileSystem(
-        key="k",
-        secret="s",
-        endpoint_url=f"http://127.0.0.1:{free_port()}",
-        retries=1,
-        config_kwargs={"retries": {"max_attempts": 1}},
-        skip_instance_cache=True,
-    )
-    store = RunStore("s3://gone/runs", run_dir.name, filesystem=(nowhere, "gone/runs"))
+    store = unreachable_store(run_dir.name)
     lines: list[str] = []
     assert prepare_start(Checkpointer(run_dir, 2, True), store, lines.append) == "step-00000012"
     assert lines == []
