@@ -16,6 +16,7 @@ transposed): a load with strict=True proves every parameter found its place.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import re
@@ -247,22 +248,45 @@ def clip_processor(model_cfg: dict, preprocess_cfg: dict, scratch: Path):
     own transformers exports) and its image preprocessing."""
     import tempfile
 
-    from transformers import CLIPImageProcessor, CLIPProcessor, CLIPTokenizer
+    from transformers import CLIPImageProcessor, CLIPProcessor, CLIPTokenizerFast
 
     with tempfile.TemporaryDirectory(dir=scratch, prefix="clip-tokenizer-") as directory:
         vocab, merges = write_clip_vocab(Path(directory))
-        tokenizer = CLIPTokenizer(
-            str(vocab),
-            str(merges),
+        tokenizer = CLIPTokenizerFast(
+            vocab_file=str(vocab),
+            merges_file=str(merges),
             bos_token=BOS,
             eos_token=EOS,
             unk_token=EOS,
             pad_token="!",
             model_max_length=model_cfg["text_cfg"].get("context_length", 77),
         )
+    prepend_ftfy(tokenizer)
     return CLIPProcessor(
         image_processor=CLIPImageProcessor(**image_processor_args(preprocess_cfg)),
         tokenizer=tokenizer,
+    )
+
+
+def prepend_ftfy(tokenizer) -> None:
+    """Make a fast tokenizer's normalizer start with what ftfy.fix_text, which open_clip runs on
+    every text before its tokenizer (its own BPE, or a Hugging Face one), does to ordinary
+    captions: full-width forms to ASCII (Chinese punctuation: "，" is ","), curly quotes
+    straightened, Latin ligatures split. Without it, the ids of most Chinese captions differ
+    from those the model was trained on. (ftfy's mojibake repair and open_clip's HTML
+    unescaping are not repeated.)"""
+    from ftfy import chardata
+    from tokenizers import Regex, normalizers
+
+    table = {**chardata.WIDTH_MAP, **chardata.LIGATURES}
+    steps = [
+        *(normalizers.Replace(chr(code), text) for code, text in sorted(table.items())),
+        normalizers.Replace(Regex(chardata.SINGLE_QUOTE_RE.pattern), "'"),
+        normalizers.Replace(Regex(chardata.DOUBLE_QUOTE_RE.pattern), '"'),
+    ]
+    backend = tokenizer.backend_tokenizer
+    backend.normalizer = normalizers.Sequence(
+        [*steps, *([backend.normalizer] if backend.normalizer else [])]
     )
 
 
@@ -289,10 +313,12 @@ def chinese_clip_processor(model_cfg: dict, preprocess_cfg: dict, tokenizer: Any
     told open_clip's context length, and open_clip's image preprocessing."""
     from transformers import ChineseCLIPImageProcessor, ChineseCLIPProcessor
 
-    hf_tokenizer = getattr(tokenizer, "tokenizer", None)
-    if hf_tokenizer is None:
+    if getattr(tokenizer, "tokenizer", None) is None:
         raise ValueError("a BERT text tower's export needs its tokenizer (open_clip HFTokenizer)")
+    hf_tokenizer = copy.deepcopy(tokenizer.tokenizer)  # the training run's own stays as it is
     hf_tokenizer.model_max_length = model_cfg["text_cfg"].get("context_length", 77)
+    if hf_tokenizer.is_fast:  # AutoTokenizer's choice for BERT; a slow one has no normalizer
+        prepend_ftfy(hf_tokenizer)
     image = image_processor_args(preprocess_cfg)
     # ChineseCLIPImageProcessor can only resize to a given height and width (it has no
     # shortest-edge resize, whatever its defaults say): Chinese-CLIP's own squash to the square.
@@ -388,6 +414,20 @@ def open_clip_to_chinese_clip(state_dict: dict) -> dict[str, torch.Tensor]:
 
 
 # --- Chinese-CLIP's own checkpoints -----------------------------------------------------------
+
+
+# What a Chinese-CLIP checkpoint of a ViT model holds (its ResNet-50 model has no class token).
+ORIGINAL_KEYS = (
+    "visual.conv1.weight",
+    "visual.class_embedding",
+    "visual.positional_embedding",
+    "visual.transformer.resblocks.0.mlp.c_fc.weight",
+    "visual.proj",
+    "bert.embeddings.word_embeddings.weight",
+    "bert.encoder.layer.0.intermediate.dense.weight",
+    "text_projection",
+    "logit_scale",
+)
 
 
 def chinese_clip_state_dict(checkpoint: dict) -> dict[str, torch.Tensor]:
