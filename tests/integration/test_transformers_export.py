@@ -4,6 +4,7 @@ export, checked by loading both and comparing what they compute on the same inpu
 from __future__ import annotations
 
 import io
+import sys
 
 import open_clip
 import pytest
@@ -219,3 +220,18 @@ def test_a_model_without_a_transformers_form_still_exports_for_open_clip(tmp_pat
     assert not (out / "transformers").exists()
     assert "vision_cfg.ls_init_value=0.1" in (out / "README.md").read_text(encoding="utf-8")
     assert [r.message for r in caplog.records if "no transformers export" in r.message]
+
+
+def test_without_transformers_installed_the_export_is_skipped_in_one_line(
+    tmp_path, caplog, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails
+    torch.manual_seed(0)
+    bundle = build_model(ModelConfig(image_size=32))
+    out = tmp_path / "clip"
+    state = bundle.model.state_dict()
+    assert export_model(state, bundle.model_cfg, bundle.preprocess_cfg, "", out) is None
+    assert (out / "open_clip_model.safetensors").is_file()
+    assert not (out / "transformers").exists()
+    (line,) = [r.message for r in caplog.records if "no transformers export" in r.message]
+    assert "pip install 'clipforge[hf]'" in line

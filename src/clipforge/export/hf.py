@@ -134,7 +134,7 @@ def export_hf(
     if kind == CLIP:
         model = clip_model(model_cfg)
         model.load_state_dict(open_clip_to_clip(state_dict), strict=True)
-        processor = clip_processor(model_cfg, preprocess_cfg, out.parent)
+        processor = clip_processor(model_cfg, preprocess_cfg)
     else:
         model = chinese_clip_model(model_cfg)
         model.load_state_dict(open_clip_to_chinese_clip(state_dict), strict=True)
@@ -243,14 +243,14 @@ def image_processor_args(preprocess_cfg: dict) -> dict:
     }
 
 
-def clip_processor(model_cfg: dict, preprocess_cfg: dict, scratch: Path):
+def clip_processor(model_cfg: dict, preprocess_cfg: dict):
     """CLIPProcessor: open_clip's BPE tokenizer (padded with id 0, as open_clip pads, like LAION's
     own transformers exports) and its image preprocessing."""
     import tempfile
 
     from transformers import CLIPImageProcessor, CLIPProcessor, CLIPTokenizerFast
 
-    with tempfile.TemporaryDirectory(dir=scratch, prefix="clip-tokenizer-") as directory:
+    with tempfile.TemporaryDirectory(prefix="clipforge-clip-tokenizer-") as directory:
         vocab, merges = write_clip_vocab(Path(directory))
         tokenizer = CLIPTokenizerFast(
             vocab_file=str(vocab),
@@ -439,9 +439,9 @@ def chinese_clip_state_dict(checkpoint: dict) -> dict[str, torch.Tensor]:
 
 def chinese_clip_from_original(state: dict[str, torch.Tensor]):
     """A ChineseCLIPModel holding a Chinese-CLIP checkpoint's weights. The .pt has no config: the
-    sizes are read off the tensors, and heads are width // 64 on both towers, as in every
-    Chinese-CLIP configuration (ViT: OpenAI's head width; RoBERTa/RBT3: BERT's); the ViT uses
-    QuickGELU, as in Chinese-CLIP's VisualTransformer."""
+    sizes are read off the tensors; heads are width // 64 on both towers (the ViT's as
+    Chinese-CLIP's model code computes them, BERT's as every one of its text configs has
+    them); the ViT uses QuickGELU, as Chinese-CLIP's VisualTransformer does."""
     width = state["visual.conv1.weight"].shape[0]
     patch = state["visual.conv1.weight"].shape[-1]
     positions = state["visual.positional_embedding"].shape[0] - 1
