@@ -38,6 +38,7 @@ def test_the_card_says_how_to_load_it_both_ways():
     assert 'open_clip.create_model_and_transforms("local-dir:PATH")' in card
     assert 'ChineseCLIPModel.from_pretrained("PATH/transformers")' in card
     assert 'ChineseCLIPProcessor.from_pretrained("PATH/transformers")' in card
+    assert "model.text_projection(model.text_model(**text)" in card  # get_text_features fails
 
 
 def test_without_a_transformers_export_the_card_says_why():

@@ -24,9 +24,17 @@ class CardFacts:
     eval_metrics: dict[str, dict] = field(default_factory=dict)
 
 
-def render(facts: CardFacts, transformers_class: str | None, transformers_skipped: str) -> str:
+def render(
+    facts: CardFacts,
+    transformers_class: str | None,
+    transformers_skipped: str,
+    in_transformers_folder: bool = False,
+) -> str:
     """transformers_class: CLIPModel / ChineseCLIPModel, or None with the reason it was not
-    written in transformers_skipped."""
+    written in transformers_skipped. in_transformers_folder: the card of that folder (PATH is
+    then the folder itself, open_clip's export its parent)."""
+    open_clip_path = "PATH/.." if in_transformers_folder else "PATH"
+    transformers_path = "PATH" if in_transformers_folder else f"PATH/{TRANSFORMERS_DIR}"
     lines = [
         "---",
         "library_name: open_clip",
@@ -47,10 +55,10 @@ def render(facts: CardFacts, transformers_class: str | None, transformers_skippe
     ]
     if not facts.eval_metrics:
         lines.append("- eval suites: not run at export time (see metrics/eval.json)")
-    lines += ["", "## Load it with open_clip", "", *_open_clip_usage(), ""]
+    lines += ["", "## Load it with open_clip", "", *_open_clip_usage(open_clip_path), ""]
     lines += ["## Load it with transformers", ""]
     if transformers_class:
-        lines += _transformers_usage(transformers_class)
+        lines += _transformers_usage(transformers_class, transformers_path)
     else:
         lines.append(f"No transformers export: {transformers_skipped}")
     return "\n".join(lines) + "\n"
@@ -77,30 +85,42 @@ def _metric_lines(name: str, metrics: dict) -> list[str]:
     return [f"- {name}: {text or 'none'}"]
 
 
-def _open_clip_usage() -> list[str]:
+def _open_clip_usage(path: str) -> list[str]:
     return [
         "```python",
         "import open_clip",
-        'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:PATH")',
-        'tokenizer = open_clip.get_tokenizer("local-dir:PATH")',
+        f'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:{path}")',
+        f'tokenizer = open_clip.get_tokenizer("local-dir:{path}")',
         "```",
     ]
 
 
-def _transformers_usage(kind: str) -> list[str]:
-    processor = "ChineseCLIPProcessor" if kind == CHINESE_CLIP else "CLIPProcessor"
-    return [
-        f"The `{TRANSFORMERS_DIR}/` folder (a `{kind}` with its `{processor}`):",
+def _transformers_usage(kind: str, path: str) -> list[str]:
+    chinese = kind == CHINESE_CLIP
+    processor = "ChineseCLIPProcessor" if chinese else "CLIPProcessor"
+    lines = [
+        f"`{path}`: a `{kind}` with its `{processor}`.",
         "",
         "```python",
         f"from transformers import {kind}, {processor}",
-        f'model = {kind}.from_pretrained("PATH/{TRANSFORMERS_DIR}").eval()',
-        f'processor = {processor}.from_pretrained("PATH/{TRANSFORMERS_DIR}")',
-        'inputs = processor(text=["..."], images=[image], padding="max_length", '
+        f'model = {kind}.from_pretrained("{path}").eval()',
+        f'processor = {processor}.from_pretrained("{path}")',
+        'inputs = processor(text=["..."], images=[image], padding="max_length", truncation=True, '
         'return_tensors="pt")',
         "outputs = model(**inputs)  # outputs.image_embeds, outputs.text_embeds: normalised",
+    ]
+    if chinese:  # its get_text_features reads a pooler the model lacks (transformers 4.57)
+        lines += [
+            "# text alone: the [CLS] state through the projection",
+            'text = processor(text=["..."], padding="max_length", truncation=True, '
+            'return_tensors="pt")',
+            "text_embeds = model.text_projection(model.text_model(**text).last_hidden_state[:, 0])",
+        ]
+    return [
+        *lines,
         "```",
         "",
-        '`padding="max_length"` gives open_clip\'s token ids exactly (the same embeddings either '
-        "way: padding is masked).",
+        '`padding="max_length"` gives open_clip\'s token ids exactly (the same embeddings '
+        "either way: padding is masked); the fast tokenizer (the default) applies the text "
+        "clean-up open_clip applies (ftfy: full-width punctuation, curly quotes).",
     ]

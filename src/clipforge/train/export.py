@@ -50,10 +50,11 @@ def export_model(
             state_dict, model_cfg, preprocess_cfg, tmp / TRANSFORMERS_DIR, tokenizer
         )
         if card is not None:
-            text = render(card, kind, skipped)
-            (tmp / CARD_FILE).write_text(text, encoding="utf-8")
+            (tmp / CARD_FILE).write_text(render(card, kind, skipped), encoding="utf-8")
             if kind:
-                (tmp / TRANSFORMERS_DIR / CARD_FILE).write_text(text, encoding="utf-8")
+                (tmp / TRANSFORMERS_DIR / CARD_FILE).write_text(
+                    render(card, kind, skipped, in_transformers_folder=True), encoding="utf-8"
+                )
     return kind
 
 
