@@ -390,9 +390,9 @@ class EvalConfig(Section):
 
 
 def weights_included(model: str) -> bool:
-    """Does an open_clip model spec bring its weights (`local-dir:`, `hf-hub:`)? A bare name is an
-    architecture: without pretrained weights, a random model."""
-    return model.startswith(("local-dir:", "hf-hub:"))
+    """Does a model spec bring its weights (`local-dir:`, `hf-hub:`, `chinese-clip:`)? A bare
+    name is an open_clip architecture: without pretrained weights, a random model."""
+    return model.startswith(("local-dir:", "hf-hub:", "chinese-clip:"))
 
 
 @dataclass(kw_only=True)

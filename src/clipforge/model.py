@@ -65,10 +65,13 @@ def resolve_model_name(cfg: ModelConfig) -> str:
         return cfg.name
     tower = resolve_tower(cfg.text_tower, "model.text_tower")
     derived = copy.deepcopy(base)
+    # Chinese-CLIP's text head: the [CLS] state through one bias-free linear layer. So the model
+    # is that architecture (a transformers ChineseCLIPModel, clipforge.export.hf), not open_clip's
+    # default two-layer MLP head.
     derived["text_cfg"] = {
         "hf_model_name": tower,
         "hf_tokenizer_name": tower,
-        "hf_proj_type": "mlp",
+        "hf_proj_type": "linear",
         "hf_pooler_type": "cls_last_hidden_state_pooler",
         "context_length": base.get("text_cfg", {}).get("context_length", 77),
     }

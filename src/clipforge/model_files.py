@@ -17,6 +17,10 @@ from clipforge.errors import UserError
 
 LOCAL_DIR = "local-dir:"
 HF_HUB = "hf-hub:"
+# A Chinese-CLIP model: the original repository's .pt checkpoint (with the vocab.txt of its
+# tokenizer beside it), or the transformers form (a ChineseCLIPModel folder).
+CHINESE_CLIP = "chinese-clip:"
+CHINESE_CLIP_VOCAB = "vocab.txt"
 CONFIG_FILE = "open_clip_config.json"
 # What open_clip's own export (and clipforge's) writes, in the order open_clip prefers them.
 WEIGHTS_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
@@ -74,10 +78,50 @@ def check_model_weights(spec: str, pretrained: str | None, what: str) -> None:
     them."""
     if spec.startswith(LOCAL_DIR):
         local_dir_weights(Path(spec[len(LOCAL_DIR) :]), what)
+    elif spec.startswith(CHINESE_CLIP):
+        chinese_clip_files(Path(spec[len(CHINESE_CLIP) :]), what)
     elif spec.startswith(HF_HUB):
         return
     elif pretrained and looks_like_a_file(pretrained) and not Path(pretrained).is_file():
         raise ModelFilesError(f"{what}: pretrained weights {pretrained} not found")
+
+
+def chinese_clip_files(path: Path, what: str) -> None:
+    """A Chinese-CLIP model has its weights, tokenizer and (folder form) preprocessing: a .pt
+    file with vocab.txt beside it, or a transformers ChineseCLIPModel folder."""
+    if path.is_file():
+        vocab = path.parent / CHINESE_CLIP_VOCAB
+        if not vocab.is_file():
+            raise ModelFilesError(
+                f"{what}: {vocab} not found: a Chinese-CLIP checkpoint needs its tokenizer's "
+                f"vocabulary beside it (Chinese-CLIP's repository: cn_clip/clip/vocab.txt)"
+            )
+        return
+    if not path.is_dir():
+        raise ModelFilesError(
+            f"{what}: {path} not found (a Chinese-CLIP .pt checkpoint, or a transformers "
+            f"ChineseCLIPModel folder)"
+        )
+    config = path / "config.json"
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError) as exc:
+        raise ModelFilesError(f"{what}: {config} is not readable JSON ({exc})") from None
+    if model_type != "chinese_clip":
+        raise ModelFilesError(
+            f"{what}: {config} is a {model_type!r} model, not a transformers ChineseCLIPModel"
+        )
+    expected = {
+        "weights": ("model.safetensors", "pytorch_model.bin"),
+        "tokenizer": (CHINESE_CLIP_VOCAB, "tokenizer.json"),
+        "image preprocessing": ("preprocessor_config.json",),
+    }
+    for role, names in expected.items():
+        if not any((path / name).is_file() for name in names):
+            raise ModelFilesError(
+                f"{what}: no {role} in {path}: expected {' or '.join(names)} (copy the whole "
+                f"folder save_pretrained wrote, with the processor's files)"
+            )
 
 
 def looks_like_a_file(pretrained: str) -> bool:

@@ -6,7 +6,7 @@ import io
 from collections.abc import Callable
 
 from clipforge.data.testset import TestSet
-from clipforge.eval.loading import load_open_clip
+from clipforge.eval.loading import load_model
 from clipforge.metrics.retrieval import relevance_matrix, retrieval_metrics
 
 
@@ -45,7 +45,7 @@ def evaluate(
 ) -> tuple[dict, dict]:
     """(recall metrics, test set counts) of one model; `what` names it in errors (--model,
     eval.baseline_model)."""
-    model, preprocess, tokenizer = load_open_clip(spec, pretrained, device, what)
+    model, preprocess, tokenizer = load_model(spec, pretrained, device, what)
     image_features = encode_images(model, preprocess, test_set.images, batch_size, device)
     text_features = encode_texts(
         model, tokenizer, [t.text for t in test_set.texts], batch_size, device

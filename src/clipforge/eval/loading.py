@@ -1,4 +1,5 @@
-"""A model to evaluate, loaded through plain open_clip as a user would load it."""
+"""A model to evaluate: through plain open_clip as a user would load it, or a Chinese-CLIP model
+(its original checkpoint or its transformers form) as Chinese-CLIP evaluates it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ import logging
 from pathlib import Path
 
 from clipforge.cli import StageError
-from clipforge.model_files import LOCAL_DIR, local_dir_weights, looks_like_a_file
+from clipforge.model_files import (
+    CHINESE_CLIP,
+    CHINESE_CLIP_VOCAB,
+    LOCAL_DIR,
+    ModelFilesError,
+    chinese_clip_files,
+    local_dir_weights,
+    looks_like_a_file,
+)
+from clipforge.util import first_line
 
 
 def load_open_clip(spec: str, pretrained: str | None, device: str, what: str | None = None):
@@ -67,3 +77,116 @@ def tags_text(name: str) -> str:
 
     tags = open_clip.list_pretrained_tags_by_model(name)
     return f"tags for {name}: {', '.join(tags)}" if tags else f"open_clip has no tags for {name}"
+
+
+def load_model(spec: str, pretrained: str | None, device: str, what: str | None = None):
+    """(model, preprocess, tokenizer) of an eval model: a Chinese-CLIP one (`chinese-clip:PATH`),
+    or any open_clip loads. The model has open_clip's encode_image / encode_text."""
+    if spec.startswith(CHINESE_CLIP):
+        return load_chinese_clip(Path(spec[len(CHINESE_CLIP) :]), device, what or spec)
+    return load_open_clip(spec, pretrained, device, what)
+
+
+def load_chinese_clip(path: Path, device: str, what: str):
+    """A Chinese-CLIP model as Chinese-CLIP evaluates it: its BERT wordpiece tokenizer at context
+    length 52, and its preprocessing. The original .pt (a training checkpoint, `module.` names)
+    is converted to a transformers ChineseCLIPModel in memory (clipforge.export.hf) and
+    preprocessed as Chinese-CLIP's own `image_transform` does; a transformers folder brings its
+    own image processor."""
+    import torch
+    from transformers import AutoTokenizer, BertTokenizer, ChineseCLIPModel
+
+    from clipforge.export import hf
+
+    chinese_clip_files(path, what)
+    if path.is_file():
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # zip, unpickling: all a bad file here
+            raise ModelFilesError(f"{what}: {path} cannot be loaded: {first_line(exc)}") from None
+        state = hf.chinese_clip_state_dict(checkpoint if isinstance(checkpoint, dict) else {})
+        missing = [key for key in hf.ORIGINAL_KEYS if key not in state]
+        if missing:
+            raise ModelFilesError(
+                f"{what}: {path} is not a Chinese-CLIP ViT checkpoint (no {missing[0]}; "
+                f"{len(missing)} of its parameters missing)"
+            )
+        model = hf.chinese_clip_from_original(state)
+        tokenizer = BertTokenizer(str(path.parent / CHINESE_CLIP_VOCAB))
+        preprocess = _chinese_clip_transform(model.config.vision_config.image_size)
+    else:
+        model = ChineseCLIPModel.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        preprocess = _image_processor(path)
+    encoder = ChineseClipEncoder(model.to(device), tokenizer.pad_token_id)
+    return encoder, preprocess, TextTokens(tokenizer, hf.CHINESE_CLIP_CONTEXT)
+
+
+def _chinese_clip_transform(side: int):
+    """Chinese-CLIP's eval preprocessing (cn_clip/clip/utils.py image_transform): a bicubic squash
+    to the square, no crop; OpenAI's mean and std."""
+    from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+    from torchvision import transforms
+
+    return transforms.Compose(
+        [
+            transforms.Resize((side, side), interpolation=transforms.InterpolationMode.BICUBIC),
+            lambda image: image.convert("RGB"),
+            transforms.ToTensor(),
+            transforms.Normalize(OPENAI_DATASET_MEAN, OPENAI_DATASET_STD),
+        ]
+    )
+
+
+def _image_processor(path: Path):
+    from transformers import ChineseCLIPImageProcessor
+
+    processor = ChineseCLIPImageProcessor.from_pretrained(path)
+    return lambda image: processor(images=image, return_tensors="pt")["pixel_values"][0]
+
+
+class TextTokens:
+    """A transformers tokenizer called as open_clip's: texts in, a [N, context] id tensor out,
+    padded with the pad id (which the encoder masks)."""
+
+    def __init__(self, tokenizer, context_length: int):
+        self.tokenizer, self.context_length = tokenizer, context_length
+
+    def __call__(self, texts):
+        return self.tokenizer(
+            list(texts),
+            padding="max_length",
+            truncation=True,
+            max_length=self.context_length,
+            return_tensors="pt",
+        )["input_ids"]
+
+
+class ChineseClipEncoder:
+    """open_clip's encode_image / encode_text over a transformers ChineseCLIPModel (in eval mode,
+    on its device)."""
+
+    def __init__(self, model, pad_token_id: int):
+        self.model, self.pad_token_id = model.eval(), pad_token_id
+
+    def encode_image(self, pixels, normalize: bool = False):
+        features = self.model.get_image_features(pixel_values=pixels)
+        return _normalized(features) if normalize else features
+
+    def encode_text(self, input_ids, normalize: bool = False):
+        import torch
+
+        # The [CLS] state through the projection, as Chinese-CLIP and ChineseCLIPModel.forward
+        # take it; get_text_features reads a pooler output this model does not compute
+        # (transformers 4.57: a TypeError).
+        hidden = self.model.text_model(
+            input_ids=input_ids,
+            attention_mask=(input_ids != self.pad_token_id).long(),
+            token_type_ids=torch.zeros_like(input_ids),
+        ).last_hidden_state[:, 0]
+        features = self.model.text_projection(hidden)
+        return _normalized(features) if normalize else features
+
+
+def _normalized(features):
+    return features / features.norm(dim=-1, keepdim=True)

@@ -2,19 +2,27 @@
 
 model, _, preprocess = open_clip.create_model_and_transforms("local-dir:models/clip")
 tokenizer = open_clip.get_tokenizer("local-dir:models/clip")
+
+and, in its `transformers/` folder, the same model for Hugging Face transformers where a class
+computes it (clipforge.export.hf), with a model card (README.md) in both.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 
+from clipforge.export.card import TRANSFORMERS_DIR, CardFacts, render
 from clipforge.fsutil import replace_dir_atomically
 from clipforge.model_files import CONFIG_FILE, WEIGHTS_FILES
 
 WEIGHTS_FILE = WEIGHTS_FILES[0]
+CARD_FILE = "README.md"
+
+log = logging.getLogger("clipforge.train")
 
 
 def export_model(
@@ -24,9 +32,11 @@ def export_model(
     config_yaml: str,
     out: Path,
     tokenizer=None,
-) -> None:
+    card: CardFacts | None = None,
+) -> str | None:
     """tokenizer: a Hugging Face one (open_clip's HFTokenizer) is saved into the folder, where
-    `open_clip.get_tokenizer("local-dir:...")` looks for it; open_clip's own needs no files."""
+    `open_clip.get_tokenizer("local-dir:...")` looks for it; open_clip's own needs no files.
+    Returns the transformers class of the transformers folder, None where there is none."""
     from safetensors.torch import save_file
 
     open_clip_config = {"model_cfg": model_cfg, "preprocess_cfg": _jsonable(preprocess_cfg)}
@@ -36,6 +46,35 @@ def export_model(
         (tmp / "clipforge_config.yaml").write_text(config_yaml, encoding="utf-8")
         if hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(tmp)
+        kind, skipped = _transformers_export(
+            state_dict, model_cfg, preprocess_cfg, tmp / TRANSFORMERS_DIR, tokenizer
+        )
+        if card is not None:
+            (tmp / CARD_FILE).write_text(render(card, kind, skipped), encoding="utf-8")
+            if kind:
+                (tmp / TRANSFORMERS_DIR / CARD_FILE).write_text(
+                    render(card, kind, skipped, in_transformers_folder=True), encoding="utf-8"
+                )
+    return kind
+
+
+def _transformers_export(state_dict, model_cfg, preprocess_cfg, out, tokenizer):
+    """(class, "") once written; (None, why) for a model transformers cannot hold, or no
+    transformers installed (the `hf` extra): a skipped export is one log line, never a failed
+    run whose open_clip export is already there."""
+    try:
+        import transformers  # noqa: F401 - optional: the `hf` extra
+    except ImportError:
+        why = "the transformers package is not installed (pip install 'clipforge[hf]')"
+        log.warning("no transformers export: %s", why)
+        return None, why
+    from clipforge.export.hf import NotRepresentable, export_hf
+
+    try:
+        return export_hf(state_dict, model_cfg, preprocess_cfg, out, tokenizer), ""
+    except NotRepresentable as exc:
+        log.warning("no transformers export: %s", exc)
+        return None, str(exc)
 
 
 def _jsonable(cfg: dict) -> dict:

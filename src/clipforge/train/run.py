@@ -27,7 +27,8 @@ from clipforge.checkpoints.checkpointer import Checkpointer, run_id
 from clipforge.checkpoints.lock import Holder, RunLock, lock_run_dir
 from clipforge.cli import StageError
 from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan
-from clipforge.fsutil import atomic_write_text
+from clipforge.export.card import CardFacts
+from clipforge.fsutil import atomic_write_text, sha256_file
 from clipforge.ids import launch_id_of
 from clipforge.model import ClipBundle, build_model
 from clipforge.train import data as train_data
@@ -612,17 +613,10 @@ def _perf_meter(run: TrainingRun) -> PerfMeter:
 
 
 def _export(run: TrainingRun, final: dict, wall_seconds: float, perf: dict) -> dict:
-    """The fp32 model in open_clip's local-dir layout, metrics/train.json and train.info.json."""
+    """The fp32 model in open_clip's local-dir layout (with its transformers folder and model
+    card), metrics/train.json and train.info.json."""
     state_dict = fp32_state_dict(
         run.checkpointer.run_dir, run.checkpointer.latest_tag(), run.config.train.max_logit_scale
-    )
-    export_model(
-        state_dict,
-        run.bundle.model_cfg,
-        run.bundle.preprocess_cfg,
-        run.config.to_yaml(),
-        run.paths["model"],
-        tokenizer=run.bundle.tokenizer,
     )
     # train.json: what compares models (dvc metrics show lists every key); train.info.json: the
     # run's bookkeeping.
@@ -638,7 +632,32 @@ def _export(run: TrainingRun, final: dict, wall_seconds: float, perf: dict) -> d
         # this process's steps (a resumed run: those after the resume)
         **{k: perf.get(k) for k in ("samples_per_s", "mfu", "peak_mem_gb", "data_wait_share")},
     }
+    export_model(
+        state_dict,
+        run.bundle.model_cfg,
+        run.bundle.preprocess_cfg,
+        run.config.to_yaml(),
+        run.paths["model"],
+        tokenizer=run.bundle.tokenizer,
+        card=_card_facts(run, metrics, info),
+    )
     atomic_write_text(run.paths["metrics"] / "train.json", json.dumps(metrics, indent=2) + "\n")
     atomic_write_text(run.paths["metrics"] / "train.info.json", json.dumps(info, indent=2) + "\n")
     log.info("exported %s; final loss %s", run.paths["model"], final.get("loss"))
     return {**metrics, **info}
+
+
+def _card_facts(run: TrainingRun, metrics: dict, info: dict) -> CardFacts:
+    manifest_file = run.paths["data"] / "manifest.json"
+    manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+    model = run.config.model
+    return CardFacts(
+        recipe=run.config.recipe,
+        model=model.name + (f" + {model.text_tower}" if model.text_tower else ""),
+        run_id=run.identity,
+        steps=info["steps"],
+        samples_seen=info["samples_seen"],
+        data_manifest_sha256=sha256_file(manifest_file),
+        decontamination=manifest.get("decontamination"),
+        train_metrics=metrics,
+    )
