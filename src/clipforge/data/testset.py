@@ -279,7 +279,8 @@ def load_classification_set(path: Path, classes: Path | None) -> ClassificationS
     and of a format Pillow recognises (its header: decoding a large set up front would cost as
     much as encoding it; an image that fails to decode later stops the stage naming its file).
     TestSetError lists every problem found."""
-    path, problems = Path(path), []
+    path = Path(path)
+    problems: list[str] = []
     names = _class_names(Path(classes), problems) if classes is not None else None
     if path.is_dir():
         pairs = _class_folders(path, problems)

@@ -73,8 +73,8 @@ def format_table(metrics: dict) -> str:
     rows = [("suite", "", *COLUMNS)]
     for name in names:
         for label, record, number in parts:
-            cells = (number.format(record[name][k]) if k in record[name] else "-" for k in COLUMNS)
-            rows.append((name, label, *cells))
+            values = [number.format(record[name][k]) if k in record[name] else "-" for k in COLUMNS]
+            rows.append((name, label, *values))
     for label, record, number in parts:
         rows.append((MEAN_KEY, label, number.format(record[MEAN_KEY]), *[""] * (len(COLUMNS) - 1)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
