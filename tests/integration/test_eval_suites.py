@@ -198,3 +198,32 @@ def test_a_missing_optional_suite_is_one_line_and_a_missing_required_one_stops_t
         "is required (give its files there, or set required: false)"
     ]
     assert not Path("metrics/eval.json").exists()
+
+
+def test_each_image_is_encoded_once_per_suite_in_batches(workdir, model_dir):
+    """The classification suite's 24 images pass through the image tower once, in batches of
+    eval.batch_size (10 here: 10, 10, 4), however many classes and prompts there are."""
+    from clipforge.config import SuiteConfig
+    from clipforge.eval.core import score_suite
+    from clipforge.eval.loading import load_open_clip
+    from clipforge.eval.suites import load_suite
+
+    model, preprocess, tokenizer = load_open_clip(model_dir, None, "cpu")
+    batches = []
+    encode_image = model.encode_image
+
+    def counted(pixels, **kwargs):
+        batches.append(len(pixels))
+        return encode_image(pixels, **kwargs)
+
+    model.encode_image = counted
+    suite = load_suite(
+        SuiteConfig(
+            name="colour-shape",
+            kind="zero-shot-classification",
+            path="data/suites/colour-shape/test",
+            classes="data/suites/colour-shape/label_cn.txt",
+        )
+    )
+    assert set(score_suite(model, preprocess, tokenizer, suite, 10, "cpu")) == {"top1", "top5"}
+    assert batches == [10, 10, 4]
