@@ -71,7 +71,12 @@ class DataConfig(Section):
     seed: int = knob(0, "Seed of the generator and of the split.", ge=0)
     num_train: int = knob(12000, "builtin: number of training pairs.", ge=1)
     num_val: int = knob(256, "builtin: number of validation pairs.", ge=1)
-    num_test_images: int = knob(300, "builtin: number of test images (two captions each).", ge=10)
+    num_test_images: int = knob(
+        300,
+        "builtin: number of test images (two captions each), and of images in each of the "
+        "demo's generated eval suites (data/suites/).",
+        ge=10,
+    )
     image_size: int = knob(64, "builtin: rendered image size in pixels.", ge=32, le=1024)
     val_fraction: float = knob(
         0.02,
