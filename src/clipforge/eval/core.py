@@ -41,13 +41,15 @@ def _batches(preprocess: Callable, images: Sequence[bytes | Path], batch_size: i
         return torch.stack([_pixels(preprocess, i) for i in images[start : start + batch_size]])
 
     starts = range(0, len(images), batch_size)
+    if not starts:
+        return
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(batch, starts[0]) if starts else None
-        for following in [*starts[1:], None]:
-            assert pending is not None
+        pending = pool.submit(batch, starts[0])
+        for following in starts[1:]:
             ready = pending.result()
-            pending = pool.submit(batch, following) if following is not None else None
+            pending = pool.submit(batch, following)
             yield ready
+        yield pending.result()
 
 
 def encode_images(
