@@ -587,7 +587,7 @@ def resolve(
         recipe_keys = RECIPES[recipe].get(section, {})
         for key, value in _section_items(raw, section, embedded):
             # A value still equal to the embedded default is not a choice: the recipe's applies.
-            if key not in recipe_keys or value != embedded[section][key]:
+            if key not in recipe_keys or not _is_embedded_default(section, key, value, embedded):
                 merged[section][key] = value
         for key, value in _section_items(forced, section, embedded):
             merged[section][key] = value
@@ -597,6 +597,20 @@ def resolve(
         for name in SECTIONS
     }  # each section checks itself on construction
     return Config(recipe=recipe, **built)
+
+
+def _is_embedded_default(section: str, key: str, value: Any, embedded: dict) -> bool:
+    """Is `value` the embedded default, also when written shorter: a list of entries (eval.suites)
+    whose entries leave out keys at their defaults is the same list."""
+    if value == embedded[section][key]:
+        return True
+    if not isinstance(value, list):
+        return False
+    try:
+        built = _SECTION_TYPES[section](**{key: value})
+    except ConfigError:
+        return False  # not the default, and an error the section reports when it is built
+    return dataclasses.asdict(built)[key] == embedded[section][key]
 
 
 def _check_names(where: str, mapping: dict) -> None:

@@ -177,3 +177,29 @@ def test_a_text_to_image_only_set_reports_its_three_recalls_and_their_mean():
 class _Caption:
     def __init__(self, image_ids):
         self.image_ids = image_ids
+
+
+def test_the_demo_suites_written_short_still_give_way_to_a_recipes():
+    """params.yaml's eval.suites equal to the embedded default, even with keys left at their
+    defaults, is no choice of the user's: recipe production's suites apply."""
+    short = [
+        {"name": "test", "kind": "retrieval", "path": "data/test"},
+        {
+            "name": "t2i-distractors",
+            "kind": "retrieval",
+            "path": "data/suites/t2i-distractors",
+            "directions": "t2i",
+            "required": False,
+        },
+        {
+            "name": "colour-shape",
+            "kind": "zero-shot-classification",
+            "path": "data/suites/colour-shape/test",
+            "classes": "data/suites/colour-shape/label_cn.txt",
+            "required": False,
+        },
+    ]
+    params = {"recipe": "production", "eval": {"suites": short}}
+    assert resolve(params, sections=["eval"]).eval.suites[0].name == "flickr30k-cn"
+    mine = {"recipe": "production", "eval": {"suites": short[:1]}}
+    assert [s.name for s in resolve(mine, sections=["eval"]).eval.suites] == ["test"]
