@@ -48,8 +48,9 @@ def main() -> None:
     env["PYTHONPATH"] = str(workdir / "src")
     full = timed(["dvc", "repro"], workdir, env)
     noop = timed(["dvc", "repro"], workdir, env)
-    metrics = json.loads((workdir / "metrics" / "eval.json").read_text())
-    test_set = json.loads((workdir / "metrics" / "eval.info.json").read_text())
+    everything = json.loads((workdir / "metrics" / "eval.json").read_text())
+    metrics = everything["test"]  # the test split's suite (eval.suites)
+    test_set = json.loads((workdir / "metrics" / "eval.info.json").read_text())["suites"]["test"]
     train = json.loads((workdir / "metrics" / "train.info.json").read_text())
     chance = 100.0 / test_set["num_images"]
     rows = [
@@ -68,6 +69,11 @@ def main() -> None:
             f"{metrics['i2t_r01']:.2f} / {metrics['i2t_r05']:.2f} / {metrics['i2t_r10']:.2f} %",
         ),
         ("mean recall", f"{metrics['mean_recall']:.2f} %"),
+        (
+            "zero-shot top-1 / top-5 (colour-shape)",
+            "{top1:.2f} / {top5:.2f} %".format(**everything["colour-shape"]),
+        ),
+        ("mean over suites", f"{everything['mean_over_suites']:.2f}"),
     ]
     print("| measure | value |\n|---|---|")
     for name, value in rows:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ import yaml
 
 from clipforge import util
 from clipforge.alerts.config import AlertsConfig
-from clipforge.fields import ConfigError, Section, knob
+from clipforge.fields import REQUIRED, ConfigError, Entry, Section, knob
 from clipforge.recipes import RECIPES_DOC
 from clipforge.store.config import StorageConfig
 from clipforge.yamlfile import YamlFileError, load_yaml, read_yaml_file
@@ -70,7 +71,12 @@ class DataConfig(Section):
     seed: int = knob(0, "Seed of the generator and of the split.", ge=0)
     num_train: int = knob(12000, "builtin: number of training pairs.", ge=1)
     num_val: int = knob(256, "builtin: number of validation pairs.", ge=1)
-    num_test_images: int = knob(300, "builtin: number of test images (two captions each).", ge=10)
+    num_test_images: int = knob(
+        300,
+        "builtin: number of test images (two captions each), and of images in each of the "
+        "demo's generated eval suites (data/suites/).",
+        ge=10,
+    )
     image_size: int = knob(64, "builtin: rendered image size in pixels.", ge=32, le=1024)
     val_fraction: float = knob(
         0.02,
@@ -356,10 +362,101 @@ class TrainConfig(Section):
             )
 
 
+SUITE_KINDS = ("retrieval", "zero-shot-classification")
+# Keys of metrics/eval.json beside the suites' names (clipforge.eval.stage): no suite is called so.
+RESERVED_SUITE_NAMES = ("baseline", "delta", "mean_over_suites")
+_SUITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuiteConfig(Entry):
+    """One test set of eval.suites (clipforge.eval.suites reads it)."""
+
+    name: str = knob(
+        REQUIRED,
+        "the suite's key in metrics/eval.json: letters, digits, `-` and `_` (no dots: DVC "
+        "joins nested keys with them)",
+    )
+    kind: Literal["retrieval", "zero-shot-classification"] = knob(
+        REQUIRED, "`retrieval` or `zero-shot-classification`"
+    )
+    path: str = knob(
+        REQUIRED,
+        "retrieval: a folder in Chinese-CLIP layout (test_imgs.tsv + test_texts.jsonl); "
+        "classification: a folder with a folder of images per class, or a .tsv of "
+        "`image<TAB>label` lines (image paths relative to the .tsv)",
+        nonempty=True,
+    )
+    required: bool = knob(
+        True, "a missing path stops the stage before any model loads; false: skipped, one line"
+    )
+    directions: Literal["both", "t2i"] = knob(
+        "both", "retrieval: `both`, or `t2i` for a text-to-image-only set such as MUGE's"
+    )
+    classes: str | None = knob(
+        None,
+        "classification: a file of class names, one per line; labels (folder names or the "
+        ".tsv's) are then 0-based line numbers, as in Chinese-CLIP's `000/` folders and "
+        "label_cn.txt; null: the labels are the class names",
+    )
+    templates: str | None = knob(
+        None,
+        "classification: a file of prompt templates, one per line, each with one `{}` for the "
+        "class name (`#` lines are comments); null: clipforge's Chinese set "
+        "(clipforge/eval/templates_zh.txt)",
+    )
+
+    def check(self, key: str) -> None:
+        if not _SUITE_NAME.fullmatch(self.name) or self.name in RESERVED_SUITE_NAMES:
+            raise ConfigError(
+                f"{key}.name: got {self.name!r}; must be letters, digits, `-` and `_`, and none "
+                f"of {', '.join(RESERVED_SUITE_NAMES)}"
+            )
+        if self.kind == "retrieval":
+            for name in ("classes", "templates"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{key}.{name}: only for kind zero-shot-classification")
+        elif self.directions != "both":
+            raise ConfigError(f"{key}.directions: only for kind retrieval")
+
+
+# The demo's suites: the data stage's test split, and the builtin source's two generated suites
+# (clipforge.data.builtin), optional since other sources do not make them.
+# Keys left out take their defaults; params.yaml spells them out (a value equal to the embedded
+# default is what lets a recipe's suites apply).
+DEMO_SUITES = [
+    {"name": "test", "kind": "retrieval", "path": "data/test"},
+    {
+        "name": "t2i-distractors",
+        "kind": "retrieval",
+        "path": "data/suites/t2i-distractors",
+        "directions": "t2i",
+        "required": False,
+    },
+    {
+        "name": "colour-shape",
+        "kind": "zero-shot-classification",
+        "path": "data/suites/colour-shape/test",
+        "classes": "data/suites/colour-shape/label_cn.txt",
+        "required": False,
+    },
+]
+
+
 @dataclass(kw_only=True)
 class EvalConfig(Section):
     SECTION = "eval"
 
+    suites: list[SuiteConfig] = knob(
+        DEMO_SUITES,
+        "The test sets, each scored under its name in metrics/eval.json, with one mean over "
+        "them. Each entry: `name`, `kind` (`retrieval`: Chinese-CLIP layout; "
+        "`zero-shot-classification`: a folder per class or an `image<TAB>label` .tsv), `path`, "
+        "`required` (false: a missing path is skipped with one line), `directions` (retrieval: "
+        "`both` or `t2i`), `classes` and `templates` (classification: files of class names and "
+        "of prompts with `{}`; null templates: clipforge's Chinese set). Keys and layouts: "
+        "docs/pipeline.md.",
+    )
     batch_size: int = knob(256, "Images or texts per encoding batch.", ge=1)
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "`auto`: CUDA when available, else CPU.")
     baseline_model: str | None = knob(
@@ -373,6 +470,12 @@ class EvalConfig(Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not self.suites:
+            raise ConfigError("eval.suites: must list at least one test set")
+        names = [suite.name for suite in self.suites]
+        again = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if again:
+            raise ConfigError(f"eval.suites: two suites are named {again!r}; names must be unique")
         if self.baseline_pretrained and not self.baseline_model:
             raise ConfigError(
                 "eval.baseline_pretrained: set only together with eval.baseline_model"
@@ -484,7 +587,7 @@ def resolve(
         recipe_keys = RECIPES[recipe].get(section, {})
         for key, value in _section_items(raw, section, embedded):
             # A value still equal to the embedded default is not a choice: the recipe's applies.
-            if key not in recipe_keys or value != embedded[section][key]:
+            if key not in recipe_keys or not _is_embedded_default(section, key, value, embedded):
                 merged[section][key] = value
         for key, value in _section_items(forced, section, embedded):
             merged[section][key] = value
@@ -494,6 +597,20 @@ def resolve(
         for name in SECTIONS
     }  # each section checks itself on construction
     return Config(recipe=recipe, **built)
+
+
+def _is_embedded_default(section: str, key: str, value: Any, embedded: dict) -> bool:
+    """Is `value` the embedded default, also when written shorter: a list of entries (eval.suites)
+    whose entries leave out keys at their defaults is the same list."""
+    if value == embedded[section][key]:
+        return True
+    if not isinstance(value, list):
+        return False
+    try:
+        built = _SECTION_TYPES[section](**{key: value})
+    except ConfigError:
+        return False  # not the default, and an error the section reports when it is built
+    return dataclasses.asdict(built)[key] == embedded[section][key]
 
 
 def _check_names(where: str, mapping: dict) -> None:

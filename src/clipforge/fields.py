@@ -23,12 +23,18 @@ class ConfigError(UserError, ValueError):
 
 
 def knob(default: Any, doc: str, **limits: Any) -> Any:
-    """A documented config field. limits: ge, gt, le, lt (numbers), nonempty (strings/lists)."""
+    """A documented config field. limits: ge, gt, le, lt (numbers), nonempty (strings/lists).
+    `default=REQUIRED`: an Entry's key that every entry must give (eval.suites[i].name)."""
+    if default is REQUIRED:
+        return field(metadata={"doc": doc, **limits})
     if isinstance(default, (list, dict)):
         return field(
             default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc, **limits}
         )
     return field(default=default, metadata={"doc": doc, **limits})
+
+
+REQUIRED: Any = dataclasses.MISSING
 
 
 class Section:
@@ -46,8 +52,49 @@ class Section:
             )
 
 
+class Entry:
+    """An item of a list knob (each of eval.suites): a mapping of knobs, checked like a section
+    but named by its place (`eval.suites[1].kind`). `check(key)` holds the checks across keys."""
+
+    @classmethod
+    def build(cls, key: str, value: Any) -> Any:
+        if isinstance(value, cls):
+            return value
+        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: got {value!r}; must be a mapping of {', '.join(fields)}")
+        unknown = [name for name in value if name not in fields]
+        if unknown:
+            raise ConfigError(f"{key}.{unknown[0]}: unknown key; allowed: {', '.join(fields)}")
+        missing = [
+            name
+            for name, f in fields.items()
+            if name not in value
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise ConfigError(
+                f"{key}: {missing[0]} is required ({fields[missing[0]].metadata['doc']})"
+            )
+        hints = typing.get_type_hints(cls)
+        entry = cls(
+            **{
+                name: _check_value(f"{key}.{name}", item, hints[name], fields[name].metadata)
+                for name, item in value.items()
+            }
+        )
+        entry.check(key)
+        return entry
+
+    def check(self, key: str) -> None:
+        """Checks across this entry's keys; ConfigError naming `key.name`."""
+
+
 def _check_value(key: str, value: Any, hint: Any, limits: Any) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if isinstance(hint, type) and issubclass(hint, Entry):
+        return hint.build(key, value)
     if origin is Union or origin is types.UnionType:  # Optional[X] and X | None alike
         if value is None:
             if type(None) in args:

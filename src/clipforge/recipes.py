@@ -64,8 +64,35 @@ def production() -> dict[str, dict]:
             "val_every_steps": 1000,
             "val_retrieval_samples": 5000,
         },
-        "eval": {"batch_size": 1024},
+        "eval": {"batch_size": 1024, "suites": production_suites()},
     }
+
+
+def production_suites() -> list[dict]:
+    """The table Chinese CLIP models are published with (Chinese-CLIP's Results.md): retrieval on
+    Flickr30K-CN (the data stage copies data.test_dir into data/test, where decontamination
+    checks it), COCO-CN and MUGE (text-to-image only: its released split has no image-to-text
+    judgements), and zero-shot ImageNet in Chinese-CLIP's layout (label_cn.txt, test/000/...).
+    Only Flickr30K-CN is required: the others are scored where their files were put. Keys left
+    out take their defaults (clipforge.config.SuiteConfig)."""
+    return [
+        {"name": "flickr30k-cn", "kind": "retrieval", "path": "data/test"},
+        {"name": "coco-cn", "kind": "retrieval", "path": "datasets/COCO-CN", "required": False},
+        {
+            "name": "muge",
+            "kind": "retrieval",
+            "path": "datasets/MUGE",
+            "directions": "t2i",
+            "required": False,
+        },
+        {
+            "name": "imagenet-cn",
+            "kind": "zero-shot-classification",
+            "path": "datasets/ImageNet-CN/test",
+            "classes": "datasets/ImageNet-CN/label_cn.txt",
+            "required": False,
+        },
+    ]
 
 
 def production_with_model(**model: str) -> dict[str, dict]:

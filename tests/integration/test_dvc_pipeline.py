@@ -93,21 +93,29 @@ def test_second_repro_runs_nothing(pipeline_repo):
 
 
 def test_metrics_show_compares_models_only_with_recall_in_order(pipeline_repo):
-    """`dvc metrics show`: recall, mean recall and the final losses, no bookkeeping; DVC sorts
-    the columns, and the names make that R@1, R@5, R@10."""
+    """`dvc metrics show`: every suite's recall or accuracy under its name, the mean over
+    suites and the final losses, no bookkeeping; DVC sorts the columns, and the names make that
+    R@1, R@5, R@10."""
     table = _dvc(pipeline_repo, "metrics", "show").stdout
     header = table.splitlines()[0].split()
     assert header == [
         "Path",
-        "i2t_r01",
-        "i2t_r05",
-        "i2t_r10",
+        "colour-shape.top1",
+        "colour-shape.top5",
         "logit_scale",
         "loss",
-        "mean_recall",
-        "t2i_r01",
-        "t2i_r05",
-        "t2i_r10",
+        "mean_over_suites",
+        "t2i-distractors.mean_recall",
+        "t2i-distractors.t2i_r01",
+        "t2i-distractors.t2i_r05",
+        "t2i-distractors.t2i_r10",
+        "test.i2t_r01",
+        "test.i2t_r05",
+        "test.i2t_r10",
+        "test.mean_recall",
+        "test.t2i_r01",
+        "test.t2i_r05",
+        "test.t2i_r10",
         "val_loss",
     ]
 

@@ -79,14 +79,18 @@ def test_eval_stage_writes_metrics_with_the_documented_keys(
     out = tmp_path / "metrics" / "eval.json"
     model = f"local-dir:{reference_run / 'models/clip'}"
     assert eval_main(eval_argv(params, model, small_data / "test", out)) == 0
-    metrics = json.loads(out.read_text())
+    everything = json.loads(out.read_text())
+    assert list(everything) == ["test", "mean_over_suites"]  # --data: one suite, named test
+    metrics = everything["test"]
     assert list(metrics) == list(METRIC_KEYS)  # recall only: the counts are in eval.info.json
     assert all(0.0 <= metrics[key] <= 100.0 for key in METRIC_KEYS)
     assert metrics["t2i_r01"] <= metrics["t2i_r05"] <= metrics["t2i_r10"]
+    assert everything["mean_over_suites"] == metrics["mean_recall"]
     info = json.loads((tmp_path / "metrics" / "eval.info.json").read_text())
-    assert (info["num_images"], info["num_texts"]) == (24, 48)
+    suite = info["suites"]["test"]
+    assert (suite["num_images"], suite["num_texts"]) == (24, 48)
     assert info["model"] == model
-    assert info["decontamination"]["checked"] is False  # built-in data: disjoint when drawn
+    assert suite["decontamination"]["checked"] is False  # built-in data: disjoint when drawn
     assert (tmp_path / "metrics" / "eval.config.yaml").is_file()
     assert "t2i_r01" in capsys.readouterr().out  # the table
 
@@ -97,9 +101,10 @@ def test_baseline_model_adds_its_numbers_and_the_delta(reference_run, small_data
     out = tmp_path / "eval.json"
     assert eval_main(eval_argv(params, model, small_data / "test", out)) == 0
     metrics = json.loads(out.read_text())
-    assert metrics["baseline"]["t2i_r01"] == metrics["t2i_r01"]  # the same model twice
+    assert metrics["baseline"]["test"] == metrics["test"]  # the same model twice
     assert json.loads((tmp_path / "eval.info.json").read_text())["baseline"]["model"] == model
-    assert metrics["delta"]["mean_recall"] == 0.0
+    assert metrics["delta"]["test"]["mean_recall"] == 0.0
+    assert metrics["delta"]["mean_over_suites"] == 0.0
 
 
 def test_eval_on_a_missing_model_or_test_set_is_a_clear_error(tmp_path, small_data, capsys):

@@ -118,11 +118,11 @@ def test_fetch_brings_the_recall_and_the_experiment_home(journey):
     clone, run, fetched, steps = journey
     assert steps["fetch"].returncode == 0, steps["fetch"].stderr
     metrics = json.loads((fetched / "metrics" / "eval.json").read_text())
-    assert RECALL_KEYS <= set(metrics)
+    assert RECALL_KEYS <= set(metrics["test"])
     info = json.loads((fetched / "metrics" / "eval.info.json").read_text())
-    assert info["num_images"] > 0
+    assert info["suites"]["test"]["num_images"] > 0
     shown = json.dumps(json.loads(_tool(clone, "dvc", "exp", "show", "--json").stdout))
-    assert str(metrics["mean_recall"]) in shown  # the run's experiment, beside the demo's
+    assert str(metrics["mean_over_suites"]) in shown  # the run's experiment, beside the demo's
 
 
 def test_the_fetched_recall_is_the_eval_stages_on_the_fetched_model(journey, tmp_path):
@@ -144,4 +144,4 @@ def test_the_fetched_recall_is_the_eval_stages_on_the_fetched_model(journey, tmp
     )
     here = json.loads(out.read_text())
     there = json.loads((fetched / "metrics" / "eval.json").read_text())
-    assert {k: here[k] for k in RECALL_KEYS} == {k: there[k] for k in RECALL_KEYS}
+    assert here["test"] == {k: there["test"][k] for k in RECALL_KEYS}

@@ -215,19 +215,29 @@ def test_status_names_what_a_phase_does_before_its_first_step():
         assert words in rows["state"] and rows["ETA"] == "-"
 
 
-def test_status_shows_the_recall_once_eval_wrote_it():
-    """The eval phase's metrics/eval.json: mean recall first, then R@1/5/10 both ways."""
+def test_status_shows_every_suite_once_eval_wrote_it():
+    """The eval phase's metrics/eval.json: the mean over suites first, then a row per suite:
+    mean recall and R@1/5/10 in the directions it has, or zero-shot top-1/top-5."""
     info = _info(state="finished", finished_at=1000.0 + 60)
     info["recall"] = {
-        "t2i_r01": 9.6667,
-        "t2i_r05": 43.833,
-        "t2i_r10": 73.5,
-        "i2t_r01": 10.0,
-        "i2t_r05": 39.333,
-        "i2t_r10": 66.333,
-        "mean_recall": 40.444,
+        "test": {
+            "t2i_r01": 9.6667,
+            "t2i_r05": 43.833,
+            "t2i_r10": 73.5,
+            "i2t_r01": 10.0,
+            "i2t_r05": 39.333,
+            "i2t_r10": 66.333,
+            "mean_recall": 40.444,
+        },
+        "muge": {"t2i_r01": 5.0, "t2i_r05": 20.0, "t2i_r10": 35.0, "mean_recall": 20.0},
+        "colour-shape": {"top1": 31.25, "top5": 75.0},
+        "mean_over_suites": 30.565,
     }
-    assert dict(summarize(info, None))["recall"] == (
-        "mean 40.44 (R@1/5/10 text->image 9.7/43.8/73.5, image->text 10.0/39.3/66.3)"
+    rows = dict(summarize(info, None))
+    assert rows["eval"] == "mean over 3 suites 30.57"
+    assert rows["eval test"] == (
+        "mean recall 40.44 (R@1/5/10 text->image 9.7/43.8/73.5, image->text 10.0/39.3/66.3)"
     )
-    assert "recall" not in dict(summarize(_info(), None))
+    assert rows["eval muge"] == "mean recall 20.00 (R@1/5/10 text->image 5.0/20.0/35.0)"
+    assert rows["eval colour-shape"] == "zero-shot accuracy top-1 31.25, top-5 75.00"
+    assert not any(label.startswith("eval") for label in dict(summarize(_info(), None)))

@@ -31,7 +31,7 @@ COLOURS = {  # name -> RGB; chosen to stay distinct after JPEG compression at 64
 SHAPES = ("圆形", "正方形", "三角形", "十字形")
 POSITIONS = ("左上角", "上方", "右上角", "左侧", "中间", "右侧", "左下角", "下方", "右下角")
 
-_SPLIT_IDS = {"train": 1, "val": 2, "test": 3}
+_SPLIT_IDS = {"train": 1, "val": 2, "test": 3, "t2i": 4, "classes": 5}
 _SUPERSAMPLE = 2  # draw at 2x and downsample: anti-aliased edges without a drawing library
 
 
@@ -118,11 +118,18 @@ def near_misses(scene: Scene, rng: np.random.Generator) -> list[Scene]:
     return [variants[i] for i in order]
 
 
-def test_scenes(seed: int, num_images: int, group_size: int = 5) -> list[Scene]:
-    """Unique scenes in groups of near-misses: a base scene and up to group_size-1 variants."""
-    rng = _rng(seed, "test", 0)
+def test_scenes(
+    seed: int,
+    num_images: int,
+    group_size: int = 5,
+    split: str = "test",
+    exclude: frozenset = frozenset(),
+) -> list[Scene]:
+    """Unique scenes in groups of near-misses: a base scene and up to group_size-1 variants
+    (none of them in `exclude`)."""
+    rng = _rng(seed, split, 0)
     chosen: list[Scene] = []
-    seen: set[Scene] = set()
+    seen: set[Scene] = set(exclude)
     while len(chosen) < num_images:
         base = random_scene(rng)
         if len(base) < 2 or base in seen:
@@ -211,3 +218,37 @@ def test_images(seed: int, count: int, size: int) -> tuple[list[Scene], Iterator
             yield CaptionedImage(index, encode_jpeg(render(scene, rng, size)), captions(scene))
 
     return scenes, generate()
+
+
+def t2i_suite_images(
+    seed: int, count: int, size: int, exclude: set[Scene]
+) -> tuple[list[Scene], Iterator[CaptionedImage]]:
+    """The demo's text-to-image-only suite, in the manner of MUGE: near-miss groups of scenes
+    (none of `exclude`, the test set's), every other image described by one caption and the
+    rest distractors that no caption describes, so image-to-text has no full set of queries."""
+    scenes = test_scenes(seed, count, split="t2i", exclude=frozenset(exclude))
+
+    def generate() -> Iterator[CaptionedImage]:
+        for index, scene in enumerate(scenes):
+            rng = _rng(seed, "t2i", index + 1)
+            described = [captions(scene)[0]] if index % 2 == 0 else []
+            yield CaptionedImage(index, encode_jpeg(render(scene, rng, size)), described)
+
+    return scenes, generate()
+
+
+# The demo's zero-shot classes: every colour and shape of the generator, named as its captions
+# name them ("红色的圆形").
+CLASS_NAMES = [f"{colour}的{shape}" for colour in COLOURS for shape in SHAPES]
+
+
+def classification_images(seed: int, count: int, size: int) -> Iterator[tuple[int, bytes]]:
+    """(class index into CLASS_NAMES, JPEG) of one-object scenes, the classes in turn, each
+    object anywhere. Their scenes may occur in training, as cats do in a web crawl before
+    ImageNet: zero-shot means no training on the labels, and each image is a new drawing."""
+    for index in range(count):
+        rng = _rng(seed, "classes", index)
+        label = index % len(CLASS_NAMES)
+        colour, shape = divmod(label, len(SHAPES))
+        obj = Obj(int(rng.integers(len(POSITIONS))), list(COLOURS)[colour], SHAPES[shape])
+        yield label, encode_jpeg(render((obj,), rng, size))

@@ -6,6 +6,7 @@ interrupted run leaves the previous data/ intact):
   data/val/shard-NNNNNN.tar
   data/test/test_imgs.tsv       Chinese-CLIP layout (see clipforge.data.testset)
   data/test/test_texts.jsonl
+  data/suites/<name>/           builtin: the demo's other eval suites (see _builtin_suites)
   data/manifest.json            counts, per-shard sha256, skipped items by reason, source
   data/config.yaml              the resolved parameters this data was made with
 """
@@ -39,6 +40,7 @@ from clipforge.fsutil import replace_dir_atomically
 log = logging.getLogger("clipforge.data")
 
 DATA_MANIFEST = "manifest.json"
+SUITES_DIR = "suites"  # builtin: the demo's generated eval suites, data/suites/<name>/
 # The params sections this stage reads (dvc.yaml's params: recipe plus these).
 PARAM_SECTIONS = STAGE_SECTIONS["data"]
 
@@ -90,7 +92,10 @@ def build_dataset(config: Config, out: Path) -> dict:
 
 def _builtin_splits(data: DataConfig, out: Path) -> tuple[dict, dict]:
     scenes, test_items = builtin.test_images(data.seed, data.num_test_images, data.image_size)
-    exclude = set(scenes)
+    t2i_scenes, t2i_items = builtin.t2i_suite_images(
+        data.seed, data.num_test_images, data.image_size, set(scenes)
+    )
+    exclude = set(scenes) | set(t2i_scenes)  # no retrieval scene is trained on
     splits = {}
     for split, count in (("train", data.num_train), ("val", data.num_val)):
         triples = (
@@ -109,8 +114,23 @@ def _builtin_splits(data: DataConfig, out: Path) -> tuple[dict, dict]:
         "generator": "clipforge.data.builtin",
         "seed": data.seed,
         "image_size": data.image_size,
+        "suites": _builtin_suites(data, out / SUITES_DIR, t2i_items),
     }
     return splits, source
+
+
+def _builtin_suites(data: DataConfig, out: Path, t2i_items) -> dict:
+    """The demo's other two eval suites (eval.suites' defaults point at them): a text-to-image
+    set with distractors and a zero-shot classification set, as many images as the test set."""
+    t2i = out / "t2i-distractors"
+    counts = testset.write_test_set(t2i, ((t.image_id, t.jpeg, t.captions) for t in t2i_items))
+    classes = testset.write_classification_set(
+        out / "colour-shape",
+        builtin.CLASS_NAMES,
+        builtin.classification_images(data.seed, data.num_test_images, data.image_size),
+    )
+    classes["sha256"] = testset.classification_set_sha256(out / "colour-shape")
+    return {"t2i-distractors": {**counts, **_test_hashes(t2i)}, "colour-shape": classes}
 
 
 def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dict]:

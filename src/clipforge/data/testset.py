@@ -1,4 +1,5 @@
-"""Test sets in Chinese-CLIP's layout, the format Flickr30K-CN, COCO-CN and MUGE ship in.
+"""Test sets: retrieval sets in Chinese-CLIP's layout, the format Flickr30K-CN, COCO-CN and MUGE
+ship in, and zero-shot classification sets (below: labelled images).
 
   test_imgs.tsv     one image per line: `<image_id>\t<base64 of the image file>`
   test_texts.jsonl  one caption per line: {"text_id": int, "text": str, "image_ids": [int, ...]}
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import io
 import json
 import warnings
@@ -221,3 +223,150 @@ def _undecodable(image: bytes) -> str | None:
     except Exception as exc:  # PIL raises many types for broken files: all mean the same here
         return first_line(exc)
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Zero-shot classification sets: labelled images, in either of two layouts
+#   a folder with a folder of images per class (`path/<label>/*.jpg`), as Chinese-CLIP ships
+#     ImageNet-CN and the ELEVATER sets (`test/000/`, ... beside label_cn.txt);
+#   a .tsv of `image<TAB>label` lines, image paths relative to the .tsv's folder.
+# A label is the class name itself, or, with a class names file (one name per line), the 0-based
+# line number of its name (`000` is line 1).
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
+
+
+@dataclass(frozen=True)
+class ClassificationSet:
+    __test__ = False
+
+    images: list[Path]  # image files, read when encoded
+    labels: list[int]  # index into class_names, one per image
+    class_names: list[str]
+
+    def counts(self) -> dict:
+        return {"images": len(self.images), "classes": len(self.class_names)}
+
+
+def write_classification_set(
+    directory: Path, class_names: list[str], images: Iterable[tuple[int, bytes]]
+) -> dict:
+    """Chinese-CLIP's layout: label_cn.txt (`directory/label_cn.txt`) and `directory/test/NNN/`
+    folders of JPEGs, NNN the class's line number. `images`: (class index, JPEG bytes)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "label_cn.txt").write_text("".join(f"{n}\n" for n in class_names), "utf-8")
+    width = max(3, len(str(len(class_names) - 1)))  # zero-padded: folders sort as the lines
+    num_images = 0
+    for label, jpeg in images:
+        folder = directory / "test" / f"{label:0{width}d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{num_images:06d}.jpg").write_bytes(jpeg)
+        num_images += 1
+    return {"images": num_images, "classes": len(class_names)}
+
+
+def classification_set_sha256(directory: Path) -> str:
+    """One hash of every file under `directory` and its path there: what the manifest records."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(directory).as_posix()}\0".encode())
+        digest.update(hashlib.sha256(file.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def load_classification_set(path: Path, classes: Path | None) -> ClassificationSet:
+    """The labelled images and class names, checked: every label known, every image file there
+    and of a format Pillow recognises (its header: decoding a large set up front would cost as
+    much as encoding it; an image that fails to decode later stops the stage naming its file).
+    TestSetError lists every problem found."""
+    path = Path(path)
+    problems: list[str] = []
+    names = _class_names(Path(classes), problems) if classes is not None else None
+    if path.is_dir():
+        pairs = _class_folders(path, problems)
+    elif path.is_file():
+        pairs = _labelled_lines(path, problems)
+    else:
+        problems.append(f"{path} not found: a folder of class folders or an image<TAB>label .tsv")
+        pairs = []
+    if not pairs and not problems:
+        problems.append(f"{path}: no images")
+    labels, class_names = _labels(pairs, names, classes, problems)
+    for image, _ in pairs:
+        reason = _unrecognised(image)
+        if reason:
+            problems.append(f"{image}: not an image Pillow reads ({reason})")
+    if problems:
+        raise TestSetError(problems)
+    return ClassificationSet([image for image, _ in pairs], labels, class_names)
+
+
+def _class_names(path: Path, problems: list[str]) -> list[str]:
+    if not path.is_file():
+        problems.append(f"{path} not found: the class names file, one name per line")
+        return []
+    return [text.strip() for _, text in _lines(path, "class names", problems)]
+
+
+def _class_folders(path: Path, problems: list[str]) -> list[tuple[Path, str]]:
+    folders = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not folders:
+        problems.append(f"{path}: no class folders (a folder of images per class)")
+    return [
+        (image, folder.name)
+        for folder in folders
+        for image in sorted(folder.iterdir())
+        if image.suffix.lower() in IMAGE_SUFFIXES and not image.name.startswith(".")
+    ]
+
+
+def _labelled_lines(path: Path, problems: list[str]) -> list[tuple[Path, str]]:
+    pairs = []
+    for n, line in _lines(path, "images", problems):
+        image, sep, label = line.partition("\t")
+        if not sep or not image.strip() or not label.strip():
+            problems.append(f"{path}:{n}: expected `image<TAB>label`")
+            continue
+        file = path.parent / image.strip()
+        if not file.is_file():
+            problems.append(f"{path}:{n}: {file} not found")
+            continue
+        pairs.append((file, label.strip()))
+    return pairs
+
+
+def _labels(
+    pairs: list[tuple[Path, str]],
+    names: list[str] | None,
+    classes: Path | None,
+    problems: list[str],
+) -> tuple[list[int], list[str]]:
+    if names is None:
+        if pairs and all(_int(label) is not None for _, label in pairs):
+            problems.append(
+                f"labels are numbers ({pairs[0][1]}, ...): give the class names file (classes)"
+            )
+        class_names = sorted({label for _, label in pairs})
+        index = {name: i for i, name in enumerate(class_names)}
+        return [index[label] for _, label in pairs], class_names
+    labels = []
+    for image, label in pairs:
+        number = _int(label)
+        if number is None or not 0 <= number < len(names):
+            problems.append(
+                f"{image}: label {label!r} is not a line number of {classes} "
+                f"(0 to {len(names) - 1})"
+            )
+            continue
+        labels.append(number)
+    return labels, names
+
+
+def _unrecognised(image: Path) -> str | None:
+    try:
+        with Image.open(image):
+            return None
+    except Image.UnidentifiedImageError:
+        return "not an image format Pillow reads"
+    except OSError as exc:
+        return first_line(exc)

@@ -1,9 +1,16 @@
-"""`python -m clipforge.eval`: retrieval recall of a CLIP model on a Chinese-CLIP-layout test set.
+"""`python -m clipforge.eval`: a CLIP model scored on every test suite of eval.suites.
 
-Works on any open_clip model and any test set in that layout:
-    python -m clipforge.eval --model local-dir:models/clip --data data/test --out metrics/eval.json
+Works on any open_clip model; a suite is a retrieval test set in Chinese-CLIP's layout or a
+zero-shot classification set (clipforge.eval.suites):
+    python -m clipforge.eval --model local-dir:models/clip --out metrics/eval.json
+    python -m clipforge.eval --model local-dir:models/clip --data data/test   # one test set
 
-How recall is counted: clipforge.metrics.retrieval.
+metrics/eval.json holds what compares models, and nothing else (`dvc metrics show` lists every
+key): each suite's metrics under its name (recall: clipforge.metrics.retrieval; accuracy:
+clipforge.metrics.classification), `mean_over_suites` (the mean of each suite's headline number:
+mean_recall, or top1), and with eval.baseline_model the baseline's, in the same layout, and the
+deltas. What was scored, on how many images, and which suites were skipped goes beside it
+(eval.info.json).
 """
 
 from __future__ import annotations
@@ -14,29 +21,84 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
-from clipforge.config import STAGE_SECTIONS, weights_included
-from clipforge.data import testset
-from clipforge.data.decontam import eval_record
+from clipforge.config import STAGE_SECTIONS, SuiteConfig, weights_included
+from clipforge.data.decontam import eval_record, not_checked
 from clipforge.eval.core import evaluate
 from clipforge.eval.loading import tags_text
+from clipforge.eval.suites import Suite, load_suites
 from clipforge.fsutil import atomic_write_text
-from clipforge.metrics.retrieval import METRIC_KEYS
+from clipforge.metrics import classification, retrieval
 from clipforge.model_files import ModelFilesError, check_model_weights
 
 log = logging.getLogger("clipforge.eval")
 
 # The params sections this stage reads (dvc.yaml's params: recipe plus these).
 PARAM_SECTIONS = STAGE_SECTIONS["eval"]
+MEAN_KEY = "mean_over_suites"
+# The one number of each kind that the mean over suites averages.
+HEADLINE = {"retrieval": "mean_recall", "zero-shot-classification": "top1"}
+# Table columns, in this order: every key a suite can have.
+COLUMNS = (*retrieval.METRIC_KEYS, *classification.METRIC_KEYS)
 
 
-def format_table(metrics: dict, info: dict) -> str:
-    rows = [("model", *METRIC_KEYS), (info["model"], *(f"{metrics[k]:.2f}" for k in METRIC_KEYS))]
+def metrics_record(scores: dict[str, dict], suites: list[Suite]) -> dict:
+    """One model's part of eval.json: its suites' metrics under their names, and their mean."""
+    record: dict = {suite.name: scores[suite.name] for suite in suites}
+    headlines = [scores[s.name][HEADLINE[s.config.kind]] for s in suites]
+    record[MEAN_KEY] = sum(headlines) / len(headlines)
+    return record
+
+
+def delta_record(model: dict, baseline: dict) -> dict:
+    """model - baseline, key by key, in the same layout."""
+    return {
+        name: (
+            {k: value[k] - baseline[name][k] for k in value}
+            if isinstance(value, dict)
+            else value - baseline[name]
+        )
+        for name, value in model.items()
+    }
+
+
+def format_table(metrics: dict) -> str:
+    """A row per suite and model (the model, its baseline, the delta), a column per metric."""
+    parts = [("model", metrics, "{:.2f}")]
     if "baseline" in metrics:
-        base = metrics["baseline"]
-        rows.append((info["baseline"]["model"], *(f"{base[k]:.2f}" for k in METRIC_KEYS)))
-        rows.append(("delta", *(f"{metrics['delta'][k]:+.2f}" for k in METRIC_KEYS)))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(r, widths)) for r in rows)
+        parts += [("baseline", metrics["baseline"], "{:.2f}")]
+        parts += [("delta", metrics["delta"], "{:+.2f}")]
+    names = [
+        k for k, v in metrics.items() if isinstance(v, dict) and k not in ("baseline", "delta")
+    ]
+    rows = [("suite", "", *COLUMNS)]
+    for name in names:
+        for label, record, number in parts:
+            values = [number.format(record[name][k]) if k in record[name] else "-" for k in COLUMNS]
+            rows.append((name, label, *values))
+    for label, record, number in parts:
+        rows.append((MEAN_KEY, label, number.format(record[MEAN_KEY]), *[""] * (len(COLUMNS) - 1)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _suite_configs(args, suites: list[SuiteConfig]) -> list[SuiteConfig]:
+    if args.data:  # one retrieval test set, as the stage scored before eval.suites
+        return [SuiteConfig(name="test", kind="retrieval", path=args.data)]
+    return suites
+
+
+def _decontamination(suite: Suite) -> dict:
+    if suite.config.kind != "retrieval":
+        return not_checked("classification suites are not checked against the training data")
+    # was the training data (the data stage's manifest beside the test set, or above the demo's
+    # data/suites/<name>) checked against it?
+    path = Path(suite.config.path)
+    manifests = [p / "manifest.json" for p in (path.parent, path.parent.parent)]
+    return eval_record(next((m for m in manifests if m.is_file()), manifests[0]), path)
 
 
 def _run(args) -> None:
@@ -65,12 +127,14 @@ def _run(args) -> None:
             check_model_weights(spec, pretrained, what)
         except ModelFilesError as exc:
             problems.append(str(exc))
-    try:
-        test_set = testset.load_test_set(Path(args.data))
-    except testset.TestSetError as exc:
-        problems.append(str(exc))
+    suites, skipped, suite_problems = load_suites(_suite_configs(args, cfg.suites))
+    problems += suite_problems
+    if not suites and not problems:
+        problems.append(f"eval.suites: none of {', '.join(skipped)} is there: nothing to score")
     if problems:
         raise StageError("\n".join(problems))
+    for name, reason in skipped.items():
+        log.warning("suite %s skipped (optional): %s", name, reason)
     import torch
 
     device = (
@@ -78,31 +142,44 @@ def _run(args) -> None:
         if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         else "cpu"
     )
-    (metrics, counts), *baseline = [
-        evaluate(spec, pretrained, test_set, cfg.batch_size, device, what)
+    scores, *baseline = [
+        evaluate(spec, pretrained, suites, cfg.batch_size, device, what)
         for spec, pretrained, what, _ in models
     ]
-    info = {"model": args.model, "pretrained": args.pretrained, "test_set": args.data, **counts}
-    # was the training data (the data stage's manifest beside the test set) checked against it?
-    info["decontamination"] = eval_record(Path(args.data).parent / "manifest.json", args.data)
+    metrics = metrics_record(scores, suites)
+    info: dict = {
+        "model": args.model,
+        "pretrained": args.pretrained,
+        "suites": {
+            s.name: {
+                "kind": s.config.kind,
+                "path": s.config.path,
+                **s.counts(),
+                "decontamination": _decontamination(s),
+            }
+            for s in suites
+        },
+        "skipped": skipped,
+    }
     if baseline:
-        base = baseline[0][0]
-        metrics["baseline"] = base
-        metrics["delta"] = {k: metrics[k] - base[k] for k in METRIC_KEYS}
+        metrics["baseline"] = metrics_record(baseline[0], suites)
+        metrics["delta"] = delta_record(
+            {k: v for k, v in metrics.items() if k != "baseline"}, metrics["baseline"]
+        )
         info["baseline"] = {"model": cfg.baseline_model, "pretrained": cfg.baseline_pretrained}
     out = Path(args.out)
-    # The metrics file holds only what compares models (dvc metrics show lists every key of
-    # it); what was evaluated, on how many images and texts, goes beside it.
     atomic_write_text(out, json.dumps(metrics, indent=2) + "\n")
     atomic_write_text(
         out.with_suffix(".info.json"), json.dumps(info, ensure_ascii=False, indent=2) + "\n"
     )
     atomic_write_text(out.with_suffix(".config.yaml"), config.to_yaml())
-    print(format_table(metrics, info))
+    print(format_table(metrics))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = stage_parser("clipforge.eval", "Retrieval recall (R@1/5/10, both directions).")
+    parser = stage_parser(
+        "clipforge.eval", "Retrieval recall and zero-shot accuracy on every suite of eval.suites."
+    )
     parser.add_argument(
         "--model",
         default="local-dir:models/clip",
@@ -114,7 +191,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="TAG|FILE",
         help="weights of an open_clip --model NAME: a pretrained tag (e.g. openai) or a file",
     )
-    parser.add_argument("--data", default="data/test", help="test set dir (default: data/test)")
+    parser.add_argument(
+        "--data",
+        metavar="DIR",
+        help="score only this retrieval test set (Chinese-CLIP layout), as suite `test`, instead "
+        "of eval.suites",
+    )
     parser.add_argument("--out", default="metrics/eval.json", help="default: metrics/eval.json")
     return run_stage("clipforge.eval", _run, argv, parser, PARAM_SECTIONS)
 

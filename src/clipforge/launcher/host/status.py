@@ -103,11 +103,14 @@ def _own_summary(layout: NodeLayout, own: set[str]) -> dict | None:
 
 
 RECALL_KEYS = ("t2i_r01", "t2i_r05", "t2i_r10", "i2t_r01", "i2t_r05", "i2t_r10", "mean_recall")
+ACCURACY_KEYS = ("top1", "top5")
+MEAN_KEY = "mean_over_suites"  # clipforge.eval.stage's layout: {suite: metrics, MEAN_KEY: x}
 
 
 def _own_recall(layout: NodeLayout, started: float | None) -> dict | None:
-    """metrics/eval.json once this launch's eval phase wrote it: a file written after the
-    supervisor started (the checkout, which may hold committed metrics, was made before)."""
+    """metrics/eval.json once this launch's eval phase wrote it (a file written after the
+    supervisor started: the checkout, which may hold committed metrics, was made before): each
+    suite's metrics and the mean over suites, the model's own (no baseline)."""
     path = Path(layout.output("metrics/eval.json"))
     try:
         if not started or path.stat().st_mtime < started:
@@ -115,7 +118,17 @@ def _own_recall(layout: NodeLayout, started: float | None) -> dict | None:
     except FileNotFoundError:
         return None
     metrics = read_json(path) or {}
-    return {k: metrics[k] for k in RECALL_KEYS if k in metrics} or None
+    if "mean_recall" in metrics:  # one test set, written before eval.suites
+        metrics = {"test": metrics}
+    keys = (*RECALL_KEYS, *ACCURACY_KEYS)
+    suites = {
+        name: {k: value[k] for k in keys if k in value}
+        for name, value in metrics.items()
+        if isinstance(value, dict) and name not in ("baseline", "delta")
+    }
+    if not suites:
+        return None
+    return {**suites, **({MEAN_KEY: metrics[MEAN_KEY]} if MEAN_KEY in metrics else {})}
 
 
 def _tsv_rows(path: Path) -> list[dict]:
@@ -226,7 +239,7 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ("goodput", _goodput_text(step, seconds_per_step, elapsed, gpus, price_per_gpu_hour))
     )
     if info.get("recall"):
-        rows.append(("recall", recall_text(info["recall"])))
+        rows += eval_rows(info["recall"])
     if info.get("smoke"):
         rows.append(
             (
@@ -267,15 +280,39 @@ def _gpu_rows(state: SupervisorState | None) -> list[tuple[str, str]]:
     ]
 
 
+def eval_rows(recall: dict) -> list[tuple[str, str]]:
+    """The eval stage's numbers: the mean over suites, then a row per suite (`eval NAME`)."""
+    if "mean_recall" in recall:  # a host still on the one-test-set layout
+        recall = {"test": recall}
+    suites = {k: v for k, v in recall.items() if isinstance(v, dict)}
+    rows = []
+    if MEAN_KEY in recall:
+        rows.append(("eval", f"mean over {len(suites)} suites {recall[MEAN_KEY]:.2f}"))
+    for name, metrics in suites.items():
+        if "top1" in metrics:
+            text = f"top-1 {metrics['top1']:.2f}" + (
+                f", top-5 {metrics['top5']:.2f}" if "top5" in metrics else ""
+            )
+            rows.append((f"eval {name}", f"zero-shot accuracy {text}"))
+        else:
+            rows.append((f"eval {name}", recall_text(metrics)))
+    return rows
+
+
 def recall_text(recall: dict) -> str:
     """The eval stage's numbers (percent), the mean first: what the run is for."""
 
     def triple(direction: str) -> str:
         return "/".join(f"{recall[f'{direction}_r{k:02d}']:.1f}" for k in (1, 5, 10))
 
-    text = f"mean {recall['mean_recall']:.2f}" if "mean_recall" in recall else ""
-    if all(f"{d}_r{k:02d}" in recall for d in ("t2i", "i2t") for k in (1, 5, 10)):
-        text += f" (R@1/5/10 text->image {triple('t2i')}, image->text {triple('i2t')})"
+    text = f"mean recall {recall['mean_recall']:.2f}" if "mean_recall" in recall else ""
+    directions = [
+        f"{words} {triple(d)}"
+        for d, words in (("t2i", "text->image"), ("i2t", "image->text"))
+        if all(f"{d}_r{k:02d}" in recall for k in (1, 5, 10))
+    ]
+    if directions:
+        text += f" (R@1/5/10 {', '.join(directions)})"
     return text.strip()
 
 

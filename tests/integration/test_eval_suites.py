@@ -1,0 +1,229 @@
+"""The eval stage on every suite of the demo (the builtin data's test set, its text-to-image set
+with distractors and its zero-shot classification set), recomputed here by hand from embeddings
+that plain open_clip gives, with a baseline, and with suites missing."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import open_clip
+import pytest
+import torch
+from PIL import Image
+
+from clipforge.config import ModelConfig
+from clipforge.eval.stage import main as eval_main
+from clipforge.model import build_model
+from clipforge.train.export import export_model
+from tests.conftest import write_params
+
+pytestmark = pytest.mark.slow
+
+SUITES = ("test", "t2i-distractors", "colour-shape")
+TEMPLATES = Path(__file__).parents[2] / "src" / "clipforge" / "eval" / "templates_zh.txt"
+
+
+@pytest.fixture
+def model_dir(untrained_model_dir) -> str:
+    return f"local-dir:{untrained_model_dir}"
+
+
+def _other_model(path: Path) -> str:
+    """A second random clipforge-tiny, another seed: a baseline that differs from the model."""
+    torch.manual_seed(1)
+    bundle = build_model(ModelConfig(image_size=32))
+    export_model(bundle.model.state_dict(), bundle.model_cfg, bundle.preprocess_cfg, "", path)
+    return f"local-dir:{path}"
+
+
+def _by_hand(spec: str) -> dict:
+    """The demo suites' metrics from open_clip's embeddings, counted in plain Python."""
+    model, _, preprocess = open_clip.create_model_and_transforms(spec)
+    tokenizer = open_clip.get_tokenizer(spec)
+    model.eval()
+
+    def images(files):
+        pixels = torch.stack([preprocess(Image.open(f).convert("RGB")) for f in files])
+        with torch.no_grad():
+            return model.encode_image(pixels, normalize=True)
+
+    def texts(lines):
+        with torch.no_grad():
+            return model.encode_text(tokenizer(lines), normalize=True)
+
+    def recall(directory: Path, both: bool) -> dict:
+        rows = [x.split("\t") for x in (directory / "test_imgs.tsv").read_text().splitlines()]
+        ids = [int(i) for i, _ in rows]
+        image_features = images(io.BytesIO(base64.b64decode(b)) for _, b in rows)
+        captions = [
+            json.loads(x)
+            for x in (directory / "test_texts.jsonl").read_text("utf-8").split("\n")
+            if x
+        ]
+        similarity = texts([c["text"] for c in captions]) @ image_features.T
+        out = {}
+        for k in (1, 5, 10):
+            hits = [
+                any(ids[i] in c["image_ids"] for i in similarity[t].argsort(descending=True)[:k])
+                for t, c in enumerate(captions)
+            ]
+            out[f"t2i_r{k:02d}"] = 100 * sum(hits) / len(hits)
+        if both:
+            for k in (1, 5, 10):
+                hits = [
+                    any(
+                        ids[i] in captions[t]["image_ids"]
+                        for t in similarity[:, i].argsort(descending=True)[:k]
+                    )
+                    for i in range(len(ids))
+                    if any(ids[i] in c["image_ids"] for c in captions)
+                ]
+                out[f"i2t_r{k:02d}"] = 100 * sum(hits) / len(hits)
+        out["mean_recall"] = sum(out.values()) / len(out)
+        return out
+
+    root = Path("data/suites/colour-shape")
+    names = (root / "label_cn.txt").read_text("utf-8").split()
+    files = sorted((root / "test").glob("*/*.jpg"))
+    labels = [int(f.parent.name) for f in files]
+    prompts = [t for t in TEMPLATES.read_text("utf-8").splitlines() if t and not t.startswith("#")]
+    classes = []
+    for name in names:
+        mean = texts([p.replace("{}", name) for p in prompts]).mean(dim=0)
+        classes.append(mean / mean.norm())
+    scores = images(files) @ torch.stack(classes).T
+    ranked = [scores[n].argsort(descending=True).tolist() for n in range(len(files))]
+    top = {k: 100 * sum(y in r[:k] for y, r in zip(labels, ranked)) / len(files) for k in (1, 5)}
+    return {
+        "test": recall(Path("data/test"), both=True),
+        "t2i-distractors": recall(Path("data/suites/t2i-distractors"), both=False),
+        "colour-shape": {"top1": top[1], "top5": top[5]},
+    }
+
+
+def _approx(metrics: dict) -> dict:
+    return {name: pytest.approx(values, abs=1e-4) for name, values in metrics.items()}
+
+
+def test_every_demo_suite_is_scored_as_counted_by_hand(workdir, model_dir, capsys):
+    """metrics/eval.json: each suite under its name (recall in its directions, or top-1/top-5),
+    their mean (mean_recall, mean_recall, top1), equal to what this test counts itself."""
+    assert eval_main(["--params", "params.yaml", "--model", model_dir]) == 0
+    metrics = json.loads(Path("metrics/eval.json").read_text())
+    assert list(metrics) == [*SUITES, "mean_over_suites"]
+    expected = _by_hand(model_dir)
+    assert {k: metrics[k] for k in SUITES} == _approx(expected)
+    headlines = [expected["test"]["mean_recall"], expected["t2i-distractors"]["mean_recall"]]
+    headlines.append(expected["colour-shape"]["top1"])
+    assert metrics["mean_over_suites"] == pytest.approx(sum(headlines) / 3, abs=1e-4)
+    info = json.loads(Path("metrics/eval.info.json").read_text())
+    assert info["suites"]["colour-shape"] == {
+        "kind": "zero-shot-classification",
+        "path": "data/suites/colour-shape/test",
+        "num_images": 24,
+        "num_classes": 24,
+        "num_templates": 16,
+        "decontamination": info["suites"]["colour-shape"]["decontamination"],
+    }
+    assert info["suites"]["t2i-distractors"]["num_texts"] == 12  # every other image described
+    assert info["skipped"] == {}
+    table = capsys.readouterr().out
+    assert all(name in table for name in (*SUITES, "top1", "mean_over_suites"))
+
+
+def test_the_baseline_is_scored_on_every_suite_with_the_deltas(workdir, model_dir, tmp_path):
+    """eval.baseline_model: its metrics in the same layout under `baseline` (what it scores
+    alone), and model minus baseline under `delta`, key by key and for the mean."""
+    baseline = _other_model(tmp_path / "other")
+    write_params(Path("params.yaml"), {"eval": {"baseline_model": baseline}})
+    assert eval_main(["--params", "params.yaml", "--model", model_dir]) == 0
+    metrics = json.loads(Path("metrics/eval.json").read_text())
+    assert eval_main(["--params", "params.yaml", "--model", baseline, "--out", "alone.json"]) == 0
+    alone = json.loads(Path("alone.json").read_text())
+    assert metrics["baseline"] == {k: v for k, v in alone.items() if k not in ("baseline", "delta")}
+    for name in SUITES:
+        for key, value in metrics[name].items():
+            assert metrics["delta"][name][key] == value - metrics["baseline"][name][key]
+    assert metrics["delta"]["mean_over_suites"] == (
+        metrics["mean_over_suites"] - metrics["baseline"]["mean_over_suites"]
+    )
+    assert metrics["test"] != metrics["baseline"]["test"]  # two models, two results
+
+
+def test_a_missing_optional_suite_is_one_line_and_a_missing_required_one_stops_the_stage(
+    workdir, model_dir, capsys, caplog
+):
+    """An optional suite whose files are not there: skipped, said in one line, listed in
+    eval.info.json. A required one: exit 2 before any model loads, one line naming it, nothing
+    written. A user's own classification .tsv with their own templates is scored."""
+    images = Path("mine")
+    images.mkdir()
+    for n, path in enumerate(sorted(Path("data/suites/colour-shape/test").glob("*/*.jpg"))[:6]):
+        (images / f"{n}.jpg").write_bytes(path.read_bytes())
+        with open(images / "labels.tsv", "a", encoding="utf-8") as f:
+            f.write(f"{n}.jpg\t{['红色的圆形', '蓝色的方块'][n % 2]}\n")
+    (images / "prompts.txt").write_text("图中只有一个{}\n{}\n", "utf-8")
+    own = {
+        "name": "mine",
+        "kind": "zero-shot-classification",
+        "path": "mine/labels.tsv",
+        "templates": "mine/prompts.txt",
+    }
+    missing = {"name": "coco-cn", "kind": "retrieval", "path": "datasets/COCO-CN"}
+    write_params(Path("params.yaml"), {"eval": {"suites": [own, {**missing, "required": False}]}})
+    assert eval_main(["--params", "params.yaml", "--model", model_dir]) == 0
+    assert [r.getMessage() for r in caplog.records if "coco-cn" in r.getMessage()] == [
+        "suite coco-cn skipped (optional): datasets/COCO-CN not found"
+    ]
+    metrics = json.loads(Path("metrics/eval.json").read_text())
+    assert list(metrics) == ["mine", "mean_over_suites"] and set(metrics["mine"]) == {
+        "top1",
+        "top5",
+    }
+    info = json.loads(Path("metrics/eval.info.json").read_text())
+    assert info["skipped"] == {"coco-cn": "datasets/COCO-CN not found"}
+    assert (
+        info["suites"]["mine"]["num_classes"] == 2 and info["suites"]["mine"]["num_templates"] == 2
+    )
+
+    Path("metrics/eval.json").unlink()
+    capsys.readouterr()
+    write_params(Path("params.yaml"), {"eval": {"suites": [own, missing]}})
+    assert eval_main(["--params", "params.yaml", "--model", model_dir]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "clipforge.eval: error: eval.suites coco-cn: datasets/COCO-CN not found, and the suite "
+        "is required (give its files there, or set required: false)"
+    ]
+    assert not Path("metrics/eval.json").exists()
+
+
+def test_each_image_is_encoded_once_per_suite_in_batches(workdir, model_dir):
+    """The classification suite's 24 images pass through the image tower once, in batches of
+    eval.batch_size (10 here: 10, 10, 4), however many classes and prompts there are."""
+    from clipforge.config import SuiteConfig
+    from clipforge.eval.core import score_suite
+    from clipforge.eval.loading import load_open_clip
+    from clipforge.eval.suites import load_suite
+
+    model, preprocess, tokenizer = load_open_clip(model_dir, None, "cpu")
+    batches = []
+    encode_image = model.encode_image
+
+    def counted(pixels, **kwargs):
+        batches.append(len(pixels))
+        return encode_image(pixels, **kwargs)
+
+    model.encode_image = counted
+    suite = load_suite(
+        SuiteConfig(
+            name="colour-shape",
+            kind="zero-shot-classification",
+            path="data/suites/colour-shape/test",
+            classes="data/suites/colour-shape/label_cn.txt",
+        )
+    )
+    assert set(score_suite(model, preprocess, tokenizer, suite, 10, "cpu")) == {"top1", "top5"}
+    assert batches == [10, 10, 4]
