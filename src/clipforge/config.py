@@ -461,8 +461,9 @@ class EvalConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "`auto`: CUDA when available, else CPU.")
     baseline_model: str | None = knob(
         None,
-        "Also evaluate this model for comparison: `local-dir:PATH`, `hf-hub:ORG/REPO` or an "
-        "open_clip name (with baseline_pretrained).",
+        "Also evaluate this model for comparison: `local-dir:PATH`, `hf-hub:ORG/REPO`, "
+        "`chinese-clip:PATH` (a Chinese-CLIP .pt or ChineseCLIPModel folder) or an open_clip "
+        "name (with baseline_pretrained).",
     )
     baseline_pretrained: str | None = knob(
         None, "open_clip pretrained tag or file for baseline_model."

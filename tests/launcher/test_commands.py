@@ -89,18 +89,20 @@ def test_the_run_evaluates_through_dvc_with_the_same_params():
     assert evaluate.argv == train.argv[:-1] + ["eval"] and evaluate.restartable
 
 
-def test_without_dvc_node_0_evaluates_the_exported_model_on_the_test_split():
-    """Mounted data or several nodes: `python -m clipforge.eval` on the data's test split, on node
-    0 only (rank 0 exported the model into its checkout)."""
+def test_without_dvc_node_0_evaluates_the_exported_model_on_every_suite_of_the_runs_data():
+    """Mounted data or several nodes: `python -m clipforge.eval` on every eval suite, those under
+    data/ read from the run's data, on node 0 only (rank 0 exported the model into its
+    checkout)."""
     mounted = node_plan(_options(data="/mnt/datasets/zh"), _node(), POLICY).phases
     assert [p.name for p in mounted] == ["train", "eval"]
     assert mounted[1].argv[:3] == [PY, "-m", "clipforge.eval"]
-    assert _pairs(mounted[1].argv, "--data") == ["/mnt/datasets/zh/test"]
+    assert _pairs(mounted[1].argv, "--data-root") == ["/mnt/datasets/zh"]
+    assert "--data" not in mounted[1].argv  # not the one-set mode: every suite is scored
     node_1 = node_plan(_options(nodes=2, gpus=8), _node(rank=1), POLICY).phases
     assert [p.name for p in node_1] == ["data", "train"]
     node_0 = node_plan(_options(nodes=2, gpus=8), _node(rank=0), POLICY).phases
-    assert _pairs(node_0[2].argv, "--data") == [
-        "/srv/runs-root/runs/20260101-000000-abcdef12/node-0/code/data/test"
+    assert _pairs(node_0[2].argv, "--data-root") == [
+        "/srv/runs-root/runs/20260101-000000-abcdef12/node-0/code/data"
     ]
 
 

@@ -203,3 +203,14 @@ def test_the_demo_suites_written_short_still_give_way_to_a_recipes():
     assert resolve(params, sections=["eval"]).eval.suites[0].name == "flickr30k-cn"
     mine = {"recipe": "production", "eval": {"suites": short[:1]}}
     assert [s.name for s in resolve(mine, sections=["eval"]).eval.suites] == ["test"]
+
+
+def test_data_root_reads_the_suites_under_data_from_the_runs_data():
+    """`--data-root /mnt/zh` (the run's data on a mounted volume, fab train --data): the suites
+    under data/ are read there, every other path as given; no one-set fallback."""
+    from clipforge.eval.stage import under_root
+
+    assert under_root("data/test", "/mnt/zh") == "/mnt/zh/test"
+    assert under_root("data/suites/colour-shape", "/mnt/zh") == "/mnt/zh/suites/colour-shape"
+    assert under_root("/datasets/muge", "/mnt/zh") == "/datasets/muge"
+    assert under_root("database/x", "/mnt/zh") == "database/x"  # a prefix, not the folder

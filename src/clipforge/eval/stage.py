@@ -15,10 +15,11 @@ deltas. What was scored, on how many images, and which suites were skipped goes 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
 from clipforge.config import STAGE_SECTIONS, SuiteConfig, weights_included
@@ -88,7 +89,18 @@ def format_table(metrics: dict) -> str:
 def _suite_configs(args, suites: list[SuiteConfig]) -> list[SuiteConfig]:
     if args.data:  # one retrieval test set, as the stage scored before eval.suites
         return [SuiteConfig(name="test", kind="retrieval", path=args.data)]
+    if args.data_root:
+        return [dataclasses.replace(s, path=under_root(s.path, args.data_root)) for s in suites]
     return suites
+
+
+def under_root(path: str, data_root: str) -> str:
+    """A suite path under the pipeline's `data/` read from `data_root` instead (the run's data on
+    a mounted volume); any other path as given."""
+    parts = PurePosixPath(path).parts
+    if parts and parts[0] == "data":
+        return str(PurePosixPath(data_root, *parts[1:]))
+    return path
 
 
 def _decontamination(suite: Suite) -> dict:
@@ -183,8 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--model",
         default="local-dir:models/clip",
-        help="open_clip model: local-dir:PATH, hf-hub:ORG/REPO or a name "
-        "(default: local-dir:models/clip)",
+        help="model: local-dir:PATH, hf-hub:ORG/REPO, chinese-clip:PATH (a Chinese-CLIP .pt or "
+        "ChineseCLIPModel folder) or an open_clip name (default: local-dir:models/clip)",
     )
     parser.add_argument(
         "--pretrained",
@@ -196,6 +208,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="DIR",
         help="score only this retrieval test set (Chinese-CLIP layout), as suite `test`, instead "
         "of eval.suites",
+    )
+    parser.add_argument(
+        "--data-root",
+        metavar="DIR",
+        help="read eval.suites' files under data/ from DIR instead (the run's data elsewhere)",
     )
     parser.add_argument("--out", default="metrics/eval.json", help="default: metrics/eval.json")
     return run_stage("clipforge.eval", _run, argv, parser, PARAM_SECTIONS)

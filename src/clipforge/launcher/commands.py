@@ -43,10 +43,11 @@ def dvc_eval_argv(python: str, overrides: tuple[str, ...]) -> list[str]:
 
 
 def direct_eval_argv(python: str, overrides: tuple[str, ...], data_dir: str) -> list[str]:
-    """The eval stage without DVC: the model rank 0 exported (models/clip in the checkout) on the
-    test split of the run's data; metrics/eval.json and eval.info.json as the stage writes them."""
+    """The eval stage without DVC: the model rank 0 exported (models/clip in the checkout) on
+    every eval suite, those under data/ read from the run's data; metrics/eval.json and
+    eval.info.json as the stage writes them."""
     sets = [arg for item in overrides for arg in ("--set", item)]
-    return [python, "-m", "clipforge.eval", *sets, "--data", posixpath.join(data_dir, "test")]
+    return [python, "-m", "clipforge.eval", *sets, "--data-root", data_dir]
 
 
 def dvc_pull_argv(python: str) -> list[str]:
