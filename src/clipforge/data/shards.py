@@ -340,6 +340,9 @@ class InPlaceReader:
 
     def read(self, shard: int, index: int) -> dict[str, bytes]:
         if shard not in self._locations:
+            # bounded like the open files: an epoch visits every shard (32 bytes a sample here)
+            if len(self._locations) >= 4 * self.max_open_files:
+                self._locations.pop(next(iter(self._locations)))
             with np.load(self.index_files[shard]) as index_file:
                 self._locations[shard] = decode_index(index_file)
         image_at, image_size, text_at, text_size = self._locations[shard][index].tolist()
