@@ -10,9 +10,11 @@ import json
 import pytest
 import yaml
 
-from clipforge.data.shards import ShardChangedError
+from clipforge.data.inplace import read_index
+from clipforge.data.shards import ShardChangedError, open_shard
 from clipforge.data.stage import main
 from clipforge.train.data import split_files
+from tests.conftest import run_train
 from tests.integration.test_inplace_source import make_planted_shard
 
 
@@ -67,6 +69,12 @@ def test_s3_shards_are_indexed_in_place_and_read_back_from_the_bucket(s3_shards,
                 assert sample["jpg"] == images[sample["txt"].decode()]
                 read += 1
     assert read == manifest["splits"]["train"]["count"] + manifest["splits"]["val"]["count"] > 0
+    # large shards are read a sample at a time (no read-ahead): the same bytes, backwards too
+    locations = read_index(tmp_path / "data" / files.paths[0].relative_to(tmp_path / "data"))
+    with open_shard(files.in_place[0]["url"], random_access=True) as f:
+        for image_at, image_size, _, _ in locations[::-1].tolist():
+            f.seek(image_at)
+            assert f.read(image_size) in images.values()
 
 
 def test_an_s3_shard_overwritten_since_indexing_is_an_error_naming_it(s3, s3_shards, tmp_path):
@@ -85,3 +93,34 @@ def test_an_s3_shard_overwritten_since_indexing_is_an_error_naming_it(s3, s3_sha
     shard = [e["url"] for e in files.in_place].index(victim)
     with pytest.raises(ShardChangedError, match=f"{victim} changed since the data stage"):
         files.reader().read(shard, 0)
+
+
+@pytest.mark.tier2
+def test_the_train_stage_trains_from_s3_shards_in_place(s3, small_data, tmp_path):
+    """The whole path: the small data's shards put in a bucket, indexed in place by the data
+    stage, and the train stage (loader workers included) trains from the bucket to the end."""
+    bucket = s3.new_bucket()
+    fs = s3.filesystem()
+    for split in ("train", "val"):
+        for tar in sorted((small_data / split).glob("*.tar")):
+            fs.put_file(str(tar), f"{bucket}/shards/{split}-{tar.name}"[len("s3://") :])
+    params = {
+        "data": {
+            "source": "webdataset",
+            "paths": [f"{bucket}/shards/*.tar"],
+            "in_place": True,
+            "decontaminate": "off",
+            "val_fraction": 0.1,
+            "test_dir": str(small_data / "test"),
+        }
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    data = tmp_path / "data"
+    assert main(["--params", str(tmp_path / "params.yaml"), "--out", str(data)]) == 0
+    assert not list(data.rglob("*.tar"))
+    run = tmp_path / "run"
+    run.mkdir()
+    assert run_train(run, data, "train.num_workers=2") == 0
+    info = json.loads((run / "metrics" / "train.info.json").read_text(encoding="utf-8"))
+    assert info["skipped_at_read"]["counts"] == {}
+    assert (run / "models" / "clip" / "open_clip_model.safetensors").is_file()

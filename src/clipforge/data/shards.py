@@ -246,13 +246,17 @@ def _listed_identities(urls: list[str]) -> dict[str, dict]:
     return found
 
 
-def open_shard(url: str) -> BinaryIO:
-    """A binary file object for a path or fsspec URL (the caller closes it)."""
+def open_shard(url: str, random_access: bool = False) -> BinaryIO:
+    """A binary file object for a path or fsspec URL (the caller closes it). random_access: no
+    read-ahead over fsspec, so each read is one ranged request of what it asks for; s3fs would
+    otherwise fetch up to its 50 MB block after every backward seek (a shuffled window reads each
+    shard out of order)."""
     if "://" not in url:
         return open(url, "rb")
     import fsspec
 
-    return fsspec.open(url, "rb").open()
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs.open(path, "rb", **({"cache_type": "none"} if random_access else {}))
 
 
 # The index of a split's samples in one shard (data/<split>/NNNNNN.npz): where the image and the
@@ -327,6 +331,10 @@ def _unshuffled(stored: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(planes.T).view(dtype).ravel().astype(np.int64)
 
 
+_ONE_READ_GAP = 4096  # bytes between an image and its caption still fetched in the same read
+_READ_AHEAD_BYTES = 64 * 2**20  # fsspec shards up to this size are read through read-ahead
+
+
 class InPlaceReader:
     """Random access to the samples of a split in their original shards, by (shard, index):
     ShardReader's interface. Index files are loaded once per shard; a few shards stay open."""
@@ -347,6 +355,10 @@ class InPlaceReader:
                 self._locations[shard] = decode_index(index_file)
         image_at, image_size, text_at, text_size = self._locations[shard][index].tolist()
         f = self._file(shard)
+        gap = text_at - (image_at + image_size)
+        if 0 <= gap <= _ONE_READ_GAP:  # the caption right after the image: one read (request)
+            both = _read_at(f, image_at, text_at + text_size - image_at)
+            return {"jpg": both[:image_size], "txt": both[image_size + gap :]}
         return {"jpg": _read_at(f, image_at, image_size), "txt": _read_at(f, text_at, text_size)}
 
     def _file(self, shard: int) -> BinaryIO:
@@ -357,7 +369,10 @@ class InPlaceReader:
                 raise ShardChangedError(f"{entry['url']} changed since the data stage: {why}")
             if len(self._files) >= self.max_open_files:
                 self._files.pop(next(iter(self._files))).close()
-            self._files[shard] = open_shard(entry["url"])
+            # a small shard comes whole in s3fs's read-ahead (one request); a large one is read
+            # a sample at a time, since read-ahead refetches its 50 MB block on every seek back
+            large = entry["identity"]["size"] > _READ_AHEAD_BYTES
+            self._files[shard] = open_shard(entry["url"], random_access=large)
         return self._files[shard]
 
 
