@@ -118,7 +118,7 @@ class DataConfig(Section):
     )
     verify: Literal["all", "sample", "none"] = knob(
         "sample",
-        "In place: images decoded by the data stage to check them: `all`, `sample` (1%, by a hash "
+        "In place: images decoded by the data stage to check them: `all`, `sample` (0.1%, by a hash "
         "of the key) or `none`; one found corrupt in training is skipped and counted there.",
     )
     workers: int | Literal["auto"] = knob(
@@ -126,8 +126,9 @@ class DataConfig(Section):
     )
     decontaminate: Literal["drop", "report", "off"] = knob(
         "drop",
-        "In place: find test-set images among the train/val images (exact: decoded pixels; near: "
-        "64-bit pHash) and `drop` them, only `report` them in the manifest, or `off`.",
+        "webdataset, laion-parquet (in place or copied): find test-set images among the train/val "
+        "images (exact: decoded pixels; near: 64-bit pHash) and `drop` them, only `report` them "
+        "in the manifest, or `off`.",
     )
     decontaminate_max_distance: int = knob(
         6, "Decontamination: pHash bits two images may differ by and still match.", ge=0, le=32

@@ -18,7 +18,7 @@ from PIL import Image
 
 from clipforge.data import testset
 from clipforge.data.decontam import eval_record
-from clipforge.data.inplace import tar_members
+from clipforge.data.inplace import shard_samples
 from clipforge.data.shards import ShardChangedError
 from clipforge.data.stage import main
 from clipforge.train.data import split_files
@@ -204,16 +204,37 @@ def test_a_shard_changed_after_indexing_is_an_error_naming_it(in_place_run, tmp_
         split_files(data, "train")
 
 
-def test_headers_are_read_like_tarfile_reads_them(in_place_run):
-    """The header reader lists the members tarfile lists, at the same offsets."""
+def _tarfile_samples(path: Path) -> list[tuple[bytes, dict[bytes, tuple[int, int]]]]:
     import tarfile
 
-    path = in_place_run["root"] / "shards" / "shard-0004.tar"
-    with open(path, "rb") as f:
-        ours = list(tar_members(f, path.stat().st_size))
+    found: dict[bytes, dict[bytes, tuple[int, int]]] = {}
     with tarfile.open(path) as tar:
-        theirs = [(i.name, i.offset_data, i.size) for i in tar if i.isfile()]
-    assert ours == theirs
+        for info in tar:
+            if info.isfile():
+                stem, _, ext = info.name.rpartition("/")[2].partition(".")
+                directory = info.name.rpartition("/")[0]
+                key = f"{directory}/{stem}" if directory else stem
+                found.setdefault(key.encode(), {})[ext.encode()] = (info.offset_data, info.size)
+    return list(found.items())
+
+
+def test_headers_are_read_like_tarfile_reads_them(in_place_run, tmp_path):
+    """The shard reader finds the samples tarfile finds, at the same offsets, with the captions'
+    bytes: in ustar shards, and in one whose second half has PAX headers (long names), which it
+    hands to tarfile from the first sample that has one."""
+    mixed = tmp_path / "mixed.tar"
+    members = []
+    for n in range(6):
+        key = f"k{n}" if n < 3 else f"dir/{'long' * 30}-{n}"
+        members += [(f"{key}.jpg", textured_jpeg(n)), (f"{key}.txt", f"照片 {n}".encode())]
+    _tar(mixed, members)
+    for path in (in_place_run["root"] / "shards" / "shard-0004.tar", mixed):
+        with open(path, "rb") as f:
+            ours = list(shard_samples(f, path.stat().st_size))
+            assert [(key, found) for key, found, _ in ours] == _tarfile_samples(path)
+            for _, found, caption in ours:
+                f.seek(found[b"txt"][0])
+                assert caption in (None, f.read(found[b"txt"][1]))
 
 
 def test_a_test_split_taken_from_the_shards_is_written_out(tmp_path):

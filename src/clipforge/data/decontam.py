@@ -120,6 +120,19 @@ def hamming_matches(
     return tuple(np.concatenate(parts) for parts in zip(*found))  # type: ignore[return-value]
 
 
+def closest_matches(
+    hashes: np.ndarray, targets: np.ndarray, max_distance: int
+) -> dict[int, tuple[int, int]]:
+    """index into hashes -> (index into targets, distance) of its closest target within
+    max_distance bits (the lower index on a tie); only hashes that match something."""
+    rows, columns, distances = hamming_matches(hashes, targets, max_distance)
+    closest: dict[int, tuple[int, int]] = {}
+    for row, column, distance in zip(rows.tolist(), columns.tolist(), distances.tolist()):
+        if row not in closest or distance < closest[row][1]:
+            closest[row] = (column, distance)
+    return closest
+
+
 @dataclass
 class TestHashes:
     """The hashes of every test image: what the training data is compared with."""

@@ -5,7 +5,8 @@ processes, and writes
   data/manifest.json        per shard: its URL, size and identity (mtime or etag, a sampled
                             sha256), samples read and kept; the splits; skips; decontamination
   data/train/NNNNNN.npz     per input shard NNNNNN: where the bytes of each train sample are
-  data/val/NNNNNN.npz       (image offset and size, caption offset and size) and its key
+  data/val/NNNNNN.npz       (image offset and size, caption offset and size), ~3 bytes a pair
+                            (clipforge.data.shards.encode_index); no keys: the shard holds them
   data/test/                the test set (Chinese-CLIP layout, copied: eval reads it whole)
 so data/ stays megabytes next to a terabyte of shards, and DVC tracks that, not the images.
 The split is the same hash of `<shard file name>/<key>` as the copying source uses.
@@ -22,11 +23,11 @@ What is checked where:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
-import shutil
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -38,16 +39,18 @@ from clipforge.config import DataConfig
 from clipforge.data import decontam, testset
 from clipforge.data.inputs import expand_paths
 from clipforge.data.samples import SkipLog, clean_caption, decode_image
-from clipforge.data.shards import open_shard, shard_identity
-from clipforge.data.splits import identity_digest, split_of_digest, test_hashes
+from clipforge.data.shards import decode_index, encode_index, open_shard, shard_identity
+from clipforge.data.splits import test_hashes
 
 log = logging.getLogger("clipforge.data")
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 # data.in_place: auto: shards totalling at least this are used in place, smaller ones copied.
 AUTO_IN_PLACE_BYTES = 10 * 2**30
-VERIFY_SAMPLE_SHARE = 0.01  # data.verify: sample: the share of images decoded here
-_SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
+# data.verify: sample: the share of images decoded here. 0.1%: 100k images of a 100M-pair set, plenty
+# to see a set that is systematically unreadable; single bad images are skipped in training. At
+# 1% the decodes cost as much as the whole scan (BENCHMARKS.md).
+VERIFY_SAMPLE_SHARE = 0.001
 
 
 # -- reading tar headers ----------------------------------------------------------------------
@@ -65,58 +68,135 @@ class CutShort(EOFError):
         self.name = name
 
 
-def tar_members(f: BinaryIO, size: int) -> Iterator[tuple[str, int, int]]:
-    """(name, data offset, data size) of each regular file, reading only the 512-byte headers
-    (ustar; PAX and GNU extensions through tarfile). Raises tarfile.ReadError on a damaged
-    header and CutShort on a member cut short, after the complete ones."""
+Found = dict[bytes, tuple[int, int]]  # a sample's members: extension -> (data offset, size)
+BLOCK_BYTES = 4096  # one read at a header: it, a caption after it and usually the next header
+
+
+def shard_samples(f: BinaryIO, size: int) -> Iterator[tuple[bytes, Found, bytes | None]]:
+    """(key, {extension: (offset, size)}, the caption's bytes when already read) of each run of
+    consecutive members sharing `<key>.`, reading only headers (and captions). ustar headers
+    (webdataset's, img2dataset's, Python's) are parsed here; a shard with PAX or GNU extensions
+    is handed to tarfile from the sample where one appears. Raises tarfile.ReadError on a damaged
+    header and CutShort on a member cut short, after the complete samples before it."""
     try:
-        yield from _ustar_members(f, size)
+        yield from _ustar_samples(f, size)
     except _NeedsTarfile as exc:
-        done = exc.args[0]
-        f.seek(0)
-        with tarfile.open(fileobj=f, mode="r:") as archive:
-            for info in archive:
-                if info.isfile() and info.offset_data >= done:
-                    if info.offset_data + info.size > size:
-                        raise CutShort(info.name) from None
-                    yield info.name, info.offset_data, info.size
+        first_header = exc.args[0]
+        yield from ((key, found, None) for key, found in _tarfile_samples(f, size, first_header))
 
 
 _ZERO_BLOCK = bytes(512)
+_FILE_KINDS = frozenset(b"0\x007")  # regular files, as byte values
+_EXTENDED_KINDS = frozenset(b"xgLK")  # PAX and GNU long-name headers: tarfile reads those
 
 
-def _ustar_members(f: BinaryIO, size: int) -> Iterator[tuple[str, int, int]]:
+def _ustar_samples(f: BinaryIO, size: int) -> Iterator[tuple[bytes, Found, bytes | None]]:
+    # The data stage's cost per pair is this loop (BENCHMARKS.md), hence one function with the
+    # block cache, the header parsing and the grouping inline: each call or generator level
+    # costs about as much as parsing a header.
+    start, block = 0, b""  # the bytes read last, from offset `start`
     position = 0
+    key: bytes | None = None
+    found: Found = {}
+    caption: bytes | None = None
+    group_at = 0  # the header offset of the sample being collected
+    cut: str | None = None
+    read_at = reader_at(f)
     while position + 512 <= size:
-        f.seek(position)
-        header = f.read(512)
-        if header == _ZERO_BLOCK:
-            return
-        # ustar/PAX headers (webdataset's, img2dataset's, Python's) are known by their magic and
-        # parsed strictly; only others pay for the checksum (a Python sum over 512 bytes)
-        if header[257:262] != b"ustar":
-            stored = _octal(header[148:156])
-            if stored != sum(header[:148]) + 256 + sum(header[156:]):
+        at = position - start
+        if at < 0 or at + 512 > len(block):
+            start, block, at = position, read_at(position, BLOCK_BYTES), 0
+            if len(block) < 512:
+                cut = f"a header at byte {position}"
+                break
+        # fields are read in place in the block: copying the header out costs as much as parsing
+        if not block[at] and block[at : at + 512] == _ZERO_BLOCK:  # the end of the archive
+            break
+        ustar = block.startswith(b"ustar", at + 257)
+        # ustar headers are known by their magic and parsed strictly; only others pay for the
+        # checksum (a Python sum over 512 bytes)
+        if not ustar:
+            header = block[at : at + 512]
+            if _octal(header[148:156]) != sum(header[:148]) + 256 + sum(header[156:]):
                 raise tarfile.ReadError(f"bad header checksum at byte {position}")
-        kind = header[156:157]
-        if kind in (b"x", b"g", b"L", b"K"):
-            raise _NeedsTarfile(position)
-        name = header[:100].split(b"\0", 1)[0]
-        if header[345] and header[257:262] == b"ustar":
-            name = header[345:500].split(b"\0", 1)[0] + b"/" + name
+        kind = block[at + 156]
+        if kind in _EXTENDED_KINDS:
+            raise _NeedsTarfile(group_at if key is not None else position)
         try:  # the common case inline: octal digits, NUL or space padded
-            length = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
+            length = int(block[at + 124 : at + 136].rstrip(b"\0 ") or b"0", 8)
         except ValueError:
-            length = _octal(header[124:136])
+            length = _octal(block[at + 124 : at + 136])
         data = position + 512
-        if kind in (b"0", b"\0", b"7"):
-            text = name.decode("utf-8", "surrogateescape")
+        if kind in _FILE_KINDS:
+            end = block.find(b"\0", at, at + 100)
+            name = block[at : end if end >= 0 else at + 100]
+            if ustar and block[at + 345]:
+                name = block[at + 345 : at + 500].split(b"\0", 1)[0] + b"/" + name
+            directory, _, base = name.rpartition(b"/")
+            stem, _, ext = base.partition(b".")
+            member_key = directory + b"/" + stem if directory else stem
             if data + length > size:
-                raise CutShort(text)
-            yield text, data, length
+                cut = name.decode("utf-8", "surrogateescape")
+                if member_key == key:  # the sample is cut: it is not complete
+                    key = None
+                break
+            if member_key != key:
+                if key is not None:
+                    yield key, found, caption
+                key, found, caption, group_at = member_key, {}, None, position
+            ext = ext.lower()
+            found[ext] = (data, length)
+            if ext == b"txt" and data + length <= start + len(block):
+                caption = block[data - start : data - start + length]
         position = data + (length + 511) // 512 * 512
-    if position < size:
-        raise CutShort(f"a header at byte {position}")
+    else:
+        if position < size:
+            cut = f"a header at byte {position}"
+    if key is not None:
+        yield key, found, caption
+    if cut is not None:
+        raise CutShort(cut)
+
+
+def reader_at(f: BinaryIO) -> Callable[[int, int], bytes]:
+    """read(offset, size): one pread system call for a local file (a seek and a read cost two, a
+    third of the scan's time per sample on a page-cached shard); seek + read otherwise."""
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError):  # fsspec's files have none, or raise
+        fd = -1
+    if fd >= 0:
+        return lambda offset, size: os.pread(fd, size, offset)
+    return lambda offset, size: _read(f, (offset, size))
+
+
+def _tarfile_samples(f: BinaryIO, size: int, first_header: int) -> Iterator[tuple[bytes, Found]]:
+    """The samples from the header at first_header on, through tarfile."""
+    key: bytes | None = None
+    found: Found = {}
+    f.seek(0)
+    with tarfile.open(fileobj=f, mode="r:") as archive:
+        for info in archive:
+            if not info.isfile() or info.offset < first_header:
+                continue
+            member_key, ext = _key_and_extension(info.name.encode("utf-8", "surrogateescape"))
+            if info.offset_data + info.size > size:
+                if key is not None and member_key != key:
+                    yield key, found
+                raise CutShort(info.name)
+            if member_key != key:
+                if key is not None:
+                    yield key, found
+                key, found = member_key, {}
+            found[ext] = (info.offset_data, info.size)
+    if key is not None:
+        yield key, found
+
+
+def _key_and_extension(name: bytes) -> tuple[bytes, bytes]:
+    directory, _, base = name.rpartition(b"/")
+    stem, _, ext = base.partition(b".")
+    return (directory + b"/" + stem if directory else stem), ext.lower()
 
 
 def _octal(field_: bytes) -> int:
@@ -129,32 +209,14 @@ def _octal(field_: bytes) -> int:
         raise tarfile.ReadError(f"not a tar header field: {field_!r}") from None
 
 
-def grouped_samples(
-    members: Iterator[tuple[str, int, int]],
-) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
-    """(key, {extension: (offset, size)}): runs of consecutive members sharing `<key>.`."""
-    key: str | None = None
-    found: dict[str, tuple[int, int]] = {}
-    try:
-        for name, offset, size in members:
-            member_key, ext = _key_and_extension(name)
-            if member_key != key:
-                if key is not None:
-                    yield key, found
-                key, found = member_key, {}
-            found[ext] = (offset, size)
-    except CutShort as exc:  # the sample before the cut member is complete unless it is its own
-        if key is not None and _key_and_extension(exc.name)[0] != key:
-            yield key, found
-        raise
-    if key is not None:
-        yield key, found
-
-
-def _key_and_extension(name: str) -> tuple[str, str]:
-    directory, _, base = name.rpartition("/")
-    stem, _, ext = base.partition(".")
-    return (f"{directory}/{stem}" if directory else stem), ext.lower()
+def member_key(f: BinaryIO, data_offset: int) -> str:
+    """The sample key of the member whose data starts at data_offset, from its ustar header (a
+    PAX long name shows as ustar's truncated one): the index stores no keys, the shard has them."""
+    header = _read(f, (data_offset - 512, 512))
+    name = header[:100].split(b"\0", 1)[0]
+    if header[257:262] == b"ustar" and header[345]:
+        name = header[345:500].split(b"\0", 1)[0] + b"/" + name
+    return _key_and_extension(name)[0].decode("utf-8", "replace")
 
 
 # -- scanning one shard (a worker process) ----------------------------------------------------
@@ -171,111 +233,143 @@ class ScanOptions:
     max_image_pixels: int
 
 
+HELD_SPLITS = ("train", "val")  # indexed in place; the test split is written out whole
+
+
 @dataclass
 class ShardScan:
-    """What a worker hands back for one shard: small. The locations and keys of its kept samples
-    are in its scan file (scan_dir/NNNNNN.npz), so the parent holds 9 bytes per sample."""
+    """What a worker hands back for one shard: small. Its train and val samples are in their
+    index files (out/<split>/NNNNNN.npz, written by the worker); here are their counts, their
+    pHashes when decontaminating (uint64 per row of the index file), and the locations of its
+    test samples (a share of the shard, read back once to write the test set)."""
 
     url: str
     identity: dict
-    scan_file: Path
-    splits: np.ndarray  # uint8 per kept sample: 0 train, 1 val, 2 test, 3 dropped
-    phashes: np.ndarray  # uint64 per kept sample (0 when images are not hashed)
+    index_files: dict[str, Path]  # split -> its index file (written only when counts[split])
+    counts: dict[str, int]  # kept samples per split
+    phashes: dict[str, np.ndarray]
+    test_locations: np.ndarray  # int64 [n, 4]
     samples: int = 0
+    kept: int = 0  # passed every check here (decontamination may drop some later)
     decoded: int = 0
     error: str | None = None
     skips: SkipLog = field(default_factory=SkipLog)
 
-    @property
-    def kept(self) -> int:
-        return len(self.splits)
 
-    def index(self) -> tuple[np.ndarray, np.ndarray]:
-        """(locations: int64 [kept, 4] image offset, size, caption offset, size; keys as UTF-8
-        bytes)."""
-        with np.load(self.scan_file) as f:
-            return f["locations"], f["keys"]
+def scan_shard(url: str, options: ScanOptions, index_files: dict[str, Path]) -> ShardScan:
+    """Every sample of one shard: kept ones indexed by split (with their pHashes), the rest as
+    skips with their reasons (as the copying source names them).
 
-
-def scan_shard(url: str, options: ScanOptions, scan_file: Path) -> ShardScan:
-    """Every sample of one shard: kept ones with their locations, split and pHash; the rest as
-    skips with their reasons (as the copying source names them)."""
+    The loop is the data stage's cost per pair (BENCHMARKS.md): one block read, a caption check
+    and one sha256 for nearly every sample; locations go into flat int lists, not objects."""
     identity = shard_identity(url, sampled_hash=True)
-    name = PurePosixPath(url).name
+    # the split identity `<shard file name>/<key>` as splits.identity_digest hashes it
+    prefix = f"{options.seed}:{PurePosixPath(url).name}/".encode()
+    test_bound = options.test_fraction
+    val_bound = options.test_fraction + options.val_fraction
+    sampled = options.verify == "sample"
+    verify_all = options.verify == "all"
+    max_chars = options.max_caption_chars
     skips = SkipLog()
-    keys: list[str] = []
-    locations: list[tuple[int, int, int, int]] = []
-    splits: list[int] = []
-    phashes: list[int] = []
+    rows: tuple[list[int], list[int], list[int]] = ([], [], [])  # flat locations per split code
+    phashes: tuple[list[int], list[int]] = ([], [])
     samples = decoded = 0
     error = None
     try:
         with open_shard(url) as f:
-            for key, found in grouped_samples(tar_members(f, identity["size"])):
+            for key, found, raw_caption in shard_samples(f, identity["size"]):
                 samples += 1
-                ext = "jpg" if "jpg" in found else _image_extension(found)
-                if ext is None:
-                    skips.add("missing_image", f"{url}:{key}")
+                image = found.get(b"jpg") or _image_member(found)
+                if image is None:
+                    skips.add("missing_image", f"{url}:{_text(key)}")
                     continue
-                if "txt" not in found:
-                    skips.add("missing_caption", f"{url}:{key}")
+                caption = found.get(b"txt")
+                if caption is None:
+                    skips.add("missing_caption", f"{url}:{_text(key)}")
                     continue
-                raw_caption = _read(f, found["txt"])
+                if raw_caption is None:
+                    raw_caption = _read(f, caption)
                 try:
                     text: str | bytes = raw_caption.decode("utf-8")
                 except UnicodeDecodeError:
                     text = raw_caption
-                _, reason = clean_caption(text, options.max_caption_chars)
-                if reason:
-                    skips.add(reason, f"{url}:{key}")
-                    continue
-                digest = identity_digest(f"{name}/{key}", options.seed)
-                verified = _verified(digest, options.verify)
+                # clean_caption's verdict without its whitespace clean-up, for the usual caption
+                if not (isinstance(text, str) and len(text) <= max_chars and not text.isspace()):
+                    reason = clean_caption(text, max_chars)[1]
+                    if reason:
+                        skips.add(reason, f"{url}:{_text(key)}")
+                        continue
+                digest = hashlib.sha256(prefix + key).digest()
+                verified = verify_all or (
+                    sampled and int.from_bytes(digest[8:16], "big") / 2**64 < VERIFY_SAMPLE_SHARE
+                )
                 phash = 0
                 if verified or options.hash_images:
-                    raw = _read(f, found[ext])
+                    raw = _read(f, image)
                     decoded += 1
+                    reason = None
                     if verified:  # keep_jpeg: a JPEG that decodes is not encoded again
-                        _, reason = decode_image(raw, options.max_image_pixels, keep_jpeg=True)
+                        reason = decode_image(raw, options.max_image_pixels, keep_jpeg=True)[1]
                     if reason is None and options.hash_images:
                         # a reduced-scale decode still reads the whole JPEG: a cut file fails
-                        image = decontam.open_image(raw, options.max_image_pixels, draft=True)
-                        if image is None:
+                        decoded_image = decontam.open_image(
+                            raw, options.max_image_pixels, draft=True
+                        )
+                        if decoded_image is None:
                             reason = "corrupt_image"
                         else:
-                            phash = decontam.perceptual_hash(image)
+                            phash = decontam.perceptual_hash(decoded_image)
                     if reason:
-                        skips.add(reason, f"{url}:{key}")
+                        skips.add(reason, f"{url}:{_text(key)}")
                         continue
-                split = split_of_digest(digest, options.val_fraction, options.test_fraction)
-                keys.append(key)
-                locations.append((*found[ext], *found["txt"]))
-                splits.append(_SPLIT_CODES[split])
-                phashes.append(phash)
+                # splits.split_of_digest, inlined: the same comparisons of the same float
+                u = int.from_bytes(digest[:8], "big") / 2**64
+                code = 2 if u < test_bound else 1 if u < val_bound else 0
+                rows[code].extend((*image, *caption))
+                if code < 2 and options.hash_images:
+                    phashes[code].append(phash)
     except (tarfile.TarError, EOFError, OSError) as exc:
         error = f"{type(exc).__name__}: {exc}"
         skips.add("corrupt_shard", f"{url} ({error})")
-    with open(scan_file, "wb") as f:
-        np.savez(
-            f,
-            locations=np.array(locations, dtype=np.int64).reshape(-1, 4),
-            keys=np.array([k.encode("utf-8", "surrogateescape") for k in keys], dtype=np.bytes_),
-        )
+    locations = [np.array(r, dtype=np.int64).reshape(-1, 4) for r in rows]
+    for code, split in enumerate(HELD_SPLITS):
+        if len(locations[code]):
+            write_index(index_files[split], locations[code])
     return ShardScan(
         url,
         identity,
-        scan_file,
-        np.array(splits, dtype=np.uint8),
-        np.array(phashes, dtype=np.uint64),
+        index_files,
+        {split: len(locations[code]) for code, split in enumerate((*HELD_SPLITS, "test"))},
+        {split: np.array(phashes[code], dtype=np.uint64) for code, split in enumerate(HELD_SPLITS)},
+        locations[2],
         samples,
+        sum(len(rows) for rows in locations),
         decoded,
         error,
         skips,
     )
 
 
-def _image_extension(found: dict) -> str | None:
-    return next((e for e in IMAGE_EXTENSIONS if e in found), None)
+def write_index(path: Path, locations: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **encode_index(locations))
+
+
+def read_index(path: Path) -> np.ndarray:
+    with np.load(path) as f:
+        return decode_index(f)
+
+
+def _image_member(found: dict[bytes, tuple[int, int]]) -> tuple[int, int] | None:
+    return next((found[e] for e in _IMAGE_EXTENSIONS if e in found), None)
+
+
+_IMAGE_EXTENSIONS = tuple(e.encode() for e in IMAGE_EXTENSIONS)
+
+
+def _text(key: bytes) -> str:
+    return key.decode("utf-8", "replace")
 
 
 def _read(f: BinaryIO, location: tuple[int, int]) -> bytes:
@@ -283,28 +377,26 @@ def _read(f: BinaryIO, location: tuple[int, int]) -> bytes:
     return f.read(location[1])
 
 
-def _verified(digest: bytes, verify: str) -> bool:
-    """data.verify for one sample; `sample` by bytes of its split hash that the split ignores."""
-    if verify == "sample":
-        return int.from_bytes(digest[8:16], "big") / 2**64 < VERIFY_SAMPLE_SHARE
-    return verify == "all"
-
-
-def _scan(args: tuple[str, ScanOptions, Path]) -> ShardScan:
+def _scan(args: tuple[str, ScanOptions, dict[str, Path]]) -> ShardScan:
     return scan_shard(*args)
 
 
 def scan_all(
-    files: list[str], options: ScanOptions, workers: int, scan_dir: Path
+    files: list[str], options: ScanOptions, workers: int, out: Path
 ) -> Iterator[ShardScan]:
-    """scan_shard over every file, in input order, over `workers` processes."""
-    scan_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(url, options, scan_dir / f"{n:06d}.npz") for n, url in enumerate(files)]
+    """scan_shard over every file, in input order, over `workers` processes; shard n's index
+    files are out/<split>/NNNNNN.npz (n: its place in `files`)."""
+    jobs = [
+        (url, options, {split: out / split / f"{n:06d}.npz" for split in HELD_SPLITS})
+        for n, url in enumerate(files)
+    ]
     if workers <= 1 or len(files) <= 1:
         yield from (scan_shard(*job) for job in jobs)
         return
     with ProcessPoolExecutor(max_workers=min(workers, len(files))) as pool:
-        yield from pool.map(_scan, jobs, chunksize=1)
+        # a few shards per task: 100k shards are 100k round trips to the workers otherwise
+        chunk = max(1, min(16, len(jobs) // (8 * workers)))
+        yield from pool.map(_scan, jobs, chunksize=chunk)
 
 
 # -- the data stage's in-place build ----------------------------------------------------------
@@ -343,9 +435,8 @@ def build_splits(
         max_caption_chars=data.max_caption_chars,
         max_image_pixels=data.max_image_pixels,
     )
-    scan_dir = out / ".scan"
     scans = []
-    for scan in scan_all(files, options, num_workers(data), scan_dir):
+    for scan in scan_all(files, options, num_workers(data), out):
         _merge_skips(skips, scan.skips)
         scans.append(scan)
     test_split = None
@@ -360,10 +451,9 @@ def build_splits(
     if data.decontaminate != "off":
         test = decontam.TestHashes.of(test_items, data.max_image_pixels, test_sha)
         record = _decontaminate(scans, test, data).to_dict()
-    splits = {split: _write_index(scans, out, split) for split in ("train", "val")}
+    splits = {split: _split_entry(scans, out, split) for split in HELD_SPLITS}
     if test_split is not None:
         splits["test"] = test_split
-    shutil.rmtree(scan_dir)
     source = {
         "type": kind or "webdataset",
         "paths": list(data.paths),
@@ -393,9 +483,6 @@ def _merge_skips(into: SkipLog, other: SkipLog) -> None:
         into.counts[reason] += count - len(examples)
 
 
-DROPPED = 3
-
-
 def _write_test_split(scans: list[ShardScan], data: DataConfig, out: Path):
     """The source's test images into out/test (converted to JPEG); (split entry, items)."""
     items = []
@@ -403,13 +490,10 @@ def _write_test_split(scans: list[ShardScan], data: DataConfig, out: Path):
     def images():
         image_id = 0
         for scan in scans:
-            rows = np.nonzero(scan.splits == _SPLIT_CODES["test"])[0]
-            if not len(rows):
+            if not len(scan.test_locations):
                 continue
-            locations, _ = scan.index()
             with open_shard(scan.url) as f:
-                for row in rows:
-                    image_at, image_size, text_at, text_size = locations[row].tolist()
+                for image_at, image_size, text_at, text_size in scan.test_locations.tolist():
                     raw = _read(f, (image_at, image_size))
                     jpeg, reason = decode_image(raw, data.max_image_pixels)
                     if reason:  # not every image is verified while scanning: keep good ones
@@ -426,59 +510,57 @@ def _write_test_split(scans: list[ShardScan], data: DataConfig, out: Path):
 def _decontaminate(
     scans: list[ShardScan], test: decontam.TestHashes, data: DataConfig
 ) -> decontam.Findings:
-    """Compare every train and val sample with the test images; mark matches DROPPED when
-    data.decontaminate is `drop`."""
+    """Compare every train and val sample with the test images; with data.decontaminate `drop`,
+    take the matches out of their index files (rewritten: matches are rare)."""
     findings = decontam.Findings(
         data.decontaminate, data.decontaminate_max_distance, len(test.image_ids), test.sha256
     )
     for scan in scans:
-        held = np.nonzero(scan.splits < _SPLIT_CODES["test"])[0]
-        findings.checked += len(held)
-        if not len(held) or not len(test.image_ids):
-            continue
-        rows, columns, distances = decontam.hamming_matches(
-            scan.phashes[held], test.phashes, data.decontaminate_max_distance
-        )
-        closest: dict[int, tuple[int, int]] = {}  # sample row -> (test column, distance)
-        for row, column, distance in zip(held[rows].tolist(), columns.tolist(), distances.tolist()):
-            if row not in closest or distance < closest[row][1]:
-                closest[row] = (column, distance)
-        if not closest:
-            continue
-        locations, keys = scan.index()
-        with open_shard(scan.url) as f:
-            for row, (column, distance) in sorted(closest.items()):
-                image_at, image_size = locations[row][:2].tolist()
-                image = decontam.open_image(_read(f, (image_at, image_size)), data.max_image_pixels)
-                pixels = decontam.pixel_hash(image) if image is not None else None
-                kind = "exact" if pixels == test.pixel_hashes[column] else "near"
-                split = "train" if scan.splits[row] == _SPLIT_CODES["train"] else "val"
-                findings.add(
-                    f"{scan.url}:{keys[row].decode('utf-8', 'replace')}",
-                    split,
-                    test.image_ids[column],
-                    distance,
-                    kind,
-                )
-                if data.decontaminate == "drop":
-                    scan.splits[row] = DROPPED
+        for split in HELD_SPLITS:
+            hashes = scan.phashes[split]
+            findings.checked += len(hashes)
+            if not len(hashes) or not len(test.image_ids):
+                continue
+            closest = decontam.closest_matches(
+                hashes, test.phashes, data.decontaminate_max_distance
+            )
+            if not closest:
+                continue
+            locations = read_index(scan.index_files[split])
+            with open_shard(scan.url) as f:
+                for row, (column, distance) in sorted(closest.items()):
+                    image_at, image_size = locations[row][:2].tolist()
+                    raw = _read(f, (image_at, image_size))
+                    image = decontam.open_image(raw, data.max_image_pixels)
+                    pixels = decontam.pixel_hash(image) if image is not None else None
+                    kind = "exact" if pixels == test.pixel_hashes[column] else "near"
+                    findings.add(
+                        f"{scan.url}:{member_key(f, image_at)}",
+                        split,
+                        test.image_ids[column],
+                        distance,
+                        kind,
+                    )
+            if data.decontaminate == "drop":
+                kept = np.delete(locations, sorted(closest), axis=0)
+                scan.counts[split] = len(kept)
+                if len(kept):
+                    write_index(scan.index_files[split], kept)
+                else:
+                    scan.index_files[split].unlink()
     return findings
 
 
-def _write_index(scans: list[ShardScan], out: Path, split: str) -> dict:
-    code = _SPLIT_CODES[split]
+def _split_entry(scans: list[ShardScan], out: Path, split: str) -> dict:
     (out / split).mkdir(parents=True, exist_ok=True)
-    shards = []
-    for number, scan in enumerate(scans):
-        rows = np.nonzero(scan.splits == code)[0]
-        if not len(rows):
-            continue
-        locations, keys = scan.index()
-        name = f"{split}/{number:06d}.npz"
-        with open(out / name, "wb") as f:
-            # compressed: offsets grow steadily and keys share prefixes (DVC hashes these files)
-            np.savez_compressed(f, locations=locations[rows], keys=keys[rows])
-        shards.append(
-            {"name": name, "url": scan.url, "identity": scan.identity, "count": len(rows)}
-        )
+    shards = [
+        {
+            "name": scan.index_files[split].relative_to(out).as_posix(),
+            "url": scan.url,
+            "identity": scan.identity,
+            "count": scan.counts[split],
+        }
+        for scan in scans
+        if scan.counts[split]
+    ]
     return {"count": sum(s["count"] for s in shards), "in_place": True, "shards": shards}

@@ -92,13 +92,13 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
                 # fetches the next ones: the copy costs no wall time but the last shard's.
                 write_shard_samples(shards_dir, name, writer, skips)
     stats = download.shard_stats(shards_dir, expected)
-    decontamination = None
     if in_place:
         tars = [str(shards_dir / f"{name}.tar") for name in shard_names]
         splits, _, decontamination = inplace.build_splits(data, out, skips, tars, "laion-parquet")
     else:
         assert writer is not None  # made when not in place
         splits = writer.close()
+        decontamination = writer.decontamination
     successes = sum(s.successes for s in stats)
     log.info(
         "downloaded %d of %d images (%.1f%%) in %d shards",
@@ -124,9 +124,9 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
             ],
         },
     }
-    if decontamination is not None:
+    if in_place:
         source["in_place"] = True
-        source["decontamination"] = decontamination
+    source["decontamination"] = decontamination
     return splits, source
 
 

@@ -17,7 +17,7 @@ import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -83,6 +83,23 @@ def write_shards(
     return writer.close()
 
 
+def rewrite_shard(root: Path, info: ShardInfo, dropped: set[int]) -> ShardInfo:
+    """root/info.name again without the samples at positions `dropped` (the others keep their
+    keys and order), written beside it and moved into place; its new ShardInfo."""
+    import webdataset as wds
+
+    path = root / info.name
+    kept = [s for n, s in enumerate(index_shard(path).items()) if n not in dropped]
+    partial = path.with_name(f".{path.name}.partial")
+    with open(path, "rb") as f:
+        writer = wds.TarWriter(str(partial), mtime=0)  # as ShardWriter: byte-for-byte reproducible
+        for key, members in kept:
+            writer.write({"__key__": key, **{ext: m.read(f) for ext, m in members.items()}})
+        writer.close()
+    os.replace(partial, path)
+    return ShardInfo(info.name, len(kept), sha256_file(path))
+
+
 @dataclass(frozen=True)
 class Member:
     offset: int
@@ -145,6 +162,7 @@ def shard_identity(url: str, sampled_hash: bool = False) -> dict:
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(url)
+        fs.invalidate_cache(path)  # s3fs answers from its listing cache: a shard's old etag
         identity = _remote_identity(fs.info(path))
     if sampled_hash:
         identity["sampled_sha256"] = _sampled_sha256(url, identity["size"])
@@ -219,6 +237,7 @@ def _listed_identities(urls: list[str]) -> dict[str, dict]:
     found = {}
     for directory, members in by_directory.items():
         fs, path = fsspec.core.url_to_fs(directory)
+        fs.invalidate_cache(path)  # a listing cached by this process shows the old etags
         infos = {fs.unstrip_protocol(i["name"]): i for i in fs.ls(path, detail=True) if "size" in i}
         for url in members:
             info = infos.get(url) or infos.get(fs.unstrip_protocol(fsspec.core.url_to_fs(url)[1]))
@@ -227,13 +246,93 @@ def _listed_identities(urls: list[str]) -> dict[str, dict]:
     return found
 
 
-def open_shard(url: str) -> BinaryIO:
-    """A binary file object for a path or fsspec URL (the caller closes it)."""
+def open_shard(url: str, random_access: bool = False) -> BinaryIO:
+    """A binary file object for a path or fsspec URL (the caller closes it). random_access: no
+    read-ahead over fsspec, so each read is one ranged request of what it asks for; s3fs would
+    otherwise fetch up to its 50 MB block after every backward seek (a shuffled window reads each
+    shard out of order)."""
     if "://" not in url:
         return open(url, "rb")
     import fsspec
 
-    return fsspec.open(url, "rb").open()
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs.open(path, "rb", **({"cache_type": "none"} if random_access else {}))
+
+
+# The index of a split's samples in one shard (data/<split>/NNNNNN.npz): where the image and the
+# caption of each sample are, in file order. Stored small, since DVC hashes and caches it: sizes in
+# the narrowest unsigned type that holds them, offsets as their difference from where the tar
+# layout puts them when the members follow each other (<key>.jpg then <key>.txt, each after its
+# 512-byte header): 0 for nearly every sample, whatever the shard's size. Every array is stored
+# byte-shuffled (its bytes grouped by significance, as HDF5's shuffle filter does), so the
+# compressor sees runs of equal high bytes.
+_TAR_BLOCK = 512
+
+
+def _padded(size: np.ndarray) -> np.ndarray:
+    return (size + _TAR_BLOCK - 1) // _TAR_BLOCK * _TAR_BLOCK
+
+
+def _predicted_image_offsets(image_size: np.ndarray, caption_size: np.ndarray) -> np.ndarray:
+    """Where each image would start if every sample followed the previous one directly."""
+    step = _padded(image_size) + _padded(caption_size) + 2 * _TAR_BLOCK
+    return np.concatenate([[_TAR_BLOCK], _TAR_BLOCK + np.cumsum(step[:-1])]).astype(np.int64)
+
+
+def encode_index(locations: np.ndarray) -> dict[str, Any]:
+    """The arrays stored for locations [n, 4] (image offset, size, caption offset, size)."""
+    locations = np.asarray(locations, dtype=np.int64).reshape(-1, 4)
+    image_at, image_size, text_at, text_size = locations.T
+    # offsets as differences between consecutive prediction errors: a skipped sample or an extra
+    # member shifts every later offset, and that shift is one value, not one per later sample
+    image_error = image_at - _predicted_image_offsets(image_size, text_size)
+    arrays = {
+        "image_size": image_size,
+        "caption_size": text_size,
+        "image_offset_error": np.diff(image_error, prepend=0),
+        "caption_offset_error": text_at - (image_at + _padded(image_size) + _TAR_BLOCK),
+    }
+    return {name: _shuffled(_narrowest(a)) for name, a in arrays.items()}
+
+
+def decode_index(arrays) -> np.ndarray:
+    """encode_index's inverse: int64 locations [n, 4]."""
+    image_size, text_size, image_error, text_error = (
+        _unshuffled(arrays[name])
+        for name in ("image_size", "caption_size", "image_offset_error", "caption_offset_error")
+    )
+    image_at = _predicted_image_offsets(image_size, text_size) + np.cumsum(image_error)
+    text_at = image_at + _padded(image_size) + _TAR_BLOCK + text_error
+    return np.stack([image_at, image_size, text_at, text_size], axis=1)
+
+
+def _narrowest(values: np.ndarray) -> np.ndarray:
+    low, high = (int(values.min()), int(values.max())) if len(values) else (0, 0)
+    for dtype in (np.uint8, np.uint16, np.uint32, np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return values.astype(dtype)
+    return values.astype(np.int64)
+
+
+def _shuffled(values: np.ndarray) -> np.ndarray:
+    """[itemsize, n] uint8: byte k of every value, then byte k+1; the dtype is kept in a
+    structured view so that _unshuffled needs nothing else."""
+    planes = (
+        values.astype(values.dtype.newbyteorder("<")).view(np.uint8).reshape(-1, values.itemsize)
+    )
+    return np.ascontiguousarray(planes.T).view(np.dtype([(values.dtype.str, np.uint8)]))
+
+
+def _unshuffled(stored: np.ndarray) -> np.ndarray:
+    (name,) = stored.dtype.names or ("",)  # _shuffled's one field, named by the dtype
+    dtype = np.dtype(name)
+    planes = stored.view(np.uint8).reshape(dtype.itemsize, -1)
+    return np.ascontiguousarray(planes.T).view(dtype).ravel().astype(np.int64)
+
+
+_ONE_READ_GAP = 4096  # bytes between an image and its caption still fetched in the same read
+_READ_AHEAD_BYTES = 64 * 2**20  # fsspec shards up to this size are read through read-ahead
 
 
 class InPlaceReader:
@@ -249,10 +348,17 @@ class InPlaceReader:
 
     def read(self, shard: int, index: int) -> dict[str, bytes]:
         if shard not in self._locations:
+            # bounded like the open files: an epoch visits every shard (32 bytes a sample here)
+            if len(self._locations) >= 4 * self.max_open_files:
+                self._locations.pop(next(iter(self._locations)))
             with np.load(self.index_files[shard]) as index_file:
-                self._locations[shard] = index_file["locations"]
+                self._locations[shard] = decode_index(index_file)
         image_at, image_size, text_at, text_size = self._locations[shard][index].tolist()
         f = self._file(shard)
+        gap = text_at - (image_at + image_size)
+        if 0 <= gap <= _ONE_READ_GAP:  # the caption right after the image: one read (request)
+            both = _read_at(f, image_at, text_at + text_size - image_at)
+            return {"jpg": both[:image_size], "txt": both[image_size + gap :]}
         return {"jpg": _read_at(f, image_at, image_size), "txt": _read_at(f, text_at, text_size)}
 
     def _file(self, shard: int) -> BinaryIO:
@@ -263,7 +369,10 @@ class InPlaceReader:
                 raise ShardChangedError(f"{entry['url']} changed since the data stage: {why}")
             if len(self._files) >= self.max_open_files:
                 self._files.pop(next(iter(self._files))).close()
-            self._files[shard] = open_shard(entry["url"])
+            # a small shard comes whole in s3fs's read-ahead (one request); a large one is read
+            # a sample at a time, since read-ahead refetches its 50 MB block on every seek back
+            large = entry["identity"]["size"] > _READ_AHEAD_BYTES
+            self._files[shard] = open_shard(entry["url"], random_access=large)
         return self._files[shard]
 
 

@@ -15,11 +15,13 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from clipforge.cli import StageError
 from clipforge.config import DataConfig
-from clipforge.data import testset
+from clipforge.data import decontam, testset
 from clipforge.data.samples import shorter_side_at_most
-from clipforge.data.shards import ShardInfo, ShardReader, ShardWriter
+from clipforge.data.shards import ShardInfo, ShardReader, ShardWriter, rewrite_shard
 from clipforge.fsutil import sha256_file
 
 _PENDING_TEST = ".test-pending"
@@ -156,8 +158,14 @@ def test_hashes(directory: Path) -> dict:
 
 
 class SplitWriter:
+    """Writes each pair into its split as it comes. With data.decontaminate, every train and val
+    image is pHashed as it is written (8 bytes a pair kept), and once the test set is known (at
+    the end when it is split off here) the matches are counted and, with `drop`, their shards
+    re-written without them: matches are rare, so few shards are."""
+
     def __init__(self, out: Path, data: DataConfig):
         self.out = out
+        self.data = data
         self.seed = data.seed
         self.resize_to = data.resize_to
         self.val_fraction = data.val_fraction
@@ -168,23 +176,75 @@ class SplitWriter:
         if self.test_fraction:
             self.writers["test"] = ShardWriter(out, _PENDING_TEST, data.samples_per_shard)
         self.counts = {split: 0 for split in self.writers}
+        self.phashes: dict[str, list[int]] = {"train": [], "val": []}
+        self.decontamination = decontam.not_checked("data.decontaminate: off")
 
     def add(self, identity: str, jpeg: bytes, caption: str) -> str:
         """Write one pair; returns its split."""
         split = split_of_identity(identity, self.seed, self.val_fraction, self.test_fraction)
         if split != "test":  # the test set keeps its images as they are
+            if self.data.decontaminate != "off":  # the image as it came, before any resize
+                phash = decontam.image_hash(jpeg, self.data.max_image_pixels)
+                self.phashes[split].append(decontam.NO_HASH if phash is None else phash)
             jpeg = shorter_side_at_most(jpeg, self.resize_to)
         self.writers[split].write(f"{split}-{self.counts[split]:08d}", jpeg, caption)
         self.counts[split] += 1
         return split
 
     def close(self) -> dict:
-        """The manifest's `splits` entries (test only when it was split off here)."""
-        splits = {split: shard_summary(self.writers[split].close()) for split in ("train", "val")}
+        """The manifest's `splits` entries (test only when it was split off here); the
+        decontamination record is then in self.decontamination."""
+        shards = {split: self.writers[split].close() for split in ("train", "val")}
+        test = None
         if "test" in self.writers:
             pending = self.writers["test"].close()
-            splits["test"] = self._write_test_set(pending)
+            test = self._write_test_set(pending)
+        if self.data.decontaminate != "off":
+            test_dir = Path(self.data.test_dir) if self.data.test_dir else self.out / "test"
+            self.decontamination = self._decontaminate(shards, test_dir)
+        splits = {split: shard_summary(infos) for split, infos in shards.items()}
+        if test is not None:
+            splits["test"] = test
         return splits
+
+    def _decontaminate(self, shards: dict[str, list[ShardInfo]], test_dir: Path) -> dict:
+        """The written train and val images against the test set in test_dir (as
+        clipforge.data.inplace compares them); matches dropped from `shards` with `drop`."""
+        data = self.data
+        tests = testset.load_test_set(test_dir)
+        test = decontam.TestHashes.of(
+            zip(tests.image_ids, tests.images),
+            data.max_image_pixels,
+            test_hashes(test_dir)["sha256"],
+        )
+        findings = decontam.Findings(
+            data.decontaminate, data.decontaminate_max_distance, len(test.image_ids), test.sha256
+        )
+        for split, infos in shards.items():
+            hashes = np.array(self.phashes[split], dtype=np.uint64)
+            findings.checked += len(hashes)
+            if not len(hashes) or not len(test.image_ids):
+                continue
+            closest = decontam.closest_matches(
+                hashes, test.phashes, data.decontaminate_max_distance
+            )
+            by_shard: dict[int, dict[int, tuple[int, int]]] = {}
+            for row, match in closest.items():  # every shard but the last holds samples_per_shard
+                number, index = divmod(row, data.samples_per_shard)
+                by_shard.setdefault(number, {})[index] = match
+            for number, matches in sorted(by_shard.items()):
+                info = infos[number]
+                reader = ShardReader([self.out / info.name])
+                for index, (column, distance) in sorted(matches.items()):
+                    # the image as written: resized by data.resize_to, a copy counts as near
+                    image = decontam.open_image(reader.read(0, index)["jpg"], data.max_image_pixels)
+                    pixels = decontam.pixel_hash(image) if image is not None else None
+                    kind = "exact" if pixels == test.pixel_hashes[column] else "near"
+                    where = f"{info.name}:{split}-{number * data.samples_per_shard + index:08d}"
+                    findings.add(where, split, test.image_ids[column], distance, kind)
+                if data.decontaminate == "drop":
+                    infos[number] = rewrite_shard(self.out, info, set(matches))
+        return findings.to_dict()
 
     def _write_test_set(self, pending: list[ShardInfo]) -> dict:
         reader = ShardReader([self.out / s.name for s in pending])

@@ -49,7 +49,7 @@ def build_dataset(config: Config, out: Path) -> dict:
     """Write every split of the configured source into the empty directory `out`."""
     data = config.data
     skips = SkipLog()
-    checked = decontam.not_checked("only shards indexed in place are checked (data.in_place)")
+    checked = decontam.not_checked("the local source is not checked (data.decontaminate)")
     if data.source == "webdataset":
         files = expand_paths(data.paths, "webdataset .tar shards")
     if data.source == "builtin":
@@ -64,6 +64,7 @@ def build_dataset(config: Config, out: Path) -> dict:
         splits, source, checked = inplace.build_splits(data, out, skips, files)
     elif data.source == "webdataset":
         splits, source = wds_source.build_splits(data, out, skips, files)
+        checked = source.pop("decontamination")
     else:
         splits, source = _local_splits(data, out, skips)
     if splits["train"]["count"] == 0:

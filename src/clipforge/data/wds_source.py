@@ -10,7 +10,8 @@ tar, or ends early, counts once as corrupt_shard, keeping the complete samples b
 damage. The manifest lists, per input shard, how many samples were read and kept.
 
 This copies: JPEGs pass through unchanged (other formats are converted), data.resize_to applies,
-and the cost is one sequential copy in one process, about 1,000 pairs per CPU-second. Large sets
+and the cost is one sequential copy in one process, about 1,000 pairs per CPU-second. The copy is
+checked against the test set as shards used in place are (data.decontaminate; SplitWriter). Large sets
 are used in place instead (data.in_place, clipforge.data.inplace): a manifest, no copy.
 """
 
@@ -51,7 +52,13 @@ def build_splits(data: DataConfig, out, skips: SkipLog, files: list[str]) -> tup
             skips.add("corrupt_shard", f"{url} ({error})")
         inputs.append({"shard": url, "samples": read, "kept": kept, "error": error})
     splits = writer.close()
-    source = {"type": "webdataset", "paths": list(data.paths), "seed": data.seed, "shards": inputs}
+    source = {
+        "type": "webdataset",
+        "paths": list(data.paths),
+        "seed": data.seed,
+        "shards": inputs,
+        "decontamination": writer.decontamination,  # the stage moves it to the manifest's top
+    }
     return splits, source
 
 
