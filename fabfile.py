@@ -2,6 +2,7 @@
 
   fab check  [--gpus N] [--runtime host|docker]       preflight every host
   fab train  --gpus N [--nodes N] [--set k=v ...] [--smoke] [--runtime host|docker] [--data ...]
+             [--spare HOST[,HOST] [--controller HOST]]   a controller moves the run if a host dies
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
   fab status --run RUN | fab fetch --from-store | fab tensorboard --from-store   (the run store)
 
@@ -26,11 +27,13 @@ from invoke import Collection, Exit, Task
 
 from clipforge.errors import UserError
 from clipforge.launcher import LauncherError, preflight, session, watch
+from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
 from clipforge.launcher import from_store as from_store_mod
 from clipforge.launcher import launch as launch_mod
 from clipforge.launcher.connection import HostSpec, spec_of
 from clipforge.launcher.options import make_options, parse_count
+from clipforge.launcher.recovery import RecoveryRule
 from clipforge.launcher.session import Settings, settings_from
 from clipforge.launcher.source import current_source
 
@@ -45,6 +48,11 @@ SETTINGS = {
     "shm_size": "16g",  # docker runtime: /dev/shm for DataLoader workers and NCCL
     "registry": None,  # prefix of the image reference; else $REGISTRY
     "socket_ifname": None,  # multi-node: the ranks' interface; None: each node's route to node 0
+    # `train --spare`: the recovery controller probes each host this often, and decides it is gone
+    # after this many missed probes in a row over this long (docs/launcher.md, "A box dies")
+    "probe_every_seconds": RecoveryRule.probe_every_seconds,
+    "gone_after_misses": RecoveryRule.gone_after_misses,
+    "gone_after_seconds": RecoveryRule.gone_after_seconds,
 }
 
 
@@ -172,6 +180,13 @@ def check(
         "that never saw it, move it there from the run store",
         "store": "with --resume: " + STORE_HELP,
         "accept_new_host_key": "record the key of a host never seen before (fresh hosts)",
+        "spare": "host(s) to move the run to when a training host is gone (user@host[:port],...); "
+        "a recovery controller watches the run and moves it, from the run store",
+        "controller": "with --spare: the host the recovery controller runs on (default: the "
+        "first spare); never a training host",
+        "controller_key": "with --spare: the private key's path on the controller's host that "
+        "reaches the hosts (default: the -i path)",
+        "max_moves": "with --spare: moves before the controller gives up (run_failed)",
     },
 )
 def train(
@@ -189,6 +204,10 @@ def train(
     resume=None,
     store=None,
     accept_new_host_key=False,
+    spare=None,
+    controller=None,
+    controller_key=None,
+    max_moves=RecoveryRule.max_moves,
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
     if resume:
@@ -218,7 +237,31 @@ def train(
     prepared = launch_mod.prepare(source, options, c.settings)
     chosen = launch_mod.select_nodes(specs, options, from_stack=stack is not None)
     hosts = [session.open_host(s, c.config, c.settings, stack, accept_new_host_key) for s in chosen]
+    store = prepared.params["storage"]["remote"]
+    recovery = controller_mod.open_recovery(
+        spare=spare,
+        controller=controller,
+        controller_key=controller_key,
+        max_moves=parse_count(max_moves, "--max-moves"),
+        hosts=hosts,
+        from_stack=stack is not None,
+        options=options,
+        store=store,
+        config=c.config,
+        settings=c.settings,
+        accept_new_host_key=accept_new_host_key,
+    )
     launch_id = launch_mod.launch(hosts, prepared, options, c.settings, stack, _say)
+    if recovery:
+        try:
+            controller_mod.start(
+                recovery, hosts, launch_id, store, prepared.source, c.settings, _say
+            )
+        except BaseException:  # a run nobody watches is not what --spare asked for
+            launch_mod.stop_nodes(
+                [(h, session.node_layout(h, i, launch_id)) for i, h in enumerate(hosts)], c.settings
+            )
+            raise
     _say(
         f"started run {launch_id} on {', '.join(h.label for h in hosts)}"
         + (" (smoke)" if smoke else "")

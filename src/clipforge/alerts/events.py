@@ -36,6 +36,7 @@ ACCURACY_AT_CHANCE = "accuracy_at_chance"
 RECALL_DECLINING = "recall_declining"
 HANG = "hang"
 GPU_LOST = "gpu_lost"
+HOST_LOST = "host_lost"
 
 # Lifecycle messages happen a handful of times per run and are the ones a user waits for
 # ("did it finish?"), so the rate limiter never holds them back.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import posixpath
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clipforge.fsutil import replace_dir_atomically
-from clipforge.launcher import LauncherError
+from clipforge.launcher import LauncherError, recovery
 from clipforge.launcher.connection import q, run
 from clipforge.launcher.fetch import RESULTS
 from clipforge.launcher.host import stored_checkpoints
@@ -69,11 +70,25 @@ def show_status(remote: str | None, launch_id: str | None, say: Say) -> None:
         ("step", row.get("step", "-")),
         ("loss", row.get("loss", "-")),
         ("run store", sync_text(status) if status else "no status written yet"),
+        *_recovery_rows(store, launch_id),
     ]
     width = max(len(k) for k, _ in rows)
     say(f"run store  launch {launch_id}")
     for key, value in rows:
         say(f"  {key:<{width}}  {value}")
+
+
+def _recovery_rows(store: RunStore, launch_id: str) -> list[tuple[str, str]]:
+    """The recovery controller's rows (`fab train --spare`) from its record in the store."""
+    path = posixpath.join(posixpath.dirname(store.root), recovery.store_record_path(launch_id))
+    try:
+        text = store.fs.cat_file(path).decode("utf-8")
+    except FileNotFoundError:
+        return []
+    try:
+        return recovery.status_rows(recovery.parse_record(text, f"{store.remote}: {path}"))
+    except recovery.RecordError as exc:
+        return [("recovery", f"unreadable: {exc}")]
 
 
 def fetch(remote: str | None, launch_id: str | None, destination: Path, say: Say) -> Path:

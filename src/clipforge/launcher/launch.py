@@ -209,10 +209,16 @@ def launch(
                 f"mv {q(current_marker(host.root))}.tmp {q(current_marker(host.root))}",
             )
     except BaseException:
-        for host, layout in started:
-            probe(host.cxn, remote_python(settings, layout, "supervisor", "stop", layout.node_dir))
+        stop_nodes(started, settings)
         raise
     return launch_id
+
+
+def stop_nodes(nodes: list[tuple[Host, NodeLayout]], settings: Settings) -> None:
+    """Ask the supervisors of a run being started to stop: a start that fails leaves nothing
+    running (also when the run started but its recovery controller did not)."""
+    for host, layout in nodes:
+        probe(host.cxn, remote_python(settings, layout, "supervisor", "stop", layout.node_dir))
 
 
 def launched_by() -> str:

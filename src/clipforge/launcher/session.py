@@ -20,6 +20,7 @@ from clipforge.launcher import LauncherError, connection
 from clipforge.launcher.commands import DockerSpec, run_container
 from clipforge.launcher.connection import HostSpec, join, probe, q, run
 from clipforge.launcher.host.run_dirs import DEFAULT_ROOT, NodeLayout, current_marker
+from clipforge.launcher.recovery import RecoveryRule
 from clipforge.launcher.stack import StackOutputs, load_stack_outputs
 from clipforge.yamlfile import YamlFileError, read_yaml_file
 
@@ -38,6 +39,11 @@ class Settings:
     # Multi-node: the interface the ranks talk on (GLOO/NCCL_SOCKET_IFNAME) on every node; None:
     # each node's route to the master decides (clipforge.launcher.network).
     socket_ifname: str | None = None
+    # The recovery controller's rule (`fab train --spare`, clipforge.launcher.recovery): a host
+    # is gone after `gone_after_misses` missed probes in a row over `gone_after_seconds`.
+    probe_every_seconds: float = RecoveryRule.probe_every_seconds
+    gone_after_misses: int = RecoveryRule.gone_after_misses
+    gone_after_seconds: float = RecoveryRule.gone_after_seconds
 
     def __post_init__(self) -> None:
         if self.min_free_gb < 0:
@@ -106,6 +112,9 @@ def settings_from(config) -> Settings:
         shm_size=str(section["shm_size"]),
         registry=registry if registry is not None else os.environ.get("REGISTRY") or None,
         socket_ifname=optional("socket_ifname"),
+        probe_every_seconds=number("probe_every_seconds"),
+        gone_after_misses=int(number("gone_after_misses")),
+        gone_after_seconds=number("gone_after_seconds"),
     )
 
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from decimal import Decimal
 
-from clipforge.launcher import LauncherError
+from clipforge.launcher import LauncherError, recovery
 from clipforge.launcher.commands import (
     container_prefix,
     docker_cleanup_argv,
@@ -47,7 +47,7 @@ def show_status(
     for index, (host, layout) in enumerate(nodes):
         info = collect(host, layout, settings)
         if index == 0:
-            rows = status_mod.summarize(info, price)
+            rows = status_mod.summarize(info, price) + _recovery_rows(host, layout)
             width = max(len(k) for k, _ in rows)
             say(f"{host.label}  launch {layout.launch_id}")
             for key, value in rows:
@@ -58,6 +58,19 @@ def show_status(
                 f"{host.label}  node {layout.node_rank}: {state.get('state')}, "
                 f"restarts {state.get('restarts', 0)}"
             )
+
+
+def _recovery_rows(host: Host, layout: NodeLayout) -> list[tuple[str, str]]:
+    """The recovery controller's rows (`fab train --spare`): its state and the run's moves, as
+    its record in the run directory has them; none for a run without a controller."""
+    path = posixpath.join(layout.run_dir, recovery.RECOVERY_FILE)
+    result = probe(host.cxn, f"cat {q(path)}")
+    if not result.ok or not result.stdout.strip():
+        return []
+    try:
+        return recovery.status_rows(recovery.parse_record(result.stdout, f"{host.label}:{path}"))
+    except recovery.RecordError as exc:
+        return [("recovery", f"unreadable: {exc}")]
 
 
 def show_logs(
