@@ -173,8 +173,7 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
         if run.lock:
             run.lock.release()
         stop.uninstall()
-        if outcome != "failed":  # after a failure a peer may be wedged in a collective: just exit
-            shutdown_distributed()
+        shutdown_distributed()
 
 
 def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str) -> TrainingRun:
