@@ -81,16 +81,6 @@ def init_distributed(device: str, timeout_seconds: float = 1800.0) -> DistInfo:
     )
 
 
-def shutdown_distributed() -> None:
-    """Tear the process group down before the interpreter exits: left to interpreter shutdown,
-    gloo's threads can be destroyed while still joinable, and the process aborts after its work
-    is done ("terminate called without an active exception", a non-zero exit)."""
-    import torch.distributed
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 def use_environment_extension_cache() -> None:
     """Keep DeepSpeed's JIT-built ops inside the running Python environment (a venv) when it is
     writable, built by its own ninja: two environments with different DeepSpeed versions sharing

@@ -33,7 +33,7 @@ from clipforge.ids import launch_id_of
 from clipforge.model import ClipBundle, build_model
 from clipforge.train import data as train_data
 from clipforge.train import retrieval_grid
-from clipforge.train.dist import DistInfo, init_distributed, resolve_device, shutdown_distributed
+from clipforge.train.dist import DistInfo, init_distributed, resolve_device
 from clipforge.train.ds_config import (
     deepspeed_bf16,
     deepspeed_config,
@@ -174,8 +174,6 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
         if run.lock:
             run.lock.release()
         stop.uninstall()
-        if outcome != "failed":  # after a failure a peer may be wedged in a collective: just exit
-            shutdown_distributed()
 
 
 def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str) -> TrainingRun:
