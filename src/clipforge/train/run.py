@@ -155,7 +155,11 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
     device = resolve_device(config.train.device)
     stop = StopFlag()
     stop.install()  # before the slow set-up, so an early SIGTERM is not lost
-    run = set_up(config, paths, manifest, device, stop)
+    try:
+        run = set_up(config, paths, manifest, device, stop)
+    except BaseException:  # a failed or stopped set-up: the caller's handlers come back
+        stop.uninstall()
+        raise
     outcome = "failed"
     try:
         final = train_and_export(run, stop)
