@@ -8,7 +8,10 @@ on either side), from the same initial weights, alternating which goes first:
   - clipforge's step as train/loop.py runs it: the DeepSpeed engine of the run's config,
     contrastive_step, the per-step check and the temperature clamp;
   - the same with one knob off at a time: torch's multi-tensor AdamW instead of its fused
-    kernel; the text tower's explicit float mask instead of the causal flag.
+    kernel; the text tower's explicit float mask instead of the causal flag;
+  - the same without the per-step check (`agree`: the host's one wait per step, before
+    backward): what that wait costs, here.
+`--loops NAME...` runs a subset (open_clip_train always runs: the ratios are to it).
 The comparison is on synthetic in-memory data: open_clip_train's webdataset reader does not run
 on webdataset 1.x. The loader is measured separately (bench/loader.py).
 """
@@ -75,9 +78,10 @@ def open_clip_loop(model, data: list, lr: float) -> float:
     return loader.num_samples / (time.perf_counter() - began)
 
 
-def clipforge_loop(model, data: list, lr: float, fused: bool = True) -> float:
+def clipforge_loop(model, data: list, lr: float, fused: bool = True, check: bool = True) -> float:
     """samples/s of clipforge's step as the train stage runs it (default params: ZeRO-1, fp32);
-    `fused=False`: torch's multi-tensor AdamW instead of its fused kernel (the knob measured)."""
+    `fused=False`: torch's multi-tensor AdamW instead of its fused kernel (the knob measured);
+    `check=False`: no per-step check (no host read of the loss before backward)."""
     from clipforge.config import batch_plan, load_config
     from clipforge.train.ds_config import deepspeed_config
     from clipforge.train.engine import clamp_logit_scale, create_engine
@@ -100,12 +104,24 @@ def clipforge_loop(model, data: list, lr: float, fused: bool = True) -> float:
         agreed = agree(loss, previous_norm, False, "cpu")
         return agreed.loss != agreed.loss
 
+    def never(loss) -> bool:
+        return False
+
     began = time.perf_counter()
     for images, texts in data:
-        contrastive_step(engine, loss_fn, [(images, texts)], skip_if)
+        contrastive_step(engine, loss_fn, [(images, texts)], skip_if if check else never)
         clamp_logit_scale(engine, 100.0)
         previous_norm = engine.get_global_grad_norm()
     return len(data) * len(data[0][0]) / (time.perf_counter() - began)
+
+
+LOOPS = [
+    "open_clip_train",
+    "clipforge",
+    "clipforge-unfused-adamw",
+    "clipforge-float-mask",
+    "clipforge-no-check",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--loops", nargs="+", choices=LOOPS[1:], default=LOOPS[1:])
     args = parser.parse_args(argv)
 
     import torch
@@ -132,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     # open_clip_train and the float-mask variant get the model exactly as plain open_clip builds
     # it; the other two clipforge's (text attention on the causal-flag path). Same weights.
     plain = without_causal_flag(bundle.model)
-    names = ["open_clip_train", "clipforge", "clipforge-unfused-adamw", "clipforge-float-mask"]
+    names = [LOOPS[0], *[name for name in LOOPS[1:] if name in args.loops]]
     results: dict[str, list[float]] = {name: [] for name in names}
     for repeat in range(args.repeats):
         order = names[:: 1 if repeat % 2 == 0 else -1]
@@ -144,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                 results[name].append(open_clip_loop(model, data, 1e-3))
             else:
                 fused = name != "clipforge-unfused-adamw"
+                check = name != "clipforge-no-check"
                 make_logit_scale_1d(model)
-                clipforge_loop(model, warm, 1e-3, fused)  # its own engine: first steps
-                results[name].append(clipforge_loop(copy.deepcopy(model), data, 1e-3, fused))
+                clipforge_loop(model, warm, 1e-3, fused, check)  # its own engine: first steps
+                results[name].append(clipforge_loop(copy.deepcopy(model), data, 1e-3, fused, check))
     med = {name: statistics.median(rates) for name, rates in results.items()}
     # each repeat's two runs are back to back: their ratio is robust to the machine's load drifting
     print(f"torch threads {torch.get_num_threads()}, batch {args.batch}, fp32, {args.steps} steps")

@@ -46,10 +46,11 @@ def test_every_validation_logs_a_grid_of_the_same_queries(reference_run, small_d
     first = (
         retrieval_grid.CAPTION_PIXELS if retrieval_grid.cjk_font() else retrieval_grid.LABEL_PIXELS
     )
-    cell = retrieval_grid.THUMB_PIXELS + 2 * retrieval_grid.FRAME_PIXELS
+    cell = retrieval_grid.CELL_PIXELS
+    bands = retrieval_grid.HEADER_PIXELS + retrieval_grid.LEGEND_PIXELS
     for grid in grids:
         image = Image.open(io.BytesIO(grid.encoded_image_string))
-        assert image.size == (first + 5 * cell, 4 * cell)
+        assert image.size == (first + 5 * cell, bands + 4 * cell)
     captions = _first_val_captions(small_data, 4)
     table = _text(events, "samples/text_to_image_queries", 12)
     assert [row.split(" | ")[1] for row in table.splitlines()[2:]] == captions
@@ -64,10 +65,11 @@ def test_the_correct_images_are_framed_green_where_the_text_says_they_rank(refer
     first = (
         retrieval_grid.CAPTION_PIXELS if retrieval_grid.cjk_font() else retrieval_grid.LABEL_PIXELS
     )
-    cell = retrieval_grid.THUMB_PIXELS + 2 * retrieval_grid.FRAME_PIXELS
+    cell = retrieval_grid.CELL_PIXELS
     table = _text(events, "samples/text_to_image_queries", 12).splitlines()[2:]
     for row, line in enumerate(table):
-        frames = [tuple(pixels[row * cell + 1, first + column * cell + 1]) for column in range(5)]
+        top = retrieval_grid.row_top(row)
+        frames = [tuple(pixels[top + 1, first + column * cell + 1]) for column in range(5)]
         assert set(frames) <= {retrieval_grid.CORRECT, retrieval_grid.OTHER}, frames
         green = [rank for rank, colour in enumerate(frames, 1) if colour == retrieval_grid.CORRECT]
         stated = line.split(" | ")[2].rstrip(" |")
@@ -99,10 +101,11 @@ def gallery(small_data):
 
 
 def _frames(grid: np.ndarray, first: int) -> list[list[tuple]]:
-    cell = retrieval_grid.THUMB_PIXELS + 2 * retrieval_grid.FRAME_PIXELS
+    cell = retrieval_grid.CELL_PIXELS
+    rows = (grid.shape[0] - retrieval_grid.HEADER_PIXELS - retrieval_grid.LEGEND_PIXELS) // cell
     return [
-        [tuple(grid[row * cell + 1, first + column * cell + 1]) for column in range(5)]
-        for row in range(grid.shape[0] // cell)
+        [tuple(grid[retrieval_grid.row_top(row) + 1, first + c * cell + 1]) for c in range(5)]
+        for row in range(rows)
     ]
 
 
@@ -128,7 +131,8 @@ def test_the_caption_is_drawn_with_a_cjk_font_or_given_in_the_text(gallery, monk
     found = torch.arange(5).repeat(4, 1)
     if retrieval_grid.cjk_font():
         grid, _ = retrieval_grid.render(gallery, found, found)
-        caption_cells = grid[:, : retrieval_grid.CAPTION_PIXELS]
+        rows = slice(retrieval_grid.row_top(0), retrieval_grid.row_top(4))
+        caption_cells = grid[rows, : retrieval_grid.CAPTION_PIXELS]
         assert (caption_cells < 128).any(axis=2).sum() > 200  # strokes of the characters
     monkeypatch.setattr(retrieval_grid, "CJK_FONTS", ())
     retrieval_grid.cjk_font.cache_clear()
@@ -137,7 +141,41 @@ def test_the_caption_is_drawn_with_a_cjk_font_or_given_in_the_text(gallery, monk
     finally:
         retrieval_grid.cjk_font.cache_clear()
     first = retrieval_grid.LABEL_PIXELS
-    assert grid.shape[1] == first + 5 * (
-        retrieval_grid.THUMB_PIXELS + 2 * retrieval_grid.FRAME_PIXELS
-    )
+    assert grid.shape[1] == first + 5 * retrieval_grid.CELL_PIXELS
     assert gallery.captions[0] in texts["samples/text_to_image_queries"]
+
+
+@pytest.mark.parametrize("cjk", [True, False], ids=["cjk-font", "no-cjk-font"])
+def test_the_grid_has_a_header_over_each_rank_column_and_a_legend_of_the_frames(
+    gallery, monkeypatch, cjk
+):
+    """Above the rows, ink over the caption column and over each of the five rank columns (their
+    labels); under them, a green and a grey swatch, each followed by ink (what it means). With
+    or without a CJK font: the labels are Latin, in Pillow's own font."""
+    if cjk and not retrieval_grid.cjk_font():
+        pytest.skip("no CJK font on this machine (scripts/setup-system.sh fonts-wqy-microhei)")
+    if not cjk:
+        monkeypatch.setattr(retrieval_grid, "CJK_FONTS", ())
+    retrieval_grid.cjk_font.cache_clear()
+    try:
+        grid, _ = retrieval_grid.render(
+            gallery, torch.arange(5).repeat(4, 1), torch.zeros(4, 5, dtype=torch.long)
+        )
+    finally:
+        retrieval_grid.cjk_font.cache_clear()
+    first = retrieval_grid.CAPTION_PIXELS if cjk else retrieval_grid.LABEL_PIXELS
+    cell = retrieval_grid.CELL_PIXELS
+    ink = (grid < 100).all(axis=2)  # black text (the frames and thumbnails are not in the bands)
+    header = ink[: retrieval_grid.HEADER_PIXELS]
+    assert header[:, :first].any(), "no label over the caption column"
+    for column in range(5):
+        left = first + column * cell
+        assert header[:, left : left + cell].sum() > 20, f"no label over rank column {column + 1}"
+    legend_top = retrieval_grid.row_top(4)
+    assert grid.shape[0] == legend_top + retrieval_grid.LEGEND_PIXELS
+    legend = grid[legend_top:]
+    for colour in (retrieval_grid.CORRECT, retrieval_grid.OTHER):
+        where = np.argwhere((legend == colour).all(axis=2))
+        assert len(where) >= retrieval_grid.SWATCH_PIXELS**2, f"no {colour} swatch in the legend"
+        right_of_swatch = ink[legend_top:, where[:, 1].max() + 1 :][:, :40]
+        assert right_of_swatch.sum() > 20, f"no words after the {colour} swatch"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from clipforge.cli import StageError
@@ -51,11 +52,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(device: str, timeout_seconds: float = 1800.0) -> DistInfo:
-    """Initialise torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPUs)."""
+def init_distributed(
+    device: str,
+    timeout_seconds: float = 1800.0,
+    stop_requested: Callable[[], bool] = lambda: False,
+) -> DistInfo:
+    """Initialise torch.distributed through DeepSpeed (gloo on CPU, NCCL on GPUs).
+
+    `stop_requested`: whether SIGTERM/SIGINT arrived (the train stage's StopFlag); a stop that
+    interrupts the CPU op's compilation ends the run in one line, see `build_cpu_ops`."""
     if device == "cpu":
         # DeepSpeed picks its accelerator at import time; without this it probes for CUDA/XPU/...
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        build_cpu_ops(stop_requested)  # DeepSpeed's init below then only loads it
     use_environment_extension_cache()
     if not under_launcher():
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
@@ -95,6 +104,21 @@ def use_environment_extension_cache() -> None:
     path = os.environ.get("PATH", "")
     if os.path.isfile(os.path.join(bindir, "ninja")) and path.split(os.pathsep)[0] != bindir:
         os.environ["PATH"] = os.pathsep.join([bindir, path]) if path else bindir
+
+
+def build_cpu_ops(stop_requested: Callable[[], bool]) -> None:
+    """prebuild_cpu_ops, in a run that can be stopped meanwhile. The supervisor's stop (SIGINT to
+    the process group) reaches the compiler too: ninja exits 130 and torch raises "Error
+    building extension"; once a stop was asked for, that is the stop itself, not a failure to
+    show with a traceback. The half-built op is finished by the next run."""
+    try:
+        prebuild_cpu_ops()
+    except Exception:
+        if not stop_requested():
+            raise  # a real build failure keeps its traceback
+        from clipforge.train.loop import StopRequested  # (loop imports torch: not at start-up)
+
+        raise StopRequested(0, during="the compilation of DeepSpeed's CPU op") from None
 
 
 def prebuild_cpu_ops() -> None:

@@ -28,10 +28,12 @@ from clipforge.train.validation import validation_due
 
 
 class StopRequested(Exception):
-    """SIGTERM/SIGINT arrived; a checkpoint was saved at `step` and the run can be resumed."""
+    """SIGTERM/SIGINT arrived; a checkpoint was saved at `step` and the run can be resumed (or,
+    stopped during set-up with `during` saying where, nothing was trained: step 0)."""
 
-    def __init__(self, step: int):
-        super().__init__(f"stopped on request after step {step}; rerun the stage to resume")
+    def __init__(self, step: int, during: str | None = None):
+        where = f"during {during}" if during else f"after step {step}"
+        super().__init__(f"stopped on request {where}; rerun the stage to resume")
         self.step = step
 
 

@@ -7,7 +7,8 @@ every validation; the queries are its first NUM_QUERIES captions and images.
   images it retrieves from the gallery, best first, each correct one (an image whose own caption
   is that caption) framed green, the others grey. The caption is drawn with a CJK font when
   one is found (CJK_FONTS); without one the row is labelled q1, q2... and the caption is in
-  the text below.
+  the text below. A header names the rank columns and a legend under the rows says what the
+  frames mean, so the image reads on its own in TensorBoard.
 - `samples/text_to_image_queries` (text): each query's caption and the rank of its first correct
   image.
 - `samples/image_to_text` (text): for each query image, the TOP_K captions it retrieves, the
@@ -39,6 +40,10 @@ THUMB_PIXELS = 64
 CAPTION_PIXELS = 240  # width of the caption cell when a CJK font draws it
 LABEL_PIXELS = 36  # width of the q1, q2... cell otherwise
 FRAME_PIXELS = 4
+CELL_PIXELS = THUMB_PIXELS + 2 * FRAME_PIXELS  # a framed image
+HEADER_PIXELS = 18  # the band above the rows: `query`, then `rank 1`...
+LEGEND_PIXELS = 20  # the band under them: what green and grey frames mean
+SWATCH_PIXELS = 12
 CORRECT, OTHER = (0, 170, 0), (170, 170, 170)
 # CJK fonts looked for, in this order: shipped with the package, then where common systems keep
 # theirs (Debian/Ubuntu fonts-wqy-microhei, fonts-wqy-zenhei, fonts-noto-cjk; macOS; Windows).
@@ -119,25 +124,58 @@ def render(
 
 
 def text_to_image_grid(gallery: SampleGallery, text_to_image: torch.Tensor) -> np.ndarray:
-    """The image grid, HWC uint8: a row per query, its caption (or label), then its top images."""
+    """The image grid, HWC uint8: a header naming the columns; a row per query, its caption (or
+    label), then its top images; a legend of the frames' colours."""
     font = cjk_font()
     first = CAPTION_PIXELS if font else LABEL_PIXELS
-    cell = THUMB_PIXELS + 2 * FRAME_PIXELS
-    rows = len(text_to_image)
-    grid = Image.new("RGB", (first + cell * text_to_image.shape[1], cell * rows), "white")
+    rows, columns = text_to_image.shape
+    height = HEADER_PIXELS + CELL_PIXELS * rows + LEGEND_PIXELS
+    grid = Image.new("RGB", (first + CELL_PIXELS * columns, height), "white")
     draw = ImageDraw.Draw(grid)
+    _draw_header(draw, first, columns, font)
     for row, found in enumerate(text_to_image.tolist()):
-        top = row * cell
+        top = row_top(row)
         if font:
             _draw_wrapped(draw, gallery.captions[row], font, (4, top + 4), first - 8)
         else:
-            draw.text((4, top + cell // 2 - 6), f"q{row + 1}", fill="black")
+            draw.text((4, top + CELL_PIXELS // 2 - 6), f"q{row + 1}", fill="black")
         for column, index in enumerate(found):
-            left = first + column * cell
+            left = first + column * CELL_PIXELS
             colour = CORRECT if _same_caption(gallery, row, index) else OTHER
-            draw.rectangle([left, top, left + cell - 1, top + cell - 1], fill=colour)
+            draw.rectangle([left, top, left + CELL_PIXELS - 1, top + CELL_PIXELS - 1], fill=colour)
             grid.paste(gallery.thumbnails[index], (left + FRAME_PIXELS, top + FRAME_PIXELS))
+    _draw_legend(draw, HEADER_PIXELS + CELL_PIXELS * rows)
     return np.asarray(grid)
+
+
+def row_top(row: int) -> int:
+    """The y of a query row's first pixel in the grid (its frame's top edge)."""
+    return HEADER_PIXELS + row * CELL_PIXELS
+
+
+def _draw_header(draw, first: int, columns: int, font) -> None:
+    small = _label_font()
+    draw.text((4, 3), "caption" if font else "query", font=small, fill="black")
+    for column in range(columns):
+        centre = first + column * CELL_PIXELS + CELL_PIXELS // 2
+        label = f"rank {column + 1}"
+        draw.text((centre - small.getlength(label) / 2, 3), label, font=small, fill="black")
+
+
+def _draw_legend(draw, top: int) -> None:
+    small = _label_font()
+    left, y = 4, top + (LEGEND_PIXELS - SWATCH_PIXELS) // 2
+    for colour, meaning in ((CORRECT, "the query's own image"), (OTHER, "another image")):
+        draw.rectangle([left, y, left + SWATCH_PIXELS - 1, y + SWATCH_PIXELS - 1], fill=colour)
+        left += SWATCH_PIXELS + 4
+        draw.text((left, y - 1), meaning, font=small, fill="black")
+        left += int(small.getlength(meaning)) + 16
+
+
+@lru_cache(maxsize=1)
+def _label_font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """Latin labels: Pillow's own font (it ships one; no system font needed)."""
+    return ImageFont.load_default(12)
 
 
 def text_to_image_queries(gallery: SampleGallery, text_to_image: torch.Tensor) -> str:

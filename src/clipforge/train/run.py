@@ -156,7 +156,11 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
     device = resolve_device(config.train.device)
     stop = StopFlag()
     stop.install()  # before the slow set-up, so an early SIGTERM is not lost
-    run = set_up(config, paths, manifest, device)
+    try:
+        run = set_up(config, paths, manifest, device, stop)
+    except BaseException:  # a failed or stopped set-up: the caller's handlers come back
+        stop.uninstall()
+        raise
     outcome = "failed"
     try:
         final = train_and_export(run, stop)
@@ -176,13 +180,17 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
         stop.uninstall()
 
 
-def set_up(config: Config, paths: dict[str, Path], manifest: bytes, device: str) -> TrainingRun:
+def set_up(
+    config: Config, paths: dict[str, Path], manifest: bytes, device: str, stop: StopFlag
+) -> TrainingRun:
     """Process group, model, engine (resumed from the latest checkpoint), data and monitors."""
     # A collective waiting longer than the stall timeout waits on a dead or cut-off peer: it fails
     # then (and the supervisor restarts or gives up) instead of hanging on for torch's default;
     # under the supervisor's hang watchdog, which acts first, at twice that (alerts/progress.py).
     dist = init_distributed(
-        device, timeout_seconds=collective_timeout_seconds(config.alerts.stall_timeout_seconds)
+        device,
+        timeout_seconds=collective_timeout_seconds(config.alerts.stall_timeout_seconds),
+        stop_requested=lambda: stop.requested,
     )
     identity = run_id(config, manifest)
     run_dir = paths["checkpoints"] / identity

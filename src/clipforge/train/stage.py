@@ -144,8 +144,12 @@ def _run(args) -> None:
     # The run imports DeepSpeed, open_clip and the rest of the training stack (seconds): only
     # once the params and inputs are known to be good, so a bad value fails at once; the
     # relaunching parent above never needs them.
-    from clipforge.train.loop import StopRequested
-    from clipforge.train.run import run_training
+    try:
+        from clipforge.train.loop import StopRequested
+        from clipforge.train.run import run_training
+    except KeyboardInterrupt:  # the supervisor's stop is SIGINT: before the StopFlag, one line
+        log.warning("stopped on request before training started; rerun the stage to resume")
+        raise SystemExit(EXIT_STOPPED) from None
 
     try:
         run_training(config, paths, manifest)
