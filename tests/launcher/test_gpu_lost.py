@@ -10,6 +10,8 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from clipforge.launcher.host.gpus import (
     FAULT_FILE,
     Inventory,
@@ -162,3 +164,18 @@ def test_a_lost_gpu_the_run_goes_on_with_fewer_ranks_then_uses_it_again(tmp_path
         "all 2 answer again: back to 2 ranks (1 -> 2)"
     )
     assert "all 2 GPU(s) answer" in _log(tmp_path)
+
+
+def test_min_gpus_is_checked_against_the_gpus_of_a_node():
+    from clipforge.launcher import LauncherError
+    from clipforge.launcher.options import make_options
+
+    def options(**kwargs):
+        common = dict(nodes=1, sets=[], smoke=False, runtime="host", allow_dirty=False)
+        return make_options(data="build", **common, **kwargs)
+
+    assert options(gpus=8, min_gpus=4).min_gpus == 4
+    assert options(gpus=8).min_gpus is None  # the supervisor's default: half
+    for bad in (0, 9):
+        with pytest.raises(LauncherError, match=r"--min-gpus: 1\.\.--gpus \(8\)"):
+            options(gpus=8, min_gpus=bad)
