@@ -268,7 +268,9 @@ class Supervisor:
         )
         verdict = judge(planned, inventory, min_gpus, cannot_shrink)
         before = self.state.gpus or {}
-        ranks_before = int(before.get("ranks") or planned)
+        last = int(before.get("ranks") or planned)  # the last attempt's ranks
+        # what the ranks were before their last change (`fab status`: 2 -> 1 while it lasts)
+        ranks_before = last if last != verdict.ranks else int(before.get("ranks_before") or last)
         self._set(
             gpus={
                 "planned": planned,
@@ -285,7 +287,7 @@ class Supervisor:
         host = socket.gethostname()
         message = (
             f"node {self.layout.node_rank} ({host}): {verdict.message} "
-            f"(ranks {ranks_before} -> {verdict.ranks})"
+            f"(ranks {last} -> {verdict.ranks})"
         )
         changed = list(verdict.lost) != before.get("lost", [])  # lost now, or back
         if changed or not verdict.can_continue:
