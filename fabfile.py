@@ -175,6 +175,7 @@ def check(
         "allow_dirty": "ship the current commit even with uncommitted changes (not shipped)",
         "image": "image reference (default: docker/image.env, with $REGISTRY)",
         "max_restarts": "restarts after crashes before giving up",
+        "min_gpus": "after losing GPUs, go on with at least this many per node (default: half)",
         "master_port": "node 0's rendezvous port (multi-node)",
         "resume": "start the supervisors of an existing run again (after fab stop); on hosts "
         "that never saw it, move it there from the run store",
@@ -200,6 +201,7 @@ def train(
     allow_dirty=False,
     image=None,
     max_restarts=5,
+    min_gpus=None,
     master_port=29500,
     resume=None,
     store=None,
@@ -232,6 +234,7 @@ def train(
         data=launch_mod.choose_data(source, data, _say),
         image=image,
         max_restarts=parse_count(max_restarts, "--max-restarts"),
+        min_gpus=parse_count(min_gpus, "--min-gpus") if min_gpus is not None else None,
         master_port=parse_count(master_port, "--master-port"),
     )
     prepared = launch_mod.prepare(source, options, c.settings)

@@ -737,6 +737,25 @@ def batch_plan(
     return BatchPlan(train.global_batch_size, micro, accum, world)
 
 
+def reshaped_plan(planned: BatchPlan, world_size: int) -> BatchPlan:
+    """The plan of a run going on at `world_size` ranks instead of its planned ones (a GPU lost,
+    or back): the same global batch, so the same maths, and the same micro batch (what fits in a
+    GPU's memory); the accumulation follows."""
+    per_step = planned.micro_batch_size * world_size
+    if planned.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size: {planned.global_batch_size} is not a multiple of micro "
+            f"batch {planned.micro_batch_size} x {world_size} ranks left = {per_step}: the run "
+            f"cannot go on at this world size with the same global batch"
+        )
+    return BatchPlan(
+        planned.global_batch_size,
+        planned.micro_batch_size,
+        planned.global_batch_size // per_step,
+        world_size,
+    )
+
+
 def _share_of_each_rank(train: TrainConfig, world: int, world_text: str) -> BatchPlan:
     """`micro_batch_size: auto` without a probe: each rank's share in `accum` forward passes."""
     accum = 1 if train.grad_accum_steps == "auto" else train.grad_accum_steps

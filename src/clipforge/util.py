@@ -1,5 +1,5 @@
 """Small helpers with one home each: retry back-off, an exception's first line, waiting for a
-server to answer, durations, and a run's step counts.
+server to answer, durations, a run's step counts, and the ranks a node runs now.
 
 Standard library only, and cheap to import: the GPU host side (clipforge.launcher.host) uses it
 under the host's own python3, and every stage imports it.
@@ -7,7 +7,13 @@ under the host's own python3, and every stage imports it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
+
+# Set by a node's supervisor (clipforge.launcher.host.supervisor) for an attempt on fewer GPUs
+# than the run was planned with: how many ranks this node runs now. train.ranks_per_node keeps the
+# planned number, so the params, and the run id that fingerprints them, stay the run's own.
+RANKS_NOW_ENV = "CLIPFORGE_RANKS_PER_NODE"
 
 
 def backoff_seconds(attempt: int, base_seconds: float, max_seconds: float | None = None) -> float:
@@ -90,3 +96,14 @@ def steps_per_epoch(num_samples: int, global_batch_size: int) -> int:
 def total_steps(max_steps: int | None, epochs: int, steps_per_epoch: int) -> int:
     """The optimizer steps of a run: `train.max_steps` when set, else the epochs' steps."""
     return max_steps or epochs * steps_per_epoch
+
+
+def ranks_per_node_now(planned: int, environ: Mapping[str, str] = os.environ) -> int:
+    """The ranks this node runs: `planned` (train.ranks_per_node) unless its supervisor said
+    fewer (RANKS_NOW_ENV). ValueError for a value that is not 1..planned (a supervisor's bug)."""
+    value = environ.get(RANKS_NOW_ENV)
+    if value is None:
+        return planned
+    if not value.isdigit() or not 1 <= int(value) <= planned:
+        raise ValueError(f"{RANKS_NOW_ENV}={value!r}: expected 1..{planned} (train.ranks_per_node)")
+    return int(value)

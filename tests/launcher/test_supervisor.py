@@ -33,7 +33,12 @@ def _supervisor(command: str, root: Path, env: dict | None = None, **kwargs):
 
 
 def _supervise(
-    root: Path, *phases: Phase, max_restarts: int = 3, wait: bool = True, env: dict | None = None
+    root: Path,
+    *phases: Phase,
+    max_restarts: int = 3,
+    wait: bool = True,
+    env: dict | None = None,
+    min_gpus: int | None = None,
 ):
     node = _node(root)
     Path(node.node_dir).mkdir(parents=True, exist_ok=True)
@@ -42,6 +47,7 @@ def _supervise(
         backoff_seconds=0.1,
         backoff_max_seconds=0.2,
         stop_timeout_seconds=30,
+        min_gpus=min_gpus,
     )
     Path(node.plan).write_text(Plan(phases=list(phases), policy=policy).to_json())
     process = _supervisor("run", root, env, cwd=node.node_dir)

@@ -22,13 +22,23 @@ anything is written, little enough that the save after this one may not fit is r
 raises the `disk_space_low` alert). A save that fails anyway (a disk filled by someone else, a
 directory made read-only) is removed (it has no manifest yet: nothing else is ever removed but
 by `prune`) and reported as such, not as torch's zip-writer error.
+
+A checkpoint loads at another data-parallel size (a restart on the GPUs left after one fell off
+the bus, or on all of them again once it is back): ZeRO's optimizer shards are per rank, so rank
+0 first converts the checkpoint to DeepSpeed's universal form (`ds_to_universal`, per-parameter
+fp32 weights and Adam moments) beside its files, and every rank loads that. The choice and its
+cost: docs/faults.md, "Fewer GPUs, same run".
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,7 +46,13 @@ import torch
 import torch.distributed as dist
 
 from clipforge.checkpoints import storage
-from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, tag_for
+from clipforge.checkpoints.layout import (
+    CHECKPOINT_MANIFEST,
+    UNIVERSAL,
+    data_parallel_size,
+    tag_for,
+    universal_partial_name,
+)
 from clipforge.checkpoints.manifest import write_manifest
 from clipforge.cli import StageError
 from clipforge.config import Config
@@ -147,11 +163,27 @@ class Checkpointer:
         return space
 
     def load(self, engine) -> dict | None:
-        """Restore the newest complete checkpoint into the engine; its client state, or None."""
+        """Restore the newest complete checkpoint into the engine; its client state, or None.
+        Saved at another data-parallel size, it is loaded through its universal form."""
         tag = self.latest_tag()
         if tag is None:
             return None
-        path, client_state = engine.load_checkpoint(str(self.run_dir), tag=tag)
+        saved_at = data_parallel_size(os.listdir(self.run_dir / tag))
+        world = dist.get_world_size()
+        if saved_at is None or saved_at == world:
+            path, client_state = engine.load_checkpoint(str(self.run_dir), tag=tag)
+        else:
+            log.info(
+                "%s was saved by %d data-parallel ranks, this run has %d: loading it through "
+                "DeepSpeed's universal checkpoint",
+                tag,
+                saved_at,
+                world,
+            )
+            if self.is_main:
+                self.make_universal(tag)
+            dist.barrier()
+            path, client_state = _load_universal(engine, self.run_dir / tag)
         if path is None:
             raise RuntimeError(
                 f"{self.run_dir / tag}: DeepSpeed could not load this checkpoint; "
@@ -159,7 +191,67 @@ class Checkpointer:
             )
         return client_state
 
+    def make_universal(self, tag: str) -> Path:
+        """The universal form of checkpoint `tag` (made once: a later load reuses it), written
+        aside and renamed into place, so a conversion killed half-way is never loaded."""
+        checkpoint = self.run_dir / tag
+        universal = checkpoint / UNIVERSAL
+        if universal.is_dir():
+            return universal
+        partial = checkpoint / universal_partial_name()
+        shutil.rmtree(partial, ignore_errors=True)
+        began = time.monotonic()
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "deepspeed.checkpoint.ds_to_universal",
+                "--input_folder",
+                str(checkpoint),
+                "--output_folder",
+                str(partial),
+                # Our checkpoints are not Megatron's: they lack its UNIVERSAL_CHECKPOINT_INFO,
+                # which a model without tensor/pipeline parallelism does not need.
+                "--inject_missing_state",
+                # One process each: the tool's default pools hold several copies of the
+                # shards in memory; a checkpoint of our sizes converts in seconds anyway.
+                "--num_extract_workers",
+                "1",
+                "--num_merge_workers",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{checkpoint}: DeepSpeed's ds_to_universal failed (exit {done.returncode}):\n"
+                f"{(done.stdout + done.stderr)[-3000:]}"
+            )
+        os.replace(partial, universal)
+        log.info(
+            "converted %s to its universal form in %.1f s (%.1f MB)",
+            tag,
+            time.monotonic() - began,
+            tree_bytes(universal) / 1e6,
+        )
+        return universal
+
     def prune(self) -> None:
         for tag in self.tags()[: -self.keep]:
             if not self.needed_elsewhere(tag):
                 shutil.rmtree(self.run_dir / tag, ignore_errors=True)
+
+
+def _load_universal(engine, checkpoint: Path) -> tuple:
+    """Load `checkpoint`'s universal form into the engine. DeepSpeed reads the choice from its
+    config (`checkpoint.load_universal`), fixed when the engine was made; whether it is needed is
+    known only now, from the checkpoint resumed, so it is set for this one load."""
+    config = engine._config
+    before = config.load_universal_checkpoint
+    config.load_universal_checkpoint = True
+    try:
+        return engine.load_checkpoint(str(checkpoint), tag=UNIVERSAL)
+    finally:
+        config.load_universal_checkpoint = before

@@ -2,6 +2,9 @@
 
   <run dir>/step-00000100/                 a checkpoint: DeepSpeed's files, config.yaml and
   <run dir>/step-00000100/manifest.json      its manifest (size + sha256 of each file), last
+  <run dir>/step-00000100/universal/         its DeepSpeed universal form, made when a restart
+                                             loads it at another data-parallel size (not in the
+                                             manifest: derived, remade from the files it lists)
   <run dir>/latest                         a hint: the tag of the newest checkpoint published
   <run dir>/damaged-<name>-<UTC time>      a checkpoint or marker found damaged, set aside
   <run dir>/.download-<tag>                a checkpoint being fetched from the run store
@@ -29,7 +32,12 @@ CHECKPOINT_MANIFEST = "manifest.json"
 WRITER_LOCK = "writer.lock"
 STORE_CHECKPOINTS = "checkpoints"  # under <remote>/<run id>/
 STORE_LEASE = "lease.json"  # under <remote>/<run id>/
+UNIVERSAL = "universal"  # under a checkpoint: the universal form (ds_to_universal's output)
+_UNIVERSAL_PARTIAL = ".universal-partial"  # under a checkpoint: a conversion under way
 _TAG = re.compile(r"^step-(\d{8})$")
+# DeepSpeed's ZeRO optimizer shards, one per data-parallel rank (stage 0 writes none: its one
+# file holds the whole optimizer and loads at any size); `bf16_` with its BF16 optimizer.
+_ZERO_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
 _DAMAGED = "damaged-"
 _DOWNLOAD = ".download-"
 
@@ -49,6 +57,18 @@ def step_of(tag: str) -> int:
     if step is None:
         raise ValueError(f"not a checkpoint tag: {tag!r}")
     return step
+
+
+def universal_partial_name() -> str:
+    """The name a conversion to the universal form writes under before it is renamed."""
+    return _UNIVERSAL_PARTIAL
+
+
+def data_parallel_size(names: list[str]) -> int | None:
+    """The data-parallel size a checkpoint was saved at, from the names of its files (DeepSpeed's
+    ZeRO shards: one per rank); None when it has none (ZeRO stage 0), which loads at any size."""
+    ranks = {int(m.group(1)) for m in map(_ZERO_SHARD.match, names) if m}
+    return len(ranks) or None
 
 
 def marker_text(tag: str) -> str:

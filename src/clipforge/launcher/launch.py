@@ -166,6 +166,7 @@ def launch(
         backoff_seconds=settings.backoff_seconds,
         backoff_max_seconds=settings.backoff_max_seconds,
         stop_timeout_seconds=settings.stop_timeout_seconds,
+        min_gpus=options.min_gpus,
     )
     started: list[tuple[Host, NodeLayout]] = []
     try:
@@ -300,6 +301,7 @@ def _write_run_files(
         if options.nodes > 1
         else None,
         "max_restarts": options.max_restarts,
+        "min_gpus": options.min_gpus,
         "env_passed_through": [n for n in PASSTHROUGH_ENV if n in os.environ],
     }
     files = {
@@ -413,6 +415,7 @@ def move(
         runtime=record["runtime"],
         data=record["data"],
         max_restarts=record["max_restarts"],
+        min_gpus=record.get("min_gpus"),
         image=record["image"],
     )
     if len(hosts) != options.nodes:

@@ -44,6 +44,9 @@ class TrainOptions:
     data: str
     master_port: int = 29500
     max_restarts: int = 5
+    # The fewest GPUs per node a run goes on with after losing some (None: half, rounded up;
+    # clipforge.launcher.host.gpus); below it the run stops with the reason.
+    min_gpus: int | None = None
     image: str | None = None
     user_overrides: tuple[str, ...] = field(default=())
 
@@ -62,6 +65,11 @@ class TrainOptions:
             raise LauncherError(f"--master-port: a TCP port, got {self.master_port}")
         if self.max_restarts < 0:
             raise LauncherError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
+        if self.min_gpus is not None and not 1 <= self.min_gpus <= max(self.gpus, 1):
+            raise LauncherError(
+                f"--min-gpus: 1..--gpus ({self.gpus}), the fewest GPUs per node a run goes on "
+                f"with after losing some; got {self.min_gpus}"
+            )
         for item in self.user_overrides:
             try:
                 key, _ = parse_override(item)

@@ -26,7 +26,7 @@ from clipforge.checkpoints import recovery
 from clipforge.checkpoints.checkpointer import Checkpointer, run_id
 from clipforge.checkpoints.lock import Holder, RunLock, lock_run_dir
 from clipforge.cli import StageError
-from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan
+from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan, reshaped_plan
 from clipforge.export.card import CardFacts
 from clipforge.fsutil import atomic_write_text, sha256_file
 from clipforge.ids import launch_id_of
@@ -378,12 +378,20 @@ def _batch_plan(
             micro, how = saved, f"{run_dir / PLAN_FILE}, the run's first choice"
         elif dist.device == "cuda":
             micro, how = _agreed(_probe(train, dist, bundle, precision), min), "memory probe"
-    plan = batch_plan(train, world_size=dist.world_size, micro_batch_size=micro)
-    if plan.world_size != train.num_nodes * train.ranks_per_node:
+    planned_world = train.num_nodes * train.ranks_per_node
+    ranks_now = util.ranks_per_node_now(train.ranks_per_node)
+    if dist.world_size != train.num_nodes * ranks_now:
+        now = "" if ranks_now == train.ranks_per_node else f" ({util.RANKS_NOW_ENV}={ranks_now})"
         raise StageError(
-            f"world size {plan.world_size} (from the launcher) != train.num_nodes="
-            f"{train.num_nodes} x train.ranks_per_node={train.ranks_per_node}"
+            f"world size {dist.world_size} (from the launcher) != train.num_nodes="
+            f"{train.num_nodes} x train.ranks_per_node={train.ranks_per_node}{now}"
         )
+    # On fewer ranks than planned (GPUs lost): the planned batch, reshaped to the ranks left, so
+    # the global batch, and with it every step's maths, stays the run's.
+    plan = batch_plan(train, world_size=planned_world, micro_batch_size=micro)
+    if dist.world_size != planned_world:
+        plan = reshaped_plan(plan, dist.world_size)
+        how += f", kept from the planned {planned_world} ranks"
     log.info(
         "micro batch %d (%s), accumulation %d", plan.micro_batch_size, how, plan.grad_accum_steps
     )

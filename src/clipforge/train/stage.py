@@ -110,14 +110,21 @@ def _checked_shards(manifest: Path, raw: bytes) -> int:
     return num_train
 
 
-def relaunch_under_deepspeed(config: Config, argv: Sequence[str]) -> int:
-    """Re-run this stage as N ranks with DeepSpeed's own launcher (no home-made spawning)."""
+def relaunch_under_deepspeed(config: Config, argv: Sequence[str], ranks: int) -> int:
+    """Re-run this stage as `ranks` ranks with DeepSpeed's own launcher (no home-made spawning).
+    Fewer than train.ranks_per_node (its supervisor found GPUs lost) on GPUs: the ones it left
+    visible (CUDA_VISIBLE_DEVICES), named to the launcher, which would take the first N."""
+    device = resolve_device(config.train.device)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if device == "cuda" and visible and ranks < config.train.ranks_per_node:
+        which = ["--include", f"localhost:{visible}"]
+    else:
+        which = ["--num_gpus", str(ranks)]
     command = [
         sys.executable,
         "-m",
         "deepspeed.launcher.runner",
-        "--num_gpus",
-        str(config.train.ranks_per_node),
+        *which,
         "--master_port",
         str(free_port()),
         "--no_local_rank",
@@ -126,9 +133,9 @@ def relaunch_under_deepspeed(config: Config, argv: Sequence[str]) -> int:
         *argv,
     ]
     env = dict(os.environ)
-    if resolve_device(config.train.device) == "cpu":
+    if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"  # the launcher would otherwise probe for GPUs itself
-    log.info("launching %d ranks: %s", config.train.ranks_per_node, " ".join(command))
+    log.info("launching %d ranks: %s", ranks, " ".join(command))
     return subprocess.call(command, env=env)
 
 
@@ -136,8 +143,9 @@ def _run(args) -> None:
     config = load_stage_config(args, PARAM_SECTIONS)
     paths = _paths(args)
     manifest = _check_inputs(config, paths)
-    if config.train.ranks_per_node > 1 and not under_launcher():
-        code = relaunch_under_deepspeed(config, args.argv)
+    ranks = util.ranks_per_node_now(config.train.ranks_per_node)
+    if ranks > 1 and not under_launcher():
+        code = relaunch_under_deepspeed(config, args.argv, ranks)
         if code:
             raise SystemExit(code)
         return

@@ -14,6 +14,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from clipforge.util import RANKS_NOW_ENV
+
 NVIDIA_SMI_TIMEOUT_SECONDS = 30.0
 FAULT_FILE = "fault-usable-gpus"
 
@@ -67,33 +69,107 @@ def parse_indices(text: str) -> tuple[int, ...]:
 class GpuVerdict:
     lost: tuple[int, ...]
     """Planned devices (0..planned-1) that no longer answer."""
-    can_continue: bool
+    devices: tuple[int, ...]
+    """The devices the next attempt runs on, one rank each; () when it cannot run."""
     message: str
 
+    @property
+    def can_continue(self) -> bool:
+        return bool(self.devices)
 
-def judge(planned: int, inventory: Inventory, min_gpus: int) -> GpuVerdict:
+    @property
+    def ranks(self) -> int:
+        return len(self.devices)
+
+
+def default_min_gpus(planned: int) -> int:
+    """`--min-gpus` when not given: half the planned GPUs, rounded up."""
+    return max(1, (planned + 1) // 2)
+
+
+def ranks_for(planned: int, left: int) -> int:
+    """How many of the `left` GPUs a run planned on `planned` can use: the largest divisor of
+    `planned` that is not more than `left`. The global batch is micro x accumulation x planned,
+    so it then splits over the ranks with the same micro batch (what fits in a GPU's memory) and
+    a whole accumulation: 8 planned, 6 left -> 4 ranks, each accumulating twice as much."""
+    return max(n for n in range(1, planned + 1) if planned % n == 0 and n <= max(left, 1))
+
+
+def judge(
+    planned: int, inventory: Inventory, min_gpus: int, cannot_shrink: str | None = None
+) -> GpuVerdict:
     """What the next attempt can do with the GPUs left. Pure.
 
-    Continuing on fewer GPUs than planned needs a checkpoint that loads at another
-    data-parallel size, which this version does not have (docs/launcher.md, "Fewer GPUs"):
-    so a loss stops the run at once with the reason, rather than spending every restart on
-    the same failure. `min_gpus` is the floor a reshaped run would keep."""
+    With GPUs gone it goes on with fewer ranks (`ranks_for`), down to `min_gpus`; the train stage
+    keeps the global batch and loads the checkpoint at the new data-parallel size (docs/faults.md,
+    "Fewer GPUs, same run"). `cannot_shrink`: why this run cannot go on with fewer (None: it can).
+    """
     lost = tuple(i for i in range(planned) if i not in inventory.usable)
-    left = planned - len(lost)
+    usable = tuple(i for i in inventory.usable if i < planned)
     if not lost:
-        return GpuVerdict((), True, f"all {planned} GPU(s) answer ({inventory.source})")
+        return GpuVerdict((), usable, f"all {planned} GPU(s) answer ({inventory.source})")
     devices = ", ".join(f"GPU {i}" for i in lost)
-    if left < min_gpus:
-        why = f"{left} left, fewer than --min-gpus={min_gpus}"
-    else:
-        why = (
-            f"{left} left (>= --min-gpus={min_gpus}), but a restart on fewer GPUs than the "
-            f"run's {planned} needs a checkpoint that loads at another data-parallel size, "
-            f"not implemented yet"
+    gone = (
+        f"{devices} of {planned} no longer answer{'s' if len(lost) == 1 else ''} "
+        f"({inventory.source})"
+    )
+    ranks = ranks_for(planned, len(usable)) if usable else 0
+    if ranks < min_gpus or cannot_shrink:
+        if cannot_shrink:
+            why = f"{len(usable)} left, but {cannot_shrink}"
+        elif ranks == len(usable):
+            why = f"{len(usable)} left, fewer than --min-gpus={min_gpus}"
+        else:
+            why = (
+                f"{len(usable)} left, of which {ranks} keep the global batch (a divisor of "
+                f"{planned}), fewer than --min-gpus={min_gpus}"
+            )
+        return GpuVerdict(
+            lost,
+            (),
+            f"{gone}: {why}. Replace or reset the GPU, then `fab train --resume RUN`",
         )
+    idle = len(usable) - ranks
+    unused = (
+        f"; {idle} more answer{'s' if idle == 1 else ''} but would not keep the global batch"
+        if idle
+        else ""
+    )
     return GpuVerdict(
         lost,
-        False,
-        f"{devices} of {planned} no longer answer{'s' if len(lost) == 1 else ''} "
-        f"({inventory.source}): {why}. Replace or reset the GPU, then `fab train --resume RUN`",
+        usable[:ranks],
+        f"{gone}: going on with {ranks} rank(s) on GPU {', '.join(map(str, usable[:ranks]))}, "
+        f"the same global batch{unused}",
     )
+
+
+def attempt_argv(argv: list[str], ranks: int, devices: tuple[int, ...]) -> list[str]:
+    """A phase's command for an attempt on `devices` only. Pure. A host command gets them through
+    its environment (see `attempt_env`); a `docker run` passes its environment to docker, not to
+    the container, so the container is given the devices (renumbered 0..n-1 inside) and the
+    rank count on its own command line."""
+    if argv[:2] != ["docker", "run"]:
+        return argv
+    out = [*argv[:2], "--env", f"{RANKS_NOW_ENV}={ranks}"]
+    rest = argv[2:]
+    i = 0
+    while i < len(rest):
+        if rest[i] == "--gpus" and i + 1 < len(rest):
+            # docker reads the value as CSV: the quotes keep the device list one field
+            out += ["--gpus", f'"device={",".join(map(str, devices))}"']
+            i += 2
+            continue
+        out.append(rest[i])
+        i += 1
+    return out
+
+
+def attempt_env(ranks: int, devices: tuple[int, ...]) -> dict[str, str]:
+    """The environment of an attempt on `devices` only (a host command): the ranks for the train
+    stage, and the devices it may see (nvidia-smi's indices are the CUDA ones unless
+    CUDA_DEVICE_ORDER says otherwise: the supervisor sets PCI_BUS_ID order, nvidia-smi's)."""
+    return {
+        RANKS_NOW_ENV: str(ranks),
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, devices)),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }

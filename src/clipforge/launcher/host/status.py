@@ -266,18 +266,29 @@ def sync_text(sync: dict) -> str:
 
 
 def _gpu_rows(state: SupervisorState | None) -> list[tuple[str, str]]:
-    """A `GPUs` row once the supervisor found one gone (the gpu_lost alert's facts)."""
+    """A `GPUs` row once the supervisor found one gone (the gpu_lost alert's facts): which, and
+    the ranks the run went on with (before -> after), or that it could not."""
     gpus = state.gpus if state else None
-    if not gpus or not gpus.get("lost"):
+    if not gpus:
+        return []
+    planned, ranks, before = gpus.get("planned"), gpus.get("ranks"), gpus.get("ranks_before")
+    if not gpus.get("lost"):
+        if before is not None and ranks is not None and before != ranks:
+            return [
+                ("GPUs", f"all {planned} answer again: back to {ranks} ranks ({before} -> {ranks})")
+            ]
         return []
     lost = ", ".join(f"GPU {i}" for i in gpus["lost"])
-    return [
-        (
-            "GPUs",
-            f"lost {lost} of {gpus.get('planned')} (found by {gpus.get('source')}); "
-            f"{len(gpus.get('usable', []))} answer",
-        )
-    ]
+    text = (
+        f"lost {lost} of {planned} (found by {gpus.get('source')}); "
+        f"{len(gpus.get('usable', []))} answer"
+    )
+    if ranks:
+        devices = ", ".join(f"GPU {i}" for i in gpus.get("devices", []))
+        text += f"; going on with {ranks} of {planned} ranks on {devices} ({before} -> {ranks})"
+    elif ranks is not None:
+        text += f"; below --min-gpus={gpus.get('min_gpus')}: stopped"
+    return [("GPUs", text)]
 
 
 def eval_rows(recall: dict) -> list[tuple[str, str]]:

@@ -56,7 +56,13 @@ from clipforge.alerts.progress import (
 from clipforge.fsutil import atomic_write_text
 from clipforge.ids import run_ids_in
 from clipforge.launcher.host.alert import send_alert, send_run_failed
-from clipforge.launcher.host.gpus import judge, read_inventory
+from clipforge.launcher.host.gpus import (
+    attempt_argv,
+    attempt_env,
+    default_min_gpus,
+    judge,
+    read_inventory,
+)
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.state import (
@@ -148,6 +154,8 @@ class Supervisor:
             max_restarts=self.plan.policy.max_restarts,
             restarts=previous.restarts if previous else 0,
             exits=previous.exits if previous else [],
+            # the GPUs the last attempt ran on: a change (one lost, or back) is said once
+            gpus=previous.gpus if previous else None,
             passed_env=sorted(name for name in PASSTHROUGH_ENV if name in os.environ),
         )
         self._child_status: int | None = None
@@ -196,10 +204,10 @@ class Supervisor:
             if self.stop_requested():
                 return self._stopped()
             attempt += 1
-            lost = self._gpus_lost(phase)
+            lost, this_attempt = self._gpus_for_attempt(phase)
             if lost:
                 return self._give_up(phase, None, lost)
-            code = self._attempt(phase, attempt)
+            code = self._attempt(this_attempt, attempt)
             if self.state.state is RunState.STOPPING:
                 return self._stopped()
             if code == 0 and self._hang is None:  # a hung attempt failed, whatever its exit
@@ -238,36 +246,72 @@ class Supervisor:
             if not self._sleep(delay):
                 return self._stopped()
 
-    def _gpus_lost(self, phase: Phase) -> str | None:
+    def _gpus_for_attempt(self, phase: Phase) -> tuple[str | None, Phase]:
         """Before an attempt of a restartable phase: why it cannot run on the GPUs left (a
-        `gpu_lost` alert is sent), or None when they are all there or nothing can tell."""
+        `gpu_lost` alert is sent), or None and the phase as this attempt runs it: on fewer
+        ranks when GPUs are gone (a `gpu_lost` alert when that is new), on all of them again
+        once they are back. Unchanged when they are all there or nothing can tell."""
         if not phase.restartable:
-            return None
-        planned = int((read_json(self.layout.record) or {}).get("gpus_per_node") or 0)
+            return None, phase
+        record = read_json(self.layout.record) or {}
+        planned = int(record.get("gpus_per_node") or 0)
         inventory = read_inventory(self.layout.node_dir, planned)
         if inventory is None or planned == 0:
-            return None
-        min_gpus = self.plan.policy.min_gpus or max(1, planned // 2)
-        verdict = judge(planned, inventory, min_gpus)
+            return None, phase
+        min_gpus = self.plan.policy.min_gpus or default_min_gpus(planned)
+        nodes = int(record.get("num_nodes") or 1)
+        cannot_shrink = (
+            f"a run of {nodes} nodes cannot shrink one of them (every node would have to "
+            f"restart at the new world size)"
+            if nodes > 1
+            else None
+        )
+        verdict = judge(planned, inventory, min_gpus, cannot_shrink)
+        before = self.state.gpus or {}
+        last = int(before.get("ranks") or planned)  # the last attempt's ranks
+        # what the ranks were before their last change (`fab status`: 2 -> 1 while it lasts)
+        ranks_before = last if last != verdict.ranks else int(before.get("ranks_before") or last)
         self._set(
             gpus={
                 "planned": planned,
                 "usable": list(inventory.usable),
                 "lost": list(verdict.lost),
                 "source": inventory.source,
+                "min_gpus": min_gpus,
+                "ranks": verdict.ranks,
+                "devices": list(verdict.devices),
+                "ranks_before": ranks_before,
+                "message": verdict.message,
             }
         )
-        if verdict.can_continue:
-            return None
         host = socket.gethostname()
-        message = f"node {self.layout.node_rank} ({host}): {verdict.message}"
-        self._log(message)
-        self._log(
-            send_alert(
-                events.GPU_LOST, "critical", message, self.layout.launch_id, self._training_run_id()
-            )
+        message = (
+            f"node {self.layout.node_rank} ({host}): {verdict.message} "
+            f"(ranks {last} -> {verdict.ranks})"
         )
-        return verdict.message
+        changed = list(verdict.lost) != before.get("lost", [])  # lost now, or back
+        if changed or not verdict.can_continue:
+            self._log(message)
+        if (verdict.lost and changed) or not verdict.can_continue:
+            severity = "warning" if verdict.can_continue else "critical"
+            self._log(
+                send_alert(
+                    events.GPU_LOST,
+                    severity,
+                    message,
+                    self.layout.launch_id,
+                    self._training_run_id(),
+                )
+            )
+        if not verdict.can_continue:
+            return verdict.message, phase
+        if verdict.ranks == planned:
+            return None, phase
+        return None, dataclasses.replace(
+            phase,
+            argv=attempt_argv(phase.argv, verdict.ranks, verdict.devices),
+            env={**phase.env, **attempt_env(verdict.ranks, verdict.devices)},
+        )
 
     def _give_up(self, phase: Phase, code: int | None, why: str) -> str:
         ended = "cannot start" if code is None else f"exited with {_describe(code)}"
