@@ -5,7 +5,6 @@ supervisor runs again."""
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from clipforge.launcher.host.gpus import FAULT_FILE, Inventory, judge, parse_ind
 from clipforge.launcher.host.plan import Phase
 from clipforge.launcher.host.status import collect, summarize
 from tests.launcher.test_supervisor import _log, _node, _state, _supervise
+from tests.support.records import run_record
 
 
 def test_nvidia_smi_answers_are_read_with_error_lines_mixed_in():
@@ -45,7 +45,7 @@ sys.exit(1)
 def test_a_lost_gpu_alerts_stops_the_run_and_shows_in_status(tmp_path, webhook):
     node = _node(tmp_path)
     Path(node.node_dir).mkdir(parents=True)
-    Path(node.record).write_text(json.dumps({"run_id": "run", "gpus_per_node": 2}))
+    Path(node.record).write_text(run_record(launch_id="run", gpus_per_node=2).to_json())
     script = _CRASH_AND_LOSE.format(node=node.node_dir)
     phase = Phase(name="train", argv=[sys.executable, "-c", script], cwd=str(tmp_path))
     process = _supervise(tmp_path, phase, env={"CLIPFORGE_ALERT_WEBHOOKS": webhook.url()})

@@ -23,6 +23,7 @@ from clipforge.launcher import LauncherError
 from clipforge.launcher.connection import q, run
 from clipforge.launcher.fetch import RESULTS
 from clipforge.launcher.host import stored_checkpoints
+from clipforge.launcher.host.record import RunRecord, RunRecordError, record_from_dict
 from clipforge.launcher.host.status import sync_text
 from clipforge.launcher.session import Host, Settings
 from clipforge.store.remote import RunStore, missing_from_store, read_launch
@@ -32,8 +33,9 @@ Say = Callable[[str], None]
 TENSORBOARD_START_SECONDS = 120.0
 
 
-def open_run(remote: str | None, launch_id: str | None) -> tuple[RunStore, dict]:
-    """The store's place of launch `launch_id`, and the launch's record."""
+def open_run(remote: str | None, launch_id: str | None) -> tuple[RunStore, RunRecord]:
+    """The store's place of launch `launch_id`, and the launch's record (its run.json as the
+    train stage copied it there, clipforge.launcher.host.record's reader)."""
     if not launch_id:
         raise LauncherError("--run RUN: which run to read from the run store")
     if not remote:
@@ -42,14 +44,25 @@ def open_run(remote: str | None, launch_id: str | None) -> tuple[RunStore, dict]
         )
     try:
         launch = read_launch(remote, launch_id)
-        store = RunStore(remote, launch["training_run"]) if launch else None
     except Exception as exc:  # any library's error (no credentials, unreachable): one line
         raise LauncherError(f"run store {remote}: {exc}") from None
-    if store is None:
+    if launch is None:
         raise LauncherError(
             f"the run store {remote} has no run {launch_id} (no launches/{launch_id}.json)"
         )
-    return store, launch
+    source = f"{remote} launches/{launch_id}.json"
+    training_run = launch.get("training_run")
+    if not isinstance(training_run, str):
+        raise LauncherError(f"{source}: training_run is {training_run!r}, not a run id")
+    try:
+        record = record_from_dict(launch, source)
+    except RunRecordError as exc:
+        raise LauncherError(str(exc)) from None
+    try:
+        store = RunStore(remote, training_run)
+    except Exception as exc:  # as above
+        raise LauncherError(f"run store {remote}: {exc}") from None
+    return store, record
 
 
 def show_status(remote: str | None, launch_id: str | None, say: Say) -> None:
@@ -59,7 +72,7 @@ def show_status(remote: str | None, launch_id: str | None, say: Say) -> None:
     row = _last_row(store)
     updated = status.get("updated_at")
     rows = [
-        ("launch", f"{launch_id} (commit {str(launch.get('commit'))[:10]}, {store.url})"),
+        ("launch", f"{launch_id} (commit {launch.commit[:10]}, {store.url})"),
         ("run", store.run_id),
         (
             "state",

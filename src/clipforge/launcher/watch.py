@@ -25,6 +25,7 @@ from clipforge.launcher.session import (
     Settings,
     later_container,
     read_remote_json,
+    read_remote_record,
     remote_python,
 )
 from clipforge.util import wait_script
@@ -147,7 +148,7 @@ def tensorboard(
 ) -> None:
     """TensorBoard on the host for this run's logs, reached through an SSH port-forward. Blocks
     until interrupted, then stops that TensorBoard."""
-    record = read_remote_json(host, layout.record) or {}
+    record = read_remote_record(host, layout)
     free = run(
         host.cxn,
         f"{q(settings.python)} -c 'import socket; s=socket.socket(); "
@@ -157,7 +158,7 @@ def tensorboard(
     remote_port = int(free)
     logdir = layout.output("logs")
     serve = ["--logdir", logdir, "--host", "127.0.0.1", "--port", str(remote_port)]
-    if record.get("runtime") == "docker":
+    if record.runtime == "docker":
         spec = later_container(
             host, layout, record, settings, "tensorboard", read_only=True, detach=True
         )

@@ -24,6 +24,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from clipforge.ids import launch_id_of, run_ids_in
+from clipforge.launcher.host.record import RunRecord, RunRecordError, read_record
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.state import (
     RunState,
@@ -40,8 +41,11 @@ RECENT_ROWS = 10
 
 # -- host side -----------------------------------------------------------------------------------
 def collect(layout: NodeLayout) -> dict:
-    record = read_json(layout.record) or {}
-    state_error = None
+    record_error = state_error = None
+    try:
+        record = read_record(layout.record)
+    except RunRecordError as exc:
+        record, record_error = None, str(exc)
     try:
         state = read_state(layout.state)
     except StateFileError as exc:
@@ -51,38 +55,23 @@ def collect(layout: NodeLayout) -> dict:
         # the supervisor died without saying so (host reboot, kill -9)
         state = dataclasses.replace(state, state=RunState.LOST)
     manifest = Path(layout.output("data/manifest.json"))
-    checkpoints = Path(record.get("checkpoints_dir") or layout.output("checkpoints"))
+    checkpoints = Path(record.checkpoints_dir if record else layout.output("checkpoints"))
     own = set(run_ids_in(checkpoints))
     rows = [
         r for r in _tsv_rows(Path(layout.output("metrics/train.tsv"))) if r.get("run_id") in own
     ]
+    params = record.params if record else {}
     return {
-        "record": {
-            "launch_id": launch_id_of(record),
-            **{
-                k: record.get(k)
-                for k in (
-                    "commit",
-                    "host",
-                    "node_rank",
-                    "num_nodes",
-                    "gpus_per_node",
-                    "runtime",
-                    "smoke",
-                    "image",
-                    "created_at",
-                    "executor",
-                )
-            },
-        },
+        "record": _record_summary(record, layout) if record else {},
+        "record_error": record_error,
         "run_ids": sorted(own),
         "state": state.to_dict() if state else {},
         "state_error": state_error,
         "supervisor_alive": alive,
         "last_row": rows[-1] if rows else None,
         "recent_step_seconds": [float(r["step_s"]) for r in rows[-RECENT_ROWS:] if r.get("step_s")],
-        "total_steps": _total_steps(record.get("params") or {}, manifest),
-        "steps_per_epoch": _steps_per_epoch(record.get("params") or {}, manifest),
+        "total_steps": _total_steps(params, manifest),
+        "steps_per_epoch": _steps_per_epoch(params, manifest),
         "latest_checkpoint": _latest_checkpoint(checkpoints),
         "sync": _newest_json(checkpoints.glob("run-*/sync.json")),
         "summary": _own_summary(layout, own),
@@ -90,6 +79,23 @@ def collect(layout: NodeLayout) -> dict:
         "data_ready": manifest.is_file(),
         "recall": _own_recall(layout, state.started_at if state else None),
         "host_time": time.time(),
+    }
+
+
+def _record_summary(record: RunRecord, layout: NodeLayout) -> dict:
+    """What the laptop's status shows of the run record (its params stay on the host)."""
+    return {
+        "launch_id": record.launch_id,
+        "commit": record.commit,
+        "host": record.host,
+        "node_rank": layout.node_rank,
+        "num_nodes": record.num_nodes,
+        "gpus_per_node": record.gpus_per_node,
+        "runtime": record.runtime,
+        "smoke": record.smoke,
+        "image": record.image,
+        "created_at": record.created_at,
+        "executor": record.executor,
     }
 
 
@@ -181,7 +187,9 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
             "launch",
             # launch_id_of: the host's status of a run launched by older code says `run_id`
             f"{launch_id_of(record)} (commit {str(record.get('commit'))[:10]}, "
-            f"{record.get('runtime')} runtime, {_gpus_text(record)})",
+            f"{record.get('runtime')} runtime, {_gpus_text(record)})"
+            if record
+            else f"unknown: {info.get('record_error') or 'no run record (run.json)'}",
         ),
         # the training run(s) of this launch, by the checkpoints it saved: none until the first
         ("run", ", ".join(info.get("run_ids") or []) or "-"),

@@ -58,6 +58,7 @@ from clipforge.ids import run_ids_in
 from clipforge.launcher.host.alert import send_alert, send_run_failed
 from clipforge.launcher.host.gpus import judge, read_inventory
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
+from clipforge.launcher.host.record import RunRecordError, read_record
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.state import (
     TERMINAL_STATES,  # noqa: F401  (re-exported: readers of the state import it from here)
@@ -243,7 +244,12 @@ class Supervisor:
         `gpu_lost` alert is sent), or None when they are all there or nothing can tell."""
         if not phase.restartable:
             return None
-        planned = int((read_json(self.layout.record) or {}).get("gpus_per_node") or 0)
+        try:
+            record = read_record(self.layout.record)
+        except RunRecordError as exc:  # the run goes on; the GPU check cannot
+            self._log(f"no GPU check: {exc}")
+            record = None
+        planned = record.gpus_per_node if record else 0
         inventory = read_inventory(self.layout.node_dir, planned)
         if inventory is None or planned == 0:
             return None
