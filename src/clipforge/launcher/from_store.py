@@ -27,6 +27,12 @@ from clipforge.launcher.host.record import RunRecord, RunRecordError, record_fro
 from clipforge.launcher.host.status import sync_text
 from clipforge.launcher.session import Host, Settings
 from clipforge.store.remote import RunStore, missing_from_store, read_launch
+from clipforge.store.sync_state import (
+    STORE_STATUS_FILE,
+    SyncState,
+    SyncStateError,
+    parse_sync_state,
+)
 from clipforge.util import format_duration, wait_until_answering
 
 Say = Callable[[str], None]
@@ -68,20 +74,23 @@ def open_run(remote: str | None, launch_id: str | None) -> tuple[RunStore, RunRe
 def show_status(remote: str | None, launch_id: str | None, say: Say) -> None:
     """Where the run stands as the store last heard of it: state, host, step, loss, sync lag."""
     store, launch = open_run(remote, launch_id)
-    status = store.read_json("status.json") or {}
+    status, status_error = _store_status(store)
     row = _last_row(store)
-    updated = status.get("updated_at")
+    if status:
+        ago = format_duration(time.time() - status.updated_at)
+        state = f"{status.state} on {status.host}, as of {ago} ago"
+    else:
+        state = f"unknown: {status_error}" if status_error else "unknown"
     rows = [
         ("launch", f"{launch_id} (commit {launch.commit[:10]}, {store.url})"),
         ("run", store.run_id),
-        (
-            "state",
-            f"{status.get('state', 'unknown')} on {status.get('host', '?')}"
-            + (f", as of {format_duration(time.time() - updated)} ago" if updated else ""),
-        ),
+        ("state", state),
         ("step", row.get("step", "-")),
         ("loss", row.get("loss", "-")),
-        ("run store", sync_text(status) if status else "no status written yet"),
+        (
+            "run store",
+            sync_text(status) if status else "-" if status_error else "no status written yet",
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     say(f"run store  launch {launch_id}")
@@ -97,7 +106,7 @@ def fetch(remote: str | None, launch_id: str | None, destination: Path, say: Say
     with replace_dir_atomically(target) as tmp:
         for prefix in RESULTS:
             _download_tree(store, prefix, tmp / prefix)
-        for name in ("record.json", "status.json"):
+        for name in ("record.json", STORE_STATUS_FILE):
             store.download_file(name, tmp / "store" / name)
     say(f"fetched {launch_id} from {store.url} into {target}")
     return target
@@ -156,6 +165,18 @@ def _download_tree(store: RunStore, prefix: str, into: Path) -> int:
         (into / name).parent.mkdir(parents=True, exist_ok=True)
         store.download_file(f"{prefix}/{name}", into / name)
     return len(names)
+
+
+def _store_status(store: RunStore) -> tuple[SyncState | None, str | None]:
+    """The uploader's last word in the store (status.json), or what is wrong with it."""
+    try:
+        text = store.fs.cat_file(store.path(STORE_STATUS_FILE))
+    except FileNotFoundError:
+        return None, None
+    try:
+        return parse_sync_state(text, f"{store.url}/{STORE_STATUS_FILE}"), None
+    except SyncStateError as exc:
+        return None, str(exc)
 
 
 def _last_row(store: RunStore) -> dict:

@@ -34,6 +34,13 @@ from clipforge.launcher.host.state import (
     state_from_dict,
 )
 from clipforge.launcher.host.supervisor import read_json, supervisor_pid
+from clipforge.store.sync_state import (
+    SYNC_STATE_FILE,
+    SyncState,
+    SyncStateError,
+    read_sync_state,
+    sync_state_from_dict,
+)
 from clipforge.util import format_duration, steps_per_epoch, total_steps
 
 RECENT_ROWS = 10
@@ -73,7 +80,7 @@ def collect(layout: NodeLayout) -> dict:
         "total_steps": _total_steps(params, manifest),
         "steps_per_epoch": _steps_per_epoch(params, manifest),
         "latest_checkpoint": _latest_checkpoint(checkpoints),
-        "sync": _newest_json(checkpoints.glob("run-*/sync.json")),
+        **_sync_state(checkpoints),
         "summary": _own_summary(layout, own),
         "smoke": read_json(layout.smoke_result),
         "data_ready": manifest.is_file(),
@@ -155,9 +162,15 @@ def _total_steps(params: dict, manifest_path: Path) -> int | None:
     )
 
 
-def _newest_json(paths) -> dict | None:
-    found = sorted(paths, key=lambda p: p.stat().st_mtime)
-    return read_json(found[-1]) if found else None
+def _sync_state(checkpoints: Path) -> dict:
+    """The run store's progress, by the newest training run's uploader (sync.json): `sync` as
+    it is, or `sync_error` saying what is wrong with the file."""
+    found = sorted(checkpoints.glob(f"run-*/{SYNC_STATE_FILE}"), key=lambda p: p.stat().st_mtime)
+    try:
+        sync = read_sync_state(found[-1]) if found else None
+    except SyncStateError as exc:
+        return {"sync": None, "sync_error": str(exc)}
+    return {"sync": sync.to_dict() if sync else None, "sync_error": None}
 
 
 def _latest_checkpoint(checkpoints: Path) -> str | None:
@@ -221,7 +234,10 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ("checkpoint", info.get("latest_checkpoint") or "none yet"),
     ]
     if info.get("sync"):
-        rows.append(("run store", sync_text(info["sync"])))
+        sync = sync_state_from_dict(info["sync"], "the run store's sync state")
+        rows.append(("run store", sync_text(sync)))
+    elif info.get("sync_error"):
+        rows.append(("run store", f"unknown: {info['sync_error']}"))
     rows.append(
         (
             "cost",
@@ -248,15 +264,15 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
     return rows
 
 
-def sync_text(sync: dict) -> str:
-    """The run store's progress (clipforge.train.sync's status): what it holds, how far behind."""
-    step = sync.get("store_step")
+def sync_text(sync: SyncState) -> str:
+    """The run store's progress (clipforge.train.sync's state): what it holds, how far behind."""
+    step = sync.store_step
     text = (
-        f"{sync.get('store')}: step {step if step is not None else 'none yet'}, behind by "
-        f"{sync.get('lag_steps', 0)} steps / {format_duration(sync.get('lag_seconds') or 0)}"
+        f"{sync.store}: step {step if step is not None else 'none yet'}, behind by "
+        f"{sync.lag_steps} steps / {format_duration(sync.lag_seconds)}"
     )
-    if sync.get("failures"):
-        text += f", {sync['failures']} failed attempts ({sync.get('last_error')})"
+    if sync.failures:
+        text += f", {sync.failures} failed attempts ({sync.last_error})"
     return text
 
 
