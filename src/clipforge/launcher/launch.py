@@ -27,15 +27,15 @@ from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
 from clipforge.launcher.host.record import RunRecord, SocketInterface
 from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
-from clipforge.launcher.host.state import RunState, StateFileError, SupervisorState, state_from_dict
+from clipforge.launcher.host.state import RunState
 from clipforge.launcher.host.stored_checkpoints import RUN_ROOTS_FILE
 from clipforge.launcher.options import TrainOptions, resolve_params
 from clipforge.launcher.session import (
     Host,
     Settings,
     container_user,
-    read_remote_json,
     read_remote_record,
+    read_remote_state,
     remote_python,
 )
 from clipforge.launcher.source import Source, require_clean, source_at, write_bundle
@@ -311,15 +311,6 @@ def _write_run_files(
         )
 
 
-def _remote_state(host: Host, layout: NodeLayout) -> SupervisorState | None:
-    """The node's supervisor state (None: none yet); a damaged one is the user's to look at."""
-    raw = read_remote_json(host, layout.state)
-    try:
-        return state_from_dict(raw, f"{host.label}:{layout.state}") if raw else None
-    except StateFileError as exc:
-        raise LauncherError(str(exc)) from None
-
-
 def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None:
     """Start the node's supervisor detached; secrets go over the SSH channel's stdin only."""
     secrets = {name: os.environ[name] for name in PASSTHROUGH_ENV if name in os.environ}
@@ -336,7 +327,7 @@ def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None
     )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        state = _remote_state(host, layout)
+        state = read_remote_state(host, layout)
         if state and state.state.started:
             return
         if state and state.state is RunState.FAILED:
@@ -351,7 +342,7 @@ def resume(
 ) -> None:
     """Start the supervisors of an existing run again (after `fab stop`, or a lost supervisor)."""
     for host, layout in zip(hosts, layouts):
-        state = _remote_state(host, layout)
+        state = read_remote_state(host, layout)
         if state and state.state is RunState.FINISHED:
             raise LauncherError(
                 f"{host.label}: run {layout.launch_id} has finished; nothing to resume"

@@ -21,6 +21,7 @@ from clipforge.launcher.commands import DockerSpec, run_container
 from clipforge.launcher.connection import HostSpec, join, probe, q, run
 from clipforge.launcher.host.record import RunRecord, RunRecordError, parse_record
 from clipforge.launcher.host.run_dirs import DEFAULT_ROOT, NodeLayout, current_marker
+from clipforge.launcher.host.state import StateFileError, SupervisorState, state_from_dict
 from clipforge.launcher.stack import StackOutputs, load_stack_outputs
 from clipforge.yamlfile import YamlFileError, read_yaml_file
 
@@ -210,6 +211,15 @@ def read_remote_record(host: Host, layout: NodeLayout) -> RunRecord:
     try:
         return parse_record(result.stdout, source)
     except RunRecordError as exc:
+        raise LauncherError(str(exc)) from None
+
+
+def read_remote_state(host: Host, layout: NodeLayout) -> SupervisorState | None:
+    """The node's supervisor state (None: none yet); a damaged one is the user's to look at."""
+    raw = read_remote_json(host, layout.state)
+    try:
+        return state_from_dict(raw, f"{host.label}:{layout.state}") if raw else None
+    except StateFileError as exc:
         raise LauncherError(str(exc)) from None
 
 
