@@ -60,15 +60,17 @@ demo: env  ## train and evaluate the built-in default on CPU as a DVC experiment
 
 # Lint first: a style error fails `make test` in seconds, before the suite's minutes.
 # The slow tier (pytest marker tier2: two hosts in network namespaces, runs moved between hosts,
-# the GPU benchmark's CPU dry run) is `make test-tier2`, which .ci/run runs after this, so that
-# `make test` stays within 10 minutes on 2 cores. The first two have cheaper tests here too (one
-# host with two ranks, the refused two-host launches, a run resumed from the store in-process).
+# real runs killed, hung, stopped and resumed through `fab`, the documented quick-start smoke runs,
+# the whole user journey, the GPU benchmark's CPU dry run) is `make test-tier2`, which .ci/run
+# runs after this, so that `make test` stays within 10 minutes on 2 cores (BENCHMARKS.md). Each
+# has a cheaper test here (one host with two ranks, the refused two-host launches, a run resumed
+# from the store in-process, the supervisor on stand-in phases, one smoke run through `fab`).
 TEST_SYSTEM_PACKAGES := openssh-server iproute2 fonts-wqy-microhei chromium
 test: env img2dataset-env lint  ## lint, then the test suite but its slow tier (installs openssh-server and chromium, which tests run)
 	scripts/setup-system.sh $(TEST_SYSTEM_PACKAGES)
 	$(PY) -m pytest -m "not tier2" $(PYTEST_ARGS)
 
-test-tier2: env  ## the suite's slow tier: two-host runs in network namespaces, runs moved between hosts
+test-tier2: env  ## the suite's slow tier: two-host runs in network namespaces, moved runs, real-run recovery, journeys
 	scripts/setup-system.sh $(TEST_SYSTEM_PACKAGES)
 	$(PY) -m pytest -m tier2 $(PYTEST_ARGS)
 

@@ -25,6 +25,7 @@ from clipforge.launcher.host.gpus import (
 from clipforge.launcher.host.plan import Phase
 from clipforge.launcher.host.status import collect, summarize
 from tests.launcher.test_supervisor import _log, _node, _state, _supervise
+from tests.support.records import run_record
 
 
 def test_nvidia_smi_answers_are_read_with_error_lines_mixed_in():
@@ -93,7 +94,7 @@ given = {{{{k: os.environ.get(k) for k in ("CLIPFORGE_RANKS_PER_NODE", "CUDA_VIS
 def _lose_gpu_1(tmp_path):
     node = _node(tmp_path)
     Path(node.node_dir).mkdir(parents=True)
-    Path(node.record).write_text(json.dumps({"run_id": "run", "gpus_per_node": 2}))
+    Path(node.record).write_text(run_record(launch_id="run", gpus_per_node=2).to_json())
     script = _CRASH_AND_LOSE.format(node=node.node_dir)
     return node, Phase(name="train", argv=[sys.executable, "-c", script], cwd=str(tmp_path))
 

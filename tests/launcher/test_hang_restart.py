@@ -22,7 +22,9 @@ from clipforge.launcher.host.supervisor import MODULE
 from tests.conftest import subprocess_env, train_argv, write_params
 from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.slow
+# A minute of a real 2-rank run: in make test-tier2 (.ci/run). make test keeps the same claim on a
+# stand-in rank (test_supervisor.py: a hung rank is dumped, alerted, killed and restarted).
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 # Long enough for the slowest step, validation or save of the reduced run on a loaded machine.
 STALL_SECONDS = 30
 

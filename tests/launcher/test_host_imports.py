@@ -25,7 +25,8 @@ HOST_PACKAGE = "clipforge.launcher.host"
 # the small helpers and the two ids (clipforge.util, clipforge.ids), and the alert delivery the
 # supervisor shares with the stage (clipforge.alerts' events, config, formats, targets, delivery), and the
 # ranks' heartbeats its hang watchdog reads (clipforge.alerts.progress), and the
-# checkpoints' names (clipforge.checkpoints.layout, shipped inline by stored_checkpoints).
+# checkpoints' names (clipforge.checkpoints.layout, shipped inline by stored_checkpoints), and the
+# run store uploader's state that status reads (clipforge.store.sync_state).
 ALLOWED_PROJECT = (
     "clipforge",
     "clipforge.errors",
@@ -44,6 +45,8 @@ ALLOWED_PROJECT = (
     "clipforge.alerts.progress",
     "clipforge.alerts.targets",
     "clipforge.fields",
+    "clipforge.store",
+    "clipforge.store.sync_state",
 )
 
 

@@ -20,7 +20,11 @@ import pytest
 from tests.conftest import git, subprocess_env, write_params
 from tests.launcher.conftest import LaunchedRun, make_fab
 
-pytestmark = pytest.mark.slow
+# The whole journey (demo, experiment, launch, eval, fetch: about a minute): in make test-tier2
+# (.ci/run). make test keeps its parts: the demo in a clean clone (test_clean_clone.py), the
+# pipeline in a temp repo (test_dvc_pipeline.py), a run launched, watched and fetched through
+# `fab` (test_smoke_run.py), the hints (test_hints.py).
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 
 RECALL_KEYS = {"t2i_r01", "t2i_r05", "t2i_r10", "i2t_r01", "i2t_r05", "i2t_r10", "mean_recall"}
 

@@ -22,6 +22,10 @@ from tests.launcher.hostprocs import processes_under
 from tests.launcher.sshd import free_port
 
 pytestmark = pytest.mark.slow
+# The two documented smoke runs (about a minute and a half with their fab calls) are in make
+# test-tier2 (.ci/run); make test keeps the --gpus 4 refusals here and a real run launched,
+# watched and fetched through `fab` (test_smoke_run.py).
+tier2 = pytest.mark.tier2
 
 
 def _rows(output: str) -> dict[str, list[str]]:
@@ -45,6 +49,7 @@ def own_box(project, sshd, tmp_path_factory) -> LaunchedRun:
     return run
 
 
+@tier2
 def test_own_box_check_passes_with_the_default_runtime(own_box):
     """`fab check`: the host runtime (the default) finds the Python stack; every row passes."""
     assert own_box.check.returncode == 0, own_box.check.stdout + own_box.check.stderr
@@ -52,6 +57,7 @@ def test_own_box_check_passes_with_the_default_runtime(own_box):
     assert rows["python env"] == ["ok"] and "docker" not in rows
 
 
+@tier2
 def test_own_box_smoke_trains_on_the_defaults(own_box):
     """`fab train --gpus 0 --smoke`: no DVC remote in the commit, so the data stage runs on the
     host, saying so; the smoke run takes 16 pairs per rank of the embedded default and passes."""
@@ -66,6 +72,7 @@ def test_own_box_smoke_trains_on_the_defaults(own_box):
     assert json.loads((own_box.node_dir / "smoke.json").read_text())["passed"]
 
 
+@tier2
 def test_own_box_status_logs_and_fetch(own_box, tmp_path):
     """`fab status --price-per-gpu-hour`, `fab logs --follow`, `fab fetch` on the finished run."""
     status = own_box.run_fab("status", "--price-per-gpu-hour", "1.85")
@@ -135,6 +142,7 @@ def stack_run(stack, sshd) -> LaunchedRun:
     return run
 
 
+@tier2
 def test_stack_check_preflights_every_worker(stack_run):
     """`fab check`: both workers, each with its volumes mounted and writable."""
     assert stack_run.check.returncode == 0, stack_run.check.stdout + stack_run.check.stderr
@@ -142,6 +150,7 @@ def test_stack_check_preflights_every_worker(stack_run):
     assert rows["ssh"] == ["ok", "ok"] and rows["volume checkpoints"] == ["ok", "ok"]
 
 
+@tier2
 def test_stack_smoke_runs_two_ranks_on_the_retained_volume(stack_run):
     """`fab train --gpus 0 --nodes 2 --smoke`: one rank per worker, both supervisors finish, the
     run and its shared checkpoints live on the checkpoints volume, the smoke passes on node 0."""
@@ -156,6 +165,7 @@ def test_stack_smoke_runs_two_ranks_on_the_retained_volume(stack_run):
     assert json.loads((stack_run.node_dir / "smoke.json").read_text())["passed"]
 
 
+@tier2
 def test_stack_status_and_fetch(stack_run, tmp_path):
     """`fab status` and `fab fetch` without -H: the stack's workers."""
     status = stack_run.run_fab("status")

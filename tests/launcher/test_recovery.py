@@ -23,7 +23,10 @@ from tests.launcher.hostprocs import (
     train_stage_process,
 )
 
-pytestmark = pytest.mark.slow
+# Two real runs through `fab` (a minute and a half): in make test-tier2 (.ci/run). make test keeps
+# restart, stop and resume on stand-in phases (test_supervisor.py) and a real run launched,
+# watched and fetched through `fab` (test_smoke_run.py).
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 # Nothing listens on port 9 here: alerts the stage sends to it fail at once (and are only logged).
 SECRET = f"http://127.0.0.1:9/hook/{uuid.uuid4().hex}"
 HELD_STEP = 3  # of the 8 of RUN_SETS: the stopped run waits there for `fab stop`

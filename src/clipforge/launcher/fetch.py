@@ -24,7 +24,7 @@ from clipforge.launcher import LauncherError
 from clipforge.launcher.commands import IMAGE_PYTHON, docker_run_argv
 from clipforge.launcher.connection import join, probe, q, run
 from clipforge.launcher.host.run_dirs import NodeLayout
-from clipforge.launcher.session import Host, Settings, later_container, read_remote_json
+from clipforge.launcher.session import Host, Settings, later_container, read_remote_record
 
 RESULTS = ("metrics", "models/clip", "logs")  # inside the DVC workspace, written by rank 0
 
@@ -80,7 +80,6 @@ def fetch_experiment(host: Host, layout: NodeLayout, repo: Path, say: Callable[[
     """The run's newest DVC experiment (the eval phase's: every stage's params and metrics) into
     `repo`'s experiment refs, as a git bundle based on the launched commit, which `repo` holds.
     None when the run made none (several nodes, mounted data: no DVC)."""
-    record = read_remote_json(host, layout.record) or {}
     code = q(layout.code)
     refs = probe(
         host.cxn, f"git -C {code} for-each-ref --sort=-creatordate --format='%(refname)' refs/exps"
@@ -88,11 +87,11 @@ def fetch_experiment(host: Host, layout: NodeLayout, repo: Path, say: Callable[[
     ref = newest_experiment(refs.stdout) if refs.ok else None
     if ref is None:
         return None
-    base = record.get("commit")
+    record = read_remote_record(host, layout)
     remote_bundle = run(
         host.cxn,
         f'b=$(mktemp /tmp/clipforge-exp.XXXXXX) && git -C {code} bundle create "$b" '
-        f'{q(ref)}{" ^" + q(base) if base else ""} && echo "$b"',
+        f'{q(ref)} ^{q(record.commit)} && echo "$b"',
         what="bundling the run's DVC experiment",
     ).stdout.strip()
     try:
@@ -153,8 +152,8 @@ def _copy_home(host: Host, picks: list[tuple[str, str]], into: Path) -> None:
 def push(host: Host, layout: NodeLayout, settings: Settings, say: Callable[[str], None]) -> None:
     """`dvc push` in the run's workspace on the host: the exported model (and data) go to the DVC
     remote configured in the commit, where a later `dvc pull` anywhere finds them."""
-    record = read_remote_json(host, layout.record) or {}
-    if record.get("runtime") == "docker":
+    record = read_remote_record(host, layout)
+    if record.runtime == "docker":
         spec = later_container(host, layout, record, settings, "push")
         command = join(docker_run_argv(spec, [IMAGE_PYTHON, "-m", "dvc", "push"]))
     else:

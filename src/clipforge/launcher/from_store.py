@@ -24,17 +24,25 @@ from clipforge.launcher import LauncherError, recovery
 from clipforge.launcher.connection import q, run
 from clipforge.launcher.fetch import RESULTS
 from clipforge.launcher.host import stored_checkpoints
+from clipforge.launcher.host.record import RunRecord, RunRecordError, record_from_dict
 from clipforge.launcher.host.status import sync_text
 from clipforge.launcher.session import Host, Settings
 from clipforge.store.remote import RunStore, missing_from_store, read_launch
+from clipforge.store.sync_state import (
+    STORE_STATUS_FILE,
+    SyncState,
+    SyncStateError,
+    parse_sync_state,
+)
 from clipforge.util import format_duration, wait_until_answering
 
 Say = Callable[[str], None]
 TENSORBOARD_START_SECONDS = 120.0
 
 
-def open_run(remote: str | None, launch_id: str | None) -> tuple[RunStore, dict]:
-    """The store's place of launch `launch_id`, and the launch's record."""
+def open_run(remote: str | None, launch_id: str | None) -> tuple[RunStore, RunRecord]:
+    """The store's place of launch `launch_id`, and the launch's record (its run.json as the
+    train stage copied it there, clipforge.launcher.host.record's reader)."""
     if not launch_id:
         raise LauncherError("--run RUN: which run to read from the run store")
     if not remote:
@@ -43,33 +51,47 @@ def open_run(remote: str | None, launch_id: str | None) -> tuple[RunStore, dict]
         )
     try:
         launch = read_launch(remote, launch_id)
-        store = RunStore(remote, launch["training_run"]) if launch else None
     except Exception as exc:  # any library's error (no credentials, unreachable): one line
         raise LauncherError(f"run store {remote}: {exc}") from None
-    if store is None:
+    if launch is None:
         raise LauncherError(
             f"the run store {remote} has no run {launch_id} (no launches/{launch_id}.json)"
         )
-    return store, launch
+    source = f"{remote} launches/{launch_id}.json"
+    training_run = launch.get("training_run")
+    if not isinstance(training_run, str):
+        raise LauncherError(f"{source}: training_run is {training_run!r}, not a run id")
+    try:
+        record = record_from_dict(launch, source)
+    except RunRecordError as exc:
+        raise LauncherError(str(exc)) from None
+    try:
+        store = RunStore(remote, training_run)
+    except Exception as exc:  # as above
+        raise LauncherError(f"run store {remote}: {exc}") from None
+    return store, record
 
 
 def show_status(remote: str | None, launch_id: str | None, say: Say) -> None:
     """Where the run stands as the store last heard of it: state, host, step, loss, sync lag."""
     store, launch = open_run(remote, launch_id)
-    status = store.read_json("status.json") or {}
+    status, status_error = _store_status(store)
     row = _last_row(store)
-    updated = status.get("updated_at")
+    if status:
+        ago = format_duration(time.time() - status.updated_at)
+        state = f"{status.state} on {status.host}, as of {ago} ago"
+    else:
+        state = f"unknown: {status_error}" if status_error else "unknown"
     rows = [
-        ("launch", f"{launch_id} (commit {str(launch.get('commit'))[:10]}, {store.url})"),
+        ("launch", f"{launch_id} (commit {launch.commit[:10]}, {store.url})"),
         ("run", store.run_id),
-        (
-            "state",
-            f"{status.get('state', 'unknown')} on {status.get('host', '?')}"
-            + (f", as of {format_duration(time.time() - updated)} ago" if updated else ""),
-        ),
+        ("state", state),
         ("step", row.get("step", "-")),
         ("loss", row.get("loss", "-")),
-        ("run store", sync_text(status) if status else "no status written yet"),
+        (
+            "run store",
+            sync_text(status) if status else "-" if status_error else "no status written yet",
+        ),
         *_recovery_rows(store, launch_id),
     ]
     width = max(len(k) for k, _ in rows)
@@ -99,7 +121,7 @@ def fetch(remote: str | None, launch_id: str | None, destination: Path, say: Say
     with replace_dir_atomically(target) as tmp:
         for prefix in RESULTS:
             _download_tree(store, prefix, tmp / prefix)
-        for name in ("record.json", "status.json"):
+        for name in ("record.json", STORE_STATUS_FILE):
             store.download_file(name, tmp / "store" / name)
     say(f"fetched {launch_id} from {store.url} into {target}")
     return target
@@ -158,6 +180,18 @@ def _download_tree(store: RunStore, prefix: str, into: Path) -> int:
         (into / name).parent.mkdir(parents=True, exist_ok=True)
         store.download_file(f"{prefix}/{name}", into / name)
     return len(names)
+
+
+def _store_status(store: RunStore) -> tuple[SyncState | None, str | None]:
+    """The uploader's last word in the store (status.json), or what is wrong with it."""
+    try:
+        text = store.fs.cat_file(store.path(STORE_STATUS_FILE))
+    except FileNotFoundError:
+        return None, None
+    try:
+        return parse_sync_state(text, f"{store.url}/{STORE_STATUS_FILE}"), None
+    except SyncStateError as exc:
+        return None, str(exc)
 
 
 def _last_row(store: RunStore) -> dict:

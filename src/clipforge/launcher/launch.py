@@ -25,15 +25,17 @@ from clipforge.launcher import LauncherError, from_store, network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
+from clipforge.launcher.host.record import RunRecord, SocketInterface
 from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
-from clipforge.launcher.host.state import RunState, StateFileError, SupervisorState, state_from_dict
+from clipforge.launcher.host.state import RunState
 from clipforge.launcher.host.stored_checkpoints import RUN_ROOTS_FILE
 from clipforge.launcher.options import TrainOptions, resolve_params
 from clipforge.launcher.session import (
     Host,
     Settings,
     container_user,
-    read_remote_json,
+    read_remote_record,
+    read_remote_state,
     remote_python,
 )
 from clipforge.launcher.source import Source, require_clean, source_at, write_bundle
@@ -269,63 +271,52 @@ def _write_run_files(
     interfaces: list,
     user: str | None,
 ) -> None:
-    record = {
-        "launch_id": layout.launch_id,  # the training run's id is the stage's (clipforge.ids)
-        "commit": prepared.source.commit,
-        "dirty_paths_not_shipped": prepared.source.dirty,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "launched_by": launched_by(),
-        "hosts": [h.label for h in hosts],
-        "host": hosts[0].label,
-        "num_nodes": options.nodes,
-        "gpus_per_node": options.gpus,
-        "runtime": options.runtime,
-        "image": prepared.image,
-        "container_user": user,
-        "data": options.data,
-        "smoke": options.smoke,
-        "executor": "dvc exp run"
+    several = options.nodes > 1
+    record = RunRecord(
+        launch_id=layout.launch_id,  # the training run's id is the stage's (clipforge.ids)
+        commit=prepared.source.commit,
+        dirty_paths_not_shipped=tuple(prepared.source.dirty),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        launched_by=launched_by(),
+        hosts=tuple(h.label for h in hosts),
+        host=hosts[0].label,
+        num_nodes=options.nodes,
+        gpus_per_node=options.gpus,
+        runtime=options.runtime,
+        image=prepared.image,
+        container_user=user,
+        data=options.data,
+        smoke=options.smoke,
+        executor="dvc exp run"
         if options.through_dvc
-        else ("deepspeed launcher, no-ssh" if options.nodes > 1 else "python -m clipforge.train"),
-        "overrides": list(options.overrides),
-        "params": prepared.params,
-        "checkpoints_dir": layout.shared_checkpoints
-        if options.nodes > 1
-        else layout.output("checkpoints"),
-        "master": f"{master_addr}:{options.master_port}" if options.nodes > 1 else None,
-        # per node rank: the interface its ranks talk on (GLOO/NCCL_SOCKET_IFNAME), and why
-        "socket_interfaces": [
-            {"interface": i.name, "address": i.address, "chosen_by": i.chosen_by}
+        else ("deepspeed launcher, no-ssh" if several else "python -m clipforge.train"),
+        overrides=tuple(options.overrides),
+        params=prepared.params,
+        checkpoints_dir=layout.shared_checkpoints if several else layout.output("checkpoints"),
+        master=f"{master_addr}:{options.master_port}" if several else None,
+        socket_interfaces=tuple(
+            SocketInterface(interface=i.name, address=i.address, chosen_by=i.chosen_by)
             for i in interfaces
-        ]
-        if options.nodes > 1
+        )
+        if several
         else None,
-        "max_restarts": options.max_restarts,
-        "min_gpus": options.min_gpus,
-        "env_passed_through": [n for n in PASSTHROUGH_ENV if n in os.environ],
-    }
+        max_restarts=options.max_restarts,
+        min_gpus=options.min_gpus,
+        env_passed_through=tuple(n for n in PASSTHROUGH_ENV if n in os.environ),
+    )
     files = {
-        layout.record: json.dumps(record, indent=2) + "\n",
+        layout.record: record.to_json(),
         layout.resolved_params: prepared.params_yaml,
         layout.plan: plan.to_json(),
     }
     if options.nodes > 1:
-        files[layout.hostfile] = hostfile_text(record["hosts"], max(options.gpus, 1))
+        files[layout.hostfile] = hostfile_text(list(record.hosts), max(options.gpus, 1))
     for path, text in files.items():
         host.cxn.put(io.BytesIO(text.encode("utf-8")), path)
     if options.nodes > 1:
         run(
             host.cxn, f"mkdir -p {q(layout.shared_checkpoints)}", what="creating shared checkpoints"
         )
-
-
-def _remote_state(host: Host, layout: NodeLayout) -> SupervisorState | None:
-    """The node's supervisor state (None: none yet); a damaged one is the user's to look at."""
-    raw = read_remote_json(host, layout.state)
-    try:
-        return state_from_dict(raw, f"{host.label}:{layout.state}") if raw else None
-    except StateFileError as exc:
-        raise LauncherError(str(exc)) from None
 
 
 def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None:
@@ -344,7 +335,7 @@ def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None
     )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        state = _remote_state(host, layout)
+        state = read_remote_state(host, layout)
         if state and state.state.started:
             return
         if state and state.state is RunState.FAILED:
@@ -359,12 +350,12 @@ def resume(
 ) -> None:
     """Start the supervisors of an existing run again (after `fab stop`, or a lost supervisor)."""
     for host, layout in zip(hosts, layouts):
-        state = _remote_state(host, layout)
+        state = read_remote_state(host, layout)
         if state and state.state is RunState.FINISHED:
             raise LauncherError(
                 f"{host.label}: run {layout.launch_id} has finished; nothing to resume"
             )
-        commit = (read_remote_json(host, layout.record) or {}).get("commit")
+        commit = read_remote_record(host, layout).commit
         # safe.directory: with the docker runtime the checkout belongs to the container's user
         checkout = probe(
             host.cxn, f"git -c safe.directory={q(layout.code)} -C {q(layout.code)} rev-parse HEAD"
@@ -372,7 +363,7 @@ def resume(
         if checkout != commit:
             raise LauncherError(
                 f"{host.label}: node {layout.node_rank}'s checkout is at commit "
-                f"{checkout[:10] or '(none)'}, the run's commit is {str(commit)[:10]}: every node "
+                f"{checkout[:10] or '(none)'}, the run's commit is {commit[:10]}: every node "
                 f"must train the same code (`git -C {layout.code} checkout {commit}` there); "
                 f"nothing was started"
             )
@@ -408,24 +399,24 @@ def move(
     say(f"run {launch_id} is not on {', '.join(h.label for h in hosts)}: looking in the run store")
     _, record = from_store.open_run(remote, launch_id)
     options = TrainOptions(
-        gpus=record["gpus_per_node"],
-        nodes=record["num_nodes"],
-        overrides=tuple(record["overrides"]),
-        smoke=record["smoke"],
-        runtime=record["runtime"],
-        data=record["data"],
-        max_restarts=record["max_restarts"],
-        min_gpus=record.get("min_gpus"),
-        image=record["image"],
+        gpus=record.gpus_per_node,
+        nodes=record.num_nodes,
+        overrides=record.overrides,
+        smoke=record.smoke,
+        runtime=record.runtime,
+        data=record.data,
+        max_restarts=record.max_restarts,
+        min_gpus=record.min_gpus,
+        image=record.image,
     )
     if len(hosts) != options.nodes:
         raise LauncherError(
             f"run {launch_id} trains on {options.nodes} node(s): give as many hosts in -H, got "
             f"{len(hosts)}"
         )
-    prepared = prepare(source_at(Path.cwd(), record["commit"]), options, settings)
+    prepared = prepare(source_at(Path.cwd(), record.commit), options, settings)
     say(
-        f"moving run {launch_id} there from {remote} (commit {record['commit'][:10]}, last on "
-        f"{record.get('host')})"
+        f"moving run {launch_id} there from {remote} (commit {record.commit[:10]}, last on "
+        f"{record.host})"
     )
     launch(hosts, prepared, options, settings, stack, say, launch_id=launch_id)

@@ -19,7 +19,9 @@ from fabric import Connection
 from clipforge.launcher import LauncherError, connection
 from clipforge.launcher.commands import DockerSpec, run_container
 from clipforge.launcher.connection import HostSpec, join, probe, q, run
+from clipforge.launcher.host.record import RunRecord, RunRecordError, parse_record
 from clipforge.launcher.host.run_dirs import DEFAULT_ROOT, NodeLayout, current_marker
+from clipforge.launcher.host.state import StateFileError, SupervisorState, state_from_dict
 from clipforge.launcher.recovery import RecoveryRule
 from clipforge.launcher.stack import StackOutputs, load_stack_outputs
 from clipforge.yamlfile import YamlFileError, read_yaml_file
@@ -201,14 +203,33 @@ def container_user(host: Host, image: str) -> str:
 
 
 def later_container(
-    host: Host, layout: NodeLayout, record: dict, settings: Settings, what: str, **spec
+    host: Host, layout: NodeLayout, record: RunRecord, settings: Settings, what: str, **spec
 ) -> DockerSpec:
     """A container for a docker run's later work (`what`: push, tensorboard): the image and
     container user the run was launched with, as its record has them."""
-    user = record.get("container_user") or container_user(host, record["image"])
-    return run_container(
-        record["image"], layout, what, user=user, shm_size=settings.shm_size, **spec
-    )
+    user = record.container_user or container_user(host, record.image)
+    return run_container(record.image, layout, what, user=user, shm_size=settings.shm_size, **spec)
+
+
+def read_remote_record(host: Host, layout: NodeLayout) -> RunRecord:
+    """The node's run record (run.json); a missing or damaged one is the user's to look at."""
+    result = probe(host.cxn, f"cat {q(layout.record)}")
+    source = f"{host.label}:{layout.record}"
+    if not result.ok:
+        raise LauncherError(f"{source}: no run record there ({result.stderr.strip()})")
+    try:
+        return parse_record(result.stdout, source)
+    except RunRecordError as exc:
+        raise LauncherError(str(exc)) from None
+
+
+def read_remote_state(host: Host, layout: NodeLayout) -> SupervisorState | None:
+    """The node's supervisor state (None: none yet); a damaged one is the user's to look at."""
+    raw = read_remote_json(host, layout.state)
+    try:
+        return state_from_dict(raw, f"{host.label}:{layout.state}") if raw else None
+    except StateFileError as exc:
+        raise LauncherError(str(exc)) from None
 
 
 def read_remote_json(host: Host, path: str) -> dict | None:

@@ -20,11 +20,13 @@ from clipforge.launcher.connection import join, probe, q, run
 from clipforge.launcher.host import status as status_mod
 from clipforge.launcher.host import supervisor
 from clipforge.launcher.host.run_dirs import NODE_PREFIX, NodeLayout, current_marker, runs_dir
+from clipforge.launcher.host.state import RunState
 from clipforge.launcher.session import (
     Host,
     Settings,
     later_container,
-    read_remote_json,
+    read_remote_record,
+    read_remote_state,
     remote_python,
 )
 from clipforge.util import wait_script
@@ -118,10 +120,10 @@ def stop(
     a run that has work left, how to resume it (`fab`: the command with the user's -H/-i)."""
     finished = 0
     for host, layout in nodes:
-        state = read_remote_json(host, layout.state) or {}
-        if state.get("state") in supervisor.TERMINAL_STATES:
-            say(f"{host.label}: run {layout.launch_id} already {state['state']}")
-            finished += state["state"] == "finished"
+        state = read_remote_state(host, layout)
+        if state and state.state.terminal:
+            say(f"{host.label}: run {layout.launch_id} already {state.state}")
+            finished += state.state is RunState.FINISHED
             continue
         run(
             host.cxn,
@@ -160,7 +162,7 @@ def tensorboard(
 ) -> None:
     """TensorBoard on the host for this run's logs, reached through an SSH port-forward. Blocks
     until interrupted, then stops that TensorBoard."""
-    record = read_remote_json(host, layout.record) or {}
+    record = read_remote_record(host, layout)
     free = run(
         host.cxn,
         f"{q(settings.python)} -c 'import socket; s=socket.socket(); "
@@ -170,7 +172,7 @@ def tensorboard(
     remote_port = int(free)
     logdir = layout.output("logs")
     serve = ["--logdir", logdir, "--host", "127.0.0.1", "--port", str(remote_port)]
-    if record.get("runtime") == "docker":
+    if record.runtime == "docker":
         spec = later_container(
             host, layout, record, settings, "tensorboard", read_only=True, detach=True
         )
@@ -223,8 +225,8 @@ def clean(host: Host, settings: Settings, launch_ids: list[str], say: Say) -> No
         nodes = probe(host.cxn, f"ls -d {q(run_dir)}/{NODE_PREFIX}* 2>/dev/null").stdout.split()
         for node_dir in nodes:
             layout = NodeLayout.of_node_dir(node_dir)
-            state = read_remote_json(host, layout.state) or {}
-            pid = state.get("supervisor_pid")
+            state = read_remote_state(host, layout)
+            pid = state.supervisor_pid if state else None
             if (
                 pid
                 and probe(

@@ -56,12 +56,12 @@ from clipforge.fsutil import atomic_write_text
 from clipforge.ids import launch_id_of
 from clipforge.store.config import StorageConfig
 from clipforge.store.remote import RUN_RECORD_ENV, RunStore
+from clipforge.store.sync_state import STORE_STATUS_FILE, SYNC_STATE_FILE, SyncPhase, SyncState
 from clipforge.train.faults import Faults, faults_from_env
 from clipforge.util import backoff_seconds, exception_summary
 
 log = logging.getLogger("clipforge.train")
 
-SYNC_STATUS = "sync.json"  # beside the checkpoints of the run
 _WAKE_QUEUE_SIZE = 8  # a request is a wake-up: more than a few pending say nothing more
 _POLL_SECONDS = 1.0  # how often an idle uploader looks at the clock (logs due, lag)
 
@@ -104,7 +104,7 @@ class StoreSync:
         self._lease_taken = lease_taken
         self._lease_due_at = 0.0
         self.lost: LeaseLost | None = None  # the lease, taken by another trainer
-        self.state = "training"
+        self.state = SyncPhase.TRAINING
         self._lock = threading.Lock()  # _saved_at: written by both threads
         self._saved_at: dict[int, float] = {}  # local checkpoints not yet in the store
         self._uploaded: dict[Path, tuple[int, int]] = {}  # file -> (size, mtime) uploaded
@@ -155,10 +155,10 @@ class StoreSync:
         synced = self.synced_step
         return not self._store_known or synced is None or step > synced
 
-    def finish(self, state: str, final: list[Mirrored]) -> None:
+    def finish(self, state: SyncPhase | str, final: list[Mirrored]) -> None:
         """A last pass (the final checkpoint, logs, `final`), waited for up to
-        storage.flush_timeout_seconds; then the uploader stops."""
-        self.state = state
+        storage.flush_timeout_seconds; then the uploader stops. `state`: the stage's outcome."""
+        self.state = SyncPhase(state)
         self._final = final
         self._wake()
         if not self._final_done.is_set() and self.lost is None:
@@ -263,11 +263,11 @@ class StoreSync:
             self.store.write_json("record.json", self.record)
             if self.record.get("launch"):
                 self.store.write_launch(launch_id_of(self.record["launch"]), self.record["launch"])
-            self.store.write_json("status.json", self._status())
+            self.store.write_json(STORE_STATUS_FILE, self._status().to_dict())
             self._logs_due_at = self.clock() + 60 * self.config.sync_logs_every_minutes
         if final is not None:
             self._upload_files(final)
-            self.store.write_json("status.json", self._status())
+            self.store.write_json(STORE_STATUS_FILE, self._status().to_dict())
             self._final_done.set()
 
     def _keep_lease(self) -> None:
@@ -342,29 +342,27 @@ class StoreSync:
             tag = tag_for(self.synced_step) if self.synced_step is not None else "none"
             self.alerts.store_caught_up(self.store.url, tag)
 
-    def _status(self) -> dict:
+    def _status(self) -> SyncState:
         lag = self.lag()
-        return {
-            "run_id": self.store.run_id,
-            "launch_id": self.record.get("launch_id"),
-            "state": self.state,
-            "host": socket.gethostname(),
-            "updated_at": time.time(),
-            "store": self.store.url,
-            "store_step": self.synced_step,
-            "lag_steps": lag.steps,
-            "lag_seconds": round(lag.seconds, 1),
-            "failures": self._failures,
-            "last_error": self._last_error or None,
-        }
+        return SyncState(
+            run_id=self.store.run_id,
+            launch_id=self.record.get("launch_id"),
+            state=self.state,
+            host=socket.gethostname(),
+            updated_at=time.time(),
+            store=self.store.url,
+            store_step=self.synced_step,
+            lag_steps=lag.steps,
+            lag_seconds=round(lag.seconds, 1),
+            failures=self._failures,
+            last_error=self._last_error or None,
+        )
 
     def _write_status(self) -> None:
         try:
-            atomic_write_text(
-                self.checkpointer.run_dir / SYNC_STATUS, json.dumps(self._status(), indent=2) + "\n"
-            )
+            atomic_write_text(self.checkpointer.run_dir / SYNC_STATE_FILE, self._status().to_json())
         except OSError as exc:  # a full disk is the checkpointer's to report
-            log.debug("could not write %s: %s", SYNC_STATUS, exc)
+            log.debug("could not write %s: %s", SYNC_STATE_FILE, exc)
 
 
 def _files(local: Path, remote: str) -> list[Mirrored]:

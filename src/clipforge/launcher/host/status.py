@@ -24,6 +24,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from clipforge.ids import launch_id_of, run_ids_in
+from clipforge.launcher.host.record import RunRecord, RunRecordError, read_record
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.state import (
     RunState,
@@ -33,6 +34,13 @@ from clipforge.launcher.host.state import (
     state_from_dict,
 )
 from clipforge.launcher.host.supervisor import read_json, supervisor_pid
+from clipforge.store.sync_state import (
+    SYNC_STATE_FILE,
+    SyncState,
+    SyncStateError,
+    read_sync_state,
+    sync_state_from_dict,
+)
 from clipforge.util import format_duration, steps_per_epoch, total_steps
 
 RECENT_ROWS = 10
@@ -40,8 +48,11 @@ RECENT_ROWS = 10
 
 # -- host side -----------------------------------------------------------------------------------
 def collect(layout: NodeLayout) -> dict:
-    record = read_json(layout.record) or {}
-    state_error = None
+    record_error = state_error = None
+    try:
+        record = read_record(layout.record)
+    except RunRecordError as exc:
+        record, record_error = None, str(exc)
     try:
         state = read_state(layout.state)
     except StateFileError as exc:
@@ -51,45 +62,47 @@ def collect(layout: NodeLayout) -> dict:
         # the supervisor died without saying so (host reboot, kill -9)
         state = dataclasses.replace(state, state=RunState.LOST)
     manifest = Path(layout.output("data/manifest.json"))
-    checkpoints = Path(record.get("checkpoints_dir") or layout.output("checkpoints"))
+    checkpoints = Path(record.checkpoints_dir if record else layout.output("checkpoints"))
     own = set(run_ids_in(checkpoints))
     rows = [
         r for r in _tsv_rows(Path(layout.output("metrics/train.tsv"))) if r.get("run_id") in own
     ]
+    params = record.params if record else {}
     return {
-        "record": {
-            "launch_id": launch_id_of(record),
-            **{
-                k: record.get(k)
-                for k in (
-                    "commit",
-                    "host",
-                    "node_rank",
-                    "num_nodes",
-                    "gpus_per_node",
-                    "runtime",
-                    "smoke",
-                    "image",
-                    "created_at",
-                    "executor",
-                )
-            },
-        },
+        "record": _record_summary(record, layout) if record else {},
+        "record_error": record_error,
         "run_ids": sorted(own),
         "state": state.to_dict() if state else {},
         "state_error": state_error,
         "supervisor_alive": alive,
         "last_row": rows[-1] if rows else None,
         "recent_step_seconds": [float(r["step_s"]) for r in rows[-RECENT_ROWS:] if r.get("step_s")],
-        "total_steps": _total_steps(record.get("params") or {}, manifest),
-        "steps_per_epoch": _steps_per_epoch(record.get("params") or {}, manifest),
+        "total_steps": _total_steps(params, manifest),
+        "steps_per_epoch": _steps_per_epoch(params, manifest),
         "latest_checkpoint": _latest_checkpoint(checkpoints),
-        "sync": _newest_json(checkpoints.glob("run-*/sync.json")),
+        **_sync_state(checkpoints),
         "summary": _own_summary(layout, own),
         "smoke": read_json(layout.smoke_result),
         "data_ready": manifest.is_file(),
         "recall": _own_recall(layout, state.started_at if state else None),
         "host_time": time.time(),
+    }
+
+
+def _record_summary(record: RunRecord, layout: NodeLayout) -> dict:
+    """What the laptop's status shows of the run record (its params stay on the host)."""
+    return {
+        "launch_id": record.launch_id,
+        "commit": record.commit,
+        "host": record.host,
+        "node_rank": layout.node_rank,
+        "num_nodes": record.num_nodes,
+        "gpus_per_node": record.gpus_per_node,
+        "runtime": record.runtime,
+        "smoke": record.smoke,
+        "image": record.image,
+        "created_at": record.created_at,
+        "executor": record.executor,
     }
 
 
@@ -162,9 +175,15 @@ def _total_steps(params: dict, manifest_path: Path) -> int | None:
     )
 
 
-def _newest_json(paths) -> dict | None:
-    found = sorted(paths, key=lambda p: p.stat().st_mtime)
-    return read_json(found[-1]) if found else None
+def _sync_state(checkpoints: Path) -> dict:
+    """The run store's progress, by the newest training run's uploader (sync.json): `sync` as
+    it is, or `sync_error` saying what is wrong with the file."""
+    found = sorted(checkpoints.glob(f"run-*/{SYNC_STATE_FILE}"), key=lambda p: p.stat().st_mtime)
+    try:
+        sync = read_sync_state(found[-1]) if found else None
+    except SyncStateError as exc:
+        return {"sync": None, "sync_error": str(exc)}
+    return {"sync": sync.to_dict() if sync else None, "sync_error": None}
 
 
 def _latest_checkpoint(checkpoints: Path) -> str | None:
@@ -194,7 +213,9 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
             "launch",
             # launch_id_of: the host's status of a run launched by older code says `run_id`
             f"{launch_id_of(record)} (commit {str(record.get('commit'))[:10]}, "
-            f"{record.get('runtime')} runtime, {_gpus_text(record)})",
+            f"{record.get('runtime')} runtime, {_gpus_text(record)})"
+            if record
+            else f"unknown: {info.get('record_error') or 'no run record (run.json)'}",
         ),
         # the training run(s) of this launch, by the checkpoints it saved: none until the first
         ("run", ", ".join(info.get("run_ids") or []) or "-"),
@@ -226,7 +247,10 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ("checkpoint", info.get("latest_checkpoint") or "none yet"),
     ]
     if info.get("sync"):
-        rows.append(("run store", sync_text(info["sync"])))
+        sync = sync_state_from_dict(info["sync"], "the run store's sync state")
+        rows.append(("run store", sync_text(sync)))
+    elif info.get("sync_error"):
+        rows.append(("run store", f"unknown: {info['sync_error']}"))
     rows.append(
         (
             "cost",
@@ -253,15 +277,15 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
     return rows
 
 
-def sync_text(sync: dict) -> str:
-    """The run store's progress (clipforge.train.sync's status): what it holds, how far behind."""
-    step = sync.get("store_step")
+def sync_text(sync: SyncState) -> str:
+    """The run store's progress (clipforge.train.sync's state): what it holds, how far behind."""
+    step = sync.store_step
     text = (
-        f"{sync.get('store')}: step {step if step is not None else 'none yet'}, behind by "
-        f"{sync.get('lag_steps', 0)} steps / {format_duration(sync.get('lag_seconds') or 0)}"
+        f"{sync.store}: step {step if step is not None else 'none yet'}, behind by "
+        f"{sync.lag_steps} steps / {format_duration(sync.lag_seconds)}"
     )
-    if sync.get("failures"):
-        text += f", {sync['failures']} failed attempts ({sync.get('last_error')})"
+    if sync.failures:
+        text += f", {sync.failures} failed attempts ({sync.last_error})"
     return text
 
 

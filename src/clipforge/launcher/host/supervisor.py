@@ -64,6 +64,7 @@ from clipforge.launcher.host.gpus import (
     read_inventory,
 )
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
+from clipforge.launcher.host.record import RunRecordError, read_record
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.state import (
     TERMINAL_STATES,  # noqa: F401  (re-exported: readers of the state import it from here)
@@ -253,13 +254,17 @@ class Supervisor:
         once they are back. Unchanged when they are all there or nothing can tell."""
         if not phase.restartable:
             return None, phase
-        record = read_json(self.layout.record) or {}
-        planned = int(record.get("gpus_per_node") or 0)
+        try:
+            record = read_record(self.layout.record)
+        except RunRecordError as exc:  # the run goes on; the GPU check cannot
+            self._log(f"no GPU check: {exc}")
+            record = None
+        planned = record.gpus_per_node if record else 0
         inventory = read_inventory(self.layout.node_dir, planned)
-        if inventory is None or planned == 0:
+        if record is None or inventory is None or planned == 0:
             return None, phase
         min_gpus = self.plan.policy.min_gpus or default_min_gpus(planned)
-        nodes = int(record.get("num_nodes") or 1)
+        nodes = record.num_nodes
         cannot_shrink = (
             f"a run of {nodes} nodes cannot shrink one of them (every node would have to "
             f"restart at the new world size)"
