@@ -53,6 +53,10 @@ def test_absurd_learning_rate_raises_real_non_finite_alerts_then_stops(
     assert alert["severity"] == "warning" and "gradient norm is inf" in alert["message"]
 
 
+# A real run (~40 s): in make test-tier2. make test keeps the skip, count, alert and rate limit on
+# the alert engine itself (tests/alerts/test_alerts_monitor.py) and a real run's non_finite alerts
+# (the absurd learning rate, above).
+@pytest.mark.tier2
 def test_nan_batches_are_skipped_counted_alerted_rate_limited_and_training_recovers(
     tmp_path, small_data, server, monkeypatch, caplog
 ):
@@ -71,6 +75,10 @@ def test_nan_batches_are_skipped_counted_alerted_rate_limited_and_training_recov
     assert _rules(server)[-1] == "run_finished"
 
 
+# A real run (~35 s): in make test-tier2. make test keeps the stall alert and its recovery on the
+# alert engine (tests/alerts/test_alerts_monitor.py) and the progress heartbeat
+# (tests/alerts/test_alerts_progress.py).
+@pytest.mark.tier2
 def test_a_blocked_step_produces_a_stall_alert(tmp_path, small_data, server, monkeypatch):
     monkeypatch.setenv("CLIPFORGE_ALERT_WEBHOOKS", server.url())
     monkeypatch.setenv("CLIPFORGE_FAULTS", "stall@3=4")

@@ -35,6 +35,9 @@ def _latest(checkpoints: Path) -> str | None:
     return markers[0].read_text().strip() if markers else None
 
 
+# A real run (~25 s): in make test-tier2. make test keeps the filling-disk run below and the
+# checkpointer's own refusals (test_never_lost.py).
+@pytest.mark.tier2
 def test_checkpoints_made_read_only_mid_run_stop_it_with_a_clear_line(tmp_path, small_data):
     """Step 6 is held until the stop arrives, so the folder turns read-only after the step-4
     checkpoint and before the stop's own save, however fast the machine trains."""
