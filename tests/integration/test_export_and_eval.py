@@ -13,6 +13,7 @@ from clipforge.data import testset
 from clipforge.eval.core import encode_images, encode_texts
 from clipforge.eval.loading import load_open_clip
 from clipforge.eval.stage import main as eval_main
+from clipforge.export.card import NOT_EVALUATED
 from clipforge.metrics.retrieval import METRIC_KEYS
 from tests.conftest import eval_argv, subprocess_env, write_params
 
@@ -93,6 +94,13 @@ def test_eval_stage_writes_metrics_with_the_documented_keys(
     assert suite["decontamination"]["checked"] is False  # built-in data: disjoint when drawn
     assert (tmp_path / "metrics" / "eval.config.yaml").is_file()
     assert "t2i_r01" in capsys.readouterr().out  # the table
+    # the export's card, written before any eval, with these metrics in it: what to publish
+    card = (tmp_path / "metrics" / "model-card.md").read_text(encoding="utf-8")
+    export_card = (reference_run / "models/clip/README.md").read_text(encoding="utf-8")
+    assert NOT_EVALUATED in export_card and NOT_EVALUATED not in card
+    assert f"- test: t2i_r01 {metrics['t2i_r01']:.4g}," in card
+    assert f"- mean_over_suites: value {everything['mean_over_suites']:.4g}" in card
+    assert card.startswith(export_card.split(NOT_EVALUATED)[0])  # the rest of the card as it was
 
 
 def test_baseline_model_adds_its_numbers_and_the_delta(reference_run, small_data, tmp_path):

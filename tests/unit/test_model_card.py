@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from clipforge.export.card import CardFacts, render
+import dataclasses
+
+from clipforge.export.card import NOT_EVALUATED, CardFacts, render, with_eval_metrics
 
 FACTS = CardFacts(
     recipe="production-zh-roberta",
@@ -48,3 +50,23 @@ def test_without_a_transformers_export_the_card_says_why():
     assert "from_pretrained" not in card
     assert "decontamination: no record" in card
     assert "eval suites: not run at export time" in card
+
+
+def test_eval_puts_every_suites_metrics_and_their_mean_in_place_of_the_not_evaluated_line():
+    """Not the baseline's: the card is this model's."""
+    card = render(dataclasses.replace(FACTS, eval_metrics={}), "ChineseCLIPModel", "")
+    assert NOT_EVALUATED in card
+    evaluated = with_eval_metrics(
+        card,
+        {
+            "flickr30k-cn": {"t2i_r01": 62.7, "mean_recall": 80.1},
+            "imagenet-cn": {"top1": 41.25, "top5": 70.5},
+            "mean_over_suites": 60.675,
+            "baseline": {"flickr30k-cn": {"t2i_r01": 50.0}},
+        },
+    )
+    assert NOT_EVALUATED not in evaluated
+    assert "- flickr30k-cn: t2i_r01 62.7, mean_recall 80.1" in evaluated
+    assert "- imagenet-cn: top1 41.25, top5 70.5" in evaluated
+    assert "- mean_over_suites: value 60.67" in evaluated
+    assert "50" not in evaluated.split("## Load")[0].split("## Metrics")[1]  # no baseline

@@ -27,6 +27,7 @@ from clipforge.data.decontam import eval_record, not_checked
 from clipforge.eval.core import evaluate
 from clipforge.eval.loading import tags_text
 from clipforge.eval.suites import Suite, load_suites
+from clipforge.export.card import CARD_FILE, with_eval_metrics
 from clipforge.fsutil import atomic_write_text
 from clipforge.metrics import classification, retrieval
 from clipforge.model_files import ModelFilesError, check_model_weights
@@ -36,6 +37,7 @@ log = logging.getLogger("clipforge.eval")
 # The params sections this stage reads (dvc.yaml's params: recipe plus these).
 PARAM_SECTIONS = STAGE_SECTIONS["eval"]
 MEAN_KEY = "mean_over_suites"
+MODEL_CARD = "model-card.md"  # beside eval.json: the export's card with these metrics
 # The one number of each kind that the mean over suites averages.
 HEADLINE = {"retrieval": "mean_recall", "zero-shot-classification": "top1"}
 # Table columns, in this order: every key a suite can have.
@@ -185,7 +187,20 @@ def _run(args) -> None:
         out.with_suffix(".info.json"), json.dumps(info, ensure_ascii=False, indent=2) + "\n"
     )
     atomic_write_text(out.with_suffix(".config.yaml"), config.to_yaml())
+    write_model_card(args.model, metrics, out.with_name(MODEL_CARD))
     print(format_table(metrics))
+
+
+def write_model_card(model: str, metrics: dict, path: Path) -> None:
+    """The card to publish with the model: the export's own (models/clip/README.md, written by
+    the train stage before any eval) with this stage's metrics in it. Beside eval.json, not in
+    the export, which is the train stage's output. Only for our own exports (local-dir: with a
+    card)."""
+    export = Path(model.removeprefix("local-dir:")) if model.startswith("local-dir:") else None
+    card = export / CARD_FILE if export else None
+    if card is None or not card.is_file():
+        return
+    atomic_write_text(path, with_eval_metrics(card.read_text(encoding="utf-8"), metrics))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

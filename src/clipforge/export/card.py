@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from clipforge.export.hf import CHINESE_CLIP
 
 TRANSFORMERS_DIR = "transformers"  # the transformers folder, inside the open_clip export
+CARD_FILE = "README.md"  # the card's name in each folder
+# The export's card holds this line until eval has run; eval writes the card with its metrics.
+NOT_EVALUATED = "- eval suites: not run at export time (see metrics/model-card.md)"
 
 
 @dataclass(kw_only=True)
@@ -54,7 +57,7 @@ def render(
         *(line for suite, m in facts.eval_metrics.items() for line in _metric_lines(suite, m)),
     ]
     if not facts.eval_metrics:
-        lines.append("- eval suites: not run at export time (see metrics/eval.json)")
+        lines.append(NOT_EVALUATED)
     lines += ["", "## Load it with open_clip", "", *_open_clip_usage(open_clip_path), ""]
     lines += ["## Load it with transformers", ""]
     if transformers_class:
@@ -62,6 +65,18 @@ def render(
     else:
         lines.append(f"No transformers export: {transformers_skipped}")
     return "\n".join(lines) + "\n"
+
+
+def with_eval_metrics(card: str, eval_metrics: dict) -> str:
+    """The export's card with the eval stage's metrics (metrics/eval.json: each suite's and the
+    mean over suites) in place of the line that says eval had not run."""
+    lines = [
+        line
+        for name, value in eval_metrics.items()
+        if name not in ("baseline", "delta")  # another model's, and ours against it
+        for line in _metric_lines(name, value if isinstance(value, dict) else {"value": value})
+    ]
+    return card.replace(NOT_EVALUATED, "\n".join(lines))
 
 
 def _decontamination(record: dict | None) -> str:

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import torch
 
-from clipforge.export.card import TRANSFORMERS_DIR, CardFacts, render
+from clipforge.export.card import CARD_FILE, TRANSFORMERS_DIR, CardFacts, render
 from clipforge.fsutil import replace_dir_atomically
 from clipforge.model_files import CONFIG_FILE, WEIGHTS_FILES
 
 WEIGHTS_FILE = WEIGHTS_FILES[0]
-CARD_FILE = "README.md"
 
 log = logging.getLogger("clipforge.train")
 
