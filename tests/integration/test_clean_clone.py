@@ -85,6 +85,7 @@ def test_demo_and_the_readme_commands_leave_only_results(clone, demo):
             "eval.json",
             "eval.info.json",
             "eval.config.yaml",
+            "model-card.md",
         )
     }
     require_clean(current_source(clone), allow_dirty=False)

@@ -76,6 +76,7 @@ def test_repro_runs_data_train_eval_and_writes_the_documented_layout(pipeline_re
         "metrics/train.info.json",
         "metrics/eval.json",
         "metrics/eval.info.json",
+        "metrics/model-card.md",
         "resolved/train.yaml",
         "dvc.lock",
     ):

@@ -22,6 +22,7 @@ OUTPUTS = [
     "metrics/eval.json",
     "metrics/eval.info.json",
     "metrics/eval.config.yaml",
+    "metrics/model-card.md",
     "resolved/other.yaml",
     "data/manifest.json",
     "data/train/shard-000000.tar",
