@@ -26,6 +26,7 @@ from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.status import collect, summarize
 from clipforge.launcher.host.supervisor import MODULE
 from tests.conftest import subprocess_env, train_argv, write_params
+from tests.support.records import run_record
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
@@ -71,7 +72,7 @@ def test_a_lost_gpu_mid_run_the_run_goes_on_with_one_rank_and_ends_where_two_end
     lost = tmp_path / "lost"
     node = NodeLayout(root=str(lost), launch_id="run", node_rank=0)
     Path(node.node_dir).mkdir(parents=True)
-    Path(node.record).write_text(json.dumps({"gpus_per_node": 2, "num_nodes": 1}))
+    Path(node.record).write_text(run_record(gpus_per_node=2).to_json())
     release = lost / "release"
     # Step 6 waits for `release`: rank 1 dies after the checkpoint of step 4, whatever the speed
     # of this machine; the restart finds `release` there and goes on.
