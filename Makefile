@@ -61,7 +61,8 @@ demo: env  ## train and evaluate the built-in default on CPU as a DVC experiment
 # Lint first: a style error fails `make test` in seconds, before the suite's minutes.
 # The slow tier (pytest marker tier2: two hosts in network namespaces, runs moved between hosts,
 # real runs killed, hung, stopped and resumed through `fab`, the documented quick-start smoke runs,
-# the whole user journey, the GPU benchmark's CPU dry run) is `make test-tier2`, which .ci/run
+# the whole user journey, the gradient-equality grid, real runs with injected faults, the GPU
+# benchmark's CPU dry run) is `make test-tier2`, which .ci/run
 # runs after this, so that `make test` stays within 10 minutes on 2 cores (BENCHMARKS.md). Each
 # has a cheaper test here (one host with two ranks, the refused two-host launches, a run resumed
 # from the store in-process, the supervisor on stand-in phases, one smoke run through `fab`).
