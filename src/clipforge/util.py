@@ -1,5 +1,6 @@
 """Small helpers with one home each: retry back-off, an exception's first line, waiting for a
-server to answer, durations, a run's step counts, and the ranks a node runs now.
+server to answer, durations, a run's step counts, the ranks a node runs now, and reading the typed
+records' JSON files.
 
 Standard library only, and cheap to import: the GPU host side (clipforge.launcher.host) uses it
 under the host's own python3, and every stage imports it.
@@ -7,8 +8,13 @@ under the host's own python3, and every stage imports it.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 # Set by a node's supervisor (clipforge.launcher.host.supervisor) for an attempt on fewer GPUs
 # than the run was planned with: how many ranks this node runs now. train.ranks_per_node keeps the
@@ -107,3 +113,23 @@ def ranks_per_node_now(planned: int, environ: Mapping[str, str] = os.environ) ->
     if not value.isdigit() or not 1 <= int(value) <= planned:
         raise ValueError(f"{RANKS_NOW_ENV}={value!r}: expected 1..{planned} (train.ranks_per_node)")
     return int(value)
+
+
+def record_json(text: str | bytes, source: str, error: type[Exception]) -> object:
+    """A typed record's file parsed as JSON; `error` (the record's own type) names the file when
+    it is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(
+            f"{source}: not JSON ({exc.msg} at line {exc.lineno}); a torn write or a hand edit"
+        ) from None
+
+
+def read_record_file(path: str | Path, parse: Callable[[str, str], T]) -> T | None:
+    """`parse(text, path)` of the file at `path`; None when there is none (yet)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    return parse(text, str(path))

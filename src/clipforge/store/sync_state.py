@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clipforge.util import read_record_file, record_json
+
 SYNC_STATE_FILE = "sync.json"  # beside the checkpoints of the run
 STORE_STATUS_FILE = "status.json"  # in the run's place in the store
 
@@ -108,19 +110,9 @@ def sync_state_from_dict(raw: object, source: str = SYNC_STATE_FILE) -> SyncStat
 
 
 def parse_sync_state(text: str | bytes, source: str = SYNC_STATE_FILE) -> SyncState:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SyncStateError(
-            f"{source}: not JSON ({exc.msg} at line {exc.lineno}); a torn write or a hand edit"
-        ) from None
-    return sync_state_from_dict(raw, source)
+    return sync_state_from_dict(record_json(text, source, SyncStateError), source)
 
 
 def read_sync_state(path: str | Path) -> SyncState | None:
     """The state at `path`; None when there is none yet; SyncStateError when it is damaged."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    return parse_sync_state(text, str(path))
+    return read_record_file(path, parse_sync_state)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clipforge.util import read_record_file, record_json
+
 
 class RunRecordError(ValueError):
     """run.json (or the store's copy) exists but is not a run record; the message says why."""
@@ -165,19 +167,9 @@ def _interface(raw: object, source: str) -> SocketInterface:
 
 
 def parse_record(text: str, source: str = "run.json") -> RunRecord:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RunRecordError(
-            f"{source}: not JSON ({exc.msg} at line {exc.lineno}); a torn write or a hand edit"
-        ) from None
-    return record_from_dict(raw, source)
+    return record_from_dict(record_json(text, source, RunRecordError), source)
 
 
 def read_record(path: str | Path) -> RunRecord | None:
     """The record at `path`; None when there is none; RunRecordError when it is damaged."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    return parse_record(text, str(path))
+    return read_record_file(path, parse_record)

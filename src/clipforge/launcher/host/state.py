@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clipforge.util import read_record_file, record_json
+
 
 class RunState(str, enum.Enum):
     """Where a node's supervisor is. A str, so that its JSON form is the plain name."""
@@ -126,19 +128,9 @@ def state_from_dict(raw: object, source: str = "state.json") -> SupervisorState:
 
 
 def parse_state(text: str, source: str = "state.json") -> SupervisorState:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StateFileError(
-            f"{source}: not JSON ({exc.msg} at line {exc.lineno}); a torn write or a hand edit"
-        ) from None
-    return state_from_dict(raw, source)
+    return state_from_dict(record_json(text, source, StateFileError), source)
 
 
 def read_state(path: str | Path) -> SupervisorState | None:
     """The state at `path`; None when there is none yet; StateFileError when it is damaged."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    return parse_state(text, str(path))
+    return read_record_file(path, parse_state)
