@@ -126,6 +126,27 @@ def record_json(text: str | bytes, source: str, error: type[Exception]) -> objec
         ) from None
 
 
+def typed_fields(
+    raw: Mapping[str, object],
+    types: Mapping[str, type | tuple[type, ...]],
+    source: str,
+    error: type[Exception],
+) -> dict[str, object]:
+    """The keys of `types` that `raw` holds, each checked against its JSON types; `error` (the
+    record's own type) names the field at fault. A bool is an int to isinstance: a count given
+    as true is damage, not 1, unless bool is among the field's types."""
+    values: dict[str, object] = {}
+    for key, kinds in types.items():
+        if key not in raw:
+            continue
+        value = raw[key]
+        allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise error(f"{source}: {key} is {value!r}, of the wrong type")
+        values[key] = value
+    return values
+
+
 def read_record_file(path: str | Path, parse: Callable[[str, str], T]) -> T | None:
     """`parse(text, path)` of the file at `path`; None when there is none (yet)."""
     try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clipforge.util import read_record_file, record_json
+from clipforge.util import read_record_file, record_json, typed_fields
 
 SYNC_STATE_FILE = "sync.json"  # beside the checkpoints of the run
 STORE_STATUS_FILE = "status.json"  # in the run's place in the store
@@ -100,12 +100,7 @@ def sync_state_from_dict(raw: object, source: str = SYNC_STATE_FILE) -> SyncStat
     except ValueError:
         allowed = ", ".join(p.value for p in SyncPhase)
         raise SyncStateError(f"{source}: state is {raw['state']!r}, not one of {allowed}") from None
-    values: dict[str, Any] = {"state": state}
-    for key, kinds in _TYPES.items():
-        value = raw[key]
-        if not isinstance(value, kinds) or isinstance(value, bool):
-            raise SyncStateError(f"{source}: {key} is {value!r}, of the wrong type")
-        values[key] = value
+    values: dict[str, Any] = {"state": state, **typed_fields(raw, _TYPES, source, SyncStateError)}
     return SyncState(**values)
 
 

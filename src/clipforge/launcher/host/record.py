@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clipforge.util import read_record_file, record_json
+from clipforge.util import read_record_file, record_json, typed_fields
 
 
 class RunRecordError(ValueError):
@@ -137,19 +137,12 @@ def record_from_dict(raw: object, source: str = "run.json") -> RunRecord:
     missing = [key for key in _TYPES if key not in raw and key not in _OPTIONAL]
     if missing:
         raise RunRecordError(f"{source}: not a run record, missing {', '.join(missing)}")
-    values: dict[str, Any] = {}
-    for key, kinds in _TYPES.items():
-        if key not in raw:
-            continue
-        value = raw[key]
-        # bool is an int to isinstance: a count given as true is damage, not 1
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise RunRecordError(f"{source}: {key} is {value!r}, of the wrong type")
-        if key in _STRING_LISTS and isinstance(value, list):
-            if not all(isinstance(item, str) for item in value):
-                raise RunRecordError(f"{source}: {key} is {value!r}, not a list of strings")
-            value = tuple(value)
-        values[key] = value
+    values: dict[str, Any] = typed_fields(raw, _TYPES, source, RunRecordError)
+    for key in _STRING_LISTS:
+        if isinstance(values.get(key), list):
+            if not all(isinstance(item, str) for item in values[key]):
+                raise RunRecordError(f"{source}: {key} is {values[key]!r}, not a list of strings")
+            values[key] = tuple(values[key])
     if values.get("socket_interfaces") is not None:
         values["socket_interfaces"] = tuple(
             _interface(item, source) for item in values["socket_interfaces"]

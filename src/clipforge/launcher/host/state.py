@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clipforge.util import read_record_file, record_json
+from clipforge.util import read_record_file, record_json, typed_fields
 
 
 class RunState(str, enum.Enum):
@@ -116,14 +116,7 @@ def state_from_dict(raw: object, source: str = "state.json") -> SupervisorState:
     except ValueError:
         allowed = ", ".join(s.value for s in RunState)
         raise StateFileError(f"{source}: state is {raw['state']!r}, not one of {allowed}") from None
-    values: dict[str, Any] = {"state": state}
-    for key, kinds in _TYPES.items():
-        if key not in raw:
-            continue
-        value = raw[key]
-        if not isinstance(value, kinds) or isinstance(value, bool):
-            raise StateFileError(f"{source}: {key} is {value!r}, of the wrong type")
-        values[key] = value
+    values: dict[str, Any] = {"state": state, **typed_fields(raw, _TYPES, source, StateFileError)}
     return SupervisorState(**values)
 
 
