@@ -39,6 +39,7 @@ from typing import Any
 from clipforge.launcher import LauncherError
 from clipforge.launcher.host.state import RunState
 from clipforge.store.remote import LAUNCHES
+from clipforge.util import record_json, typed_fields
 
 RECOVERY_FILE = "recovery.json"
 """The controller's record, in the run directory of the run's current host, in the controller's
@@ -263,6 +264,9 @@ _MOVE_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
+_OPTIONAL_KEYS = ("reason", "updated_at", "moves")
+
+
 def record_from_dict(raw: object, source: str = RECOVERY_FILE) -> RecoveryRecord:
     """The one reader: parsed JSON to a RecoveryRecord, or RecordError naming the field."""
     if not isinstance(raw, dict):
@@ -274,14 +278,13 @@ def record_from_dict(raw: object, source: str = RECOVERY_FILE) -> RecoveryRecord
         raise RecordError(
             f"{source}: state is {raw.get('state')!r}, not one of {allowed}"
         ) from None
-    values: dict[str, Any] = {"state": state}
-    for key, kinds in _RECORD_TYPES.items():
-        if key not in raw and key in ("reason", "updated_at", "moves"):
-            continue
-        value = raw.get(key)
-        if not isinstance(value, kinds) or isinstance(value, bool):
-            raise RecordError(f"{source}: {key} is {value!r}, of the wrong type")
-        values[key] = value
+    missing = [key for key in _RECORD_TYPES if key not in raw and key not in _OPTIONAL_KEYS]
+    if missing:
+        raise RecordError(f"{source}: {missing[0]} is None, of the wrong type")
+    values: dict[str, Any] = {
+        "state": state,
+        **typed_fields(raw, _RECORD_TYPES, source, RecordError),
+    }
     moves = []
     for index, move in enumerate(values.get("moves", [])):
         if not isinstance(move, dict):
@@ -295,11 +298,7 @@ def record_from_dict(raw: object, source: str = RECOVERY_FILE) -> RecoveryRecord
 
 
 def parse_record(text: str, source: str = RECOVERY_FILE) -> RecoveryRecord:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"{source}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    return record_from_dict(raw, source)
+    return record_from_dict(record_json(text, source, RecordError), source)
 
 
 def status_rows(record: RecoveryRecord) -> list[tuple[str, str]]:
