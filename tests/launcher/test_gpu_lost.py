@@ -52,8 +52,6 @@ def test_judge_goes_on_with_the_gpus_left_down_to_the_floor():
     assert not three.can_continue and three.devices == ()
     assert "GPU 0, GPU 1, GPU 2 of 4" in three.message
     assert "fewer than --min-gpus=2" in three.message
-    nodes = judge(2, Inventory((0,), "nvidia-smi"), min_gpus=1, cannot_shrink="two nodes")
-    assert not nodes.can_continue and "1 left, but two nodes" in nodes.message
 
 
 def test_an_attempt_on_fewer_gpus_names_them_to_the_host_command_or_the_container():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
+from clipforge.launcher.host.gpus import hostfile_node
 from clipforge.launcher.host.plan import (
     ENV_FROM_STDIN,
     PASSTHROUGH_ENV,
@@ -76,7 +77,7 @@ def direct_train_argv(python: str, overrides: tuple[str, ...], data_dir: str) ->
 def hostfile_text(hosts: list[str], slots: int) -> str:
     """DeepSpeed's resource list: one line per node. In no-SSH mode nothing connects to these
     names; they only size the world and order the nodes."""
-    return "".join(f"node-{i} slots={slots}\n" for i, _ in enumerate(hosts))
+    return "".join(f"{hostfile_node(i)} slots={slots}\n" for i, _ in enumerate(hosts))
 
 
 def multinode_train_argv(
@@ -294,6 +295,7 @@ def node_plan(
     env = {**options.env, **node.env, RUN_RECORD_ENV: layout.record}
     phases = []
     for name, argv, restartable in inner:
+        spans_nodes = name == "train" and options.nodes > 1  # one process group of every node
         if docker:
             spec = run_container(
                 node.image,
@@ -315,6 +317,7 @@ def node_plan(
                     stop_argv=docker_stop_argv(spec.name),
                     cleanup_argv=docker_cleanup_argv(spec.name),
                     stdin_env=list(PASSTHROUGH_ENV),
+                    spans_nodes=spans_nodes,
                 )
             )
         else:
@@ -325,6 +328,7 @@ def node_plan(
                     cwd=layout.code,
                     env=env,
                     restartable=restartable,
+                    spans_nodes=spans_nodes,
                 )
             )
     return Plan(phases=phases, policy=policy)

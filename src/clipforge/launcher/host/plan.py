@@ -55,6 +55,9 @@ class Phase:
     # Environment variables whose values (from the supervisor's environment, "" when unset) the
     # command reads on its stdin, one per line, in this order: see ENV_FROM_STDIN.
     stdin_env: list[str] = field(default_factory=list)
+    # Every node runs this phase together, as one process group (the multi-node train stage):
+    # an attempt runs the ranks per node that the nodes agreed on (host.gpus, `agree`).
+    spans_nodes: bool = False
 
 
 @dataclass

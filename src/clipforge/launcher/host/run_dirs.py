@@ -5,6 +5,8 @@
   <root>/runs/<run>/params.resolved.yaml
   <root>/runs/<run>/hostfile           multi-node only: DeepSpeed's resource list
   <root>/runs/<run>/checkpoints/       multi-node only: every node's shards (root on shared storage)
+  <root>/runs/<run>/gpus/{node-<rank>.json,decision.json}  multi-node GPU runs: each node's usable
+                                       GPUs before an attempt, node 0's decision (host.gpus)
   <root>/runs/<run>/node-<rank>/code/  the git checkout at the run's commit: the DVC workspace,
                                        with data/ checkpoints/ logs/ metrics/ models/ inside
   <root>/runs/<run>/node-<rank>/{plan.json,state.json,supervisor.pid,train.log,supervisor.log,stop,
@@ -77,6 +79,21 @@ class NodeLayout:
     @property
     def shared_checkpoints(self) -> str:
         return posixpath.join(self.run_dir, "checkpoints")
+
+    def gpu_report(self, node_rank: int | None = None) -> str:
+        """Node `node_rank`'s (default: this node's) usable GPUs before an attempt of a phase that
+        spans the nodes; on the run's shared storage, where node 0 reads every node's."""
+        rank = self.node_rank if node_rank is None else node_rank
+        return posixpath.join(self.run_dir, "gpus", f"{NODE_PREFIX}{rank}.json")
+
+    @property
+    def gpu_decision(self) -> str:
+        """Node 0's decision on those reports: the ranks every node runs next."""
+        return posixpath.join(self.run_dir, "gpus", "decision.json")
+
+    def of_node(self, node_rank: int) -> NodeLayout:
+        """Another node's layout of the same run (on shared storage, its files are here too)."""
+        return NodeLayout(root=self.root, launch_id=self.launch_id, node_rank=node_rank)
 
     @property
     def plan(self) -> str:

@@ -296,6 +296,8 @@ def _gpu_rows(state: SupervisorState | None) -> list[tuple[str, str]]:
     if not gpus:
         return []
     planned, ranks, before = gpus.get("planned"), gpus.get("ranks"), gpus.get("ranks_before")
+    if isinstance(gpus.get("nodes"), dict):
+        return _nodes_gpu_rows(gpus)
     if not gpus.get("lost"):
         if before is not None and ranks is not None and before != ranks:
             return [
@@ -312,6 +314,35 @@ def _gpu_rows(state: SupervisorState | None) -> list[tuple[str, str]]:
         text += f"; going on with {ranks} of {planned} ranks on {devices} ({before} -> {ranks})"
     elif ranks is not None:
         text += f"; below --min-gpus={gpus.get('min_gpus')}: stopped"
+    return [("GPUs", text)]
+
+
+def _nodes_gpu_rows(gpus: dict) -> list[tuple[str, str]]:
+    """The `GPUs` row of a multi-node run: which node lost which GPUs, and the ranks every node
+    went on with (the supervisors' agreement, clipforge.launcher.host.gpus.agree)."""
+    planned, ranks, before = gpus.get("planned"), gpus.get("ranks"), gpus.get("ranks_before")
+    short = []
+    for rank, node in gpus["nodes"].items():
+        usable = node.get("usable", []) if isinstance(node, dict) else []
+        lost = [i for i in range(planned or 0) if i not in usable]
+        if lost:
+            gone = ", ".join(f"GPU {i}" for i in lost)
+            short.append(f"node {rank} ({node.get('host')}) lost {gone} of {planned}")
+    if not short:
+        if before is not None and ranks is not None and before != ranks:
+            return [
+                (
+                    "GPUs",
+                    f"all {planned} answer again on every node: back to {ranks} ranks per node "
+                    f"({before} -> {ranks})",
+                )
+            ]
+        return []
+    text = "; ".join(short)
+    if ranks:
+        text += f"; every node goes on with {ranks} of {planned} ranks ({before} -> {ranks})"
+    elif ranks is not None:
+        text += f"; below --min-gpus={gpus.get('min_gpus')} per node: stopped"
     return [("GPUs", text)]
 
 

@@ -17,6 +17,12 @@ Two attempts in a row that end on the same rendezvous error (the nodes cannot co
 address, a link down, a firewall) are a fault no restart fixes: the supervisor gives up at once.
 Whenever it gives up, it says why in the log and sends a `run_failed` alert to the webhooks.
 
+Before each attempt it counts the node's GPUs (clipforge.launcher.host.gpus): with some gone
+the attempt runs on fewer ranks, keeping the global batch. The nodes of a multi-node run must
+all run the same number, so before each attempt of their train phase every node writes its
+count to the run's shared storage and node 0's supervisor, where the process group meets,
+decides for all (`_agreed`); the others wait for that decision.
+
 A hang is a crash. Every rank writes a heartbeat (clipforge.alerts.progress) into
 NODE_DIR/progress; a rank silent for its `alerts.stall_timeout_seconds` makes the supervisor
 dump the stacks of every rank into the run's log (py-spy when installed, else each rank's
@@ -46,10 +52,12 @@ import time
 from pathlib import Path
 
 from clipforge.alerts import events
+from clipforge.alerts.config import AlertsConfig
 from clipforge.alerts.progress import (
     PROGRESS_DIR_ENV,
     STACK_DUMP_SIGNAL,
     Hang,
+    collective_timeout_seconds,
     find_hang,
     read_progress,
 )
@@ -57,14 +65,22 @@ from clipforge.fsutil import atomic_write_text
 from clipforge.ids import run_ids_in
 from clipforge.launcher.host.alert import send_alert, send_run_failed
 from clipforge.launcher.host.gpus import (
+    GpuDecision,
+    GpuRecordError,
+    GpuReport,
+    Inventory,
     attempt_argv,
     attempt_env,
+    decide,
     default_min_gpus,
     judge,
+    read_decision,
     read_inventory,
+    read_report,
+    spanning_attempt_argv,
 )
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
-from clipforge.launcher.host.record import RunRecordError, read_record
+from clipforge.launcher.host.record import RunRecord, RunRecordError, read_record
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.state import (
     TERMINAL_STATES,  # noqa: F401  (re-exported: readers of the state import it from here)
@@ -208,6 +224,8 @@ class Supervisor:
             lost, this_attempt = self._gpus_for_attempt(phase)
             if lost:
                 return self._give_up(phase, None, lost)
+            if self.stop_requested():  # while the nodes agreed on their GPUs
+                return self._stopped()
             code = self._attempt(this_attempt, attempt)
             if self.state.state is RunState.STOPPING:
                 return self._stopped()
@@ -251,7 +269,9 @@ class Supervisor:
         """Before an attempt of a restartable phase: why it cannot run on the GPUs left (a
         `gpu_lost` alert is sent), or None and the phase as this attempt runs it: on fewer
         ranks when GPUs are gone (a `gpu_lost` alert when that is new), on all of them again
-        once they are back. Unchanged when they are all there or nothing can tell."""
+        once they are back. Unchanged when they are all there or nothing can tell. A phase
+        spanning the nodes runs the ranks they agreed on (`_agreed`); a stop requested while
+        waiting for that returns the phase unchanged (the caller then stops)."""
         if not phase.restartable:
             return None, phase
         try:
@@ -261,43 +281,48 @@ class Supervisor:
             record = None
         planned = record.gpus_per_node if record else 0
         inventory = read_inventory(self.layout.node_dir, planned)
+        spans = phase.spans_nodes and record is not None and record.num_nodes > 1 and planned > 0
+        if spans and inventory is None:
+            # The peers wait for every node's count: one that cannot tell counts as whole.
+            inventory = Inventory(tuple(range(planned)), "nothing can tell: no nvidia-smi")
         if record is None or inventory is None or planned == 0:
             return None, phase
         min_gpus = self.plan.policy.min_gpus or default_min_gpus(planned)
-        nodes = record.num_nodes
-        cannot_shrink = (
-            f"a run of {nodes} nodes cannot shrink one of them (every node would have to "
-            f"restart at the new world size)"
-            if nodes > 1
-            else None
-        )
-        verdict = judge(planned, inventory, min_gpus, cannot_shrink)
+        decision = self._agreed(record, inventory, min_gpus) if spans else None
+        if spans and decision is None:
+            return None, phase  # stopped while waiting
+        verdict = judge(planned, inventory, min_gpus, decision.agreement if decision else None)
         before = self.state.gpus or {}
         last = int(before.get("ranks") or planned)  # the last attempt's ranks
         # what the ranks were before their last change (`fab status`: 2 -> 1 while it lasts)
         ranks_before = last if last != verdict.ranks else int(before.get("ranks_before") or last)
-        self._set(
-            gpus={
-                "planned": planned,
-                "usable": list(inventory.usable),
-                "lost": list(verdict.lost),
-                "source": inventory.source,
-                "min_gpus": min_gpus,
-                "ranks": verdict.ranks,
-                "devices": list(verdict.devices),
-                "ranks_before": ranks_before,
-                "message": verdict.message,
+        gpus = {
+            "planned": planned,
+            "usable": list(inventory.usable),
+            "lost": list(verdict.lost),
+            "source": inventory.source,
+            "min_gpus": min_gpus,
+            "ranks": verdict.ranks,
+            "devices": list(verdict.devices),
+            "ranks_before": ranks_before,
+            "message": verdict.message,
+        }
+        if decision is not None:  # every node's GPUs, as the decision took them (`fab status`)
+            gpus["nodes"] = {
+                rank: {"host": decision.hosts.get(rank, ""), "usable": usable}
+                for rank, usable in sorted(decision.usable.items(), key=lambda kv: int(kv[0]))
             }
-        )
+        self._set(gpus=gpus)
         host = socket.gethostname()
         message = (
             f"node {self.layout.node_rank} ({host}): {verdict.message} "
             f"(ranks {last} -> {verdict.ranks})"
         )
-        changed = list(verdict.lost) != before.get("lost", [])  # lost now, or back
-        if changed or not verdict.can_continue:
+        lost_changed = list(verdict.lost) != before.get("lost", [])  # lost now, or back
+        if lost_changed or verdict.ranks != last or not verdict.can_continue:
             self._log(message)
-        if (verdict.lost and changed) or not verdict.can_continue:
+        # The node whose GPU is gone says so; the others of a multi-node run only log it.
+        if verdict.lost and (lost_changed or not verdict.can_continue):
             severity = "warning" if verdict.can_continue else "critical"
             self._log(
                 send_alert(
@@ -312,11 +337,93 @@ class Supervisor:
             return verdict.message, phase
         if verdict.ranks == planned:
             return None, phase
-        return None, dataclasses.replace(
-            phase,
-            argv=attempt_argv(phase.argv, verdict.ranks, verdict.devices),
-            env={**phase.env, **attempt_env(verdict.ranks, verdict.devices)},
+        argv = (
+            spanning_attempt_argv(
+                phase.argv,
+                verdict.ranks,
+                verdict.devices,
+                self.layout.node_rank,
+                record.num_nodes,
+            )
+            if spans
+            else attempt_argv(phase.argv, verdict.ranks, verdict.devices)
         )
+        return None, dataclasses.replace(
+            phase, argv=argv, env={**phase.env, **attempt_env(verdict.ranks, verdict.devices)}
+        )
+
+    def _agreed(self, record: RunRecord, inventory: Inventory, min_gpus: int) -> GpuDecision | None:
+        """The ranks per node every node runs in its next attempt of the phase that spans them
+        (None: a stop was requested meanwhile).
+
+        This node writes its usable GPUs to the run's shared storage (its report, numbered);
+        node 0's supervisor waits until every node has reported since its last decision, since
+        every node's attempt ends when one node's does, applies `gpus.agree`, and writes its
+        decision, for which every other node waits (it names the report it took from each).
+        A node silent for longer than a collective waits for a peer, plus a back-off (a node
+        cut off, a supervisor that gave up) is decided on its last report, or by each node on
+        the reports there are: the attempt then fails at the rendezvous as it would have."""
+        rank, nodes, planned = self.layout.node_rank, record.num_nodes, record.gpus_per_node
+        previous = self._gpu_record(read_report, self.layout.gpu_report())
+        report = GpuReport(
+            node_rank=rank,
+            host=socket.gethostname(),
+            seq=(previous.seq if previous else 0) + 1,
+            usable=inventory.usable,
+            source=inventory.source,
+            at=time.time(),
+        )
+        os.makedirs(os.path.dirname(self.layout.gpu_report()), exist_ok=True)
+        atomic_write_text(self.layout.gpu_report(), report.to_json())
+        last = self._gpu_record(read_decision, self.layout.gpu_decision) if rank == 0 else None
+        alerts = record.params.get("alerts")
+        stall = (alerts if isinstance(alerts, dict) else {}).get(
+            "stall_timeout_seconds", AlertsConfig().stall_timeout_seconds
+        )
+        timeout = (
+            collective_timeout_seconds(float(stall), {PROGRESS_DIR_ENV: self.layout.progress_dir})
+            + self.plan.policy.backoff_max_seconds
+        )
+        deadline = time.monotonic() + timeout
+        waiting_said = False
+        while True:
+            reports = {
+                r: self._gpu_record(read_report, self.layout.gpu_report(r)) for r in range(nodes)
+            }
+            if rank == 0:
+                seen = last.seen if last else {}
+                if all(p is not None and p.seq > seen.get(str(r), 0) for r, p in reports.items()):
+                    decision = decide(planned, {r: p for r, p in reports.items() if p}, min_gpus)
+                    atomic_write_text(self.layout.gpu_decision, decision.to_json())
+                    return decision
+            else:
+                decision = self._gpu_record(read_decision, self.layout.gpu_decision)
+                if decision is not None and decision.seen.get(str(rank), 0) >= report.seq:
+                    return decision
+            if self.stop_requested():
+                return None
+            if time.monotonic() > deadline:
+                known = {r: p for r, p in reports.items() if p is not None}
+                self._log(
+                    f"no GPU decision of every node within {timeout:g}s: deciding on the "
+                    f"reports there are, of node(s) {', '.join(map(str, sorted(known)))}"
+                )
+                return decide(planned, known, min_gpus)
+            if not waiting_said:
+                whom = "every node's GPU count" if rank == 0 else "node 0's GPU decision"
+                self._log(f"waiting for {whom} before the next attempt")
+                waiting_said = True
+            self._reap()
+            time.sleep(POLL_SECONDS)
+
+    def _gpu_record(self, read, path: str):
+        """A GPU report or decision; a damaged one (a torn write on shared storage) is said in
+        the log and counts as none yet: it is written again before the next attempt."""
+        try:
+            return read(path)
+        except GpuRecordError as exc:
+            self._log(f"{exc}; taken as not written yet")
+            return None
 
     def _give_up(self, phase: Phase, code: int | None, why: str) -> str:
         ended = "cannot start" if code is None else f"exited with {_describe(code)}"
