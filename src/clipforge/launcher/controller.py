@@ -64,7 +64,7 @@ from clipforge.launcher.recovery import (
 )
 from clipforge.launcher.session import Host, Settings, open_host
 from clipforge.launcher.source import write_bundle
-from clipforge.store.remote import open_filesystem
+from clipforge.store.remote import open_filesystem, read_launch
 from clipforge.util import first_line
 
 MODULE = "clipforge.launcher.controller"
@@ -371,7 +371,11 @@ class Controller:
         self._publish(self.record.changed(state=ControllerState.RUN_FAILED, reason=reason))
         if alert:
             self.log(
-                send_run_failed(f"run {self.plan.launch_id}: {reason}", self.plan.launch_id, None)
+                send_run_failed(
+                    f"run {self.plan.launch_id}: {reason}",
+                    self.plan.launch_id,
+                    self._training_run_id(),
+                )
             )
 
     def _move(self, gone: str, spare: str, reason: str) -> None:
@@ -400,7 +404,7 @@ class Controller:
                 "critical",
                 f"run {self.plan.launch_id}: {reason}; the move to {spare} failed: {why}",
                 self.plan.launch_id,
-                None,
+                self._training_run_id(),
             )
             return
         self.roots[spare] = host.root
@@ -423,9 +427,20 @@ class Controller:
                 f"run {self.plan.launch_id}: {reason}; moved to {spare} from the run store "
                 f"(move {attempt} of {self.rule.max_moves})",
                 self.plan.launch_id,
-                None,
+                self._training_run_id(),
             )
         )
+
+    def _training_run_id(self) -> str | None:
+        """The training run's id (run-<sha12>) for the alerts, as the run store's record of the
+        launch names it; None when the store cannot tell (none yet, or unreachable)."""
+        try:
+            launch = read_launch(self.plan.store, self.plan.launch_id)
+        except Exception as exc:  # any library's error: the alert goes out without it
+            self.log(f"the run store did not say the training run's id: {first_line(exc)}")
+            return None
+        run_id = launch.get("training_run") if launch else None
+        return run_id if isinstance(run_id, str) else None
 
     # -- probing -------------------------------------------------------------------------------
     def probe(self, label: str) -> Probe:
