@@ -402,12 +402,13 @@ def test_a_gpu_lost_on_one_node_the_run_goes_on_with_one_rank_per_node_and_ends_
         "lost GPU 1 of 2; every node goes on with 1 of 2 ranks (2 -> 1)"
     )
 
-    # Steps 1-4: the same four ranks; then the same maths on two.
+    # Steps 1-4: the same four ranks in the same order, bit for bit (gloo sums the same way
+    # across two hosts as on one); then the same maths on two (measured: weights 1.4e-7 apart).
     out = Path(nodes[0].node_dir) / "out"
     expected, got = _curve(reference), _curve(out)
     assert sorted(got) == sorted(expected) == list(range(1, 13))
     for step in range(1, 5):
-        assert got[step] == pytest.approx(expected[step], rel=LOSS_REL), f"step {step}"
+        assert got[step] == expected[step], f"step {step}"
     for step in range(5, 13):
         assert got[step] == pytest.approx(expected[step], rel=LOSS_REL), f"step {step}"
     want = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
