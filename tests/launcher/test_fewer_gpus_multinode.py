@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from clipforge.alerts.progress import read_progress
-from clipforge.launcher.commands import hostfile_text, multinode_train_argv
+from clipforge.launcher.commands import hostfile_text, multinode_train_argv, node_plan
 from clipforge.launcher.host.gpus import (
     FAULT_FILE,
     GpuRecordError,
@@ -110,6 +110,19 @@ def test_an_agreed_attempt_names_every_nodes_ranks_to_deepspeeds_launcher():
     assert inside[inside.index("--num_gpus") + 1] == "2"
     assert inside[inside.index("--gpus") + 1] == '"device=1,3"'
     assert "--num_nodes" in inside  # inside the container the launcher is asked as before
+
+
+def test_only_the_train_phase_of_several_nodes_is_agreed_on_and_one_node_plans_read_as_before():
+    """The multi-node train phase spans the nodes; the data phase (each node's own) and a
+    single node's plan do not, and their plan.json has no such key (an older commit's
+    supervisor, which a run moved from the store runs, reads it)."""
+    from tests.launcher.test_commands import POLICY, _node, _options
+
+    phases = node_plan(_options(nodes=2, gpus=8), _node(rank=1), POLICY).phases
+    assert [(p.name, p.spans_nodes) for p in phases] == [("data", False), ("train", True)]
+    assert Plan.from_json(Plan(phases=phases, policy=POLICY).to_json()).phases == phases
+    one = Plan(phases=node_plan(_options(), _node(), POLICY).phases, policy=POLICY)
+    assert "spans_nodes" not in one.to_json()
 
 
 # -- two supervisors agreeing (shell commands for the stage) -------------------------------------

@@ -93,7 +93,13 @@ class Plan:
     policy: RestartPolicy
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2) + "\n"
+        raw = asdict(self)
+        for phase in raw["phases"]:
+            # Only where it is set: a run moved from the store runs its own (older) commit's
+            # supervisor, which knows no such field; a single node's plan reads as before.
+            if not phase["spans_nodes"]:
+                del phase["spans_nodes"]
+        return json.dumps(raw, indent=2) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
