@@ -160,7 +160,11 @@ def _two_nodes(root: Path, argv_tail: list[str], min_gpus: int | None = None) ->
             cwd=node.node_dir,
             spans_nodes=True,
         )
-        Path(node.plan).write_text(Plan(phases=[phase], policy=policy).to_json())
+        phases = [phase]
+        if node.node_rank == 0:  # node 0's own eval after training: not agreed on
+            script = "echo ${CLIPFORGE_RANKS_PER_NODE:-as planned} > eval.txt"
+            phases.append(Phase(name="eval", argv=["sh", "-c", script], cwd=node.node_dir))
+        Path(node.plan).write_text(Plan(phases=phases, policy=policy).to_json())
     Path(nodes[0].record).write_text(record.to_json())
     return nodes
 
@@ -186,7 +190,7 @@ def _log(node: NodeLayout) -> str:
 def test_two_nodes_agree_on_one_rank_each_when_node_1_loses_a_gpu(tmp_path, webhook):
     """Node 1 loses GPU 1 during attempt 1: both restart with 1 rank, named to DeepSpeed's
     launcher; one gpu_lost alert (node 1's, naming its host and device); `fab status` of node 0
-    says which node lost what and what every node went on with."""
+    says which node lost what and what every node went on with, also after node 0's eval."""
     nodes = _two_nodes(tmp_path, ["--num_nodes", "2", "--num_gpus", "2"])
     env = {"CLIPFORGE_ALERT_WEBHOOKS": webhook.url()}
     supervisors = [_start(node, env) for node in reversed(nodes)]  # node 1 first: it waits
@@ -205,6 +209,8 @@ def test_two_nodes_agree_on_one_rank_each_when_node_1_loses_a_gpu(tmp_path, webh
     assert "every node goes on with 1 of 2 rank(s)" in alert["message"]
     assert "(ranks 2 -> 1)" in alert["message"]
     assert "node 1 has 1 of 2: every node goes on with 1" in _log(nodes[0])
+    # node 0's eval runs on its own GPUs, all there, and leaves the run's GPU story as it was
+    assert (Path(nodes[0].node_dir) / "eval.txt").read_text() == "as planned\n"
     assert dict(summarize(collect(nodes[0]), None))["GPUs"] == (
         f"node 1 ({socket.gethostname()}) lost GPU 1 of 2; every node goes on with 1 of 2 "
         f"ranks (2 -> 1)"

@@ -288,6 +288,16 @@ class Supervisor:
         if record is None or inventory is None or planned == 0:
             return None, phase
         min_gpus = self.plan.policy.min_gpus or default_min_gpus(planned)
+        if record.num_nodes > 1 and not spans:
+            # A multi-node run's GPU story (state, alerts, `fab status`) is its train phase's,
+            # which every node runs together; a phase of this node alone (the data stage, node
+            # 0's eval) just runs on the GPUs that answer, or gives up below --min-gpus.
+            alone = judge(planned, inventory, min_gpus)
+            if alone.lost:
+                self._log(f"node {self.layout.node_rank}: phase {phase.name}: {alone.message}")
+            if not alone.can_continue:
+                return alone.message, phase
+            return None, self._on_devices(phase, alone.ranks, alone.devices, planned, None)
         decision = self._agreed(record, inventory, min_gpus) if spans else None
         if spans and decision is None:
             return None, phase  # stopped while waiting
@@ -335,21 +345,23 @@ class Supervisor:
             )
         if not verdict.can_continue:
             return verdict.message, phase
-        if verdict.ranks == planned:
-            return None, phase
+        nodes = record.num_nodes if spans else None
+        return None, self._on_devices(phase, verdict.ranks, verdict.devices, planned, nodes)
+
+    def _on_devices(
+        self, phase: Phase, ranks: int, devices: tuple[int, ...], planned: int, nodes: int | None
+    ) -> Phase:
+        """The phase as an attempt on `ranks` ranks on `devices` runs it (as planned: itself);
+        `nodes`: a phase spanning that many nodes, whose DeepSpeed launchers are told."""
+        if ranks == planned:
+            return phase
         argv = (
-            spanning_attempt_argv(
-                phase.argv,
-                verdict.ranks,
-                verdict.devices,
-                self.layout.node_rank,
-                record.num_nodes,
-            )
-            if spans
-            else attempt_argv(phase.argv, verdict.ranks, verdict.devices)
+            spanning_attempt_argv(phase.argv, ranks, devices, self.layout.node_rank, nodes)
+            if nodes
+            else attempt_argv(phase.argv, ranks, devices)
         )
-        return None, dataclasses.replace(
-            phase, argv=argv, env={**phase.env, **attempt_env(verdict.ranks, verdict.devices)}
+        return dataclasses.replace(
+            phase, argv=argv, env={**phase.env, **attempt_env(ranks, devices)}
         )
 
     def _agreed(self, record: RunRecord, inventory: Inventory, min_gpus: int) -> GpuDecision | None:
