@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -264,6 +265,20 @@ def test_a_node_waiting_for_its_peers_gpu_count_stops_on_request(tmp_path):
         if supervisor.poll() is None:
             supervisor.kill()
     assert _state(node)["state"] == "stopped" and "attempt 1" not in _log(node)
+
+
+def test_nodes_that_do_not_share_the_run_root_run_as_planned_and_cannot_shrink(tmp_path):
+    """Node 1's run root is its own (node 0's files are not there): nothing to meet on, so no
+    waiting; all GPUs there, the phase runs as planned; one lost, the node stops saying why."""
+    (_, node) = _two_nodes(tmp_path, ["--num_gpus", "2"])
+    shutil.rmtree(node.of_node(0).node_dir)
+    assert _start(node).wait(timeout=120) == 1  # attempt 1 crashes, losing GPU 1
+    state = _state(node)
+    assert state["state"] == "failed" and state["restarts"] == 1
+    assert "GPU 1 of 2 no longer answers" in state["reason"]
+    assert "the run root is not shared between the nodes" in state["reason"]
+    assert "waiting for" not in _log(node)
+    assert "--num_gpus 2" in _log(node)  # attempt 1, as planned
 
 
 # -- a real run: 2 nodes x 2 CPU ranks, one "GPU" lost on node b ---------------------------------

@@ -65,6 +65,7 @@ from clipforge.fsutil import atomic_write_text
 from clipforge.ids import run_ids_in
 from clipforge.launcher.host.alert import send_alert, send_run_failed
 from clipforge.launcher.host.gpus import (
+    Agreement,
     GpuDecision,
     GpuRecordError,
     GpuReport,
@@ -298,10 +299,29 @@ class Supervisor:
             if not alone.can_continue:
                 return alone.message, phase
             return None, self._on_devices(phase, alone.ranks, alone.devices, planned, None)
-        decision = self._agreed(record, inventory, min_gpus) if spans else None
-        if spans and decision is None:
-            return None, phase  # stopped while waiting
-        verdict = judge(planned, inventory, min_gpus, decision.agreement if decision else None)
+        unseen = [
+            r
+            for r in range(record.num_nodes if spans else 0)
+            if not os.path.isfile(self.layout.of_node(r).plan)
+        ]
+        decision, agreed = None, None
+        if unseen:
+            # Without the run root on shared storage the nodes cannot meet to agree (and their
+            # checkpoints could not be resumed either): run as planned, or stop saying why.
+            if not judge(planned, inventory, min_gpus).lost:
+                return None, phase
+            agreed = Agreement(
+                0,
+                f"the run root is not shared between the nodes (no "
+                f"{self.layout.of_node(unseen[0]).plan} here), so they cannot agree on fewer "
+                f"ranks each",
+            )
+        elif spans:
+            decision = self._agreed(record, inventory, min_gpus)
+            if decision is None:
+                return None, phase  # stopped while waiting
+            agreed = decision.agreement
+        verdict = judge(planned, inventory, min_gpus, agreed)
         before = self.state.gpus or {}
         last = int(before.get("ranks") or planned)  # the last attempt's ranks
         # what the ranks were before their last change (`fab status`: 2 -> 1 while it lasts)
