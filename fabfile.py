@@ -29,8 +29,8 @@ from clipforge.errors import UserError
 from clipforge.launcher import LauncherError, preflight, session, watch
 from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
-from clipforge.launcher import from_store as from_store_mod
 from clipforge.launcher import launch as launch_mod
+from clipforge.launcher import run_source as from_store_mod
 from clipforge.launcher.connection import HostSpec, spec_of
 from clipforge.launcher.options import make_options, parse_count
 from clipforge.launcher.recovery import RecoveryRule
