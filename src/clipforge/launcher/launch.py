@@ -21,7 +21,7 @@ from pathlib import Path
 
 from clipforge.ids import new_launch_id
 from clipforge.image_env import ImageEnvError, parse_image_env
-from clipforge.launcher import LauncherError, network, preflight, run_source
+from clipforge.launcher import LauncherError, network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
@@ -30,6 +30,7 @@ from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
 from clipforge.launcher.host.state import RunState
 from clipforge.launcher.host.stored_checkpoints import RUN_ROOTS_FILE
 from clipforge.launcher.options import TrainOptions, resolve_params
+from clipforge.launcher.run_source import StoredRun
 from clipforge.launcher.session import (
     Host,
     Settings,
@@ -397,7 +398,7 @@ def move(
     keeps it (launches/RUN.json), started again there under the same id, from the same commit
     and options. The train stage finds no local checkpoint and resumes from the store's."""
     say(f"run {launch_id} is not on {', '.join(h.label for h in hosts)}: looking in the run store")
-    _, record = run_source.open_run(remote, launch_id)
+    record = StoredRun.open(remote, launch_id).record()
     options = TrainOptions(
         gpus=record.gpus_per_node,
         nodes=record.num_nodes,
