@@ -159,15 +159,8 @@ def check(
             _say(preflight.format_table(spec.host, preflight.unreachable(str(exc))))
             any_failed = True
             continue
-        check_spec = preflight.CheckSpec(
-            gpus=wanted,
-            runtime=runtime,
-            image=image,
-            remote_root=host.root,
-            python=c.settings.python,
-            min_free_gb=c.settings.min_free_gb,
-            data_path=data,
-            mounts=tuple(sorted(stack.mount_paths.items())) if stack else (),
+        check_spec = launch_mod.check_spec(
+            host, c.settings, stack, gpus=wanted, runtime=runtime, image=image, data_path=data
         )
         rows = preflight.run_checks(host.cxn, check_spec)
         _say(preflight.format_table(host.label, rows))

@@ -115,16 +115,24 @@ def select_nodes(specs: list, options: TrainOptions, from_stack: bool) -> list:
 
 
 def check_spec(
-    options: TrainOptions, settings: Settings, host: Host, image: str, stack: StackOutputs | None
+    host: Host,
+    settings: Settings,
+    stack: StackOutputs | None,
+    *,
+    gpus: int,
+    runtime: str,
+    image: str,
+    data_path: str | None,
 ) -> preflight.CheckSpec:
+    """What preflight checks on `host`, for `fab train` and `fab check` alike."""
     return preflight.CheckSpec(
-        gpus=options.gpus,
-        runtime=options.runtime,
+        gpus=gpus,
+        runtime=runtime,
         image=image,
         remote_root=host.root,
         python=settings.python,
         min_free_gb=settings.min_free_gb,
-        data_path=options.data if options.mounted_data else None,
+        data_path=data_path,
         mounts=tuple(sorted(stack.mount_paths.items())) if stack else (),
     )
 
@@ -141,8 +149,20 @@ def launch(
     """Preflight, ship, start; returns the launch id (a new one, or `launch_id`: a run moved
     here).
     Raises LauncherError with nothing left running."""
+    data_path = options.data if options.mounted_data else None
     results = [
-        preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack))
+        preflight.run_checks(
+            h.cxn,
+            check_spec(
+                h,
+                settings,
+                stack,
+                gpus=options.gpus,
+                runtime=options.runtime,
+                image=prepared.image,
+                data_path=data_path,
+            ),
+        )
         for h in hosts
     ]
     master_addr, interfaces = "", [None] * len(hosts)
