@@ -4,7 +4,7 @@
   fab train  --gpus N [--nodes N] [--set k=v ...] [--smoke] [--runtime host|docker] [--data ...]
              [--spare HOST[,HOST] [--controller HOST]]   a controller moves the run if a host dies
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
-  fab status --run RUN | fab fetch --from-store | fab tensorboard --from-store   (the run store)
+  fab status|fetch|tensorboard --run RUN --from-store (or --run RUN and no -H)   (the run store)
 
 Hosts: `fab -H user@host[:port][,...] -i KEY <task>`, or without -H the workers of the stack that
 `make up` created (infra/stack-outputs.json). Thin definitions: the logic is in clipforge.launcher.
@@ -29,11 +29,11 @@ from clipforge.errors import UserError
 from clipforge.launcher import LauncherError, preflight, session, watch
 from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
-from clipforge.launcher import from_store as from_store_mod
 from clipforge.launcher import launch as launch_mod
 from clipforge.launcher.connection import HostSpec, spec_of
 from clipforge.launcher.options import make_options, parse_count
 from clipforge.launcher.recovery import RecoveryRule
+from clipforge.launcher.run_source import HostRun, RunSource, StoredRun
 from clipforge.launcher.session import Settings, settings_from
 from clipforge.launcher.source import current_source
 
@@ -108,6 +108,10 @@ def _say(text: str) -> None:
 
 
 STORE_HELP = "the run store (default: storage.remote of params.yaml)"
+# The rule of _run_source, in the help of each task that reads a run where it lives.
+FROM_STORE_DEFAULT = (
+    " (the default with --run and no -H, when there is no stack or --store is given)"
+)
 
 
 def _store(store: str | None) -> str | None:
@@ -117,6 +121,16 @@ def _store(store: str | None) -> str | None:
 def _nodes(c: Invocation, run: str | None):
     hosts, stack = session.open_hosts(c.hosts, c.config, c.settings)
     return [(h, session.node_layout(h, i, run)) for i, h in enumerate(hosts)], stack
+
+
+def _run_source(c: Invocation, run: str | None, from_store: bool, store: str | None) -> RunSource:
+    """Where the run lives: its run store with --from-store, or with --run when there is no host
+    to ask (no -H and no stack) or a store is named (--store); else its hosts."""
+    no_host = not c.hosts and run and (store or not c.settings.stack_outputs.exists())
+    if from_store or no_host:
+        return StoredRun.open(_store(store), run)
+    hosts, stack = session.open_hosts(c.hosts, c.config, c.settings)
+    return HostRun.on(hosts, run, c.settings, stack)
 
 
 @all_hosts_task(
@@ -145,15 +159,8 @@ def check(
             _say(preflight.format_table(spec.host, preflight.unreachable(str(exc))))
             any_failed = True
             continue
-        check_spec = preflight.CheckSpec(
-            gpus=wanted,
-            runtime=runtime,
-            image=image,
-            remote_root=host.root,
-            python=c.settings.python,
-            min_free_gb=c.settings.min_free_gb,
-            data_path=data,
-            mounts=tuple(sorted(stack.mount_paths.items())) if stack else (),
+        check_spec = launch_mod.check_spec(
+            host, c.settings, stack, gpus=wanted, runtime=runtime, image=image, data_path=data
         )
         rows = preflight.run_checks(host.cxn, check_spec)
         _say(preflight.format_table(host.label, rows))
@@ -278,21 +285,15 @@ def train(
         "run": "launch id (YYYYMMDD-HHMMSS-commit, as `fab train` printed it; default: the "
         "newest on the host)",
         "price_per_gpu_hour": "for the cost (default: the stack's cost.price_per_gpu_hour)",
-        "from_store": "read the run from the run store, not a host (the default with --run and "
-        "no -H, when there is no stack or --store is given)",
+        "from_store": "read the run from the run store, not a host" + FROM_STORE_DEFAULT,
         "store": STORE_HELP,
     }
 )
 def status(c: Invocation, run=None, price_per_gpu_hour=None, from_store=False, store=None):
     """Launch and run ids, state, step/total, loss, samples/s, ETA, elapsed, restarts, cost, sync
     lag."""
-    # no host to ask (none given, no stack), or a store named: the run as the store has it
-    no_host = not c.hosts and run and (store or not c.settings.stack_outputs.exists())
-    if from_store or no_host:
-        from_store_mod.show_status(_store(store), run, _say)
-        return
-    pairs, stack = _nodes(c, run)
-    price = stack.price_per_gpu_hour if stack else None
+    source = _run_source(c, run, from_store, store)
+    price = None  # the stack's, if any
     if price_per_gpu_hour is not None:
         try:
             price = Decimal(str(price_per_gpu_hour))
@@ -300,7 +301,7 @@ def status(c: Invocation, run=None, price_per_gpu_hour=None, from_store=False, s
             raise LauncherError(
                 f"--price-per-gpu-hour: a number, got {price_per_gpu_hour!r}"
             ) from None
-    watch.show_status(pairs, c.settings, price, _say)
+    watch.show_status(source, price, _say)
 
 
 @all_hosts_task(
@@ -321,20 +322,15 @@ def logs(c: Invocation, run=None, follow=False, lines=50):
         "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)",
         "port": "local port of the forward",
         "from_store": "download the run's logs from the run store (into runs/RUN/logs) and serve "
-        "them here",
+        "them here" + FROM_STORE_DEFAULT,
         "store": STORE_HELP,
     }
 )
 def tensorboard(c: Invocation, run=None, port=6006, from_store=False, store=None):
-    """TensorBoard on the run's logs, through an SSH port-forward; prints the local URL."""
-    if from_store:
-        from_store_mod.tensorboard(
-            _store(store), run, Path("runs"), parse_count(port, "--port"), _say
-        )
-        return
-    pairs, _ = _nodes(c, run)
-    host, layout = pairs[0]
-    watch.tensorboard(host, layout, c.settings, parse_count(port, "--port"), _say)
+    """TensorBoard on the run's logs, through an SSH port-forward (or here, on the logs from the
+    run store); prints the local URL."""
+    local_port = parse_count(port, "--port")
+    watch.tensorboard(_run_source(c, run, from_store, store), local_port, _say)
 
 
 @all_hosts_task(help={"run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)"})
@@ -349,23 +345,18 @@ def stop(c: Invocation, run=None):
         "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)",
         "to": "local folder (default: runs/)",
         "push": "instead, `dvc push` the results from the host to the DVC remote",
-        "from_store": "from the run store, not a host (the host may be gone)",
+        "from_store": "from the run store, not a host (the host may be gone)" + FROM_STORE_DEFAULT,
         "store": STORE_HELP,
     }
 )
 def fetch(c: Invocation, run=None, to="runs", push=False, from_store=False, store=None):
     """Bring back metrics (recall: eval.json), the exported model and logs, and the run's DVC
     experiment for `dvc exp show` (or push the outputs to the DVC remote)."""
-    if from_store:
-        from_store_mod.fetch(_store(store), run, Path(to), _say)
-        return
-    pairs, _ = _nodes(c, run)
+    source = _run_source(c, run, from_store, store)
     if push:
-        fetch_mod.push(pairs[0][0], pairs[0][1], c.settings, _say)
+        fetch_mod.push(source, c.settings, _say)
     else:
-        fetch_mod.fetch(pairs, Path(to), _say)
-        # Node 0's checkout is the DVC workspace of a run through DVC.
-        fetch_mod.fetch_experiment(*pairs[0], current_source(Path.cwd()).root, _say)
+        fetch_mod.fetch(source, Path(to), current_source(Path.cwd()).root, _say)
 
 
 @all_hosts_task(
@@ -385,7 +376,7 @@ def clean_(c: Invocation, run=None, all_=False, force=False):
         unstored = [
             problem
             for host, runs in chosen
-            for problem in from_store_mod.unstored_checkpoints(host, c.settings, runs)
+            for problem in watch.unstored_checkpoints(host, c.settings, runs)
         ]
         if unstored:
             raise LauncherError(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clipforge.launcher.fetch import newest_experiment
+from clipforge.launcher.run_source import newest_experiment
 from clipforge.launcher.session import fab_command
 
 

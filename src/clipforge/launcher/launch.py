@@ -21,7 +21,7 @@ from pathlib import Path
 
 from clipforge.ids import new_launch_id
 from clipforge.image_env import ImageEnvError, parse_image_env
-from clipforge.launcher import LauncherError, from_store, network, preflight
+from clipforge.launcher import LauncherError, network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
@@ -30,6 +30,7 @@ from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
 from clipforge.launcher.host.state import RunState
 from clipforge.launcher.host.stored_checkpoints import RUN_ROOTS_FILE
 from clipforge.launcher.options import TrainOptions, resolve_params
+from clipforge.launcher.run_source import StoredRun
 from clipforge.launcher.session import (
     Host,
     Settings,
@@ -114,16 +115,24 @@ def select_nodes(specs: list, options: TrainOptions, from_stack: bool) -> list:
 
 
 def check_spec(
-    options: TrainOptions, settings: Settings, host: Host, image: str, stack: StackOutputs | None
+    host: Host,
+    settings: Settings,
+    stack: StackOutputs | None,
+    *,
+    gpus: int,
+    runtime: str,
+    image: str,
+    data_path: str | None,
 ) -> preflight.CheckSpec:
+    """What preflight checks on `host`, for `fab train` and `fab check` alike."""
     return preflight.CheckSpec(
-        gpus=options.gpus,
-        runtime=options.runtime,
+        gpus=gpus,
+        runtime=runtime,
         image=image,
         remote_root=host.root,
         python=settings.python,
         min_free_gb=settings.min_free_gb,
-        data_path=options.data if options.mounted_data else None,
+        data_path=data_path,
         mounts=tuple(sorted(stack.mount_paths.items())) if stack else (),
     )
 
@@ -140,8 +149,20 @@ def launch(
     """Preflight, ship, start; returns the launch id (a new one, or `launch_id`: a run moved
     here).
     Raises LauncherError with nothing left running."""
+    data_path = options.data if options.mounted_data else None
     results = [
-        preflight.run_checks(h.cxn, check_spec(options, settings, h, prepared.image, stack))
+        preflight.run_checks(
+            h.cxn,
+            check_spec(
+                h,
+                settings,
+                stack,
+                gpus=options.gpus,
+                runtime=options.runtime,
+                image=prepared.image,
+                data_path=data_path,
+            ),
+        )
         for h in hosts
     ]
     master_addr, interfaces = "", [None] * len(hosts)
@@ -397,7 +418,7 @@ def move(
     keeps it (launches/RUN.json), started again there under the same id, from the same commit
     and options. The train stage finds no local checkpoint and resumes from the store's."""
     say(f"run {launch_id} is not on {', '.join(h.label for h in hosts)}: looking in the run store")
-    _, record = from_store.open_run(remote, launch_id)
+    record = StoredRun.open(remote, launch_id).record()
     options = TrainOptions(
         gpus=record.gpus_per_node,
         nodes=record.num_nodes,

@@ -1,4 +1,7 @@
-"""`fab status`, `fab logs`, `fab stop`, `fab tensorboard`, `fab clean`: a run after its launch."""
+"""`fab status`, `fab logs`, `fab stop`, `fab tensorboard`, `fab clean`: a run after its launch.
+
+`fab status` and `fab tensorboard` read the run where it lives (clipforge.launcher.run_source: its
+hosts, or its run store); logs, stop and clean act on its hosts."""
 
 from __future__ import annotations
 
@@ -10,69 +13,29 @@ import time
 from collections.abc import Callable
 from decimal import Decimal
 
-from clipforge.launcher import LauncherError, recovery
-from clipforge.launcher.commands import (
-    container_prefix,
-    docker_cleanup_argv,
-    docker_run_argv,
-)
-from clipforge.launcher.connection import join, probe, q, run
-from clipforge.launcher.host import status as status_mod
-from clipforge.launcher.host import supervisor
+from clipforge.launcher import LauncherError
+from clipforge.launcher.commands import container_prefix
+from clipforge.launcher.connection import probe, q, run
+from clipforge.launcher.host import stored_checkpoints, supervisor
 from clipforge.launcher.host.run_dirs import NODE_PREFIX, NodeLayout, current_marker, runs_dir
 from clipforge.launcher.host.state import RunState
-from clipforge.launcher.session import (
-    Host,
-    Settings,
-    later_container,
-    read_remote_record,
-    read_remote_state,
-    remote_python,
-)
-from clipforge.util import wait_script
+from clipforge.launcher.run_source import RunSource, Serving, node_status
+from clipforge.launcher.session import Host, Settings, read_remote_state, remote_python
+from clipforge.store.remote import missing_from_store
 
 Say = Callable[[str], None]
 
 
-def collect(host: Host, layout: NodeLayout, settings: Settings) -> dict:
-    result = run(
-        host.cxn,
-        remote_python(settings, layout, "status", layout.node_dir),
-        what="reading the run's status",
-    )
-    return json.loads(result.stdout)
-
-
-def show_status(
-    nodes: list[tuple[Host, NodeLayout]], settings: Settings, price: Decimal | None, say: Say
-) -> None:
-    for index, (host, layout) in enumerate(nodes):
-        info = collect(host, layout, settings)
-        if index == 0:
-            rows = status_mod.summarize(info, price) + _recovery_rows(host, layout)
-            width = max(len(k) for k, _ in rows)
-            say(f"{host.label}  launch {layout.launch_id}")
-            for key, value in rows:
-                say(f"  {key:<{width}}  {value}")
-        else:
-            state = info["state"]
-            say(
-                f"{host.label}  node {layout.node_rank}: {state.get('state')}, "
-                f"restarts {state.get('restarts', 0)}"
-            )
-
-
-def _recovery_rows(host: Host, layout: NodeLayout) -> list[tuple[str, str]]:
-    """The recovery controller's rows (`fab train --spare`): its state and the run's moves, as
-    its record in the run directory has them; none for a run without a controller."""
-    path = posixpath.join(layout.run_dir, recovery.RECOVERY_FILE)
-    result = probe(host.cxn, f"cat {q(path)}")
-    if not result.ok or not result.stdout.strip():
-        return []
-    try:
-        return recovery.status_rows(recovery.parse_record(result.stdout, f"{host.label}:{path}"))
-    except recovery.RecordError as exc:
-        return [("recovery", f"unreadable: {exc}")]
+def show_status(source: RunSource, price_per_gpu_hour: Decimal | None, say: Say) -> None:
+    """Where the run stands, as the place it lives in knows it: a table under `WHERE  launch
+    RUN` (the recovery controller's rows last), then a line per further node."""
+    rows = source.status_rows(price_per_gpu_hour) + source.recovery_rows()
+    width = max(len(k) for k, _ in rows)
+    say(f"{source.where}  launch {source.launch_id}")
+    for key, value in rows:
+        say(f"  {key:<{width}}  {value}")
+    for line in source.more_status_lines():
+        say(line)
 
 
 def show_logs(
@@ -81,7 +44,7 @@ def show_logs(
     """Each node's train.log (under a `node N (host)` header when there are several); --follow
     follows them all, each line tagged with its node, until their supervisors end."""
     several = len(nodes) > 1
-    infos = [collect(host, layout, settings) for host, layout in nodes]
+    infos = [node_status(host, layout, settings) for host, layout in nodes]
     if follow and any(info["supervisor_alive"] for info in infos):
         threads = [
             threading.Thread(target=_follow, args=(host, layout, info, lines, several))
@@ -137,7 +100,7 @@ def stop(
     deadline = time.monotonic() + settings.stop_timeout_seconds + 60
     for host, layout in nodes:
         while True:
-            info = collect(host, layout, settings)
+            info = node_status(host, layout, settings)
             if not info["supervisor_alive"]:
                 break
             if time.monotonic() > deadline:
@@ -157,60 +120,28 @@ def stop(
         say(f"nothing to stop: see its results with {fab} status, {fab} fetch")
 
 
-def tensorboard(
-    host: Host, layout: NodeLayout, settings: Settings, local_port: int, say: Say
-) -> None:
-    """TensorBoard on the host for this run's logs, reached through an SSH port-forward. Blocks
-    until interrupted, then stops that TensorBoard."""
-    record = read_remote_record(host, layout)
-    free = run(
-        host.cxn,
-        f"{q(settings.python)} -c 'import socket; s=socket.socket(); "
-        f's.bind(("127.0.0.1", 0)); print(s.getsockname()[1])\'',
-        what="finding a free port",
-    ).stdout.strip()
-    remote_port = int(free)
-    logdir = layout.output("logs")
-    serve = ["--logdir", logdir, "--host", "127.0.0.1", "--port", str(remote_port)]
-    if record.runtime == "docker":
-        spec = later_container(
-            host, layout, record, settings, "tensorboard", read_only=True, detach=True
-        )
-        start = join(docker_run_argv(spec, ["tensorboard", *serve]))
-        stop_cmd = join(docker_cleanup_argv(spec.name))
-    else:
-        pid_file = layout.tensorboard_pid
-        start = (
-            f"setsid nohup {join([settings.python, '-m', 'tensorboard.main', *serve])} > "
-            f"{q(layout.tensorboard_log)} 2>&1 < /dev/null & echo $! > {q(pid_file)}"
-        )
-        # setsid made TensorBoard a process group leader: its data server goes with it.
-        stop_cmd = f"kill -- -$(cat {q(pid_file)}) && rm -f {q(pid_file)}"
-    run(host.cxn, f"mkdir -p {q(logdir)}", what="creating the logs directory")
-    run(host.cxn, start, what="starting TensorBoard")
+def tensorboard(source: RunSource, local_port: int, say: Say) -> None:
+    """TensorBoard on the run's logs at http://127.0.0.1:LOCAL_PORT/ (on its host through an SSH
+    port-forward, or here on the logs downloaded from its store). Blocks until interrupted or
+    until that TensorBoard ends, then stops it."""
     try:
-        _wait_http(host, settings, remote_port)
-        with host.cxn.forward_local(local_port, remote_port=remote_port, remote_host="127.0.0.1"):
+        with source.serving_logs(local_port, say) as serving:
             say(
-                f"TensorBoard for {layout.launch_id}: http://127.0.0.1:{local_port}/  (Ctrl-C to stop)"
+                f"TensorBoard for {source.launch_id}: http://127.0.0.1:{local_port}/  "
+                "(Ctrl-C to stop)"
             )
-            _block_until_interrupted()
-    finally:
-        probe(host.cxn, stop_cmd)
+            _block_until_interrupted(serving)
+    except KeyboardInterrupt:  # before it answered: stopped all the same, by the context
+        pass
 
 
-def _wait_http(host: Host, settings: Settings, port: int, timeout_seconds: int = 120) -> None:
-    script = wait_script(f"http://127.0.0.1:{port}/", timeout_seconds)
-    run(host.cxn, f"{q(settings.python)} -c {q(script)}", what="waiting for TensorBoard to answer")
-
-
-def _block_until_interrupted() -> None:
+def _block_until_interrupted(serving: Serving) -> None:
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        while True:
+        while serving():
             time.sleep(1)
     except KeyboardInterrupt:
         pass
@@ -249,6 +180,27 @@ def clean(host: Host, settings: Settings, launch_ids: list[str], say: Say) -> No
             host.cxn, f'[ "$(cat {q(marker)} 2>/dev/null)" = {q(launch_id)} ] && rm -f {q(marker)}'
         )
         say(f"{host.label}: removed run {launch_id}")
+
+
+def unstored_checkpoints(host: Host, settings: Settings, launch_ids: list[str]) -> list[str]:
+    """The newest checkpoints of the launches `launch_ids` on the host that their run store does not
+    hold whole (none for a run without a store), each with its run and why; one listing of the
+    host's checkpoints for all of them."""
+    script = stored_checkpoints.script_source()
+    listed = run(
+        host.cxn,
+        f"{q(settings.python)} -c {q(script)} --root {q(host.root)}",
+        what="listing the run's checkpoints",
+    )
+    problems = []
+    for entry in json.loads(listed.stdout):
+        if entry["launch_id"] in launch_ids and entry.get("store"):
+            why = missing_from_store(entry["store"], entry["run_id"], entry["tag"])
+            if why:
+                problems.append(
+                    f"{host.label} run {entry['launch_id']}: {entry['run_id']}/{entry['tag']} {why}"
+                )
+    return problems
 
 
 def all_runs(host: Host) -> list[str]:
