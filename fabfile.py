@@ -3,6 +3,7 @@
   fab check  [--gpus N] [--runtime host|docker]       preflight every host
   fab train  --gpus N [--nodes N] [--set k=v ...] [--smoke] [--runtime host|docker] [--data ...]
              [--spare HOST[,HOST] [--controller HOST]]   a controller moves the run if a host dies
+             [--kubernetes]   on the stack's cluster as a Job/JobSet, which Kubernetes replaces
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
   fab status --run RUN | fab fetch --from-store | fab tensorboard --from-store   (the run store)
 

@@ -632,41 +632,33 @@ def apply(cluster: Cluster, objects: list[dict]) -> str:
     )
 
 
-def launch(
+def build(
     cluster: Cluster,
     prepared: launch_mod.Prepared,
     options: TrainOptions,
     settings: Settings,
     max_moves: int,
-    say: Callable[[str], None],
     environ: Mapping[str, str],
-) -> str:
-    """Render the run and apply it; returns its launch id. The budget is the recovery rule of
-    the settings (`gone_after_seconds`) and `--max-moves`, as for `fab train --spare`."""
+    run_files_mount: str = RUN_FILES_MOUNT_PATH,
+) -> tuple[str, list[dict]]:
+    """A new launch of `prepared` on the cluster: its id and its objects. The budget is the
+    recovery rule of the settings (`gone_after_seconds`) and `--max-moves`, as for `fab train
+    --spare`; the secrets are PASSTHROUGH_ENV's values in `environ`, as the SSH path's."""
     rule = RecoveryRule(
         probe_every_seconds=settings.probe_every_seconds,
         gone_after_misses=settings.gone_after_misses,
         gone_after_seconds=settings.gone_after_seconds,
         max_moves=max_moves,
     )
-    if options.nodes > 1:
-        require_jobset(cluster)
-    else:
-        kubectl_argv(cluster)  # kubectl is there, before anything is built
     launch_id = new_launch_id(prepared.source.commit)
-    layouts = [
-        NodeLayout(root=cluster.run_root, launch_id=launch_id, node_rank=rank)
-        for rank in range(options.nodes)
-    ]
+    layout = NodeLayout(root=cluster.run_root, launch_id=launch_id, node_rank=0)
     several = options.nodes > 1
     record = launch_mod.run_record(
         launch_id,
         prepared,
         options,
         pod_hosts(launch_id, options.nodes),
-        checkpoints_dir=layouts[0].shared_checkpoints
-        if several
-        else layouts[0].output("checkpoints"),
+        checkpoints_dir=layout.shared_checkpoints if several else layout.output("checkpoints"),
         master=f"{master_address(launch_id)}:{options.master_port}" if several else None,
         interfaces=None,
         user=None,
@@ -693,8 +685,26 @@ def launch(
             bundle=bundle.read_bytes(),
             env={name: environ[name] for name in PASSTHROUGH_ENV if name in environ},
             stop_timeout_seconds=math.ceil(settings.stop_timeout_seconds),
+            run_files_mount=run_files_mount,
         )
-    objects = render(run, cluster, budget_from(rule), launch_mod.clone_command)
+    return launch_id, render(run, cluster, budget_from(rule), launch_mod.clone_command)
+
+
+def launch(
+    cluster: Cluster,
+    prepared: launch_mod.Prepared,
+    options: TrainOptions,
+    settings: Settings,
+    max_moves: int,
+    say: Callable[[str], None],
+    environ: Mapping[str, str],
+) -> str:
+    """`fab train --kubernetes`: build the run and apply it; returns its launch id."""
+    if options.nodes > 1:
+        require_jobset(cluster)
+    else:
+        kubectl_argv(cluster)  # kubectl is there, before anything is built
+    launch_id, objects = build(cluster, prepared, options, settings, max_moves, environ)
     kind = objects[-1]["kind"]
     say(
         f"applying {kind} {workload_name(launch_id)} ({options.nodes} node(s)) in namespace "
@@ -706,6 +716,10 @@ def launch(
     say(
         f"started run {launch_id} on the cluster; watch it: `kubectl -n {cluster.namespace} get "
         f"{kind.lower()}s,pods {selector}`, `kubectl -n {cluster.namespace} logs -f {selector}`"
-        + (f", `fab status --run {launch_id}` (the run store)" if record.storage_remote else "")
+        + (
+            f", `fab status --from-store --run {launch_id}`"
+            if prepared.params["storage"]["remote"]
+            else ""
+        )
     )
     return launch_id
