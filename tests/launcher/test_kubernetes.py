@@ -452,12 +452,14 @@ def test_fab_train_kubernetes_applies_a_job_from_the_stack_outputs(project, tmp_
         (("--spare", "user@c"), "no --spare: Kubernetes replaces a lost node itself"),
         (("--runtime", "docker"), "the pod runs the image already"),
         (("--resume", "20990101-000000-deadbeef"), "no --resume"),
+        (("-H", "user@host"), "not on -H hosts"),
     ],
 )
 def test_fab_train_kubernetes_refuses_what_does_not_apply_in_one_line(
     project, tmp_path, args, message
 ):
     fab = make_fab(project, tmp_path / "home", tmp_path / "remote")
-    result = fab("train", "--kubernetes", "--gpus", "0", *args)
+    hosts, args = (args[1], ()) if args[0] == "-H" else (None, args)
+    result = fab("train", "--kubernetes", "--gpus", "0", *args, hosts=hosts)
     assert result.returncode != 0
     assert message in result.stderr and "Traceback" not in result.stderr
