@@ -222,14 +222,20 @@ def workload_name(launch_id: str) -> str:
     return f"clipforge-{launch_id}".lower()
 
 
-def master_address(launch_id: str) -> str:
-    """Pod 0's host name in a JobSet (<jobset>-<replicated job>-<job index>-<pod index>, in the
-    subdomain of the headless Service the JobSet controller creates): the rendezvous."""
+def jobset_host(launch_id: str, rank: int) -> str:
+    """Node `rank`'s pod host name in the JobSet: <jobset>-<replicated job>-<job index>-<pod
+    index>, in the subdomain of the headless Service the JobSet controller creates."""
     name = workload_name(launch_id)
-    return f"{name}-{REPLICATED_JOB}-0-0.{name}"
+    return f"{name}-{REPLICATED_JOB}-0-{rank}.{name}"
 
 
-def plan_file(rank: int) -> str:
+def master_address(launch_id: str) -> str:
+    """The rendezvous of several nodes: pod 0."""
+    return jobset_host(launch_id, 0)
+
+
+def plan_file(rank: int | str) -> str:
+    """Node `rank`'s plan among the run files (the pod's script passes "$rank")."""
     return f"plan-{rank}.json"
 
 
@@ -256,10 +262,9 @@ def run_files(
 
 def pod_hosts(launch_id: str, nodes: int) -> list[str]:
     """The nodes as the run record names them: each pod's JobSet host name, or the Job's name."""
-    name = workload_name(launch_id)
     if nodes == 1:
-        return [name]
-    return [f"{name}-{REPLICATED_JOB}-0-{rank}.{name}" for rank in range(nodes)]
+        return [workload_name(launch_id)]
+    return [jobset_host(launch_id, rank) for rank in range(nodes)]
 
 
 def node_plans(
@@ -324,7 +329,7 @@ for name in {run_dir_files}; do
     cp "$files/$name" "$run_dir/.$name.$rank" && mv "$run_dir/.$name.$rank" "$run_dir/$name"
   fi
 done
-cp "$files/plan-$rank.json" "$node/.plan.json" && mv "$node/.plan.json" "$node/plan.json"
+cp "$files/{plan}" "$node/.plan.json" && mv "$node/.plan.json" {plan_json}
 {shared}cd "$node"
 export PYTHONPATH="$node/code/src"
 exec {python} -m clipforge.launcher.host.supervisor run "$node"
@@ -335,7 +340,8 @@ def pod_args(run: PodRun, run_root: str, clone: Callable[[str, str, str], str]) 
     """The container's command: make this node's directory (once), then the supervisor over its
     plan. `clone` is launch.clone_command: the SSH path's checkout, not a second one."""
     layout = NodeLayout(root=run_root, launch_id=run.launch_id, node_rank=0)
-    in_run_dir = sorted(name for name in run.files if not name.startswith("plan-"))
+    plans = {plan_file(rank) for rank in range(run.nodes)}
+    in_run_dir = sorted(name for name in run.files if name not in plans)
     shared = f"mkdir -p {q(layout.shared_checkpoints)}\n" if run.nodes > 1 else ""
     script = _POD_SCRIPT.format(
         run_dir=q(layout.run_dir),
@@ -345,6 +351,8 @@ def pod_args(run: PodRun, run_root: str, clone: Callable[[str, str, str], str]) 
         clone=clone('"$node/code.bundle"', '"$node/code.tmp"', run.commit),
         run_dir_files=" ".join(q(name) for name in in_run_dir),
         shared=shared,
+        plan=plan_file("$rank"),
+        plan_json=f'"$node"/{posixpath.basename(layout.plan)}',
         python=IMAGE_PYTHON,
     )
     return ["sh", "-c", script, "clipforge-pod"]
