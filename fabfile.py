@@ -3,6 +3,7 @@
   fab check  [--gpus N] [--runtime host|docker]       preflight every host
   fab train  --gpus N [--nodes N] [--set k=v ...] [--smoke] [--runtime host|docker] [--data ...]
              [--spare HOST[,HOST] [--controller HOST]]   a controller moves the run if a host dies
+             [--kubernetes]   on the stack's cluster as a Job/JobSet, which Kubernetes replaces
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
   fab status|fetch|tensorboard --run RUN --from-store (or --run RUN and no -H)   (the run store)
 
@@ -29,6 +30,7 @@ from clipforge.errors import UserError
 from clipforge.launcher import LauncherError, preflight, session, watch
 from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
+from clipforge.launcher import kubernetes as kubernetes_mod
 from clipforge.launcher import launch as launch_mod
 from clipforge.launcher.connection import HostSpec, spec_of
 from clipforge.launcher.options import make_options, parse_count
@@ -194,7 +196,10 @@ def check(
         "first spare); never a training host",
         "controller_key": "with --spare: the private key's path on the controller's host that "
         "reaches the hosts (default: the -i path)",
-        "max_moves": "with --spare: moves before the controller gives up (run_failed)",
+        "max_moves": "with --spare: moves before the controller gives up (run_failed); with "
+        "--kubernetes: pod replacements (Job backoffLimit, JobSet maxRestarts)",
+        "kubernetes": "run as a Kubernetes Job (one node) or JobSet (several) on the stack's "
+        "cluster, replaced by Kubernetes when a node is lost (kubectl from PATH)",
     },
 )
 def train(
@@ -217,8 +222,12 @@ def train(
     controller=None,
     controller_key=None,
     max_moves=RecoveryRule.max_moves,
+    kubernetes=False,
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
+    if kubernetes:
+        kubernetes_mod.check_options(hosts=c.hosts, spare=spare, resume=resume, runtime=runtime)
+        cluster = kubernetes_mod.load_cluster(c.settings.stack_outputs)
     if resume:
         hosts, stack = session.open_hosts(c.hosts, c.config, c.settings, accept_new_host_key)
         if launch_mod.has_run(hosts[0], resume):
@@ -227,12 +236,15 @@ def train(
         else:
             launch_mod.move(hosts, resume, _store(store), c.settings, stack, _say)
         return
-    specs, stack = session.host_specs(c.hosts, c.settings)
-    if gpus is None and stack is None:
+    specs, stack = ([], None) if kubernetes else session.host_specs(c.hosts, c.settings)
+    default_gpus = (
+        cluster.gpus_per_node if kubernetes else (stack.gpus_per_worker if stack else None)
+    )
+    if gpus is None and default_gpus is None:
         raise LauncherError("--gpus: how many GPUs per node (0: CPU)")
     source = current_source(Path.cwd())
     options = make_options(
-        gpus=parse_count(gpus, "--gpus") if gpus is not None else stack.gpus_per_worker,
+        gpus=parse_count(gpus, "--gpus") if gpus is not None else default_gpus,
         nodes=parse_count(nodes, "--nodes"),
         sets=list(set_ or []),
         smoke=smoke,
@@ -245,6 +257,10 @@ def train(
         master_port=parse_count(master_port, "--master-port"),
     )
     prepared = launch_mod.prepare(source, options, c.settings)
+    if kubernetes:
+        moves = parse_count(max_moves, "--max-moves")
+        kubernetes_mod.launch(cluster, prepared, options, c.settings, moves, _say, os.environ)
+        return
     chosen = launch_mod.select_nodes(specs, options, from_stack=stack is not None)
     hosts = [session.open_host(s, c.config, c.settings, stack, accept_new_host_key) for s in chosen]
     store = prepared.params["storage"]["remote"]

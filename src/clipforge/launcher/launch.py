@@ -184,13 +184,7 @@ def launch(
     layouts = [
         NodeLayout(root=h.root, launch_id=launch_id, node_rank=i) for i, h in enumerate(hosts)
     ]
-    policy = RestartPolicy(
-        max_restarts=options.max_restarts,
-        backoff_seconds=settings.backoff_seconds,
-        backoff_max_seconds=settings.backoff_max_seconds,
-        stop_timeout_seconds=settings.stop_timeout_seconds,
-        min_gpus=options.min_gpus,
-    )
+    policy = restart_policy(options, settings)
     started: list[tuple[Host, NodeLayout]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -238,6 +232,17 @@ def launch(
     return launch_id
 
 
+def restart_policy(options: TrainOptions, settings: Settings) -> RestartPolicy:
+    """The supervisor's restart policy of a launch, wherever its nodes run."""
+    return RestartPolicy(
+        max_restarts=options.max_restarts,
+        backoff_seconds=settings.backoff_seconds,
+        backoff_max_seconds=settings.backoff_max_seconds,
+        stop_timeout_seconds=settings.stop_timeout_seconds,
+        min_gpus=options.min_gpus,
+    )
+
+
 def stop_nodes(nodes: list[tuple[Host, NodeLayout]], settings: Settings) -> None:
     """Ask the supervisors of a run being started to stop: a start that fails leaves nothing
     running (also when the run started but its recovery controller did not)."""
@@ -272,12 +277,21 @@ def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
     # identity there, which a fresh host (or the container's HOME) does not have. The launcher's.
     run(
         host.cxn,
-        f"git clone --quiet {q(remote_bundle)} {q(layout.code)} && "
-        f"git -C {q(layout.code)} -c advice.detachedHead=false checkout --quiet {q(commit)} "
-        f"&& git -C {q(layout.code)} config user.name {q(getpass.getuser())} "
-        f"&& git -C {q(layout.code)} config user.email {q(launched_by())} "
-        f"&& rm {q(remote_bundle)}",
+        clone_command(q(remote_bundle), q(layout.code), commit),
         what="cloning the shipped commit",
+    )
+
+
+def clone_command(bundle: str, code: str, commit: str) -> str:
+    """The shell command that makes the checkout `code` at `commit` from the shipped `bundle`,
+    then removes the bundle (both shell words, quoted or with variables a caller expands: a
+    Kubernetes pod knows its node directory only when it runs)."""
+    return (
+        f"git clone --quiet {bundle} {code} && "
+        f"git -C {code} -c advice.detachedHead=false checkout --quiet {q(commit)} "
+        f"&& git -C {code} config user.name {q(getpass.getuser())} "
+        f"&& git -C {code} config user.email {q(launched_by())} "
+        f"&& rm {bundle}"
     )
 
 
@@ -293,37 +307,20 @@ def _write_run_files(
     user: str | None,
 ) -> None:
     several = options.nodes > 1
-    record = RunRecord(
-        launch_id=layout.launch_id,  # the training run's id is the stage's (clipforge.ids)
-        commit=prepared.source.commit,
-        dirty_paths_not_shipped=tuple(prepared.source.dirty),
-        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        launched_by=launched_by(),
-        hosts=tuple(h.label for h in hosts),
-        host=hosts[0].label,
-        num_nodes=options.nodes,
-        gpus_per_node=options.gpus,
-        runtime=options.runtime,
-        image=prepared.image,
-        container_user=user,
-        data=options.data,
-        smoke=options.smoke,
-        executor="dvc exp run"
-        if options.through_dvc
-        else ("deepspeed launcher, no-ssh" if several else "python -m clipforge.train"),
-        overrides=tuple(options.overrides),
-        params=prepared.params,
+    record = run_record(
+        layout.launch_id,
+        prepared,
+        options,
+        [h.label for h in hosts],
         checkpoints_dir=layout.shared_checkpoints if several else layout.output("checkpoints"),
         master=f"{master_addr}:{options.master_port}" if several else None,
-        socket_interfaces=tuple(
+        interfaces=tuple(
             SocketInterface(interface=i.name, address=i.address, chosen_by=i.chosen_by)
             for i in interfaces
         )
         if several
         else None,
-        max_restarts=options.max_restarts,
-        min_gpus=options.min_gpus,
-        env_passed_through=tuple(n for n in PASSTHROUGH_ENV if n in os.environ),
+        user=user,
     )
     files = {
         layout.record: record.to_json(),
@@ -338,6 +335,48 @@ def _write_run_files(
         run(
             host.cxn, f"mkdir -p {q(layout.shared_checkpoints)}", what="creating shared checkpoints"
         )
+
+
+def run_record(
+    launch_id: str,
+    prepared: Prepared,
+    options: TrainOptions,
+    hosts: list[str],
+    *,
+    checkpoints_dir: str,
+    master: str | None,
+    interfaces: tuple[SocketInterface, ...] | None,
+    user: str | None,
+) -> RunRecord:
+    """The launch's run.json, wherever its nodes run (SSH hosts or Kubernetes pods)."""
+    several = options.nodes > 1
+    return RunRecord(
+        launch_id=launch_id,  # the training run's id is the stage's (clipforge.ids)
+        commit=prepared.source.commit,
+        dirty_paths_not_shipped=tuple(prepared.source.dirty),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        launched_by=launched_by(),
+        hosts=tuple(hosts),
+        host=hosts[0],
+        num_nodes=options.nodes,
+        gpus_per_node=options.gpus,
+        runtime=options.runtime,
+        image=prepared.image,
+        container_user=user,
+        data=options.data,
+        smoke=options.smoke,
+        executor="dvc exp run"
+        if options.through_dvc
+        else ("deepspeed launcher, no-ssh" if several else "python -m clipforge.train"),
+        overrides=tuple(options.overrides),
+        params=prepared.params,
+        checkpoints_dir=checkpoints_dir,
+        master=master,
+        socket_interfaces=interfaces,
+        max_restarts=options.max_restarts,
+        min_gpus=options.min_gpus,
+        env_passed_through=tuple(n for n in PASSTHROUGH_ENV if n in os.environ),
+    )
 
 
 def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None:

@@ -1,0 +1,471 @@
+"""`fab train --kubernetes`: the Job (one node) or JobSet (several) a run becomes, rendered from
+the outputs the stack really writes and a real launch of the project; every object valid for the
+API server; the recovery policy's numbers in Kubernetes' fields; `kubectl` from PATH (a stand-in
+that records what it is given: no cluster runs here)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import math
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from clipforge.launcher import LauncherError
+from clipforge.launcher import kubernetes as kube
+from clipforge.launcher.commands import dvc_train_argv
+from clipforge.launcher.host.plan import Plan
+from clipforge.launcher.launch import prepare
+from clipforge.launcher.options import make_options
+from clipforge.launcher.session import Settings
+from clipforge.launcher.source import current_source
+from tests.conftest import REPO
+from tests.launcher.conftest import make_fab
+
+sys.path.insert(0, str(REPO / "tests" / "infra"))
+from infra_harness import run_program, stack_config  # noqa: E402  (puts infra/ on sys.path)
+
+from clipforge_infra import contract  # noqa: E402
+from clipforge_infra.settings import parse_settings  # noqa: E402
+from clipforge_infra.stack_outputs import describe_stack  # noqa: E402
+
+KUBERNETES_VERSION = "1.33.0"  # as tests/infra: a current release, strict
+JOBSET_SPEC_SCHEMA = json.loads(
+    (Path(__file__).parent / "jobset_v1alpha2_spec.schema.json").read_text()
+)
+IMAGE = "registry.example/clipforge:test"
+SETTINGS = Settings(
+    remote_root=None,
+    python="python3",
+    stack_outputs=Path("infra/stack-outputs.json"),
+    min_free_gb=1,
+    backoff_seconds=1,
+    backoff_max_seconds=2,
+    stop_timeout_seconds=180,
+    shm_size="16g",
+    registry=None,
+)
+
+
+def stack_outputs(stack: str = "example-2x8", **overrides) -> dict:
+    """infra/stack-outputs.json as `make up` writes it for that example stack."""
+    settings = parse_settings(*stack_config(stack, overrides))
+    outputs = describe_stack(settings, settings.namespace, "ssh-ed25519 AAAA host")
+    return json.loads(json.dumps(outputs))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> kube.Cluster:
+    return kube.parse_cluster(stack_outputs(), "stack-outputs.json")
+
+
+def options_for(nodes: int = 1, gpus: int = 8, sets: tuple[str, ...] = ()):
+    return make_options(
+        gpus=gpus,
+        nodes=nodes,
+        sets=list(sets),
+        smoke=False,
+        runtime="host",
+        allow_dirty=False,
+        data="build",
+        image=IMAGE,
+    )
+
+
+def build(project, cluster, *, nodes=1, gpus=8, max_moves=2, settings=SETTINGS, environ=None):
+    options = options_for(nodes, gpus)
+    prepared = prepare(current_source(project), options, settings)
+    return kube.build(cluster, prepared, options, settings, max_moves, environ or {})
+
+
+def workload(objects: list[dict]) -> dict:
+    assert objects[-1]["kind"] in ("Job", "JobSet")
+    return objects[-1]
+
+
+def job_of(obj: dict) -> dict:
+    """The batch/v1 Job a workload is, or (a JobSet) the Job its replicated job makes."""
+    if obj["kind"] == "Job":
+        return obj
+    template = obj["spec"]["replicatedJobs"][0]["template"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": obj["metadata"]["name"] + "-node-0", **template["metadata"]},
+        "spec": template["spec"],
+    }
+
+
+def pod_of(objects: list[dict]) -> dict:
+    return job_of(workload(objects))["spec"]["template"]["spec"]
+
+
+def validate(obj: dict) -> None:
+    """Strict OpenAPI validation; a JobSet's own fields against its CRD's (pruned) schema, the Job
+    it makes against batch/v1's."""
+    if obj["kind"] == "JobSet":
+        assert obj["apiVersion"] == kube.JOBSET_API_VERSION
+        jsonschema.validate(obj["spec"], JOBSET_SPEC_SCHEMA)
+        kubernetes_validate.validate(job_of(obj), KUBERNETES_VERSION, strict=True)
+    else:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_every_object_of_a_run_validates_against_the_kubernetes_schema(project, cluster, nodes):
+    """ConfigMaps, the Secret and the Job (or the JobSet and the Job it makes): strict."""
+    _, objects = build(project, cluster, nodes=nodes)
+    assert [o["kind"] for o in objects][-2:] == ["Secret", "Job" if nodes == 1 else "JobSet"]
+    for obj in objects:
+        validate(obj)
+
+
+def test_the_strict_checks_catch_a_misspelt_field(project, cluster):
+    """Both checks are live: a misspelt field in the JobSet's spec or in its Job is an error."""
+    _, objects = build(project, cluster, nodes=2)
+    jobset = copy.deepcopy(workload(objects))
+    jobset["spec"]["failurePolicy"]["maxRestart"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        validate(jobset)
+    jobset = copy.deepcopy(workload(objects))
+    jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["backofLimit"] = 0
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(jobset)
+
+
+@pytest.mark.parametrize(("gone_after_seconds", "max_moves"), [(120.0, 2), (45.5, 0), (600, 5)])
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_budget_follows_the_recovery_policy(
+    project, cluster, nodes, gone_after_seconds, max_moves
+):
+    """tolerationSeconds for unreachable/not-ready = gone_after_seconds (rounded up); the pod
+    replacements (Job backoffLimit) or whole-set restarts (JobSet maxRestarts) = --max-moves."""
+    settings = Settings(**{**SETTINGS.__dict__, "gone_after_seconds": gone_after_seconds})
+    _, objects = build(project, cluster, nodes=nodes, max_moves=max_moves, settings=settings)
+    lost = {
+        t["key"]: t for t in pod_of(objects)["tolerations"] if t["key"] in kube.NODE_LOST_TAINTS
+    }
+    assert set(lost) == {"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"}
+    for toleration in lost.values():
+        assert toleration["effect"] == "NoExecute" and toleration["operator"] == "Exists"
+        assert toleration["tolerationSeconds"] == math.ceil(gone_after_seconds)
+    job = job_of(workload(objects))["spec"]
+    assert job["podReplacementPolicy"] == "TerminatingOrFailed"
+    assert "podFailurePolicy" not in job  # it would force podReplacementPolicy Failed
+    if nodes == 1:
+        assert job["backoffLimit"] == max_moves and job["completions"] == 1
+    else:
+        spec = workload(objects)["spec"]
+        assert spec["failurePolicy"] == {"maxRestarts": max_moves, "restartStrategy": "Recreate"}
+        assert job["backoffLimit"] == 0  # one node's pod failing restarts the whole set
+        assert job["completionMode"] == "Indexed" and job["completions"] == nodes
+
+
+def test_the_pod_runs_the_supervisor_over_the_plan_of_the_ssh_path(project, cluster):
+    """One node: the pod's command ends in the supervisor over plan.json, a plan whose train
+    phase is the SSH path's `dvc exp run` with the launch's overrides, in the run directory on
+    the checkpoints volume; the pod never restarts in place."""
+    launch_id, objects = build(project, cluster, gpus=8)
+    pod = pod_of(objects)
+    assert pod["restartPolicy"] == "Never"
+    args = pod["containers"][0]["args"]
+    assert args[:2] == ["sh", "-c"]
+    assert (
+        args[2].rstrip().endswith('exec python -m clipforge.launcher.host.supervisor run "$node"')
+    )
+    files = objects[0]["data"]
+    plan = Plan.from_json(files["plan-0.json"])
+    train = next(p for p in plan.phases if p.name == "train")
+    options = options_for(1, 8)
+    assert train.argv == dvc_train_argv("python", options.overrides)
+    run_dir = f"/workspace/checkpoints/clipforge-runs/runs/{launch_id}"
+    assert train.cwd == f"{run_dir}/node-0/code"
+    assert train.env["CLIPFORGE_RUN_RECORD"] == f"{run_dir}/run.json"
+    record = json.loads(files["run.json"])
+    assert record["launch_id"] == launch_id and record["runtime"] == "host"
+    assert record["hosts"] == [kube.workload_name(launch_id)] and record["image"] == IMAGE
+
+
+def test_several_nodes_meet_at_pod_zero_of_the_jobset(project, cluster):
+    """Each node's plan is DeepSpeed's no-SSH launcher with its own rank, every one pointed at
+    pod 0's host name in the JobSet's subdomain; the hostfile has one line per node."""
+    launch_id, objects = build(project, cluster, nodes=2, gpus=8)
+    name = kube.workload_name(launch_id)
+    files = objects[0]["data"]
+    for rank in (0, 1):
+        argv = next(
+            p.argv for p in Plan.from_json(files[f"plan-{rank}.json"]).phases if p.name == "train"
+        )
+        assert argv[argv.index("--node_rank") + 1] == str(rank)
+        assert argv[argv.index("--master_addr") + 1] == f"{name}-node-0-0.{name}"
+        assert argv[argv.index("--num_gpus") + 1] == "8"
+    assert files["hostfile"].count("slots=8") == 2
+    spec = workload(objects)["spec"]
+    assert spec["network"]["subdomain"] == name and spec["network"]["enableDNSHostnames"]
+    assert spec["replicatedJobs"][0]["name"] == kube.REPLICATED_JOB
+    assert json.loads(files["run.json"])["master"] == f"{name}-node-0-0.{name}:29500"
+
+
+def test_pods_get_the_volumes_shm_security_and_resources_of_the_workers(project, cluster):
+    """The volumes, /dev/shm, security contexts and GPU request of the stack's worker pods (the
+    StatefulSet infra/ renders); no SSH keys, since nothing connects to a run's pod."""
+    worker = next(
+        o["spec"]["template"]["spec"]
+        for o in run_program(*stack_config("example-2x8")).kubernetes_objects()
+        if o["kind"] == "StatefulSet"
+    )
+    _, objects = build(project, cluster, gpus=8)
+    pod = pod_of(objects)
+    mine = {v["name"]: v for v in pod["volumes"]}
+    for volume in worker["volumes"]:
+        if volume["name"] == "ssh-keys":
+            assert volume["name"] not in mine
+        elif volume["name"] == "dshm":
+            assert mine["dshm"]["emptyDir"]["medium"] == "Memory"
+        else:
+            assert mine[volume["name"]] == volume
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert {m["mountPath"] for m in worker["containers"][0]["volumeMounts"]} - mounts == {
+        contract.SSH_KEYS_MOUNT_PATH
+    }
+    assert pod["securityContext"] == worker["securityContext"]
+    assert pod["containers"][0]["securityContext"] == worker["containers"][0]["securityContext"]
+    # the stack's outputs carry the workers' scheduling: the same resources, selector, tolerations
+    assert pod["containers"][0]["resources"] == worker["containers"][0]["resources"]
+    assert pod["nodeSelector"] == worker["nodeSelector"]
+    for toleration in worker.get("tolerations", []):
+        assert toleration in pod["tolerations"]
+    worker_env = {e["name"]: e.get("value") for e in worker["containers"][0]["env"]}
+    for env in pod["containers"][0]["env"]:
+        assert worker_env[env["name"]] == env["value"]
+    assert {"secretRef": {"name": contract.ALERTS_SECRET, "optional": True}} in pod["containers"][
+        0
+    ]["envFrom"]
+
+
+def test_the_stack_s_scheduling_keys_reach_the_pod(project):
+    """gpu_node_selector, gpu_tolerations, cpu/memory per worker and shm_size from the stack's
+    outputs: the pod's node selector, tolerations, Guaranteed resources, /dev/shm."""
+    raw = stack_outputs()
+    raw.update(
+        gpu_node_selector={"nvidia.com/gpu.present": "true"},
+        gpu_tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        cpu_per_worker="16",
+        memory_per_worker="128Gi",
+        shm_size="32Gi",
+    )
+    _, objects = build(project, kube.parse_cluster(raw, "outputs"), gpus=8)
+    pod = pod_of(objects)
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"][0] == raw["gpu_tolerations"][0]
+    resources = pod["containers"][0]["resources"]
+    assert (
+        resources["requests"]
+        == resources["limits"]
+        == {
+            "nvidia.com/gpu": "8",
+            "cpu": "16",
+            "memory": "128Gi",
+        }
+    )
+    assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "32Gi"
+    for obj in objects:
+        validate(obj)
+
+
+def test_a_cpu_run_asks_for_no_gpu(project, cluster):
+    _, objects = build(project, cluster, gpus=0)
+    resources = pod_of(objects)["containers"][0].get("resources", {})
+    for kind in ("requests", "limits"):
+        assert not any("gpu" in name for name in resources.get(kind, {})), resources
+
+
+def test_the_launch_s_secrets_are_in_its_secret_only(project, cluster):
+    """The store's credentials (PASSTHROUGH_ENV values of the launching shell) go into the run's
+    Secret, read by the pod with envFrom; no other object holds them, and unknown variables are
+    not passed."""
+    environ = {"AWS_SECRET_ACCESS_KEY": "s3cr3t-value", "HOME": "/home/me"}
+    launch_id, objects = build(project, cluster, environ=environ)
+    secret = next(o for o in objects if o["kind"] == "Secret")
+    assert secret["stringData"] == {"AWS_SECRET_ACCESS_KEY": "s3cr3t-value"}
+    others = [o for o in objects if o is not secret]
+    assert "s3cr3t-value" not in kube.to_yaml(others)
+    assert {"secretRef": {"name": secret["metadata"]["name"]}} in pod_of(objects)["containers"][0][
+        "envFrom"
+    ]
+
+
+def test_the_commit_is_shipped_in_configmap_sized_pieces(project, cluster, tmp_path):
+    """The git bundle is split into immutable ConfigMaps of at most BUNDLE_CHUNK_BYTES each, all
+    projected into the pod's run files, which put back together hold the commit."""
+    _, objects = build(project, cluster)
+    pieces = [o for o in objects if o["kind"] == "ConfigMap" and "binaryData" in o]
+    assert pieces and all(o["immutable"] for o in pieces)
+    data = {k: base64.b64decode(v) for o in pieces for k, v in o["binaryData"].items()}
+    assert all(len(piece) <= kube.BUNDLE_CHUNK_BYTES for piece in data.values())
+    bundle = tmp_path / "code.bundle"
+    bundle.write_bytes(b"".join(data[key] for key in sorted(data)))
+    listed = subprocess.run(
+        ["git", "bundle", "list-heads", str(bundle)], capture_output=True, text=True, check=True
+    )
+    assert current_source(project).commit in listed.stdout
+    sources = pod_of(objects)["volumes"][-1]["projected"]["sources"]
+    assert [s["configMap"]["name"] for s in sources] == [
+        o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"
+    ]
+
+
+def test_the_launcher_reads_the_outputs_of_a_released_stack():
+    """After `make down` the volumes and secrets stay and the GPUs are free: a Kubernetes run may
+    use them. The names are the stack's (infra/clipforge_infra/contract.py)."""
+    cluster = kube.parse_cluster(stack_outputs(released=True), "outputs")
+    assert {v.claim for v in cluster.volumes} == {v.claim_name for v in contract.VOLUMES}
+    assert cluster.run_root == "/workspace/checkpoints/clipforge-runs"
+    assert (kube.ALERTS_SECRET, kube.REGISTRY_SECRET) == (
+        contract.ALERTS_SECRET,
+        contract.REGISTRY_SECRET,
+    )
+    assert (kube.RUN_AS_UID, kube.RUN_AS_GID, kube.SHM_MOUNT_PATH) == (
+        contract.RUN_AS_UID,
+        contract.RUN_AS_GID,
+        contract.SHM_MOUNT_PATH,
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"namespace": ""}, "namespace"),
+        ({"gpus_per_worker": "8"}, "gpus_per_worker"),
+        ({"volumes": {"logs": {"claim": "x", "mount_path": "/l"}}}, "volumes.checkpoints"),
+        ({"gpu_tolerations": "nvidia.com/gpu"}, "gpu_tolerations"),
+    ],
+)
+def test_malformed_outputs_are_refused_naming_the_key(change, key):
+    raw = {**stack_outputs(), **change}
+    with pytest.raises(LauncherError, match=f"`{key}` missing or malformed"):
+        kube.parse_cluster(raw, "outputs")
+
+
+# -- kubectl ---------------------------------------------------------------------------------------
+STUB_KUBECTL = """#!{python}
+import json, os, sys
+with open(os.environ["STUB_KUBECTL_LOG"], "a") as log:
+    log.write(json.dumps({{"argv": sys.argv[1:], "stdin": "" if sys.stdin.isatty() else sys.stdin.read()}}) + "\\n")
+if "api-resources" in sys.argv:
+    print(os.environ.get("STUB_KUBECTL_RESOURCES", ""))
+elif "apply" in sys.argv:
+    print("job.batch/clipforge-x serverside-applied")
+"""
+
+
+@pytest.fixture
+def kubectl(tmp_path, monkeypatch):
+    """A `kubectl` on PATH that records each call (argv, stdin) and answers discovery with
+    $STUB_KUBECTL_RESOURCES."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "kubectl"
+    stub.write_text(STUB_KUBECTL.format(python=sys.executable))
+    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "kubectl.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STUB_KUBECTL_LOG", str(log))
+    return lambda: [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_without_kubectl_the_launch_stops_naming_the_remedy(
+    project, cluster, tmp_path, monkeypatch
+):
+    options = options_for(1, 8)
+    prepared = prepare(current_source(project), options, SETTINGS)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LauncherError, match="kubectl is not on PATH; install it"):
+        kube.launch(cluster, prepared, options, SETTINGS, 2, print, {})
+
+
+def test_several_nodes_without_the_jobset_crd_stop_naming_the_remedy(project, cluster, kubectl):
+    """Discovery finds no jobsets.jobset.x-k8s.io: one line naming JobSet's release manifest and
+    --nodes 1; nothing is applied."""
+    options = options_for(2, 8)
+    prepared = prepare(current_source(project), options, SETTINGS)
+    with pytest.raises(LauncherError) as error:
+        kube.launch(cluster, prepared, options, SETTINGS, 2, print, {})
+    assert "install its release manifest" in str(error.value)
+    assert kube.JOBSET_RELEASES in str(error.value) and "(--nodes 1)" in str(error.value)
+    assert [call["argv"][-4] for call in kubectl()] == ["api-resources"]
+
+
+def test_the_run_is_applied_server_side_in_the_stack_s_context(
+    project, cluster, kubectl, monkeypatch
+):
+    """With JobSet installed, the objects go to `kubectl apply --server-side -f -` on stdin, in
+    the stack's context and namespace."""
+    monkeypatch.setenv("STUB_KUBECTL_RESOURCES", "jobsets.jobset.x-k8s.io")
+    options = options_for(2, 8)
+    prepared = prepare(current_source(project), options, SETTINGS)
+    said: list[str] = []
+    launch_id = kube.launch(cluster, prepared, options, SETTINGS, 2, said.append, {})
+    calls = kubectl()
+    apply = calls[-1]
+    assert apply["argv"][:4] == [
+        "--context",
+        cluster.kube_context,
+        "--namespace",
+        cluster.namespace,
+    ]
+    assert apply["argv"][4:] == [
+        "apply", "--server-side", f"--field-manager={kube.FIELD_MANAGER}", "-f", "-",
+    ]  # fmt: skip
+    applied = list(yaml.safe_load_all(apply["stdin"]))
+    assert applied[-1]["kind"] == "JobSet"
+    assert applied[-1]["metadata"]["labels"][kube.LAUNCH_LABEL] == launch_id
+    assert any(f"started run {launch_id}" in line for line in said)
+
+
+def test_fab_train_kubernetes_applies_a_job_from_the_stack_outputs(project, tmp_path, kubectl):
+    """The real `fab train --kubernetes --gpus 0` with the stack's outputs (a released stack):
+    one Job applied, named after the launch it prints."""
+    outputs = tmp_path / "stack-outputs.json"
+    outputs.write_text(json.dumps(stack_outputs(released=True)))
+    fab = make_fab(project, tmp_path / "home", tmp_path / "remote")
+    fab.env.update(
+        FABRIC_CLIPFORGE_STACK_OUTPUTS=str(outputs),
+        PATH=os.environ["PATH"],
+        STUB_KUBECTL_LOG=os.environ["STUB_KUBECTL_LOG"],
+    )
+    result = fab("train", "--kubernetes", "--gpus", "0", "--data", "build", "--image", IMAGE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    applied = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))
+    job = applied[-1]
+    assert job["kind"] == "Job"
+    launch_id = job["metadata"]["labels"][kube.LAUNCH_LABEL]
+    assert f"started run {launch_id} on the cluster" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--spare", "user@c"), "no --spare: Kubernetes replaces a lost node itself"),
+        (("--runtime", "docker"), "the pod runs the image already"),
+        (("--resume", "20990101-000000-deadbeef"), "no --resume"),
+        (("-H", "user@host"), "not on -H hosts"),
+    ],
+)
+def test_fab_train_kubernetes_refuses_what_does_not_apply_in_one_line(
+    project, tmp_path, args, message
+):
+    fab = make_fab(project, tmp_path / "home", tmp_path / "remote")
+    hosts, args = (args[1], ()) if args[0] == "-H" else (None, args)
+    result = fab("train", "--kubernetes", "--gpus", "0", *args, hosts=hosts)
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr

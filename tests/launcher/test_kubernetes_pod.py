@@ -1,0 +1,167 @@
+"""The pod of a `fab train --kubernetes` run, executed here: its rendered command and environment
+run as a process on this machine (CPU ranks, the built-in data, a local run store), with the
+stack's volumes and the run's ConfigMaps as folders. The first pod dies (every process killed,
+as a lost node takes them) once the store holds a checkpoint; its replacement, the same command
+and environment again, finds the run on the checkpoints "volume", resumes and ends with the
+weights of the uninterrupted run (the smoke run's training, as in test_moved_run.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clipforge.launcher import kubernetes as kube
+from clipforge.launcher.launch import prepare
+from clipforge.launcher.options import make_options
+from clipforge.launcher.source import current_source
+from clipforge.store.remote import read_launch
+from tests.launcher.conftest import RUN_SETS
+from tests.launcher.hostprocs import processes_under
+from tests.launcher.test_kubernetes import IMAGE, SETTINGS, stack_outputs
+from tests.launcher.test_moved_run import _weights
+from tests.support.wait import still_running, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
+STORED_STEP = 4  # of RUN_SETS' 8, saved every 2: in the store when the first pod dies
+WAIT_STEP = 5  # the first pod waits there (CLIPFORGE_FAULTS wait@) until the test lets it go
+
+
+class Pod:
+    """The Job's pod as a process: its container's args and env (literal values and the run's
+    Secret), its ConfigMaps written where they are mounted."""
+
+    def __init__(self, objects: list[dict], run_files: Path, workdir: Path):
+        job = objects[-1]
+        assert job["kind"] == "Job"
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        self.args = container["args"]
+        secret = next(o for o in objects if o["kind"] == "Secret")
+        env = {e["name"]: e["value"] for e in container["env"]}
+        # The image's PATH (its `python`: here, the interpreter running these tests) and HOME.
+        self.env = {
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+            "HOME": str(workdir / "home"),
+            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", ""),
+            **env,
+            **secret["stringData"],
+        }
+        (workdir / "home").mkdir(parents=True)
+        run_files.mkdir(parents=True)
+        for config_map in (o for o in objects if o["kind"] == "ConfigMap"):
+            for name, text in config_map.get("data", {}).items():
+                (run_files / name).write_text(text)
+            for name, data in config_map.get("binaryData", {}).items():
+                (run_files / name).write_bytes(base64.b64decode(data))
+        self.workdir = workdir
+
+    def start(self, name: str) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115  (the process keeps it)
+        return subprocess.Popen(
+            self.args,
+            cwd=self.workdir,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")[-4000:]
+
+
+def _stored_step(store: Path) -> str | None:
+    markers = list(store.glob("*/checkpoints/latest"))
+    return markers[0].read_text().strip() if markers else None
+
+
+@pytest.fixture(scope="module")
+def replaced_pod(project, tmp_path_factory):
+    base = tmp_path_factory.mktemp("k8s-pod")
+    volumes = {role: base / "volumes" / role for role in ("datasets", "checkpoints", "logs")}
+    for path in volumes.values():
+        path.mkdir(parents=True)
+    raw = stack_outputs()
+    raw["volumes"] = {
+        role: {**raw["volumes"][role], "mount_path": str(path)} for role, path in volumes.items()
+    }
+    cluster = kube.parse_cluster(raw, "outputs")
+    store, go = base / "store", base / "go"
+    options = make_options(
+        gpus=0,
+        nodes=1,
+        sets=[*RUN_SETS, f"storage.remote={store}"],
+        smoke=False,
+        runtime="host",
+        allow_dirty=False,
+        data="build",
+        image=IMAGE,
+    )
+    prepared = prepare(current_source(project), options, SETTINGS)
+    launch_id, objects = kube.build(
+        cluster,
+        prepared,
+        options,
+        SETTINGS,
+        2,
+        {"CLIPFORGE_FAULTS": f"wait@{WAIT_STEP}={go}"},
+        run_files_mount=str(base / "run-files"),
+    )
+    pod = Pod(objects, base / "run-files", base)
+    first = pod.start("first")
+    try:
+        wait_for(
+            lambda: _stored_step(store) == f"step-{STORED_STEP:08d}",
+            what="a checkpoint in the run store",
+            timeout=900,
+            check=still_running(first, lambda: pod.output("first")),
+        )
+    finally:  # the node is lost: every process of the pod killed, nothing said to them
+        for pid in processes_under(volumes["checkpoints"]):
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    go.touch()  # the fault is the first pod's: its replacement goes past that step
+    second = pod.start("second")
+    code = second.wait(timeout=900)
+    node = volumes["checkpoints"] / "clipforge-runs" / "runs" / launch_id / "node-0"
+    return {"code": code, "node": node, "pod": pod, "store": store, "launch_id": launch_id}
+
+
+def test_a_replacement_pod_resumes_the_run_to_the_weights_of_the_uninterrupted_run(
+    replaced_pod, smoke_run
+):
+    """The replacement pod's supervisor finishes the run from the checkpoint of the lost pod;
+    the metrics and exported weights are those of the run that was never interrupted."""
+    node = replaced_pod["node"]
+    assert replaced_pod["code"] == 0, replaced_pod["pod"].output("second")
+    state = json.loads((node / "state.json").read_text())
+    assert state["state"] == "finished", (node / "train.log").read_text()[-3000:]
+    code = node / "code"
+    info = json.loads((code / "metrics" / "train.info.json").read_text())
+    assert info["resumed_from_step"] == STORED_STEP
+    summary = json.loads((code / "metrics" / "train.json").read_text())
+    assert summary == json.loads((smoke_run.code / "metrics" / "train.json").read_text())
+    assert _weights(code / "models" / "clip") == _weights(smoke_run.code / "models" / "clip")
+
+
+def test_the_run_s_checkout_and_launch_record_are_where_the_ssh_path_puts_them(
+    replaced_pod, project
+):
+    """The node's checkout is at the launch's commit (the shipped bundle removed), and the run
+    record reached the run store, where `fab status --run` and `fab train --resume` read it."""
+    node, launch_id = replaced_pod["node"], replaced_pod["launch_id"]
+    head = subprocess.run(
+        ["git", "-C", str(node / "code"), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    assert head.stdout.strip() == current_source(project).commit
+    assert not (node / "code.bundle").exists()
+    record = read_launch(str(replaced_pod["store"]), launch_id)
+    assert record and record["launch_id"] == launch_id and record["runtime"] == "host"
