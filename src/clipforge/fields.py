@@ -5,7 +5,10 @@ A section is a keyword-only dataclass deriving from `Section`; each field is dec
 range and raises `ConfigError` naming `section.key` and what is allowed. The infra's stack
 config (infra/clipforge_infra/settings.py) is a section too: its keys are spelt the Pulumi way
 (`key_of`), its checks raise its own ConfigError subclass (`ERROR`), and a field's `check=`
-carries what a type and a range cannot say (a Kubernetes name, a quantity).
+carries what a type and a range cannot say (a Kubernetes name, a quantity). The launcher's
+settings (fabric.yaml), `fab train`'s options and the supervisor's restart policy are sections
+too, raising the launcher's user error and spelt as the user sets them (`clipforge.key`,
+`--flag`).
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import field
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Union
 
 from clipforge.errors import UserError
@@ -49,8 +54,9 @@ class Section:
     so a section object that exists is valid, wherever it was built."""
 
     SECTION: ClassVar[str]
-    # What a bad value raises: ConfigError, or a subclass naming where the value came from.
-    ERROR: ClassVar[type[ConfigError]] = ConfigError
+    # What a bad value raises: ConfigError, a subclass naming where the value came from, or the
+    # user error of the code that owns the section (the launcher's LauncherError).
+    ERROR: ClassVar[type[UserError]] = ConfigError
 
     @classmethod
     def key_of(cls, name: str) -> str:
@@ -107,14 +113,14 @@ class Entry:
         """Checks across this entry's keys; ConfigError naming `key.name`."""
 
 
-def _field_value(key: str, value: Any, hint: Any, limits: Any, error: type[ConfigError]) -> Any:
+def _field_value(key: str, value: Any, hint: Any, limits: Any, error: type[UserError]) -> Any:
     value = _check_value(key, value, hint, limits, error)
     if "check" in limits:
         value = limits["check"](key, value)
     return value
 
 
-def _check_value(key: str, value: Any, hint: Any, limits: Any, error: type[ConfigError]) -> Any:
+def _check_value(key: str, value: Any, hint: Any, limits: Any, error: type[UserError]) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if isinstance(hint, type) and issubclass(hint, Entry):
         return hint.build(key, value)
@@ -136,6 +142,12 @@ def _check_value(key: str, value: Any, hint: Any, limits: Any, error: type[Confi
         return [
             _check_value(f"{key}[{i}]", item, args[0], {}, error) for i, item in enumerate(value)
         ]
+    if origin is tuple and args[1:] == (Ellipsis,):  # tuple[X, ...]: a frozen section's list
+        if not isinstance(value, (list, tuple)):
+            raise error(f"{key}: got {value!r}; must be a list, e.g. [a, b]")
+        return tuple(
+            _check_value(f"{key}[{i}]", item, args[0], {}, error) for i, item in enumerate(value)
+        )
     if origin is Literal:
         if value not in args:
             raise error(f"{key}: got {value!r}; allowed: {', '.join(map(str, args))}")
@@ -159,13 +171,17 @@ def _check_value(key: str, value: Any, hint: Any, limits: Any, error: type[Confi
         if limits.get("nonempty") and not value.strip():
             raise error(f"{key}: must not be empty")
         return value
+    elif hint is Path:
+        if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+            raise error(f"{key}: got {value!r}; must be a path")
+        return Path(value)
     else:  # pragma: no cover - a field type this loader does not know is a programming error
         raise TypeError(f"{key}: unsupported field type {hint}")
     _check_range(key, value, limits, error)
     return value
 
 
-def _check_range(key: str, value: float, limits: Any, error: type[ConfigError]) -> None:
+def _check_range(key: str, value: float, limits: Any, error: type[UserError]) -> None:
     bad = (
         ("ge" in limits and value < limits["ge"])
         or ("gt" in limits and value <= limits["gt"])
