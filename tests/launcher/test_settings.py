@@ -4,6 +4,8 @@ raising the launcher's user error, its doc in docs/launcher.md written from the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from invoke import Config
 
@@ -81,6 +83,7 @@ def test_settings_read_from_fabric_config_are_typed():
     assert settings.remote_root is None and settings.min_free_gb == 5.0
     assert settings.shm_size == "16" and settings.registry == "r"
     assert settings == Settings(min_free_gb=5, shm_size="16", registry="r")
+    assert settings.stack_outputs == Path("infra/stack-outputs.json")  # a path, from its text
 
 
 @pytest.mark.parametrize(
