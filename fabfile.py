@@ -10,8 +10,9 @@
 Hosts: `fab -H user@host[:port][,...] -i KEY <task>`, or without -H the workers of the stack that
 `make up` created (infra/stack-outputs.json). Thin definitions: the logic is in clipforge.launcher.
 
-Settings (defaults below) come from Fabric's config: a fabric.yaml next to this file, or
-FABRIC_CLIPFORGE_<KEY> environment variables, e.g. FABRIC_CLIPFORGE_PYTHON=/opt/venv/bin/python.
+Settings (docs/launcher.md's table, declared in clipforge.launcher.session.Settings) come from
+Fabric's config: a fabric.yaml next to this file, or FABRIC_CLIPFORGE_<KEY> environment
+variables, e.g. FABRIC_CLIPFORGE_PYTHON=/opt/venv/bin/python.
 """
 
 from __future__ import annotations
@@ -33,29 +34,14 @@ from clipforge.launcher import fetch as fetch_mod
 from clipforge.launcher import kubernetes as kubernetes_mod
 from clipforge.launcher import launch as launch_mod
 from clipforge.launcher.connection import HostSpec, spec_of
-from clipforge.launcher.options import make_options, parse_count
+from clipforge.launcher.options import TrainOptions, make_options, parse_count
 from clipforge.launcher.recovery import RecoveryRule
 from clipforge.launcher.run_source import HostRun, RunSource, StoredRun
 from clipforge.launcher.session import Settings, settings_from
 from clipforge.launcher.source import current_source
 
-SETTINGS = {
-    "remote_root": None,  # on the host; None: the stack's checkpoints volume, else ~/clipforge-runs
-    "python": "python3",  # on the host; a venv's python puts that venv's bin/ first on PATH
-    "stack_outputs": "infra/stack-outputs.json",
-    "min_free_gb": 20,
-    "backoff_seconds": 30,  # before the first restart; doubles per restart...
-    "backoff_max_seconds": 900,  # ...up to this
-    "stop_timeout_seconds": 900,  # a graceful stop gets this long to checkpoint
-    "shm_size": "16g",  # docker runtime: /dev/shm for DataLoader workers and NCCL
-    "registry": None,  # prefix of the image reference; else $REGISTRY
-    "socket_ifname": None,  # multi-node: the ranks' interface; None: each node's route to node 0
-    # `train --spare`: the recovery controller probes each host this often, and decides it is gone
-    # after this many missed probes in a row over this long (docs/launcher.md, "A box dies")
-    "probe_every_seconds": RecoveryRule.probe_every_seconds,
-    "gone_after_misses": RecoveryRule.gone_after_misses,
-    "gone_after_seconds": RecoveryRule.gone_after_seconds,
-}
+# Each setting's default, declared with its type and doc in clipforge.launcher.session.Settings.
+SETTINGS = session.defaults()
 
 
 try:  # before Fabric reads fabric.yaml on its own terms (see session.check_fabric_yaml)
@@ -212,9 +198,9 @@ def train(
     data="auto",
     allow_dirty=False,
     image=None,
-    max_restarts=5,
+    max_restarts=TrainOptions.max_restarts,
     min_gpus=None,
-    master_port=29500,
+    master_port=TrainOptions.master_port,
     resume=None,
     store=None,
     accept_new_host_key=False,

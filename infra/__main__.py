@@ -12,14 +12,13 @@ from clipforge_infra.components.storage import RetainedStorage, StorageArgs
 from clipforge_infra.components.tensorboard import TensorBoard, TensorBoardArgs
 from clipforge_infra.components.workers import GpuWorkers, WorkersArgs
 from clipforge_infra.contract import PROJECT
-from clipforge_infra.settings import CONFIG_KEYS, StackConfigError, parse_settings
+from clipforge_infra.settings import StackConfigError, parse_settings, read_config
 from clipforge_infra.stack_outputs import describe_stack
 
-config = pulumi.Config()
-raw_config = {key: config.get(key) for key in CONFIG_KEYS}
-secret_keys = {key for key in CONFIG_KEYS if pulumi.runtime.is_config_secret(f"{PROJECT}:{key}")}
+values = read_config(pulumi.Config())
+secret_keys = {key for key in values if pulumi.runtime.is_config_secret(f"{PROJECT}:{key}")}
 try:
-    settings = parse_settings(raw_config, secret_keys)
+    settings = parse_settings(values, secret_keys)
 except StackConfigError as error:
     # RunError: reported as a plain message, without a Python traceback.
     raise pulumi.RunError(str(error)) from None

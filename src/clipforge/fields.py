@@ -2,7 +2,13 @@
 
 A section is a keyword-only dataclass deriving from `Section`; each field is declared with
 `knob(default, doc, ge=..., le=...)`. Constructing a section checks every field's type and
-range and raises `ConfigError` naming `section.key` and what is allowed.
+range and raises `ConfigError` naming `section.key` and what is allowed. The infra's stack
+config (infra/clipforge_infra/settings.py) is a section too: its keys are spelt the Pulumi way
+(`key_of`), its checks raise its own ConfigError subclass (`ERROR`), and a field's `check=`
+carries what a type and a range cannot say (a Kubernetes name, a quantity). The launcher's
+settings (fabric.yaml), `fab train`'s options and the supervisor's restart policy are sections
+too, raising the launcher's user error and spelt as the user sets them (`clipforge.key`,
+`--flag`).
 """
 
 from __future__ import annotations
@@ -10,9 +16,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import field
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Union
 
 from clipforge.errors import UserError
@@ -23,15 +31,19 @@ class ConfigError(UserError, ValueError):
 
 
 def knob(default: Any, doc: str, **limits: Any) -> Any:
-    """A documented config field. limits: ge, gt, le, lt (numbers), nonempty (strings/lists).
-    `default=REQUIRED`: an Entry's key that every entry must give (eval.suites[i].name)."""
+    """A documented config field. limits: ge, gt, le, lt (numbers), nonempty (strings/lists);
+    check: `fn(key, value) -> value`, run after the type and range checks, raising the section's
+    ERROR naming `key` (it may normalise the value); secret: True keeps the value out of the
+    section's repr (the infra's SSH key, webhooks). Other keywords are kept in the metadata.
+    `default=REQUIRED`: a key that must be given (eval.suites[i].name; every stack key, whose
+    defaults live in Pulumi.yaml)."""
+    metadata = {"doc": doc, **limits}
+    shown = not limits.get("secret")  # a secret's value stays out of the section's repr
     if default is REQUIRED:
-        return field(metadata={"doc": doc, **limits})
+        return field(metadata=metadata, repr=shown)
     if isinstance(default, (list, dict)):
-        return field(
-            default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc, **limits}
-        )
-    return field(default=default, metadata={"doc": doc, **limits})
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata, repr=shown)
+    return field(default=default, metadata=metadata, repr=shown)
 
 
 REQUIRED: Any = dataclasses.MISSING
@@ -42,14 +54,22 @@ class Section:
     so a section object that exists is valid, wherever it was built."""
 
     SECTION: ClassVar[str]
+    # What a bad value raises: ConfigError, a subclass naming where the value came from, or the
+    # user error of the code that owns the section (the launcher's LauncherError).
+    ERROR: ClassVar[type[UserError]] = ConfigError
+
+    @classmethod
+    def key_of(cls, name: str) -> str:
+        """The key of field `name` as the user writes it, in every message (`section.name`)."""
+        return f"{cls.SECTION}.{name}"
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):  # type: ignore[arg-type]  # every Section is one
-            key = f"{self.SECTION}.{f.name}"
-            object.__setattr__(
-                self, f.name, _check_value(key, getattr(self, f.name), hints[f.name], f.metadata)
+            value = _field_value(
+                self.key_of(f.name), getattr(self, f.name), hints[f.name], f.metadata, self.ERROR
             )
+            object.__setattr__(self, f.name, value)
 
 
 class Entry:
@@ -80,7 +100,9 @@ class Entry:
         hints = typing.get_type_hints(cls)
         entry = cls(
             **{
-                name: _check_value(f"{key}.{name}", item, hints[name], fields[name].metadata)
+                name: _field_value(
+                    f"{key}.{name}", item, hints[name], fields[name].metadata, ConfigError
+                )
                 for name, item in value.items()
             }
         )
@@ -91,7 +113,14 @@ class Entry:
         """Checks across this entry's keys; ConfigError naming `key.name`."""
 
 
-def _check_value(key: str, value: Any, hint: Any, limits: Any) -> Any:
+def _field_value(key: str, value: Any, hint: Any, limits: Any, error: type[UserError]) -> Any:
+    value = _check_value(key, value, hint, limits, error)
+    if "check" in limits:
+        value = limits["check"](key, value)
+    return value
+
+
+def _check_value(key: str, value: Any, hint: Any, limits: Any, error: type[UserError]) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if isinstance(hint, type) and issubclass(hint, Entry):
         return hint.build(key, value)
@@ -99,48 +128,60 @@ def _check_value(key: str, value: Any, hint: Any, limits: Any) -> Any:
         if value is None:
             if type(None) in args:
                 return None
-            raise ConfigError(f"{key}: must be set; null is not allowed")
+            raise error(f"{key}: must be set; null is not allowed")
         errors = []
         for option in (a for a in args if a is not type(None)):
             try:
-                return _check_value(key, value, option, limits)
-            except ConfigError as exc:
+                return _check_value(key, value, option, limits, error)
+            except error as exc:
                 errors.append(str(exc).split("; ", 1)[-1])
-        raise ConfigError(f"{key}: got {value!r}; " + "; or ".join(errors))
+        raise error(f"{key}: got {value!r}; " + "; or ".join(errors))
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: got {value!r}; must be a list, e.g. [a, b]")
-        return [_check_value(f"{key}[{i}]", item, args[0], {}) for i, item in enumerate(value)]
+            raise error(f"{key}: got {value!r}; must be a list, e.g. [a, b]")
+        return [
+            _check_value(f"{key}[{i}]", item, args[0], {}, error) for i, item in enumerate(value)
+        ]
+    if origin is tuple and args[1:] == (Ellipsis,):  # tuple[X, ...]: a frozen section's list
+        if not isinstance(value, (list, tuple)):
+            raise error(f"{key}: got {value!r}; must be a list, e.g. [a, b]")
+        return tuple(
+            _check_value(f"{key}[{i}]", item, args[0], {}, error) for i, item in enumerate(value)
+        )
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{key}: got {value!r}; allowed: {', '.join(map(str, args))}")
+            raise error(f"{key}: got {value!r}; allowed: {', '.join(map(str, args))}")
         return value
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: got {value!r}; must be true or false")
+            raise error(f"{key}: got {value!r}; must be true or false")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: got {value!r}; must be an integer{_range_text(limits)}")
+            raise error(f"{key}: got {value!r}; must be an integer{_range_text(limits)}")
     elif hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: got {value!r}; must be a number{_range_text(limits)}")
+            raise error(f"{key}: got {value!r}; must be a number{_range_text(limits)}")
         value = float(value)
         if not math.isfinite(value):
-            raise ConfigError(f"{key}: got {value!r}; must be a finite number{_range_text(limits)}")
+            raise error(f"{key}: got {value!r}; must be a finite number{_range_text(limits)}")
     elif hint is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: got {value!r}; must be a string")
+            raise error(f"{key}: got {value!r}; must be a string")
         if limits.get("nonempty") and not value.strip():
-            raise ConfigError(f"{key}: must not be empty")
+            raise error(f"{key}: must not be empty")
         return value
+    elif hint is Path:
+        if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+            raise error(f"{key}: got {value!r}; must be a path")
+        return Path(value)
     else:  # pragma: no cover - a field type this loader does not know is a programming error
         raise TypeError(f"{key}: unsupported field type {hint}")
-    _check_range(key, value, limits)
+    _check_range(key, value, limits, error)
     return value
 
 
-def _check_range(key: str, value: float, limits: Any) -> None:
+def _check_range(key: str, value: float, limits: Any, error: type[UserError]) -> None:
     bad = (
         ("ge" in limits and value < limits["ge"])
         or ("gt" in limits and value <= limits["gt"])
@@ -148,7 +189,7 @@ def _check_range(key: str, value: float, limits: Any) -> None:
         or ("lt" in limits and value >= limits["lt"])
     )
     if bad:
-        raise ConfigError(f"{key}: got {value!r}; must be{_range_text(limits)}")
+        raise error(f"{key}: got {value!r}; must be{_range_text(limits)}")
 
 
 def _range_text(limits: Any) -> str:

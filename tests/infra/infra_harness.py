@@ -28,6 +28,7 @@ from pulumi.runtime.sync_await import _sync_await  # noqa: E402
 
 from clipforge.image_env import read_image_env  # noqa: E402
 from clipforge_infra.contract import PROJECT  # noqa: E402
+from clipforge_infra.settings import read_config  # noqa: E402
 from clipforge_infra.stack_files import load_declarations, load_stack_values, program_config  # noqa: E402
 
 SECRET_SIG = rpc._special_secret_sig  # the marker Pulumi puts on secret values on the wire
@@ -170,6 +171,20 @@ def stack_config(
     return config, secret_keys
 
 
+def _set_config(config: Mapping[str, str | None], secret_keys: set[str]) -> None:
+    pulumi.runtime.set_all_config(
+        {f"{PROJECT}:{key}": value for key, value in config.items() if value is not None},
+        [f"{PROJECT}:{key}" for key in secret_keys],
+    )
+
+
+def program_values(config: Mapping[str, str | None], secret_keys: set[str]) -> dict[str, Any]:
+    """What infra/__main__.py hands parse_settings for this config: each key read through
+    Pulumi's typed Config, as the program reads it."""
+    _set_config(config, secret_keys)
+    return read_config(pulumi.Config(PROJECT))
+
+
 def run_program(
     config: Mapping[str, str | None], secret_keys: set[str], stack: str = "test"
 ) -> ProgramRun:
@@ -178,10 +193,7 @@ def run_program(
     mocks = _Mocks()
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
-    pulumi.runtime.set_all_config(
-        {f"{PROJECT}:{key}": value for key, value in config.items() if value is not None},
-        [f"{PROJECT}:{key}" for key in secret_keys],
-    )
+    _set_config(config, secret_keys)
     run = ProgramRun()
 
     def program():

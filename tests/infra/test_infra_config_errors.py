@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pulumi
 import pytest
-from infra_harness import WEBHOOKS, run_program, stack_config
+from infra_harness import INFRA_DIR, WEBHOOKS, program_values, run_program, stack_config
+
+from clipforge.errors import UserError
+from clipforge_infra.settings import StackConfigError, parse_settings
 
 KUBERNETES_TYPES = "kubernetes:"
 
 BAD_CONFIG = {
-    "zero GPUs per worker": ({"gpusPerWorker": 0}, "gpusPerWorker", "at least 1"),
-    "negative number of workers": ({"numWorkers": -2}, "numWorkers", "at least 1"),
-    "malformed worker count": ({"numWorkers": "two"}, "numWorkers", "not a whole number"),
+    "zero GPUs per worker": ({"gpusPerWorker": 0}, "gpusPerWorker", "got 0; must be >= 1"),
+    "negative number of workers": ({"numWorkers": -2}, "numWorkers", "must be >= 1"),
     "negative memory": ({"memoryPerWorker": "-64Gi"}, "memoryPerWorker", "not a size"),
     "malformed shm size": ({"shmSize": "lots"}, "shmSize", "not a size"),
     "zero dataset volume": ({"datasetsSize": "0Gi"}, "datasetsSize", "not a positive size"),
@@ -59,6 +61,23 @@ def test_bad_config_fails_naming_the_key(case):
     message = str(raised.value)
     assert f"clipforge-infra:{key}:" in message
     assert problem in message
+
+
+def test_a_value_of_another_type_than_declared_is_refused_naming_the_key():
+    """A count that is not a number is refused with the key: the Pulumi CLI refuses it against
+    Pulumi.yaml's `type: integer`, and outside the CLI Pulumi's typed getter does."""
+    config, secret_keys = stack_config("example-1x4", {"numWorkers": "two"})
+    with pytest.raises(pulumi.RunError, match="clipforge-infra:numWorkers' value 'two'"):
+        run_program(config, secret_keys)
+
+
+def test_a_bad_value_is_a_user_error_as_the_readme_quotes_it():
+    """StackConfigError is a UserError, and its one line is the example infra/README.md gives."""
+    config, secret_keys = stack_config("example-1x4", {"gpusPerWorker": 0})
+    with pytest.raises(StackConfigError) as raised:
+        parse_settings(program_values(config, secret_keys), secret_keys)
+    assert isinstance(raised.value, UserError)
+    assert f"`{raised.value}`" in (INFRA_DIR / "README.md").read_text(encoding="utf-8")
 
 
 def test_bad_config_creates_no_kubernetes_resource():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pulumi
 import pytest
-from infra_harness import reveal, run_program, stack_config
+from infra_harness import program_values, reveal, run_program, stack_config
 
 from clipforge.alerts.targets import parse_targets
 from clipforge_infra.contract import ALERT_WEBHOOKS_ENV
@@ -25,6 +25,7 @@ REJECTED = (
     "slack:hooks.slack.com/services/T0/B0/x",
     "https://",
     "not-a-url-but-a-token",
+    "https://hooks.example.org/x;secret=only-for-signed-bots",
 )
 
 
@@ -39,7 +40,7 @@ def runtime_accepts(entry: str) -> bool:
 def stack_accepts(entry: str) -> bool:
     config, secret_keys = stack_config("example-1x4", secrets={"alertWebhooks": entry})
     try:
-        parse_settings(config, secret_keys)
+        parse_settings(program_values(config, secret_keys), secret_keys)
     except StackConfigError as error:
         assert "clipforge-infra:alertWebhooks: entry 1" in str(error)
         return False

@@ -156,9 +156,10 @@ def test_data_pull_needs_a_dvc_remote(fab, sshd, remote_root):
         ),
         (
             "clipforge:\n  min_free_gbs: 5\n",
-            ": clipforge.min_free_gbs is not a setting; known: remote_root, python, stack_outputs, "
-            "min_free_gb, backoff_seconds, backoff_max_seconds, stop_timeout_seconds, shm_size, "
-            "registry, socket_ifname, probe_every_seconds, gone_after_misses, gone_after_seconds",
+            ": clipforge.min_free_gbs is not a setting; known: backoff_seconds, "
+            "backoff_max_seconds, stop_timeout_seconds, probe_every_seconds, gone_after_misses, "
+            "gone_after_seconds, remote_root, python, stack_outputs, min_free_gb, shm_size, "
+            "registry, socket_ifname",
         ),
         ("clipforge: 5\n", ": `clipforge` must be a mapping of settings"),
     ],

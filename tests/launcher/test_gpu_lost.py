@@ -175,6 +175,7 @@ def test_min_gpus_is_checked_against_the_gpus_of_a_node():
 
     assert options(gpus=8, min_gpus=4).min_gpus == 4
     assert options(gpus=8).min_gpus is None  # the supervisor's default: half
-    for bad in (0, 9):
-        with pytest.raises(LauncherError, match=r"--min-gpus: 1\.\.--gpus \(8\)"):
-            options(gpus=8, min_gpus=bad)
+    with pytest.raises(LauncherError, match=r"^--min-gpus: got 0; must be >= 1$"):
+        options(gpus=8, min_gpus=0)  # the restart policy's own rule (host.plan.RestartLimits)
+    with pytest.raises(LauncherError, match=r"--min-gpus: 1\.\.--gpus \(8\)"):
+        options(gpus=8, min_gpus=9)

@@ -109,10 +109,10 @@ def test_a_finished_or_stopped_run_ends_the_watch():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"gone_after_misses": 1}, "gone_after_misses: must be >= 2"),
-        ({"gone_after_seconds": 0}, "gone_after_seconds: must be > 0"),
-        ({"probe_every_seconds": 0}, "probe_every_seconds: must be > 0"),
-        ({"max_moves": -1}, "--max-moves: must be >= 0"),
+        ({"gone_after_misses": 1}, "clipforge.gone_after_misses: got 1; must be >= 2"),
+        ({"gone_after_seconds": 0}, "clipforge.gone_after_seconds: got 0.0; must be > 0"),
+        ({"probe_every_seconds": 0}, "clipforge.probe_every_seconds: got 0.0; must be > 0"),
+        ({"max_moves": -1}, "--max-moves: got -1; must be >= 0"),
     ],
 )
 def test_a_rule_that_would_act_on_one_probe_is_refused(change, message):

@@ -118,7 +118,7 @@ def parse_targets(entries: Iterable[str], *, source: str | None) -> list[Webhook
                 f"(the entry is not shown because it may be a secret)"
             )
         if mark and (kind not in SIGNED_KINDS or not secret.strip()):
-            raise ValueError(
+            raise WebhookError(
                 f"{where}: `;secret=` needs a non-empty secret and is only for "
                 f"{' and '.join(SIGNED_KINDS)} bots (the entry is not shown)"
             )

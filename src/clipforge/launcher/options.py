@@ -8,12 +8,14 @@ stages' own loader, so a typo fails on the laptop, and the resolved params are r
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from clipforge.config import Config, ConfigError, load_config, parse_override
+from clipforge.fields import REQUIRED, knob
 from clipforge.launcher import LauncherError
+from clipforge.launcher.host.plan import RestartLimits
 
 # A few steps with a checkpoint every two, and a warm-up shorter than the run. User --set win.
 SMOKE_OVERRIDES = (
@@ -30,53 +32,62 @@ LAUNCH_KEYS = ("train.ranks_per_node", "train.num_nodes")
 DATA_MODES = ("pull", "build")
 
 
+def _data_mode(key: str, value: str) -> str:
+    if value not in DATA_MODES and not value.startswith("/"):
+        raise LauncherError(
+            f"{key}: `auto`, `pull`, `build` or an absolute path on the host, got {value!r}"
+        )
+    return value
+
+
+def _user_sets(key: str, value: tuple[str, ...]) -> tuple[str, ...]:
+    for item in value:
+        try:
+            name, _ = parse_override(item)
+        except ConfigError as exc:
+            raise LauncherError(f"{key} {item}: {exc}") from None
+        if name in LAUNCH_KEYS:
+            raise LauncherError(f"{key} {name}: set by --gpus/--nodes; use those instead")
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
-class TrainOptions:
-    gpus: int  # per node; 0 = CPU ranks
-    nodes: int
-    overrides: tuple[str, ...] = ()
-    smoke: bool = False
-    runtime: Literal["docker", "host"]
-    allow_dirty: bool = False
-    # `pull` (DVC remote), `build` (run the data stage on the host) or an absolute path on the host
-    # holding a data stage output (a mounted volume); `fab train --data auto` is resolved to one
-    # of them first (launch.choose_data).
-    data: str
-    master_port: int = 29500
-    max_restarts: int = 5
-    # The fewest GPUs per node a run goes on with after losing some (None: half, rounded up;
-    # clipforge.launcher.host.gpus); below it the run stops with the reason.
-    min_gpus: int | None = None
-    image: str | None = None
-    user_overrides: tuple[str, ...] = field(default=())
+class TrainOptions(RestartLimits):
+    """`fab train`'s options, each named by its flag; --max-restarts and --min-gpus are the
+    restart policy's (host.plan.RestartLimits), declared once there."""
+
+    gpus: int = knob(REQUIRED, "GPUs per node; 0: CPU ranks", ge=0)
+    nodes: int = knob(REQUIRED, "nodes the run trains on", ge=1)
+    overrides: tuple[str, ...] = knob(
+        (), "what the run trains with: --gpus/--nodes/--smoke's overrides, then the user's --set"
+    )
+    smoke: bool = knob(False, "a few steps with a checkpoint every two")
+    runtime: Literal["docker", "host"] = knob(
+        REQUIRED, "the host's own Python stack, or the pinned image"
+    )
+    allow_dirty: bool = knob(False, "ship the commit even though the work tree has changes")
+    data: str = knob(
+        REQUIRED,
+        "`pull` (DVC remote), `build` (run the data stage on the host) or an absolute path on the "
+        "host holding a data stage output (a mounted volume); `fab train --data auto` is "
+        "resolved to one of them first (launch.choose_data)",
+        check=_data_mode,
+    )
+    master_port: int = knob(29500, "node 0's rendezvous port", ge=1, le=65535)
+    image: str | None = knob(None, "image reference (None: docker/image.env, with $REGISTRY)")
+    user_overrides: tuple[str, ...] = knob((), "the user's --set key=value", check=_user_sets)
+
+    @classmethod
+    def key_of(cls, name: str) -> str:
+        return "--set" if name == "user_overrides" else super().key_of(name)
 
     def __post_init__(self) -> None:
-        if self.gpus < 0:
-            raise LauncherError(f"--gpus: must be >= 0 (0 = CPU), got {self.gpus}")
-        if self.nodes < 1:
-            raise LauncherError(f"--nodes: must be >= 1, got {self.nodes}")
-        if self.runtime not in ("docker", "host"):
-            raise LauncherError(f"--runtime: `docker` or `host`, got {self.runtime!r}")
-        if self.data not in DATA_MODES and not self.data.startswith("/"):
-            raise LauncherError(
-                f"--data: `auto`, `pull`, `build` or an absolute path on the host, got {self.data!r}"
-            )
-        if not 0 < self.master_port < 65536:
-            raise LauncherError(f"--master-port: a TCP port, got {self.master_port}")
-        if self.max_restarts < 0:
-            raise LauncherError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
-        if self.min_gpus is not None and not 1 <= self.min_gpus <= max(self.gpus, 1):
+        super().__post_init__()
+        if self.min_gpus is not None and not self.min_gpus <= max(self.gpus, 1):
             raise LauncherError(
                 f"--min-gpus: 1..--gpus ({self.gpus}), the fewest GPUs per node a run goes on "
                 f"with after losing some; got {self.min_gpus}"
             )
-        for item in self.user_overrides:
-            try:
-                key, _ = parse_override(item)
-            except ConfigError as exc:
-                raise LauncherError(f"--set {item}: {exc}") from None
-            if key in LAUNCH_KEYS:
-                raise LauncherError(f"--set {key}: set by --gpus/--nodes; use those instead")
 
     @property
     def mounted_data(self) -> bool:

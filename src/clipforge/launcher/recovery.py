@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from clipforge.fields import Section, knob
 from clipforge.launcher import LauncherError
 from clipforge.launcher.host.state import RunState
 from clipforge.store.remote import LAUNCHES
@@ -53,32 +54,37 @@ def store_record_path(launch_id: str) -> str:
 
 # -- the rule ------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class RecoveryRule:
-    probe_every_seconds: float = 30.0
-    """How often each training host is probed."""
-    gone_after_misses: int = 4
-    """A host is gone after this many missed probes in a row (at least 2)..."""
-    gone_after_seconds: float = 120.0
-    """...spanning at least this long, first miss to last."""
-    max_moves: int = 2
-    """Moves to a spare (started or failed) before the controller gives up: `run_failed`."""
+class ProbeTimings(Section):
+    """When a host is gone: fabric.yaml settings (clipforge.launcher.session.Settings holds
+    them), carried in the controller's plan."""
 
-    def __post_init__(self) -> None:
-        if self.probe_every_seconds <= 0:
-            raise LauncherError(
-                f"clipforge.probe_every_seconds: must be > 0, got {self.probe_every_seconds}"
-            )
-        if self.gone_after_misses < 2:
-            raise LauncherError(
-                "clipforge.gone_after_misses: must be >= 2 (one missed probe is never a lost "
-                f"host), got {self.gone_after_misses}"
-            )
-        if self.gone_after_seconds <= 0:
-            raise LauncherError(
-                f"clipforge.gone_after_seconds: must be > 0, got {self.gone_after_seconds}"
-            )
-        if self.max_moves < 0:
-            raise LauncherError(f"--max-moves: must be >= 0, got {self.max_moves}")
+    SECTION = "clipforge"
+    ERROR = LauncherError
+
+    probe_every_seconds: float = knob(
+        30.0, "`train --spare`: how often the recovery controller probes each training host", gt=0
+    )
+    gone_after_misses: int = knob(
+        4,
+        "`train --spare`: a host is gone after this many missed probes in a row (never one)...",
+        ge=2,
+    )
+    gone_after_seconds: float = knob(
+        120.0, "...spanning at least this long, first miss to last", gt=0
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecoveryRule(ProbeTimings):
+    max_moves: int = knob(
+        2,
+        "moves to a spare (started or failed) before the controller gives up: `run_failed`",
+        ge=0,
+    )
+
+    @classmethod
+    def key_of(cls, name: str) -> str:
+        return "--max-moves" if name == "max_moves" else super().key_of(name)  # fab train's
 
 
 class ProbeResult(str, enum.Enum):

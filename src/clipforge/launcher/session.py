@@ -1,62 +1,92 @@
 """The launcher's settings, and the hosts of one `fab` invocation, connected, each with its run
 root resolved.
 
-Settings are Fabric config under `clipforge` (fabric.yaml, or FABRIC_CLIPFORGE_* env). Their
-defaults live in one place, fabfile.py's collection config; this only reads and checks them.
+Settings are Fabric config under `clipforge` (fabric.yaml, or FABRIC_CLIPFORGE_* env). Each is
+declared once, in `Settings` (type, range, default, doc); the fabfile's collection config takes
+their defaults from it, and docs/launcher.md's table is written from it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import posixpath
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fabric import Connection
 
+from clipforge.fields import knob
 from clipforge.launcher import LauncherError, connection
 from clipforge.launcher.commands import DockerSpec, run_container
 from clipforge.launcher.connection import HostSpec, join, probe, q, run
+from clipforge.launcher.host.plan import RestartTimings
 from clipforge.launcher.host.record import RunRecord, RunRecordError, parse_record
 from clipforge.launcher.host.run_dirs import DEFAULT_ROOT, NodeLayout, current_marker
 from clipforge.launcher.host.state import StateFileError, SupervisorState, state_from_dict
-from clipforge.launcher.recovery import RecoveryRule
+from clipforge.launcher.recovery import ProbeTimings
 from clipforge.launcher.stack import StackOutputs, load_stack_outputs
 from clipforge.yamlfile import YamlFileError, read_yaml_file
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings:
-    remote_root: str | None  # None: the stack's checkpoints volume, else ~/clipforge-runs
-    python: str  # on the host: runs the supervisor (and the stage with --runtime host)
-    stack_outputs: Path
-    min_free_gb: float
-    backoff_seconds: float
-    backoff_max_seconds: float
-    stop_timeout_seconds: float
-    shm_size: str
-    registry: str | None
-    # Multi-node: the interface the ranks talk on (GLOO/NCCL_SOCKET_IFNAME) on every node; None:
-    # each node's route to the master decides (clipforge.launcher.network).
-    socket_ifname: str | None = None
-    # The recovery controller's rule (`fab train --spare`, clipforge.launcher.recovery): a host
-    # is gone after `gone_after_misses` missed probes in a row over `gone_after_seconds`.
-    probe_every_seconds: float = RecoveryRule.probe_every_seconds
-    gone_after_misses: int = RecoveryRule.gone_after_misses
-    gone_after_seconds: float = RecoveryRule.gone_after_seconds
+class Settings(ProbeTimings, RestartTimings):
+    """The `clipforge` section of Fabric's config, each key declared once with its default and
+    doc: the supervisor's restart timings (host.plan.RestartTimings), the recovery controller's
+    probe timings (recovery.ProbeTimings), and the launcher's own below. docs/launcher.md's
+    table is `settings_table()`."""
 
-    def __post_init__(self) -> None:
-        if self.min_free_gb < 0:
-            raise LauncherError(f"clipforge.min_free_gb: must be >= 0, got {self.min_free_gb}")
-        if not 0 <= self.backoff_seconds <= self.backoff_max_seconds:
-            raise LauncherError(
-                "clipforge.backoff_seconds: must be between 0 and "
-                f"clipforge.backoff_max_seconds ({self.backoff_max_seconds})"
-            )
-        if self.stop_timeout_seconds <= 0:
-            raise LauncherError("clipforge.stop_timeout_seconds: must be > 0")
+    SECTION = "clipforge"
+    ERROR = LauncherError
+
+    remote_root: str | None = knob(
+        None,
+        "where runs live on the hosts",
+        default_doc="the stack's checkpoints volume, else `clipforge-runs` (in the SSH user's home)",
+    )
+    python: str = knob(
+        "python3",
+        "the host's interpreter, running the supervisor (and the stage with `--runtime host`); "
+        "a venv's puts its `bin/` first on `PATH`",
+        nonempty=True,
+    )
+    stack_outputs: Path = knob(Path("infra/stack-outputs.json"), "written by `make up`")
+    min_free_gb: float = knob(20.0, "the disk row of the preflight", ge=0)
+    shm_size: str = knob("16g", "docker runtime `/dev/shm`", nonempty=True)
+    registry: str | None = knob(None, "image reference prefix", default_doc="`$REGISTRY`")
+    socket_ifname: str | None = knob(
+        None,
+        "multi-node: the interface the ranks talk on, on every node (`GLOO_SOCKET_IFNAME`, "
+        "`NCCL_SOCKET_IFNAME`)",
+        default_doc="none: each node's route to node 0 (clipforge.launcher.network)",
+    )
+
+
+def defaults() -> dict[str, Any]:
+    """Each setting's default, as Fabric's config holds it (the fabfile's collection config)."""
+    return {
+        f.name: str(f.default) if isinstance(f.default, Path) else f.default
+        for f in dataclasses.fields(Settings)
+    }
+
+
+def settings_table() -> list[str]:
+    """docs/launcher.md's table of settings, written from the declarations."""
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for f in dataclasses.fields(Settings):
+        default = f.metadata.get("default_doc") or _shown(f.default)
+        rows.append(f"| `{f.name}` | {default} | {f.metadata['doc']} |")
+    return rows
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return f"`{value}`" if isinstance(value, (str, Path)) else str(value)
 
 
 def check_fabric_yaml(project_dir: Path, known: Iterable[str]) -> None:
@@ -83,41 +113,34 @@ def check_fabric_yaml(project_dir: Path, known: Iterable[str]) -> None:
 
 
 def settings_from(config) -> Settings:
-    """Read the `clipforge` section of a Fabric/Invoke config. Values from FABRIC_* environment
-    variables arrive as strings, hence the conversions."""
+    """Read the `clipforge` section of a Fabric/Invoke config. A FABRIC_CLIPFORGE_* variable of a
+    key whose default is null arrives as a string (`""`: unset), and a number may be quoted in a
+    YAML file, hence the conversions; Settings checks the rest."""
     section = config.get("clipforge")
     if section is None:
         raise LauncherError(
             "Fabric config has no `clipforge` section: run fab from the project root "
             "(its fabfile.py defines it)"
         )
+    hints = typing.get_type_hints(Settings)
+    values = {name: _from_text(section[name], hints[name]) for name in defaults()}
+    if values["registry"] is None:
+        values["registry"] = os.environ.get("REGISTRY") or None
+    return Settings(**values)
 
-    def number(key: str) -> float:
+
+def _from_text(value: Any, hint: Any) -> Any:
+    optional = type(None) in typing.get_args(hint)
+    if value == "" and optional:
+        return None
+    if isinstance(value, str) and hint in (int, float):
         try:
-            return float(section[key])
-        except (TypeError, ValueError):
-            raise LauncherError(f"clipforge.{key}: a number, got {section[key]!r}") from None
-
-    def optional(key: str) -> str | None:
-        value = section[key]
-        return None if value in (None, "") else str(value)
-
-    registry = optional("registry")
-    return Settings(
-        remote_root=optional("remote_root"),
-        python=str(section["python"]),
-        stack_outputs=Path(str(section["stack_outputs"])),
-        min_free_gb=number("min_free_gb"),
-        backoff_seconds=number("backoff_seconds"),
-        backoff_max_seconds=number("backoff_max_seconds"),
-        stop_timeout_seconds=number("stop_timeout_seconds"),
-        shm_size=str(section["shm_size"]),
-        registry=registry if registry is not None else os.environ.get("REGISTRY") or None,
-        socket_ifname=optional("socket_ifname"),
-        probe_every_seconds=number("probe_every_seconds"),
-        gone_after_misses=int(number("gone_after_misses")),
-        gone_after_seconds=number("gone_after_seconds"),
-    )
+            return hint(value)
+        except ValueError:
+            return value  # Settings names the key and what it must be
+    if str in (hint, *typing.get_args(hint)) and isinstance(value, (int, float)):
+        return str(value)  # shm_size: 16, socket_ifname: 0 (YAML's numbers)
+    return value
 
 
 @dataclass

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from clipforge.fields import Section, knob
+from clipforge.launcher import LauncherError
 from clipforge.util import backoff_seconds
 
 # Environment variables passed from the laptop to the run when set there; values are never written
@@ -60,27 +62,58 @@ class Phase:
     spans_nodes: bool = False
 
 
-@dataclass
-class RestartPolicy:
-    max_restarts: int
-    backoff_seconds: float  # first delay; doubled after each restart...
-    backoff_max_seconds: float  # ...up to this
-    stop_timeout_seconds: float  # after a stop request, SIGKILL whatever is left after this long
-    # The fewest GPUs a node's run may go on with (clipforge.launcher.host.gpus); None: half.
-    min_gpus: int | None = None
+@dataclass(frozen=True, kw_only=True)
+class RestartTimings(Section):
+    """How long the supervisor waits before a restart and for a stop: fabric.yaml settings
+    (clipforge.launcher.session.Settings holds them), carried in every plan."""
+
+    SECTION = "clipforge"
+    ERROR = LauncherError
+
+    backoff_seconds: float = knob(
+        30.0, "the supervisor's wait before a phase's first restart; doubles per restart...", ge=0
+    )
+    backoff_max_seconds: float = knob(900.0, "...up to this", ge=0)
+    stop_timeout_seconds: float = knob(
+        900.0, "a graceful stop's time to checkpoint before SIGKILL", gt=0
+    )
 
     def __post_init__(self) -> None:
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts: must be >= 0, got {self.max_restarts}")
-        if self.backoff_seconds < 0 or self.backoff_max_seconds < self.backoff_seconds:
-            raise ValueError(
-                f"backoff: need 0 <= backoff_seconds ({self.backoff_seconds}) <= "
-                f"backoff_max_seconds ({self.backoff_max_seconds})"
+        super().__post_init__()
+        if self.backoff_max_seconds < self.backoff_seconds:
+            raise self.ERROR(
+                f"{self.key_of('backoff_seconds')}: got {self.backoff_seconds:g}; must be <= "
+                f"{self.key_of('backoff_max_seconds')} ({self.backoff_max_seconds:g})"
             )
-        if self.min_gpus is not None and self.min_gpus < 1:
-            raise ValueError(f"min_gpus: must be >= 1, got {self.min_gpus}")
-        if self.stop_timeout_seconds <= 0:
-            raise ValueError(f"stop_timeout_seconds: must be > 0, got {self.stop_timeout_seconds}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartLimits(Section):
+    """How many restarts, and on how few GPUs a run goes on: `fab train` options
+    (clipforge.launcher.options.TrainOptions holds them), carried in every plan."""
+
+    ERROR = LauncherError
+
+    @classmethod
+    def key_of(cls, name: str) -> str:
+        return "--" + name.replace("_", "-")  # fab train's option
+
+    max_restarts: int = knob(5, "restarts of a phase after an abnormal exit, then it fails", ge=0)
+    # clipforge.launcher.host.gpus; below it the run stops with the reason.
+    min_gpus: int | None = knob(
+        None, "the fewest GPUs per node a run goes on with after losing some (none: half)", ge=1
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartPolicy(RestartLimits, RestartTimings):
+    """The supervisor's restart policy: the launch's limits and the launcher's timings."""
+
+    @classmethod
+    def key_of(cls, name: str) -> str:
+        # Each key named as the user sets it: a `fab train` option or a fabric.yaml setting.
+        owner = RestartLimits if name in RestartLimits.__dataclass_fields__ else RestartTimings
+        return owner.key_of(name)
 
     def delay_before(self, restart: int) -> float:
         """Seconds to wait before restart number `restart` (1-based)."""
