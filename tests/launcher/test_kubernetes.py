@@ -32,7 +32,7 @@ from tests.conftest import REPO
 from tests.launcher.conftest import make_fab
 
 sys.path.insert(0, str(REPO / "tests" / "infra"))
-from infra_harness import run_program, stack_config  # noqa: E402  (puts infra/ on sys.path)
+from infra_harness import program_values, run_program, stack_config  # noqa: E402  (puts infra/ on sys.path)
 
 from clipforge_infra import contract  # noqa: E402
 from clipforge_infra.settings import parse_settings  # noqa: E402
@@ -58,7 +58,8 @@ SETTINGS = Settings(
 
 def stack_outputs(stack: str = "example-2x8", **overrides) -> dict:
     """infra/stack-outputs.json as `make up` writes it for that example stack."""
-    settings = parse_settings(*stack_config(stack, overrides))
+    config, secret_keys = stack_config(stack, overrides)
+    settings = parse_settings(program_values(config, secret_keys), secret_keys)
     outputs = describe_stack(settings, settings.namespace, "ssh-ed25519 AAAA host")
     return json.loads(json.dumps(outputs))
 
