@@ -22,7 +22,8 @@ _NO_DEFAULT = object()
 
 
 class StackFileError(UserError, ValueError):
-    """A missing or malformed Pulumi.yaml / Pulumi.<stack>.yaml."""
+    """A missing Pulumi.<stack>.yaml, or one that is no mapping (a YAML mistake is the reader's
+    YamlFileError, FILE:LINE:COLUMN)."""
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,9 @@ DEFAULT_ROOT_NAME = DEFAULT_ROOT
 
 
 class GuardError(UserError, RuntimeError):
-    """The guard could not decide (an unreachable worker, an unlistable remote): a refusal."""
+    """The guard could not decide (an unreachable worker, an unlistable remote): a refusal. A user
+    error, as is any other found while deciding (damaged stack outputs): guard() refuses on those
+    and on nothing else, so a bug in the guard keeps its traceback."""
 
 
 @dataclass(frozen=True)
