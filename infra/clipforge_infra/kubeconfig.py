@@ -12,10 +12,11 @@ from pathlib import Path
 
 import yaml
 
+from clipforge.errors import UserError
 from clipforge.yamlfile import yaml_error_line
 
 
-class KubeconfigError(RuntimeError):
+class KubeconfigError(UserError, RuntimeError):
     """No usable kubeconfig or context; the message says what to do."""
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
+from clipforge.errors import UserError
+
 _UNIT_FACTORS = {
     None: 1,
     "Ki": 2**10,
@@ -29,7 +31,7 @@ _BYTES_RE = re.compile(r"^(?P<number>[0-9]+(\.[0-9]+)?)(?P<suffix>Ki|Mi|Gi|Ti|Pi
 _CPU_RE = re.compile(r"^(?P<number>[0-9]+(\.[0-9]+)?)(?P<milli>m)?$")
 
 
-class QuantityError(ValueError):
+class QuantityError(UserError, ValueError):
     """A quantity that is malformed, negative or zero."""
 
 

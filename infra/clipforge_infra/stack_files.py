@@ -13,15 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clipforge.yamlfile import YamlFileError, read_yaml_file
+from clipforge.errors import UserError
+from clipforge.yamlfile import read_yaml_file
 
 from .contract import PROJECT
 
 _NO_DEFAULT = object()
 
 
-class StackFileError(ValueError):
-    """A missing or malformed Pulumi.yaml / Pulumi.<stack>.yaml."""
+class StackFileError(UserError, ValueError):
+    """A missing Pulumi.<stack>.yaml, or one that is no mapping (a YAML mistake is the reader's
+    YamlFileError, FILE:LINE:COLUMN)."""
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,9 @@ def load_stack_values(project_dir: Path, stack: str) -> dict[str, Any]:
 
 
 def _mapping(path: Path) -> dict:
-    """A YAML file's top-level mapping; StackFileError with FILE:LINE:COLUMN when it is not one."""
-    try:
-        document = read_yaml_file(path)
-    except YamlFileError as error:
-        raise StackFileError(str(error)) from None
+    """A YAML file's top-level mapping; YamlFileError (FILE:LINE:COLUMN) when it is not YAML,
+    StackFileError when it is not a mapping: both user errors."""
+    document = read_yaml_file(path)
     if document is None:
         return {}
     if not isinstance(document, dict):

@@ -25,14 +25,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from clipforge.errors import UserError
 from clipforge.fsutil import atomic_write_text
-from clipforge.image_env import ImageEnvError, read_image_env
+from clipforge.image_env import read_image_env
 
 from . import teardown_guard
-from .kubeconfig import KubeconfigError, resolve_context
+from .kubeconfig import resolve_context
 from .settings import SECRET_KEYS
 from .stack_files import (
-    StackFileError,
     is_secure,
     load_declarations,
     load_stack_values,
@@ -42,9 +42,10 @@ from .stack_files import (
 
 INSTALL_PULUMI = "https://www.pulumi.com/docs/iac/download-install/"
 OWNED_BY_MAKE = ("released",)
+EXIT_USAGE = 2  # a user error: one line, as `python -m clipforge.<stage>` exits on one
 
 
-class StackctlError(RuntimeError):
+class StackctlError(UserError, RuntimeError):
     """A precondition that failed; the message says what to do."""
 
 
@@ -237,12 +238,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """A user error (clipforge.errors.UserError: a stack file, the kubeconfig, the Pulumi CLI, the
+    teardown guard...) is one line per line of its message and exit 2; anything else is a bug and
+    keeps its traceback."""
     args = parse_args(argv)
     try:
         return run(args, os.environ)
-    except (StackctlError, StackFileError, KubeconfigError, ImageEnvError) as error:
-        print(f"make {args.command}: {error}", file=sys.stderr)
-        return 2
+    except UserError as error:
+        for line in str(error).splitlines():
+            print(f"make {args.command}: {line}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

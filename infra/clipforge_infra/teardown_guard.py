@@ -26,6 +26,7 @@ from typing import Protocol
 
 from fabric import Config
 
+from clipforge.errors import UserError
 from clipforge.launcher import LauncherError
 from clipforge.launcher.connection import connect, join, label, q, run, targets
 from clipforge.launcher.host import stored_checkpoints
@@ -39,8 +40,10 @@ EXIT_REFUSED = 3
 DEFAULT_ROOT_NAME = DEFAULT_ROOT
 
 
-class GuardError(RuntimeError):
-    """The guard could not decide (an unreachable worker, an unlistable remote): a refusal."""
+class GuardError(UserError, RuntimeError):
+    """The guard could not decide (an unreachable worker, an unlistable remote): a refusal. A user
+    error, as is any other found while deciding (damaged stack outputs): guard() refuses on those
+    and on nothing else, so a bug in the guard keeps its traceback."""
 
 
 @dataclass(frozen=True)
@@ -156,11 +159,8 @@ def stored_on_stack(outputs: dict) -> list[StoredCheckpoint]:
     """The newest checkpoint of every run on the stack's workers (none when it has no workers)."""
     if outputs.get("released") is True or not outputs.get("workers"):
         return []
-    try:
-        stack = parse_stack_outputs(outputs, Path("pulumi stack output"))
-        specs, _ = targets([], lambda: stack)
-    except LauncherError as error:
-        raise GuardError(str(error)) from None
+    stack = parse_stack_outputs(outputs, Path("pulumi stack output"))  # LauncherError: a refusal
+    specs, _ = targets([], lambda: stack)
     volumes = outputs.get("volumes") if isinstance(outputs.get("volumes"), dict) else {}
     retained = [
         v["mount_path"] for v in volumes.values() if isinstance(v, dict) and v.get("retained")
@@ -248,7 +248,7 @@ def guard(outputs: dict, remote_repo: Path, force: bool, command: str) -> bool:
         checkpoints = stored_on_stack(outputs)
         remote = find_remote(remote_repo) if any(not c.retained for c in checkpoints) else None
         verdicts = [checkpoint_safety(c, remote) for c in checkpoints]
-    except GuardError as error:
+    except UserError as error:  # GuardError, damaged stack outputs...: no decision, a refusal
         verdicts = [Verdict(False, str(error))]
     unsafe = [v.reason for v in verdicts if not v.safe]
     if not verdicts:

@@ -16,7 +16,14 @@ from clipforge.errors import UserError
 from clipforge.fields import ConfigError
 from clipforge.image_env import ImageEnvError
 from clipforge.launcher import LauncherError
+from clipforge.launcher.host.gpus import GpuRecordError
+from clipforge.launcher.host.record import RunRecordError
+from clipforge.launcher.host.state import StateFileError
+from clipforge.launcher.recovery import RecordError
+from clipforge.launcher.run_source import StoredRun
 from clipforge.model_files import ModelFilesError
+from clipforge.store.remote import LAUNCHES, StoreError
+from clipforge.store.sync_state import SyncStateError
 from clipforge.yamlfile import YamlFileError
 from tests.conftest import REPO, run_train, subprocess_env, write_params
 
@@ -29,6 +36,26 @@ def test_every_user_error_type_is_a_user_error():
     for error in (ImageEnvError, LauncherError, WebhookError):
         assert issubclass(error, UserError), error
     assert issubclass(ConfigError, ValueError) and issubclass(StageError, RuntimeError)
+
+
+def test_a_damaged_record_or_an_unusable_store_is_a_user_error():
+    """The file's reader (or the store's opener) raises it where it finds the problem, naming the
+    file: the user's to look at. Callers that read a record and go on (status rows, the
+    supervisor) still catch the record's own type, and ValueError stays its base."""
+    for error in (StateFileError, RunRecordError, GpuRecordError, SyncStateError, RecordError):
+        assert issubclass(error, UserError) and issubclass(error, ValueError), error
+    assert issubclass(StoreError, UserError) and issubclass(StoreError, RuntimeError)
+    assert issubclass(RecordError, LauncherError)
+
+
+def test_a_damaged_run_record_in_the_store_reaches_the_shell_as_itself(tmp_path):
+    """No relabelling on the way: `fab status --run ID --from-store` on a damaged launch record
+    raises the reader's RunRecordError, which the fab task wrapper prints as one line."""
+    launches = tmp_path / "store" / LAUNCHES
+    launches.mkdir(parents=True)
+    (launches / "20260101-000000-abc1234.json").write_text('{"training_run": "run-0123456789ab"}')
+    with pytest.raises(RunRecordError, match="launches/20260101-000000-abc1234.json"):
+        StoredRun.open(str(tmp_path / "store"), "20260101-000000-abc1234")
 
 
 def _local_source(tmp_path, csv_text: str):

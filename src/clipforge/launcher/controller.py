@@ -40,6 +40,7 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 
 from clipforge.alerts import events
+from clipforge.errors import UserError
 from clipforge.fsutil import atomic_write_text
 from clipforge.launcher import LauncherError, connection
 from clipforge.launcher import launch as launch_mod
@@ -388,7 +389,7 @@ class Controller:
             launch_mod.move(
                 [host], self.plan.launch_id, self.plan.store, self.settings, None, self.log
             )
-        except LauncherError as exc:
+        except UserError as exc:  # the launcher's, a damaged record in the store, a bad image.env
             why = first_line(exc)
             self.log(f"the move to {spare} failed: {exc}")
             move = Move(gone, spare, time.time(), reason, outcome=f"failed: {why}")

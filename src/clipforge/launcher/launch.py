@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.ids import new_launch_id
-from clipforge.image_env import ImageEnvError, parse_image_env
+from clipforge.image_env import parse_image_env
 from clipforge.launcher import LauncherError, network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
@@ -74,10 +74,7 @@ def image_reference_for(source: Source, settings: Settings) -> str:
     text = source.show("docker/image.env")
     if text is None:
         raise LauncherError("the commit has no docker/image.env; it names the training image")
-    try:
-        return parse_image_env(text).reference(settings.registry)
-    except ImageEnvError as exc:
-        raise LauncherError(str(exc)) from None
+    return parse_image_env(text).reference(settings.registry)  # ImageEnvError: a UserError
 
 
 def choose_data(source: Source, requested: str, say: Callable[[str], None]) -> str:

@@ -205,8 +205,9 @@ class ControllerState(str, enum.Enum):
         return self.value
 
 
-class RecordError(ValueError):
-    """A recovery record that exists but is not one; the message names the file and the field."""
+class RecordError(LauncherError, ValueError):
+    """A recovery record that exists but is not one; the message names the file and the field.
+    A user error (the launcher's): the file is the user's to look at."""
 
 
 @dataclass(frozen=True)

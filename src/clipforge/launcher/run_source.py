@@ -32,7 +32,7 @@ from clipforge.launcher import LauncherError, recovery
 from clipforge.launcher.commands import docker_cleanup_argv, docker_run_argv
 from clipforge.launcher.connection import join, probe, q, run
 from clipforge.launcher.host import status as status_mod
-from clipforge.launcher.host.record import RunRecord, RunRecordError, record_from_dict
+from clipforge.launcher.host.record import RunRecord, record_from_dict
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.session import (
     Host,
@@ -399,10 +399,7 @@ class StoredRun(RunSource):
         training_run = launch.get("training_run")
         if not isinstance(training_run, str):
             raise LauncherError(f"{source}: training_run is {training_run!r}, not a run id")
-        try:
-            record = record_from_dict(launch, source)
-        except RunRecordError as exc:
-            raise LauncherError(str(exc)) from None
+        record = record_from_dict(launch, source)  # RunRecordError (a UserError) when damaged
         try:
             store = RunStore(remote, training_run)
         except Exception as exc:  # as above

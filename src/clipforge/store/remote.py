@@ -38,6 +38,7 @@ from clipforge.checkpoints.layout import (
     step_of,
     tag_step,
 )
+from clipforge.errors import UserError
 
 LAUNCHES = "launches"
 # Set by `fab train` for the train stage: the launch's run.json, which the stage copies to
@@ -45,7 +46,7 @@ LAUNCHES = "launches"
 RUN_RECORD_ENV = "CLIPFORGE_RUN_RECORD"
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError, RuntimeError):
     """The store cannot be used as configured (no library for its protocol); the message says
     what to install."""
 

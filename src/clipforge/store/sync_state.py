@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clipforge.errors import UserError
 from clipforge.util import read_record_file, record_json, typed_fields
 
 SYNC_STATE_FILE = "sync.json"  # beside the checkpoints of the run
@@ -37,7 +38,7 @@ class SyncPhase(str, enum.Enum):
         return self.value
 
 
-class SyncStateError(ValueError):
+class SyncStateError(UserError, ValueError):
     """A sync state file exists but is not one; the message says what is wrong."""
 
 

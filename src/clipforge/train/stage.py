@@ -21,7 +21,7 @@ from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
 from clipforge.config import STAGE_SECTIONS, Config, steps_per_epoch
 from clipforge.model_files import weights_file
-from clipforge.store.remote import StoreError, open_filesystem
+from clipforge.store.remote import open_filesystem
 from clipforge.train.disk import not_writable_message
 from clipforge.train.dist import free_port, resolve_device, under_launcher
 
@@ -67,10 +67,7 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
         if problem:
             raise StageError(problem)
     if config.storage.remote:  # the library of its protocol (s3fs...); reaching it is not needed
-        try:
-            open_filesystem(config.storage.remote)
-        except StoreError as exc:
-            raise StageError(str(exc)) from None
+        open_filesystem(config.storage.remote)  # StoreError (a UserError) when it is missing
     return raw
 
 

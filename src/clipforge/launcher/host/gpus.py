@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from clipforge.errors import UserError
 from clipforge.util import RANKS_NOW_ENV, read_record_file, record_json, typed_fields
 
 NVIDIA_SMI_TIMEOUT_SECONDS = 30.0
@@ -200,7 +201,7 @@ def judge(
     )
 
 
-class GpuRecordError(ValueError):
+class GpuRecordError(UserError, ValueError):
     """A node's GPU report, or node 0's decision, exists but is damaged; the message says why."""
 
 

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clipforge.errors import UserError
 from clipforge.util import read_record_file, record_json, typed_fields
 
 
-class RunRecordError(ValueError):
+class RunRecordError(UserError, ValueError):
     """run.json (or the store's copy) exists but is not a run record; the message says why."""
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clipforge.errors import UserError
 from clipforge.util import read_record_file, record_json, typed_fields
 
 
@@ -49,7 +50,7 @@ class RunState(str, enum.Enum):
 TERMINAL_STATES = tuple(s for s in RunState if s.terminal)
 
 
-class StateFileError(ValueError):
+class StateFileError(UserError, ValueError):
     """state.json exists but is not a supervisor state; the message says what is wrong."""
 
 
