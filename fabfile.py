@@ -46,7 +46,7 @@ SETTINGS = session.defaults()
 
 try:  # before Fabric reads fabric.yaml on its own terms (see session.check_fabric_yaml)
     session.check_fabric_yaml(Path(__file__).resolve().parent, SETTINGS)
-except LauncherError as error:
+except UserError as error:
     sys.exit(f"fab: error: {error}")
 
 

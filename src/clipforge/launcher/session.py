@@ -25,12 +25,12 @@ from clipforge.launcher import LauncherError, connection
 from clipforge.launcher.commands import DockerSpec, run_container
 from clipforge.launcher.connection import HostSpec, join, probe, q, run
 from clipforge.launcher.host.plan import RestartTimings
-from clipforge.launcher.host.record import RunRecord, RunRecordError, parse_record
+from clipforge.launcher.host.record import RunRecord, parse_record
 from clipforge.launcher.host.run_dirs import DEFAULT_ROOT, NodeLayout, current_marker
-from clipforge.launcher.host.state import StateFileError, SupervisorState, state_from_dict
+from clipforge.launcher.host.state import SupervisorState, state_from_dict
 from clipforge.launcher.recovery import ProbeTimings
 from clipforge.launcher.stack import StackOutputs, load_stack_outputs
-from clipforge.yamlfile import YamlFileError, read_yaml_file
+from clipforge.yamlfile import read_yaml_file
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,14 +92,11 @@ def _shown(value: Any) -> str:
 def check_fabric_yaml(project_dir: Path, known: Iterable[str]) -> None:
     """Fabric reads fabric.yaml itself, after importing the fabfile: a YAML mistake there is a
     traceback from its reader, a section that is not a mapping an AmbiguousMergeError, a misspelt
-    setting silently ignored. The fabfile calls this first; LauncherError names the file."""
+    setting silently ignored. The fabfile calls this first; the user error names the file."""
     for path in (project_dir / "fabric.yaml", project_dir / "fabric.yml"):
         if not path.is_file():
             continue
-        try:
-            document = read_yaml_file(path) or {}
-        except YamlFileError as exc:
-            raise LauncherError(str(exc)) from None
+        document = read_yaml_file(path) or {}  # a YamlFileError (a UserError) names the file
         if not isinstance(document, dict):
             raise LauncherError(f"{path}: must be a mapping of Fabric settings")
         section = document.get("clipforge") or {}
@@ -240,19 +237,13 @@ def read_remote_record(host: Host, layout: NodeLayout) -> RunRecord:
     source = f"{host.label}:{layout.record}"
     if not result.ok:
         raise LauncherError(f"{source}: no run record there ({result.stderr.strip()})")
-    try:
-        return parse_record(result.stdout, source)
-    except RunRecordError as exc:
-        raise LauncherError(str(exc)) from None
+    return parse_record(result.stdout, source)  # RunRecordError (a UserError) names the fault
 
 
 def read_remote_state(host: Host, layout: NodeLayout) -> SupervisorState | None:
     """The node's supervisor state (None: none yet); a damaged one is the user's to look at."""
     raw = read_remote_json(host, layout.state)
-    try:
-        return state_from_dict(raw, f"{host.label}:{layout.state}") if raw else None
-    except StateFileError as exc:
-        raise LauncherError(str(exc)) from None
+    return state_from_dict(raw, f"{host.label}:{layout.state}") if raw else None
 
 
 def read_remote_json(host: Host, path: str) -> dict | None:
