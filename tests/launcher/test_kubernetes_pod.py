@@ -7,12 +7,10 @@ weights of the uninterrupted run (the smoke run's training, as in test_moved_run
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from clipforge.launcher.source import current_source
 from clipforge.store.remote import read_launch
 from tests.launcher.conftest import RUN_SETS
 from tests.launcher.hostprocs import processes_under
+from tests.launcher.k8spod import Pod
 from tests.launcher.test_kubernetes import IMAGE, SETTINGS, stack_outputs
 from tests.launcher.test_moved_run import _weights
 from tests.support.wait import still_running, wait_for
@@ -31,50 +30,6 @@ from tests.support.wait import still_running, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 STORED_STEP = 4  # of RUN_SETS' 8, saved every 2: in the store when the first pod dies
 WAIT_STEP = 5  # the first pod waits there (CLIPFORGE_FAULTS wait@) until the test lets it go
-
-
-class Pod:
-    """The Job's pod as a process: its container's args and env (literal values and the run's
-    Secret), its ConfigMaps written where they are mounted."""
-
-    def __init__(self, objects: list[dict], run_files: Path, workdir: Path):
-        job = objects[-1]
-        assert job["kind"] == "Job"
-        container = job["spec"]["template"]["spec"]["containers"][0]
-        self.args = container["args"]
-        secret = next(o for o in objects if o["kind"] == "Secret")
-        env = {e["name"]: e["value"] for e in container["env"]}
-        # The image's PATH (its `python`: here, the interpreter running these tests) and HOME.
-        self.env = {
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-            "HOME": str(workdir / "home"),
-            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", ""),
-            **env,
-            **secret["stringData"],
-        }
-        (workdir / "home").mkdir(parents=True)
-        run_files.mkdir(parents=True)
-        for config_map in (o for o in objects if o["kind"] == "ConfigMap"):
-            for name, text in config_map.get("data", {}).items():
-                (run_files / name).write_text(text)
-            for name, data in config_map.get("binaryData", {}).items():
-                (run_files / name).write_bytes(base64.b64decode(data))
-        self.workdir = workdir
-
-    def start(self, name: str) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115  (the process keeps it)
-        return subprocess.Popen(
-            self.args,
-            cwd=self.workdir,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def output(self, name: str) -> str:
-        return (self.workdir / f"{name}.log").read_text(errors="replace")[-4000:]
 
 
 def _stored_step(store: Path) -> str | None:
