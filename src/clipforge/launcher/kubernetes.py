@@ -192,8 +192,12 @@ def load_cluster(path: Path) -> Cluster:
 
 def stack_runs_jobs(path: Path) -> bool:
     """Whether the stack `make up` wrote `path` for runs training as Jobs (runMode jobs), so that
-    `fab train` without -H takes this path without --kubernetes; no outputs: no stack."""
-    return path.is_file() and load_cluster(path).runs_jobs
+    `fab train` without -H takes this path without --kubernetes. Only that key is read here: no
+    outputs (no stack), or outputs this path cannot use, are the SSH path's to report."""
+    try:
+        return runs_jobs(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError):
+        return False
 
 
 # -- the budget: the recovery rule in Kubernetes' terms -------------------------------------------
