@@ -592,6 +592,31 @@ def test_resume_submits_the_stored_launch_again_with_a_fresh_budget(
     assert any("training run run-0123456789ab" in line for line in said)
 
 
+def test_resume_of_several_nodes_deletes_the_failed_jobset_with_its_jobs(
+    project, cluster, tmp_path, kubectl, monkeypatch
+):
+    """Several nodes: the JobSet is looked up (JobSet installed), deleted with the Jobs it made
+    (they carry the launch's label), and a JobSet of the same launch applied."""
+    launch_id, objects = build(project, cluster, nodes=2, gpus=8)
+    store = tmp_path / "store"
+    RunStore(str(store), "run-0123456789ab").write_launch(
+        launch_id, json.loads(objects[0]["data"]["run.json"])
+    )
+    name = kube.workload_name(launch_id)
+    jobset = {**failed_job(name), "apiVersion": kube.JOBSET_API_VERSION, "kind": "JobSet"}
+    monkeypatch.setenv("STUB_KUBECTL_RESOURCES", kube.JOBSET_RESOURCE)
+    monkeypatch.setenv("STUB_KUBECTL_GET", json.dumps(jobset))
+    monkeypatch.chdir(project)
+    kube.resubmit(cluster, launch_id, str(store), SETTINGS, 1, print, {})
+    calls = [call["argv"][4:] for call in kubectl()]
+    assert [c[0] for c in calls] == ["api-resources", "get", "delete", "apply"]
+    assert calls[1][1:3] == [kube.JOBSET_RESOURCE, name]
+    assert calls[2][1] == f"{kube.JOBSET_RESOURCE},jobs.batch,configmaps,secrets"
+    applied = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))[-1]
+    assert applied["kind"] == "JobSet" and applied["metadata"]["name"] == name
+    assert applied["spec"]["failurePolicy"]["maxRestarts"] == 1
+
+
 @pytest.mark.parametrize(
     ("condition", "message"),
     [(None, "is still active"), ("Complete", "has completed")],

@@ -10,7 +10,10 @@ JobSet restarts all its nodes together, up to `failurePolicy.maxRestarts` (`--ma
 DeepSpeed world cannot go on with one node missing. That is what Kubeflow's Trainer v2 builds on,
 and nothing of ours has to run beside the run. A replacement pod finds the run's directory on the
 retained checkpoints volume (ReadWriteMany) and the supervisor's state there; the train stage
-resumes from the newest checkpoint, local or the run store's.
+resumes from the newest checkpoint, local or the run store's. Once the budget is spent, `fab
+train --kubernetes --resume RUN` (`resubmit`) submits the launch the run store keeps again, under
+the same id, with a fresh budget. On a stack of `runMode: jobs` (no SSH workers), `fab train`
+without -H comes here without the flag.
 
 `podReplacementPolicy: TerminatingOrFailed`, not `Failed`: a pod on a lost node never reaches
 phase Failed (the kubelet that would say so is gone, and the pod garbage collector only forces
