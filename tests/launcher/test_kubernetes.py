@@ -592,6 +592,24 @@ def test_resume_submits_the_stored_launch_again_with_a_fresh_budget(
     assert any("training run run-0123456789ab" in line for line in said)
 
 
+def test_resume_of_a_run_launched_in_docker_over_ssh_runs_it_on_the_image_s_python(
+    project, cluster, tmp_path, kubectl, monkeypatch
+):
+    """A run once launched with --runtime docker on SSH hosts (gone now, its Job never made):
+    submitted as a Job whose plan runs the stage on the image's Python, no docker inside."""
+    launch_id, objects = build(project, cluster, gpus=8)
+    record = {**json.loads(objects[0]["data"]["run.json"]), "runtime": "docker"}
+    RunStore(str(tmp_path / "store"), "run-0123456789ab").write_launch(launch_id, record)
+    monkeypatch.chdir(project)
+    said: list[str] = []
+    kube.resubmit(cluster, launch_id, str(tmp_path / "store"), SETTINGS, 2, said.append, {})
+    files = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))[0]["data"]
+    assert json.loads(files["run.json"])["runtime"] == "host"
+    phases = Plan.from_json(files["plan-0.json"]).phases
+    assert phases and not any("docker" in phase.argv[0] for phase in phases)
+    assert any("ran with --runtime docker" in line for line in said)
+
+
 def test_resume_of_several_nodes_deletes_the_failed_jobset_with_its_jobs(
     project, cluster, tmp_path, kubectl, monkeypatch
 ):

@@ -41,7 +41,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -822,6 +822,10 @@ def resubmit(
     stored = StoredRun.open(remote, launch_id)
     record = stored.record()
     options = launch_mod.stored_options(record)
+    if options.runtime != "host":
+        # A run launched over SSH in the image: the pod is that image, the stage its Python.
+        say(f"run {launch_id} ran with --runtime {options.runtime}; in a pod it is the image's")
+        options = replace(options, runtime="host")
     _require_kubectl(cluster, options.nodes)
     resource, name = workload_resource(options.nodes), workload_name(launch_id)
     found = _kubectl(cluster, "get", resource, name, "--ignore-not-found", "-o", "json")
