@@ -4,6 +4,7 @@
   fab train  --gpus N [--nodes N] [--set k=v ...] [--smoke] [--runtime host|docker] [--data ...]
              [--spare HOST[,HOST] [--controller HOST]]   a controller moves the run if a host dies
              [--kubernetes]   on the stack's cluster as a Job/JobSet, which Kubernetes replaces
+                              (the default without -H when the stack's runMode is jobs)
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
   fab status|fetch|tensorboard --run RUN --from-store (or --run RUN and no -H)   (the run store)
 
@@ -33,6 +34,7 @@ from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
 from clipforge.launcher import kubernetes as kubernetes_mod
 from clipforge.launcher import launch as launch_mod
+from clipforge.launcher import stack as stack_mod
 from clipforge.launcher.connection import HostSpec, spec_of
 from clipforge.launcher.options import TrainOptions, make_options, parse_count
 from clipforge.launcher.recovery import RecoveryRule
@@ -98,7 +100,8 @@ def _say(text: str) -> None:
 STORE_HELP = "the run store (default: storage.remote of params.yaml)"
 # The rule of _run_source, in the help of each task that reads a run where it lives.
 FROM_STORE_DEFAULT = (
-    " (the default with --run and no -H, when there is no stack or --store is given)"
+    " (the default with --run and no -H, when there is no stack, its runs are Jobs or --store "
+    "is given)"
 )
 
 
@@ -111,10 +114,20 @@ def _nodes(c: Invocation, run: str | None):
     return [(h, session.node_layout(h, i, run)) for i, h in enumerate(hosts)], stack
 
 
+def _jobs_stack(c: Invocation) -> bool:
+    """No -H, and the stack runs each run as a Kubernetes Job (runMode jobs): no SSH workers."""
+    return not c.hosts and kubernetes_mod.stack_runs_jobs(c.settings.stack_outputs)
+
+
 def _run_source(c: Invocation, run: str | None, from_store: bool, store: str | None) -> RunSource:
     """Where the run lives: its run store with --from-store, or with --run when there is no host
-    to ask (no -H and no stack) or a store is named (--store); else its hosts."""
-    no_host = not c.hosts and run and (store or not c.settings.stack_outputs.exists())
+    to ask (no -H, and no stack or one whose runs are Jobs) or a store is named (--store); else
+    its hosts."""
+    jobs = _jobs_stack(c)
+    if jobs and not (run and _store(store)):  # a Job's pod is no host to ask
+        namespace = kubernetes_mod.load_cluster(c.settings.stack_outputs).namespace
+        raise LauncherError(stack_mod.jobs_stack_hint(namespace, run))
+    no_host = not c.hosts and run and (store or jobs or not c.settings.stack_outputs.exists())
     if from_store or no_host:
         return StoredRun.open(_store(store), run)
     hosts, stack = session.open_hosts(c.hosts, c.config, c.settings)
@@ -173,7 +186,8 @@ def check(
         "min_gpus": "after losing GPUs, go on with at least this many per node (default: half)",
         "master_port": "node 0's rendezvous port (multi-node)",
         "resume": "start the supervisors of an existing run again (after fab stop); on hosts "
-        "that never saw it, move it there from the run store",
+        "that never saw it, move it there from the run store; with --kubernetes, submit it "
+        "again as a new Job (JobSet) from the run store, with a fresh --max-moves",
         "store": "with --resume: " + STORE_HELP,
         "accept_new_host_key": "record the key of a host never seen before (fresh hosts)",
         "spare": "host(s) to move the run to when a training host is gone (user@host[:port],...); "
@@ -185,7 +199,8 @@ def check(
         "max_moves": "with --spare: moves before the controller gives up (run_failed); with "
         "--kubernetes: pod replacements (Job backoffLimit, JobSet maxRestarts)",
         "kubernetes": "run as a Kubernetes Job (one node) or JobSet (several) on the stack's "
-        "cluster, replaced by Kubernetes when a node is lost (kubectl from PATH)",
+        "cluster, replaced by Kubernetes when a node is lost (kubectl from PATH); the default "
+        "without -H on a stack of runMode jobs",
     },
 )
 def train(
@@ -211,9 +226,17 @@ def train(
     kubernetes=False,
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
+    # A stack of runMode jobs has no SSH workers: without -H, a run is a Job there.
+    kubernetes = kubernetes or _jobs_stack(c)
     if kubernetes:
-        kubernetes_mod.check_options(hosts=c.hosts, spare=spare, resume=resume, runtime=runtime)
+        kubernetes_mod.check_options(hosts=c.hosts, spare=spare, runtime=runtime)
         cluster = kubernetes_mod.load_cluster(c.settings.stack_outputs)
+        if resume:
+            moves = parse_count(max_moves, "--max-moves")
+            kubernetes_mod.resubmit(
+                cluster, resume, _store(store), c.settings, moves, _say, os.environ
+            )
+            return
     if resume:
         hosts, stack = session.open_hosts(c.hosts, c.config, c.settings, accept_new_host_key)
         if launch_mod.has_run(hosts[0], resume):

@@ -44,7 +44,8 @@ secrets = StackSecrets(
     on_cluster,
 )
 # `make down` sets released=true: the GPU workers and TensorBoard go, storage and secrets stay.
-if not settings.released:
+# runMode jobs: no workers at all; each `fab train` is a Job of its own (docs/launcher.md).
+if settings.has_workers:
     GpuWorkers(
         "workers",
         WorkersArgs(
@@ -59,6 +60,7 @@ if not settings.released:
             on_cluster, pulumi.ResourceOptions(depends_on=list(storage.claims.values()))
         ),
     )
+if not settings.released:
     TensorBoard(
         "tensorboard",
         TensorBoardArgs(

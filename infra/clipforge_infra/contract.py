@@ -32,6 +32,12 @@ ALERT_WEBHOOKS_ENV = "CLIPFORGE_ALERT_WEBHOOKS"
 
 TENSORBOARD_PORT = 6006
 
+# How runs reach the GPUs (the stack's `runMode`): over SSH on the stack's idle workers, or each
+# as a Kubernetes Job/JobSet of its own (`fab train` reads it from the outputs' `run_mode`).
+RUN_MODE_WORKERS = "workers"
+RUN_MODE_JOBS = "jobs"
+RUN_MODES = (RUN_MODE_WORKERS, RUN_MODE_JOBS)
+
 # Kubernetes object names inside the stack's namespace. Fixed (no Pulumi auto-naming) so that worker
 # host names are known before the stack exists: <WORKER_STATEFULSET>-<i>.<WORKER_SERVICE>.<ns>.
 WORKER_STATEFULSET = "clipforge-worker"

@@ -27,14 +27,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from clipforge.alerts.targets import WebhookError, parse_targets
 from clipforge.fields import REQUIRED, ConfigError, Section, knob
 
-from .contract import PROJECT, VOLUMES
+from .contract import PROJECT, RUN_MODE_WORKERS, VOLUMES
 from .quantities import QuantityError, parse_bytes, parse_cpu_millicores
 
 # The training image is built on CUDA, so only NVIDIA device-plugin resources can run it. Other
@@ -299,6 +299,12 @@ class StackConfig(Section):
         "set by `make down` (true) and `make up` (false); true deletes the GPU workers and "
         "TensorBoard and keeps storage",
     )
+    run_mode: Literal["workers", "jobs"] = knob(
+        REQUIRED,
+        "workers: idle SSH workers (a StatefulSet) that `fab train` starts runs on; jobs: no "
+        "workers, each `fab train` is a Kubernetes Job (JobSet for several nodes) that "
+        "Kubernetes moves off a lost node (docs/launcher.md, On the Kubernetes stack)",
+    )
     image: str = knob(
         REQUIRED,
         "training image REPOSITORY:TAG; `make up` passes [$REGISTRY/]IMAGE_REPOSITORY:IMAGE_TAG "
@@ -419,13 +425,22 @@ class Declaration:
 _PULUMI_TYPES = {str: "string", int: "integer", bool: "boolean", list: "array"}
 
 
+def _pulumi_type(hint: Any) -> str:
+    """Pulumi.yaml's type of a field's type hint; a Literal of strings (a choice) is a string,
+    Pulumi.yaml having no enums."""
+    if typing.get_origin(hint) is Literal:
+        assert all(isinstance(choice, str) for choice in typing.get_args(hint)), hint
+        return "string"
+    return _PULUMI_TYPES[typing.get_origin(hint) or hint]
+
+
 def declarations() -> tuple[Declaration, ...]:
     """Every key as StackConfig declares it, in its (and Pulumi.yaml's) order."""
     hints = typing.get_type_hints(StackConfig)
     return tuple(
         Declaration(
             key=pulumi_key(f.name),
-            type=_PULUMI_TYPES[typing.get_origin(hints[f.name]) or hints[f.name]],
+            type=_pulumi_type(hints[f.name]),
             doc=f.metadata["doc"],
             secret=bool(f.metadata.get("secret")),
         )
@@ -536,6 +551,7 @@ class StackSettings:
     kube_context: str  # "" = the kubeconfig's current-context
     namespace: str
     released: bool
+    run_mode: str  # contract.RUN_MODES: "workers" (SSH workers) or "jobs" (a run is a Job)
     image: str
     workers: WorkerSettings
     storage: StorageSettings
@@ -547,6 +563,11 @@ class StackSettings:
     @property
     def total_gpus(self) -> int:
         return self.workers.num_workers * self.workers.gpus_per_worker
+
+    @property
+    def has_workers(self) -> bool:
+        """Whether the stack runs its SSH workers now: up, and in `workers` mode."""
+        return not self.released and self.run_mode == RUN_MODE_WORKERS
 
 
 def read_config(config: Any) -> dict[str, Any]:
@@ -614,6 +635,7 @@ def _settings(config: StackConfig) -> StackSettings:
         kube_context=config.kube_context,
         namespace=config.namespace,
         released=config.released,
+        run_mode=config.run_mode,
         image=config.image,
         workers=WorkerSettings(
             num_workers=config.num_workers,

@@ -23,6 +23,7 @@ OUTPUT_KEYS = (
     "namespace",
     "kube_context",
     "released",
+    "run_mode",
     "image",
     "num_workers",
     "gpus_per_worker",
@@ -51,16 +52,20 @@ def describe_stack(
             {"pod": worker_pod_name(index), "host": worker_host(index, settings.namespace)}
             for index in range(workers.num_workers)
         ]
-        if running
+        if settings.has_workers
         else []
     )
-    gpus_running = settings.total_gpus if running else 0
+    # What the stack holds while no run goes: in jobs mode a run's Job holds its GPUs, the stack
+    # none (its cost is the run's, shown by `fab status`).
+    gpus_held = settings.total_gpus if settings.has_workers else 0
     return {
         "namespace": namespace,
         "kube_context": settings.kube_context,
         "released": settings.released,
+        # jobs: no SSH workers; `fab train` without -H makes each run a Job (JobSet) of its own.
+        "run_mode": settings.run_mode,
         "image": settings.image,
-        "num_workers": workers.num_workers if running else 0,
+        "num_workers": workers.num_workers if settings.has_workers else 0,
         "gpus_per_worker": workers.gpus_per_worker,
         "gpu_resource_name": workers.gpu_resource_name,
         # How a worker is scheduled: `fab train --kubernetes` gives its pods the same.
@@ -74,7 +79,7 @@ def describe_stack(
             "user": SSH_USER,
             "port": SSH_PORT,
             # Outside the cluster the launcher port-forwards to this pod; inside, it uses the hosts.
-            "entry_pod": worker_pod_name(0) if running else None,
+            "entry_pod": worker_pod_name(0) if settings.has_workers else None,
             "host_public_key": ssh_host_public_key,
         },
         "volumes": {
@@ -89,7 +94,7 @@ def describe_stack(
         "cost": {
             "currency": settings.price_currency,
             "price_per_gpu_hour": str(settings.price_per_gpu_hour),
-            "gpus": gpus_running,
-            "per_hour": str(settings.price_per_gpu_hour * gpus_running),
+            "gpus": gpus_held,
+            "per_hour": str(settings.price_per_gpu_hour * gpus_held),
         },
     }

@@ -30,6 +30,7 @@ from clipforge.fsutil import atomic_write_text
 from clipforge.image_env import read_image_env
 
 from . import teardown_guard
+from .contract import RUN_MODE_JOBS
 from .kubeconfig import resolve_context
 from .settings import SECRET_KEYS
 from .stack_files import (
@@ -170,14 +171,20 @@ def cost_line(outputs: Mapping) -> str:
 
 
 def access_lines(outputs: Mapping) -> list[str]:
-    """How to reach the workers and TensorBoard from this machine."""
-    if outputs.get("released") or not outputs.get("workers"):
+    """How to reach the workers and TensorBoard from this machine (a jobs stack: TensorBoard
+    only, its runs being Jobs that `fab train` makes)."""
+    jobs = outputs.get("run_mode") == RUN_MODE_JOBS
+    if outputs.get("released") or not (outputs.get("workers") or jobs):
         return []
     where = f"kubectl --context {outputs['kube_context']} -n {outputs['namespace']}"
-    lines = [
-        f"ssh: {where} port-forward pod/{outputs['ssh']['entry_pod']} {outputs['ssh']['port']}:"
-        f"{outputs['ssh']['port']}, then ssh -p {outputs['ssh']['port']} {outputs['ssh']['user']}@127.0.0.1"
-    ]
+    lines = []
+    if outputs.get("workers"):
+        lines.append(
+            f"ssh: {where} port-forward pod/{outputs['ssh']['entry_pod']} {outputs['ssh']['port']}:"
+            f"{outputs['ssh']['port']}, then ssh -p {outputs['ssh']['port']} {outputs['ssh']['user']}@127.0.0.1"
+        )
+    else:
+        lines.append("runs: no SSH workers (runMode jobs); `fab train` makes each run a Job")
     if outputs.get("tensorboard"):
         port = outputs["tensorboard"]["port"]
         lines.append(

@@ -12,6 +12,11 @@ DVC remote (DVC 3 stores content by MD5 at ``<remote>/files/md5/<2 hex>/<30 hex>
 dvc.lock entry is needed; the default remote is asked of DVC itself, so a remote set in the global
 or system config counts as DVC would count it). Checkpoints on this machine (a demo's
 checkpoints/) are not on the stack, and not the guard's business.
+
+A stack of runMode jobs has no workers to ask: each run's pods keep its run root on the
+checkpoints volume (clipforge.launcher.kubernetes, `Cluster.run_root`), so `jobs_stack_verdicts`
+holds every run safe exactly when the outputs say that volume is retained; `make down` deletes
+no run's Job, so a running one goes on (and keeps its GPUs).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from clipforge.launcher import LauncherError
 from clipforge.launcher.connection import connect, join, label, q, run, targets
 from clipforge.launcher.host import stored_checkpoints
 from clipforge.launcher.host.run_dirs import DEFAULT_ROOT
-from clipforge.launcher.stack import parse_stack_outputs
+from clipforge.launcher.stack import LAUNCH_LABEL, parse_stack_outputs, runs_jobs
 from clipforge.store.remote import missing_from_store
 
 EXIT_REFUSED = 3
@@ -188,6 +193,25 @@ def stored_on_stack(outputs: dict) -> list[StoredCheckpoint]:
     return list(found.values())
 
 
+def jobs_stack_verdicts(outputs: dict) -> list[Verdict]:
+    """The verdict on a jobs stack's runs: safe when their checkpoints volume is retained."""
+    volumes = outputs.get("volumes") if isinstance(outputs.get("volumes"), dict) else {}
+    volume = volumes.get("checkpoints")
+    if not isinstance(volume, dict) or not isinstance(volume.get("mount_path"), str):
+        return [Verdict(False, "the stack's outputs name no checkpoints volume; rerun `make up`")]
+    where = f"the checkpoints volume ({volume.get('claim')}, {volume['mount_path']})"
+    if volume.get("retained") is not True:
+        return [Verdict(False, f"runs as Jobs keep their checkpoints on {where}, not retained")]
+    return [
+        Verdict(
+            True,
+            f"runs as Jobs keep their checkpoints on {where}, retained; `make down` stops no "
+            f"run's Job: `kubectl -n {outputs.get('namespace')} get jobs -l {LAUNCH_LABEL}` "
+            "lists them",
+        )
+    ]
+
+
 class UnknownRemote:
     """Stands for a remote that could not be looked up; consulted (the checkpoint is not on retained
     storage), it makes the guard refuse with the reason."""
@@ -245,9 +269,12 @@ def guard(outputs: dict, remote_repo: Path, force: bool, command: str) -> bool:
     """Print the verdict on every checkpoint of the stack; True when the release may go ahead.
     `command`: what the user ran (`make down STACK=...`), for the messages."""
     try:
-        checkpoints = stored_on_stack(outputs)
-        remote = find_remote(remote_repo) if any(not c.retained for c in checkpoints) else None
-        verdicts = [checkpoint_safety(c, remote) for c in checkpoints]
+        if runs_jobs(outputs):
+            verdicts = jobs_stack_verdicts(outputs)
+        else:
+            checkpoints = stored_on_stack(outputs)
+            remote = find_remote(remote_repo) if any(not c.retained for c in checkpoints) else None
+            verdicts = [checkpoint_safety(c, remote) for c in checkpoints]
     except UserError as error:  # GuardError, damaged stack outputs...: no decision, a refusal
         verdicts = [Verdict(False, str(error))]
     unsafe = [v.reason for v in verdicts if not v.safe]

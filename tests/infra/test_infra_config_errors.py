@@ -42,6 +42,7 @@ BAD_CONFIG = {
         "LABEL=VALUE",
     ),
     "negative price": ({"pricePerGpuHour": "-1"}, "pricePerGpuHour", ">= 0"),
+    "unknown run mode": ({"runMode": "pods"}, "runMode", "allowed: workers, jobs"),
     "bad namespace": ({"namespace": "Clip_Forge"}, "namespace", "not a Kubernetes name"),
     "SSH key in plain text": (
         {"sshAuthorizedKeys": "ssh-ed25519 AAAA x"},

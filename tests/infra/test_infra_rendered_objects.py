@@ -19,6 +19,7 @@ SCENARIOS = {
         {"gpuResourceName": "nvidia.com/mig-3g.40gb", "storageClass": ""},
     ),
     "private-registry": ("example-2x8", {}),
+    "jobs-mode": ("example-2x8", {"runMode": "jobs"}),
 }
 SECRETS = {"private-registry": {"registryAuth": REGISTRY_AUTH}}
 
@@ -37,17 +38,20 @@ def validate(obj: dict) -> None:
 
 def test_every_object_validates_against_the_kubernetes_schema(objects):
     """kubernetes-validate (strict) accepts every object the stack would send to the API server."""
-    assert len(objects) >= 10
+    # namespace, 3 claims, 2 Secrets, TensorBoard's Deployment and Service; the workers' 3
+    assert len(objects) >= 8
     for obj in objects:
         validate(obj)
 
 
 def test_schema_validation_rejects_a_misspelt_field(objects):
-    """The strict validation is live: a misspelt field in the StatefulSet is reported."""
-    statefulset = copy.deepcopy(next(obj for obj in objects if obj["kind"] == "StatefulSet"))
-    statefulset["spec"]["template"]["spec"]["containers"][0]["resource"] = {}
+    """The strict validation is live: a misspelt field in a pod template is reported."""
+    workload = copy.deepcopy(
+        next(obj for obj in objects if obj["kind"] in ("StatefulSet", "Deployment"))
+    )
+    workload["spec"]["template"]["spec"]["containers"][0]["resource"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
-        validate(statefulset)
+        validate(workload)
 
 
 def pod_specs(objects):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from decimal import Decimal
 
 import pytest
@@ -13,9 +14,11 @@ from clipforge_infra.contract import (
     CHECKPOINTS_MOUNT_PATH,
     DATASETS_MOUNT_PATH,
     LOGS_MOUNT_PATH,
+    RUN_MODES,
     SSH_KEYS_MOUNT_PATH,
     SSH_PORT,
 )
+from clipforge_infra.settings import StackConfig
 from clipforge_infra.stack_outputs import OUTPUT_KEYS
 
 EXAMPLE_STACKS = ("example-1x4", "example-2x8")
@@ -203,6 +206,42 @@ def test_released_stack_keeps_storage_and_drops_compute():
     retained = run.of_type(NAMESPACE) + run.of_type(PVC)
     assert len(retained) == 4 and all(resource.protect for resource in retained)
     assert run.outputs["workers"] == [] and run.outputs["cost"]["gpus"] == 0
+
+
+@pytest.mark.parametrize("stack", EXAMPLE_STACKS)
+def test_a_jobs_stack_has_no_workers_and_its_outputs_say_so(stack):
+    """runMode jobs: no StatefulSet, headless Service or PodDisruptionBudget of workers (a run is
+    a Job of its own); the volumes, Secrets and TensorBoard stay; the outputs say `jobs`, list no
+    worker and no SSH entry pod, and the stack holds no GPU while no run goes."""
+    config, secret_keys = stack_config(stack, {"runMode": "jobs"})
+    run = run_program(config, secret_keys)
+    assert run.of_type(STATEFULSET) == []
+    assert run.of_type("kubernetes:policy/v1:PodDisruptionBudget") == []
+    services = [s.inputs["metadata"]["name"] for s in run.of_type("kubernetes:core/v1:Service")]
+    assert services == [run.outputs["tensorboard"]["service"]]
+    assert run.one(DEPLOYMENT)
+    assert len(run.of_type(PVC)) == 3 and run.of_type(SECRET)
+    outputs = run.outputs
+    assert set(OUTPUT_KEYS) <= set(outputs)
+    assert outputs["run_mode"] == "jobs" and outputs["workers"] == []
+    assert outputs["num_workers"] == 0 and outputs["ssh"]["entry_pod"] is None
+    assert outputs["cost"]["gpus"] == 0
+    # what a Job's pods are given, as for the workers
+    assert outputs["gpus_per_worker"] == int(config["gpusPerWorker"])
+
+
+def test_the_workers_mode_is_the_default_and_keeps_the_workers():
+    """Pulumi.yaml's default runMode is workers: the StatefulSet and the outputs as before."""
+    config, secret_keys = stack_config("example-2x8")
+    assert config["runMode"] == "workers"
+    run = run_program(config, secret_keys)
+    assert run.one(STATEFULSET) and run.outputs["run_mode"] == "workers"
+    assert len(run.outputs["workers"]) == int(config["numWorkers"])
+
+
+def test_the_run_modes_are_the_contract_s():
+    """StackConfig's choice of runMode is contract.RUN_MODES, which the outputs carry."""
+    assert typing.get_args(typing.get_type_hints(StackConfig)["run_mode"]) == RUN_MODES
 
 
 def test_default_config_gives_one_worker_with_one_gpu():

@@ -10,7 +10,7 @@ import yaml
 from infra_harness import REPO  # noqa: F401  (puts infra/ on sys.path)
 
 from clipforge_infra.kubeconfig import KubeconfigError, resolve_context
-from clipforge_infra.stackctl import write_outputs
+from clipforge_infra.stackctl import access_lines, write_outputs
 
 
 def write_kubeconfig(path, contexts, current=""):
@@ -71,3 +71,18 @@ def test_outputs_file_is_replaced_whole_or_not_at_all(tmp_path):
         write_outputs('{"namespace": ', path, "gpu")
     assert yaml.safe_load(path.read_text()) == {"namespace": "clipforge", "kube_context": "gpu"}
     assert [p.name for p in tmp_path.iterdir()] == ["stack-outputs.json"]
+
+
+def test_make_up_on_a_jobs_stack_prints_tensorboard_and_no_ssh_line():
+    """runMode jobs: no worker to port-forward to; TensorBoard as on any stack."""
+    outputs = {
+        "kube_context": "gpu-cluster",
+        "namespace": "clipforge",
+        "run_mode": "jobs",
+        "workers": [],
+        "tensorboard": {"service": "clipforge-tensorboard", "port": 6006},
+    }
+    lines = access_lines(outputs)
+    assert lines[0].startswith("runs: no SSH workers (runMode jobs)")
+    assert "port-forward svc/clipforge-tensorboard 6006:6006" in lines[1]
+    assert not any(line.startswith("ssh:") for line in lines)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from infra_harness import INFRA_DIR  # noqa: F401  (puts infra/ on sys.path)
+from infra_harness import run_program, stack_config
 from stack_worker import forget_roots, record_root, stack_outputs, write_run
 
 from clipforge.checkpoints.manifest import write_manifest
@@ -194,3 +194,32 @@ def test_a_run_whose_store_lacks_its_newest_checkpoint_stops_make_down_until_it_
     store.publish(checkpoint_dir.name)
     assert guard(outputs, tmp_path / "laptop-repo", force=False, command="make down STACK=mine")
     assert f"is in the run store {remote}" in capsys.readouterr().out
+
+
+# -- a stack of runMode jobs ---------------------------------------------------------------------
+def jobs_stack_outputs() -> dict:
+    """The outputs `make up` writes for an example stack with runMode jobs (no workers)."""
+    config, secret_keys = stack_config("example-1x4", {"runMode": "jobs"})
+    return json.loads(json.dumps(run_program(config, secret_keys).outputs))
+
+
+def test_a_jobs_stack_lets_make_down_go_ahead_its_runs_being_on_the_retained_volume(
+    tmp_path, capsys
+):
+    """No worker to ask: a run's pods keep its run root on the checkpoints volume, which the
+    outputs say is retained, so `make down` goes ahead, saying so and how to list the runs'
+    Jobs it leaves running."""
+    outputs = jobs_stack_outputs()
+    assert guard(outputs, tmp_path, force=False, command="make down STACK=mine")
+    out = capsys.readouterr().out
+    assert "clipforge-checkpoints, /workspace/checkpoints), retained" in out
+    assert "kubectl -n clipforge get jobs -l clipforge/launch-id" in out
+
+
+def test_a_jobs_stack_whose_checkpoints_volume_is_not_retained_stops_make_down(tmp_path, capsys):
+    outputs = jobs_stack_outputs()
+    outputs["volumes"]["checkpoints"]["retained"] = False
+    assert not guard(outputs, tmp_path, force=False, command="make down STACK=mine")
+    err = capsys.readouterr().err
+    assert "refusing to release the GPUs: runs as Jobs keep their checkpoints" in err
+    assert "make down STACK=mine FORCE=1" in err

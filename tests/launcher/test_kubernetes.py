@@ -28,6 +28,7 @@ from clipforge.launcher.launch import prepare
 from clipforge.launcher.options import make_options
 from clipforge.launcher.session import Settings
 from clipforge.launcher.source import current_source
+from clipforge.store.remote import RunStore
 from tests.conftest import REPO
 from tests.launcher.conftest import make_fab
 
@@ -366,13 +367,17 @@ if "api-resources" in sys.argv:
     print(os.environ.get("STUB_KUBECTL_RESOURCES", ""))
 elif "apply" in sys.argv:
     print("job.batch/clipforge-x serverside-applied")
+elif "get" in sys.argv:
+    print(os.environ.get("STUB_KUBECTL_GET", ""))
+elif "delete" in sys.argv:
+    print("job.batch/clipforge-x deleted")
 """
 
 
 @pytest.fixture
 def kubectl(tmp_path, monkeypatch):
     """A `kubectl` on PATH that records each call (argv, stdin) and answers discovery with
-    $STUB_KUBECTL_RESOURCES."""
+    $STUB_KUBECTL_RESOURCES, `get` with $STUB_KUBECTL_GET."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stub = bin_dir / "kubectl"
@@ -458,7 +463,6 @@ def test_fab_train_kubernetes_applies_a_job_from_the_stack_outputs(project, tmp_
     [
         (("--spare", "user@c"), "no --spare: Kubernetes replaces a lost node itself"),
         (("--runtime", "docker"), "the pod runs the image already"),
-        (("--resume", "20990101-000000-deadbeef"), "no --resume"),
         (("-H", "user@host"), "not on -H hosts"),
     ],
 )
@@ -470,3 +474,196 @@ def test_fab_train_kubernetes_refuses_what_does_not_apply_in_one_line(
     result = fab("train", "--kubernetes", "--gpus", "0", *args, hosts=hosts)
     assert result.returncode != 0
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+# -- a stack of runMode jobs: `fab train` without -H is a Job ----------------------------------
+def jobs_stack(tmp_path: Path, project: Path):
+    """`fab` in the project, with the outputs `make up` writes for a stack of runMode jobs."""
+    outputs = tmp_path / "stack-outputs.json"
+    outputs.write_text(json.dumps(stack_outputs("example-1x4", runMode="jobs")))
+    fab = make_fab(project, tmp_path / "home", tmp_path / "remote")
+    fab.env.update(
+        FABRIC_CLIPFORGE_STACK_OUTPUTS=str(outputs),
+        PATH=os.environ["PATH"],
+        STUB_KUBECTL_LOG=os.environ.get("STUB_KUBECTL_LOG", ""),
+    )
+    return fab
+
+
+def test_fab_train_on_a_jobs_stack_applies_a_job_without_the_flag(project, tmp_path, kubectl):
+    """`fab train --gpus 0` with no -H and no --kubernetes, on a stack whose runMode is jobs:
+    the run is a Job on the stack's cluster (the stack has no SSH worker to start it on)."""
+    fab = jobs_stack(tmp_path, project)
+    result = fab("train", "--gpus", "0", "--data", "build", "--image", IMAGE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))[-1]
+    assert job["kind"] == "Job" and job["metadata"]["namespace"] == "clipforge"
+    assert f"started run {job['metadata']['labels'][kube.LAUNCH_LABEL]} on the cluster" in (
+        result.stdout
+    )
+
+
+@pytest.mark.parametrize("task", [("logs",), ("stop",), ("status",), ("check",)])
+def test_the_ssh_tasks_on_a_jobs_stack_say_in_one_line_what_to_use(project, tmp_path, task):
+    """No SSH worker to ask: each says to read the run from the store (--run) or with
+    `kubectl logs -l clipforge/launch-id=...`, without a traceback."""
+    result = jobs_stack(tmp_path, project)(*task)
+    assert result.returncode != 0
+    assert "runMode: jobs" in result.stderr and "Traceback" not in result.stderr
+    assert f"logs -l {kube.LAUNCH_LABEL}=RUN" in result.stderr
+
+
+def test_fab_status_of_a_run_on_a_jobs_stack_reads_the_run_store(project, tmp_path):
+    """`fab status --run RUN --store DIR` without -H on a jobs stack: the run store answers
+    (here: it has no such run, and says so by its name)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    result = jobs_stack(tmp_path, project)(
+        "status", "--run", "20990101-000000-deadbeef", "--store", str(store)
+    )
+    assert result.returncode != 0
+    assert f"the run store {store} has no run 20990101-000000-deadbeef" in result.stderr
+
+
+# -- `--resume`: the run submitted again once its budget is spent --------------------------------
+def failed_job(name: str, condition: str = "Failed") -> dict:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "status": {"conditions": [{"type": condition, "status": "True"}], "failed": 3},
+    }
+
+
+@pytest.mark.parametrize(
+    ("conditions", "phase"),
+    [
+        ([], kube.WorkloadPhase.ACTIVE),
+        ([{"type": "Suspended", "status": "False"}], kube.WorkloadPhase.ACTIVE),
+        ([{"type": "FailureTarget", "status": "True"}], kube.WorkloadPhase.FAILED),
+        ([{"type": "Failed", "status": "True"}], kube.WorkloadPhase.FAILED),
+        ([{"type": "Failed", "status": "False"}], kube.WorkloadPhase.ACTIVE),
+        ([{"type": "Complete", "status": "True"}], kube.WorkloadPhase.COMPLETE),
+        ([{"type": "Completed", "status": "True"}], kube.WorkloadPhase.COMPLETE),  # a JobSet
+    ],
+)
+def test_a_workload_s_phase_is_read_from_its_conditions(conditions, phase):
+    """FailureTarget counts as failed: a Job whose pod is stuck on a lost node may never get
+    past it to Failed."""
+    assert kube.workload_phase({"status": {"conditions": conditions}}) is phase
+
+
+@pytest.fixture
+def stored_launch(project, cluster, tmp_path):
+    """A launch of the project on the cluster, as the train stage recorded it in a run store on
+    this machine (launches/RUN.json: its run.json and its training run's id)."""
+    launch_id, objects = build(project, cluster, gpus=8)
+    record = json.loads(objects[0]["data"]["run.json"])
+    store = tmp_path / "store"
+    RunStore(str(store), "run-0123456789ab").write_launch(launch_id, record)
+    return launch_id, str(store)
+
+
+def test_resume_submits_the_stored_launch_again_with_a_fresh_budget(
+    project, cluster, stored_launch, kubectl, monkeypatch
+):
+    """Its Job failed (the budget spent): the failed Job and its files are deleted, and a new
+    Job of the same launch id is applied, with the stored launch's options, its run.json naming
+    the same launch, and --max-moves as its backoffLimit."""
+    launch_id, store = stored_launch
+    name = kube.workload_name(launch_id)
+    monkeypatch.setenv("STUB_KUBECTL_GET", json.dumps(failed_job(name)))
+    monkeypatch.chdir(project)
+    said: list[str] = []
+    kube.resubmit(cluster, launch_id, store, SETTINGS, 4, said.append, {})
+    calls = [call["argv"][4:] for call in kubectl()]
+    assert calls[0] == ["get", "jobs.batch", name, "--ignore-not-found", "-o", "json"]
+    assert calls[1] == [
+        "delete", "jobs.batch,configmaps,secrets", "-l", f"{kube.LAUNCH_LABEL}={launch_id}",
+        "--wait=true",
+    ]  # fmt: skip
+    assert calls[2][0] == "apply"
+    applied = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))
+    job = applied[-1]
+    assert job["metadata"]["name"] == name and job["spec"]["backoffLimit"] == 4
+    record = json.loads(applied[0]["data"]["run.json"])
+    assert record["launch_id"] == launch_id and record["gpus_per_node"] == 8
+    assert record["commit"] == current_source(project).commit
+    assert any("training run run-0123456789ab" in line for line in said)
+
+
+def test_resume_of_a_run_launched_in_docker_over_ssh_runs_it_on_the_image_s_python(
+    project, cluster, tmp_path, kubectl, monkeypatch
+):
+    """A run once launched with --runtime docker on SSH hosts (gone now, its Job never made):
+    submitted as a Job whose plan runs the stage on the image's Python, no docker inside."""
+    launch_id, objects = build(project, cluster, gpus=8)
+    record = {**json.loads(objects[0]["data"]["run.json"]), "runtime": "docker"}
+    RunStore(str(tmp_path / "store"), "run-0123456789ab").write_launch(launch_id, record)
+    monkeypatch.chdir(project)
+    said: list[str] = []
+    kube.resubmit(cluster, launch_id, str(tmp_path / "store"), SETTINGS, 2, said.append, {})
+    files = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))[0]["data"]
+    assert json.loads(files["run.json"])["runtime"] == "host"
+    phases = Plan.from_json(files["plan-0.json"]).phases
+    assert phases and not any("docker" in phase.argv[0] for phase in phases)
+    assert any("ran with --runtime docker" in line for line in said)
+
+
+def test_resume_of_several_nodes_deletes_the_failed_jobset_with_its_jobs(
+    project, cluster, tmp_path, kubectl, monkeypatch
+):
+    """Several nodes: the JobSet is looked up (JobSet installed), deleted with the Jobs it made
+    (they carry the launch's label), and a JobSet of the same launch applied."""
+    launch_id, objects = build(project, cluster, nodes=2, gpus=8)
+    store = tmp_path / "store"
+    RunStore(str(store), "run-0123456789ab").write_launch(
+        launch_id, json.loads(objects[0]["data"]["run.json"])
+    )
+    name = kube.workload_name(launch_id)
+    jobset = {**failed_job(name), "apiVersion": kube.JOBSET_API_VERSION, "kind": "JobSet"}
+    monkeypatch.setenv("STUB_KUBECTL_RESOURCES", kube.JOBSET_RESOURCE)
+    monkeypatch.setenv("STUB_KUBECTL_GET", json.dumps(jobset))
+    monkeypatch.chdir(project)
+    kube.resubmit(cluster, launch_id, str(store), SETTINGS, 1, print, {})
+    calls = [call["argv"][4:] for call in kubectl()]
+    assert [c[0] for c in calls] == ["api-resources", "get", "delete", "apply"]
+    assert calls[1][1:3] == [kube.JOBSET_RESOURCE, name]
+    assert calls[2][1] == f"{kube.JOBSET_RESOURCE},jobs.batch,configmaps,secrets"
+    applied = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))[-1]
+    assert applied["kind"] == "JobSet" and applied["metadata"]["name"] == name
+    assert applied["spec"]["failurePolicy"]["maxRestarts"] == 1
+
+
+@pytest.mark.parametrize(
+    ("condition", "message"),
+    [(None, "is still active"), ("Complete", "has completed")],
+)
+def test_resume_refuses_while_the_job_goes_on_or_once_it_completed(
+    project, cluster, stored_launch, kubectl, monkeypatch, condition, message
+):
+    """A Job still active is Kubernetes' to resume (two would write one run); nothing is
+    deleted or applied."""
+    launch_id, store = stored_launch
+    job = failed_job(kube.workload_name(launch_id), condition or "Failed")
+    if condition is None:
+        job["status"] = {"active": 1}
+    monkeypatch.setenv("STUB_KUBECTL_GET", json.dumps(job))
+    monkeypatch.chdir(project)
+    with pytest.raises(LauncherError, match=message):
+        kube.resubmit(cluster, launch_id, store, SETTINGS, 2, print, {})
+    assert [call["argv"][4] for call in kubectl()] == ["get"]
+
+
+def test_fab_train_resume_on_a_jobs_stack_resubmits_a_job_gone_from_the_cluster(
+    project, tmp_path, stored_launch, kubectl
+):
+    """The real `fab train --resume RUN --store DIR` on a jobs stack, the old Job gone (deleted,
+    or its TTL): a Job of that launch is applied, nothing deleted."""
+    launch_id, store = stored_launch
+    result = jobs_stack(tmp_path, project)("train", "--resume", launch_id, "--store", store)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [call["argv"][4] for call in kubectl()] == ["get", "apply"]
+    job = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))[-1]
+    assert job["metadata"]["labels"][kube.LAUNCH_LABEL] == launch_id
+    assert f"resubmitting run {launch_id}" in result.stdout

@@ -10,7 +10,10 @@ JobSet restarts all its nodes together, up to `failurePolicy.maxRestarts` (`--ma
 DeepSpeed world cannot go on with one node missing. That is what Kubeflow's Trainer v2 builds on,
 and nothing of ours has to run beside the run. A replacement pod finds the run's directory on the
 retained checkpoints volume (ReadWriteMany) and the supervisor's state there; the train stage
-resumes from the newest checkpoint, local or the run store's.
+resumes from the newest checkpoint, local or the run store's. Once the budget is spent, `fab
+train --kubernetes --resume RUN` (`resubmit`) submits the launch the run store keeps again, under
+the same id, with a fresh budget. On a stack of `runMode: jobs` (no SSH workers), `fab train`
+without -H comes here without the flag.
 
 `podReplacementPolicy: TerminatingOrFailed`, not `Failed`: a pod on a lost node never reaches
 phase Failed (the kubelet that would say so is gone, and the pod garbage collector only forces
@@ -30,6 +33,7 @@ of clipforge.launcher.host.supervisor (`run`, in the foreground: the pod is its 
 from __future__ import annotations
 
 import base64
+import enum
 import json
 import math
 import posixpath
@@ -37,7 +41,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +56,10 @@ from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
 from clipforge.launcher.host.run_dirs import DEFAULT_ROOT, NODE_PREFIX, NodeLayout
 from clipforge.launcher.options import TrainOptions
 from clipforge.launcher.recovery import RecoveryRule
+from clipforge.launcher.run_source import StoredRun
 from clipforge.launcher.session import Settings
-from clipforge.launcher.source import write_bundle
+from clipforge.launcher.source import source_at, write_bundle
+from clipforge.launcher.stack import LAUNCH_LABEL, runs_jobs
 
 # The stack's fixed names and ids (infra/clipforge_infra/contract.py is their home; the launcher
 # does not import infra/, and tests/launcher/test_kubernetes.py checks these agree with it).
@@ -72,7 +78,6 @@ JOBSET_RESOURCE = "jobsets.jobset.x-k8s.io"
 JOBSET_RELEASES = "https://github.com/kubernetes-sigs/jobset/releases"
 REPLICATED_JOB = "node"
 CONTAINER = "node"
-LAUNCH_LABEL = "clipforge/launch-id"
 FIELD_MANAGER = "clipforge-launcher"
 # The taints the node lifecycle controller puts on a node whose kubelet stopped reporting.
 NODE_LOST_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
@@ -102,6 +107,8 @@ class Cluster:
     cpu: str | None = None
     memory: str | None = None
     shm_size: str | None = None
+    # runMode jobs: the stack has no SSH workers, and `fab train` without -H comes here.
+    runs_jobs: bool = False
 
     def mount(self, role: str) -> str:
         return next(v.mount_path for v in self.volumes if v.role == role)
@@ -170,6 +177,7 @@ def parse_cluster(raw: Any, source: str) -> Cluster:
         cpu=sizes["cpu_per_worker"],
         memory=sizes["memory_per_worker"],
         shm_size=sizes["shm_size"],
+        runs_jobs=runs_jobs(raw),
     )
 
 
@@ -183,6 +191,16 @@ def load_cluster(path: Path) -> Cluster:
     except (OSError, json.JSONDecodeError) as exc:
         raise LauncherError(f"{path}: not readable JSON ({exc}); rerun `make up`") from None
     return parse_cluster(raw, str(path))
+
+
+def stack_runs_jobs(path: Path) -> bool:
+    """Whether the stack `make up` wrote `path` for runs training as Jobs (runMode jobs), so that
+    `fab train` without -H takes this path without --kubernetes. Only that key is read here: no
+    outputs (no stack), or outputs this path cannot use, are the SSH path's to report."""
+    try:
+        return runs_jobs(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError):
+        return False
 
 
 # -- the budget: the recovery rule in Kubernetes' terms -------------------------------------------
@@ -570,7 +588,7 @@ def to_yaml(objects: list[dict]) -> str:
 
 
 # -- the shell: kubectl --------------------------------------------------------------------------
-def check_options(*, hosts: list, spare: str | None, resume: str | None, runtime: str) -> None:
+def check_options(*, hosts: list, spare: str | None, runtime: str) -> None:
     """What `fab train --kubernetes` refuses, before anything is read or built."""
     if hosts:
         raise LauncherError(
@@ -579,11 +597,6 @@ def check_options(*, hosts: list, spare: str | None, resume: str | None, runtime
     if spare:
         raise LauncherError(
             "--kubernetes: no --spare: Kubernetes replaces a lost node itself, up to --max-moves"
-        )
-    if resume:
-        raise LauncherError(
-            "--kubernetes: no --resume: the run's Job resumes by itself while --max-moves lasts; "
-            "after that, `fab -H HOST train --resume RUN` moves it to a host from the run store"
         )
     if runtime != "host":
         raise LauncherError(
@@ -648,17 +661,19 @@ def build(
     max_moves: int,
     environ: Mapping[str, str],
     run_files_mount: str = RUN_FILES_MOUNT_PATH,
+    launch_id: str | None = None,
 ) -> tuple[str, list[dict]]:
-    """A new launch of `prepared` on the cluster: its id and its objects. The budget is the
-    recovery rule of the settings (`gone_after_seconds`) and `--max-moves`, as for `fab train
-    --spare`; the secrets are PASSTHROUGH_ENV's values in `environ`, as the SSH path's."""
+    """A launch of `prepared` on the cluster: its id and its objects; a new launch, or
+    `launch_id` submitted again (`--resume`). The budget is the recovery rule of the settings
+    (`gone_after_seconds`) and `--max-moves`, as for `fab train --spare`; the secrets are
+    PASSTHROUGH_ENV's values in `environ`, as the SSH path's."""
     rule = RecoveryRule(
         probe_every_seconds=settings.probe_every_seconds,
         gone_after_misses=settings.gone_after_misses,
         gone_after_seconds=settings.gone_after_seconds,
         max_moves=max_moves,
     )
-    launch_id = new_launch_id(prepared.source.commit)
+    launch_id = launch_id or new_launch_id(prepared.source.commit)
     layout = NodeLayout(root=cluster.run_root, launch_id=launch_id, node_rank=0)
     several = options.nodes > 1
     record = launch_mod.run_record(
@@ -708,11 +723,28 @@ def launch(
     environ: Mapping[str, str],
 ) -> str:
     """`fab train --kubernetes`: build the run and apply it; returns its launch id."""
-    if options.nodes > 1:
+    _require_kubectl(cluster, options.nodes)
+    launch_id, objects = build(cluster, prepared, options, settings, max_moves, environ)
+    _submit(cluster, launch_id, objects, options, prepared, say)
+    return launch_id
+
+
+def _require_kubectl(cluster: Cluster, nodes: int) -> None:
+    """kubectl is there (and JobSet, for several nodes), before anything is built."""
+    if nodes > 1:
         require_jobset(cluster)
     else:
-        kubectl_argv(cluster)  # kubectl is there, before anything is built
-    launch_id, objects = build(cluster, prepared, options, settings, max_moves, environ)
+        kubectl_argv(cluster)
+
+
+def _submit(
+    cluster: Cluster,
+    launch_id: str,
+    objects: list[dict],
+    options: TrainOptions,
+    prepared: launch_mod.Prepared,
+    say: Callable[[str], None],
+) -> None:
     kind = objects[-1]["kind"]
     say(
         f"applying {kind} {workload_name(launch_id)} ({options.nodes} node(s)) in namespace "
@@ -730,4 +762,100 @@ def launch(
             else ""
         )
     )
-    return launch_id
+
+
+# -- `--resume`: the run submitted again, once Kubernetes' budget is spent ----------------------
+class WorkloadPhase(enum.Enum):
+    """Where a run's Job (JobSet) stands, by its status conditions."""
+
+    ACTIVE = "active"  # running, or replacing a pod: Kubernetes is still at it
+    COMPLETE = "complete"
+    FAILED = "failed"  # its budget spent (or another failure): only a new submission goes on
+
+
+# A condition's type that ends the workload, by what it means. FailureTarget and
+# SuccessCriteriaMet come first on a Job (Kubernetes >= 1.31), which is Failed (Complete) only
+# once its pods are gone, and a pod left on a lost node may never be: the first word counts.
+_ENDING_CONDITIONS = {
+    "Complete": WorkloadPhase.COMPLETE,
+    "SuccessCriteriaMet": WorkloadPhase.COMPLETE,
+    "Completed": WorkloadPhase.COMPLETE,  # a JobSet's
+    "Failed": WorkloadPhase.FAILED,  # a Job's and a JobSet's
+    "FailureTarget": WorkloadPhase.FAILED,
+}
+
+
+def workload_phase(workload: Mapping[str, Any]) -> WorkloadPhase:
+    """The phase of a Job or JobSet as the API server returns it (`kubectl get -o json`)."""
+    status = workload.get("status") or {}
+    for condition in status.get("conditions") or []:
+        phase = _ENDING_CONDITIONS.get(condition.get("type"))
+        if phase is not None and condition.get("status") == "True":
+            return phase
+    return WorkloadPhase.ACTIVE
+
+
+def workload_resource(nodes: int) -> str:
+    """The kubectl resource of a run's workload: batch/v1 Jobs, or JobSets for several nodes."""
+    return "jobs.batch" if nodes == 1 else JOBSET_RESOURCE
+
+
+def resubmit(
+    cluster: Cluster,
+    launch_id: str,
+    remote: str | None,
+    settings: Settings,
+    max_moves: int,
+    say: Callable[[str], None],
+    environ: Mapping[str, str],
+) -> None:
+    """`fab train --kubernetes --resume RUN`: the run's launch as the run store keeps it
+    (launches/RUN.json, as `fab -H HOST train --resume RUN` reads it), submitted again under the
+    same launch id with a fresh budget (`--max-moves`). Its pods find the run's directory on the
+    checkpoints volume, and the train stage resumes the same training run (its id follows from
+    the same commit and params) from the newest checkpoint there or in the store.
+
+    Refused while the previous submission is still active (Kubernetes still resumes it: two
+    would write one run) or once it completed. A failed one is deleted first, with its files:
+    the new objects have the same names, and ConfigMaps are immutable. Its pods are not waited
+    for, since one on a lost node may never go (the run store's lease keeps one writer)."""
+    stored = StoredRun.open(remote, launch_id)
+    record = stored.record()
+    options = launch_mod.stored_options(record)
+    if options.runtime != "host":
+        # A run launched over SSH in the image: the pod is that image, the stage its Python.
+        say(f"run {launch_id} ran with --runtime {options.runtime}; in a pod it is the image's")
+        options = replace(options, runtime="host")
+    _require_kubectl(cluster, options.nodes)
+    resource, name = workload_resource(options.nodes), workload_name(launch_id)
+    found = _kubectl(cluster, "get", resource, name, "--ignore-not-found", "-o", "json")
+    if found.strip():
+        previous = json.loads(found)
+        kind = previous.get("kind", "Job")
+        phase = workload_phase(previous)
+        where = f"`kubectl -n {cluster.namespace} get {resource} {name}`"
+        if phase is WorkloadPhase.ACTIVE:
+            raise LauncherError(
+                f"run {launch_id}: its {kind} {name} is still active ({where}): Kubernetes "
+                f"resumes it itself while its budget lasts; to submit it again anyway, stop it "
+                f"first (`kubectl -n {cluster.namespace} delete {resource} {name}`)"
+            )
+        if phase is WorkloadPhase.COMPLETE:
+            raise LauncherError(
+                f"run {launch_id}: its {kind} {name} has completed ({where}); nothing to resume"
+            )
+    prepared = launch_mod.prepare(source_at(Path.cwd(), record.commit), options, settings)
+    _, objects = build(
+        cluster, prepared, options, settings, max_moves, environ, launch_id=launch_id
+    )
+    if found.strip():
+        say(f"deleting the failed {name} and its files (not waiting for its pods)")
+        # A JobSet's own Jobs carry the launch's label too: they go with it, not after it.
+        kinds = ",".join(dict.fromkeys([resource, "jobs.batch", "configmaps", "secrets"]))
+        _kubectl(cluster, "delete", kinds, "-l", f"{LAUNCH_LABEL}={launch_id}", "--wait=true")
+    say(
+        f"resubmitting run {launch_id} (training run {stored.store.run_id}, commit "
+        f"{record.commit[:10]}, last on {record.host}) from {remote}, with a budget of "
+        f"{max_moves} move(s)"
+    )
+    _submit(cluster, launch_id, objects, options, prepared, say)

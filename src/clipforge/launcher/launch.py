@@ -442,6 +442,22 @@ def default_store(start: Path) -> str | None:
     return resolve_params(params.read_text(encoding="utf-8"), ()).storage.remote
 
 
+def stored_options(record: RunRecord) -> TrainOptions:
+    """The options of a launch as its record keeps them: what a run started again (on other
+    hosts, or as a new Kubernetes Job) trains with."""
+    return TrainOptions(
+        gpus=record.gpus_per_node,
+        nodes=record.num_nodes,
+        overrides=record.overrides,
+        smoke=record.smoke,
+        runtime=record.runtime,
+        data=record.data,
+        max_restarts=record.max_restarts,
+        min_gpus=record.min_gpus,
+        image=record.image,
+    )
+
+
 def move(
     hosts: list[Host],
     launch_id: str,
@@ -455,17 +471,7 @@ def move(
     and options. The train stage finds no local checkpoint and resumes from the store's."""
     say(f"run {launch_id} is not on {', '.join(h.label for h in hosts)}: looking in the run store")
     record = StoredRun.open(remote, launch_id).record()
-    options = TrainOptions(
-        gpus=record.gpus_per_node,
-        nodes=record.num_nodes,
-        overrides=record.overrides,
-        smoke=record.smoke,
-        runtime=record.runtime,
-        data=record.data,
-        max_restarts=record.max_restarts,
-        min_gpus=record.min_gpus,
-        image=record.image,
-    )
+    options = stored_options(record)
     if len(hosts) != options.nodes:
         raise LauncherError(
             f"run {launch_id} trains on {options.nodes} node(s): give as many hosts in -H, got "

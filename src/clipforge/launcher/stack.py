@@ -16,6 +16,30 @@ from typing import Any
 
 from clipforge.launcher import LauncherError
 
+# The stack's `run_mode` output (infra/clipforge_infra/contract.py is its home): `jobs` means no
+# SSH workers, each `fab train` is a Kubernetes Job of its own (clipforge.launcher.kubernetes).
+RUN_MODE_JOBS = "jobs"
+LAUNCH_LABEL = "clipforge/launch-id"  # on every object (and pod) of a run on the cluster
+
+
+def runs_jobs(raw: Any) -> bool:
+    """Whether stack outputs say runs are Kubernetes Jobs (runMode jobs): an older stack's,
+    without the key, had workers."""
+    return isinstance(raw, dict) and raw.get("run_mode") == RUN_MODE_JOBS
+
+
+def jobs_stack_hint(namespace: str, launch_id: str | None = None) -> str:
+    """What to use instead of the SSH workers on a jobs stack, in one line."""
+    run = launch_id or "RUN"
+    where = f"kubectl -n {namespace or '<namespace>'}"
+    return (
+        f"the stack runs each run as a Kubernetes Job (runMode: jobs) and has no SSH workers: "
+        f"read a run with `fab status|fetch|tensorboard --run {run}` (from the run store: "
+        f"storage.remote, or --store URL), its output with `{where} logs -l {LAUNCH_LABEL}={run}`, stop it with `{where} delete "
+        f"job -l {LAUNCH_LABEL}={run}` (several nodes: `delete jobset`; it checkpoints first); "
+        f"or give hosts with -H"
+    )
+
 
 @dataclass(frozen=True)
 class StackOutputs:
@@ -54,6 +78,11 @@ def parse_stack_outputs(raw: Any, path: Path) -> StackOutputs:
     if not isinstance(raw, dict):
         raise LauncherError(
             f"{path}: expected a JSON object (pulumi stack output --json); rerun `make up`"
+        )
+    if runs_jobs(raw):
+        namespace = raw.get("namespace")
+        raise LauncherError(
+            f"{path}: " + jobs_stack_hint(namespace if isinstance(namespace, str) else "")
         )
     if raw.get("released") is True:
         raise LauncherError(
