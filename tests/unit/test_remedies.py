@@ -178,9 +178,18 @@ def problem(words: list[str]) -> str | None:
             return f"no dvc {operands[0]} subcommand {operands[1]!r}"
     elif words[:2] == ["python", "-m"] and len(words) > 2 and words[2].startswith("clipforge"):
         module = words[2]
-        if not _placeholder(module) and importlib.util.find_spec(module) is None:
+        if not _placeholder(module) and not _module_exists(module):
             return f"no module {module}"
     return None
+
+
+def _module_exists(module: str) -> bool:
+    """A clipforge module, or one of infra's (clipforge_infra, run from infra/ as its remedies
+    say; not importable from the repository root)."""
+    if module.startswith("clipforge_infra"):
+        path = REPO / "infra" / Path(*module.split("."))
+        return path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()
+    return importlib.util.find_spec(module) is not None
 
 
 def _is_target(name: str, directory: str) -> bool:

@@ -34,9 +34,11 @@ def jobs_stack_hint(namespace: str, launch_id: str | None = None) -> str:
     where = f"kubectl -n {namespace or '<namespace>'}"
     return (
         f"the stack runs each run as a Kubernetes Job (runMode: jobs) and has no SSH workers: "
-        f"read a run with `fab status|fetch|tensorboard --run {run}` (from the run store: "
-        f"storage.remote, or --store URL), its output with `{where} logs -l {LAUNCH_LABEL}={run}`, stop it with `{where} delete "
-        f"job -l {LAUNCH_LABEL}={run}` (several nodes: `delete jobset`; it checkpoints first); "
+        f"read a run with `fab status --run {run}` (or `fab fetch`, `fab tensorboard`; from the "
+        f"run store: storage.remote, or --store URL), its output with "
+        f"`{where} logs -l {LAUNCH_LABEL}={run}`, stop it with "
+        f"`{where} delete job -l {LAUNCH_LABEL}={run}` (several nodes: `delete jobset`; it "
+        f"checkpoints first); "
         f"or give hosts with -H"
     )
 
