@@ -109,6 +109,15 @@ class DataConfig(Section):
     max_caption_chars: int = knob(
         512, "Captions longer than this are skipped as `caption_too_long`.", ge=1
     )
+    pretokenize: bool = knob(
+        False,
+        "Store each train/val caption's token ids with its sample (copied shards: a `tok` member; "
+        "in place: the index files), made by the model's tokenizer (model.name and "
+        "model.text_tower, which this stage then reads; no weights), so the train loader reads "
+        "ids instead of tokenising every caption in every epoch. It uses them only where the "
+        "model's tokenizer has the fingerprint data/manifest.json records, and tokenises "
+        "otherwise, saying why. Measured in BENCHMARKS.md (loader).",
+    )
     # webdataset, laion-parquet: shards used where they are (clipforge.data.inplace)
     in_place: bool | Literal["auto"] = knob(
         "auto",
@@ -525,9 +534,16 @@ class Config:
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "recipe"}
 # The sections each pipeline stage reads, besides `recipe`: all it loads and checks.
 STAGE_SECTIONS = {
-    "data": ("data",),
+    "data": ("data", "model"),  # model: the tokenizer's name, for data.pretokenize
     "train": ("model", "train", "alerts", "storage"),
     "eval": ("eval",),
+}
+# The params each stage's output depends on (dvc.yaml's `params` of the stage): its sections,
+# except that the data stage reads only the two model keys that name the tokenizer, so that
+# tuning the model (patch dropout, image size, initial weights) does not remake data/.
+STAGE_PARAMS = {
+    **STAGE_SECTIONS,
+    "data": ("data", "model.name", "model.text_tower"),
 }
 _SECTION_TYPES = {
     "data": DataConfig,
