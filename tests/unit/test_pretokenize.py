@@ -235,7 +235,7 @@ def test_shards_used_in_place_carry_their_ids_in_the_index_files(tmp_path, open_
         in_place=True,
         decontaminate="off",
         verify="none",
-        workers=1,
+        workers=2,  # the tokenizer goes to each worker process once
         test_fraction=0.2,
         val_fraction=0.2,
         pretokenize=True,

@@ -240,7 +240,6 @@ class ScanOptions:
     hash_images: bool
     max_caption_chars: int
     max_image_pixels: int
-    tokenize: CaptionTokenizer | None = None  # data.pretokenize: ids into the index files
 
 
 HELD_SPLITS = ("train", "val")  # indexed in place; the test split is written out whole
@@ -266,9 +265,15 @@ class ShardScan:
     skips: SkipLog = field(default_factory=SkipLog)
 
 
-def scan_shard(url: str, options: ScanOptions, index_files: dict[str, Path]) -> ShardScan:
-    """Every sample of one shard: kept ones indexed by split (with their pHashes), the rest as
-    skips with their reasons (as the copying source names them).
+def scan_shard(
+    url: str,
+    options: ScanOptions,
+    index_files: dict[str, Path],
+    tokenize: CaptionTokenizer | None = None,
+) -> ShardScan:
+    """Every sample of one shard: kept ones indexed by split (with their pHashes, and their
+    captions' token ids when `tokenize`: data.pretokenize), the rest as skips with their reasons
+    (as the copying source names them).
 
     The loop is the data stage's cost per pair (BENCHMARKS.md): one block read, a caption check
     and one sha256 for nearly every sample; locations go into flat int lists, not objects."""
@@ -339,7 +344,7 @@ def scan_shard(url: str, options: ScanOptions, index_files: dict[str, Path]) -> 
                 rows[code].extend((*image, *caption))
                 if code < 2 and options.hash_images:
                     phashes[code].append(phash)
-                if code < 2 and options.tokenize is not None:
+                if code < 2 and tokenize is not None:
                     assert isinstance(text, str)  # clean_caption skipped undecodable ones
                     captions[code].append(text)
     except (tarfile.TarError, EOFError, OSError) as exc:
@@ -348,7 +353,7 @@ def scan_shard(url: str, options: ScanOptions, index_files: dict[str, Path]) -> 
     locations = [np.array(r, dtype=np.int64).reshape(-1, 4) for r in rows]
     for code, split in enumerate(HELD_SPLITS):
         if len(locations[code]):
-            tokens = token_rows(options.tokenize, captions[code]) if options.tokenize else None
+            tokens = token_rows(tokenize, captions[code]) if tokenize else None
             write_index(index_files[split], locations[code], tokens)
     return ShardScan(
         url,
@@ -410,12 +415,26 @@ def _read(f: BinaryIO, location: tuple[int, int]) -> bytes:
     return f.read(location[1])
 
 
+# A worker process's tokenizer (data.pretokenize), given once when it starts: pickled with every
+# job, a tokenizer's vocabulary (MBs) would cross to the workers once per shard.
+_worker_tokenize: CaptionTokenizer | None = None
+
+
+def _set_worker_tokenize(tokenize: CaptionTokenizer | None) -> None:
+    global _worker_tokenize
+    _worker_tokenize = tokenize
+
+
 def _scan(args: tuple[str, ScanOptions, dict[str, Path]]) -> ShardScan:
-    return scan_shard(*args)
+    return scan_shard(*args, _worker_tokenize)
 
 
 def scan_all(
-    files: list[str], options: ScanOptions, workers: int, out: Path
+    files: list[str],
+    options: ScanOptions,
+    workers: int,
+    out: Path,
+    tokenize: CaptionTokenizer | None = None,
 ) -> Iterator[ShardScan]:
     """scan_shard over every file, in input order, over `workers` processes; shard n's index
     files are out/<split>/NNNNNN.npz (n: its place in `files`)."""
@@ -424,9 +443,13 @@ def scan_all(
         for n, url in enumerate(files)
     ]
     if workers <= 1 or len(files) <= 1:
-        yield from (scan_shard(*job) for job in jobs)
+        yield from (scan_shard(*job, tokenize) for job in jobs)
         return
-    with ProcessPoolExecutor(max_workers=min(workers, len(files))) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(files)),
+        initializer=_set_worker_tokenize,
+        initargs=(tokenize,),
+    ) as pool:
         # a few shards per task: 100k shards are 100k round trips to the workers otherwise
         chunk = max(1, min(16, len(jobs) // (8 * workers)))
         yield from pool.map(_scan, jobs, chunksize=chunk)
@@ -473,10 +496,9 @@ def build_splits(
         hash_images=data.decontaminate != "off",
         max_caption_chars=data.max_caption_chars,
         max_image_pixels=data.max_image_pixels,
-        tokenize=tokenize,
     )
     scans = []
-    for scan in scan_all(files, options, num_workers(data), out):
+    for scan in scan_all(files, options, num_workers(data), out, tokenize):
         _merge_skips(skips, scan.skips)
         scans.append(scan)
     test_split = None
