@@ -40,6 +40,9 @@ def production() -> dict[str, dict]:
             "val_fraction": 0.001,  # ~tens of thousands of pairs: enough for a stable val loss
             "samples_per_shard": 10000,
             "resize_to": 224,  # ViT-B/32's input: less to decode in every epoch
+            # token ids made once here, not in every epoch by the loader workers that also
+            # decode the JPEGs (BENCHMARKS.md, loader): the model's tokenizer, no weights
+            "pretokenize": True,
             "download_processes": 16,
             "download_threads": 128,
         },
