@@ -139,6 +139,27 @@ def test_exp_run_with_a_changed_param_reruns_train_and_eval_only(pipeline_repo):
     assert "0.0005" in shown and "t2i_r01" in shown  # the experiment's params and its metrics
 
 
+def test_the_data_stage_depends_on_the_tokenizers_keys_of_the_model_section_only(pipeline_repo):
+    """The data stage reads the model section for data.pretokenize's tokenizer: a new
+    model.patch_dropout rewrites resolved/data.yaml but leaves the data stage up to date; a new
+    model.name makes it stale (its ids would be another tokenizer's)."""
+    import yaml
+
+    params = pipeline_repo / "params.yaml"
+    original = params.read_text()
+    try:
+        for key, value, stale in (("patch_dropout", 0.25, False), ("name", "ViT-B-32", True)):
+            edited = yaml.safe_load(original)
+            edited["model"][key] = value
+            params.write_text(yaml.safe_dump(edited, allow_unicode=True))
+            _dvc(pipeline_repo, "repro", "params@data")
+            status = _dvc(pipeline_repo, "status", "data").stdout
+            assert ("model.name" in status) == stale, status
+            assert ("up to date" in status) != stale, status
+    finally:
+        subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)
+
+
 def test_a_recipe_experiment_shows_the_values_it_trains_with(pipeline_repo):
     """`dvc exp run -S recipe=production` (its params stage only): `dvc params diff` and
     `dvc exp show` carry the recipe's lr, precision and ranks, not params.yaml's (whose keys
