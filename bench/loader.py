@@ -156,19 +156,29 @@ def shards_with_tokens(root: Path, triples: list, tokenizer):
 
 
 def loader_rate(files, bundle, tokenizer, tokens, workers: int, batches: int) -> float:
-    """Images/s of clipforge's loader over `batches` micro-batches of BATCH, after the first."""
+    """Images/s of clipforge's loader over `batches` micro-batches of BATCH, after the first.
+    workers 0 (the loading in this process, on one torch thread as in a loader worker): images per
+    CPU-second of this process, which other jobs on a shared machine disturb less than the wall
+    clock (more torch threads would count their busy-waiting)."""
+    import torch
+
     from clipforge.config import BatchPlan
     from clipforge.train import data
 
     plan = BatchPlan(BATCH, BATCH, 1, 1)
     transform = data.uint8_transform(bundle.preprocess_train)[0]
     dataset = data.MicroBatches(files, plan, 0, 0, batches + 1, transform, tokenizer, 64, tokens)
+    threads = torch.get_num_threads()
+    if workers == 0:
+        torch.set_num_threads(1)  # what DataLoader sets in each worker process
     loader = data.micro_batch_loader(dataset, 0, workers, False, 4)
     next(loader)  # workers up
-    began = time.perf_counter()
+    clock = time.process_time if workers == 0 else time.perf_counter
+    began = clock()
     for _ in range(batches):
         next(loader)
-    rate = batches * BATCH / (time.perf_counter() - began)
+    rate = batches * BATCH / (clock() - began)
+    torch.set_num_threads(threads)
     del loader
     gc.collect()  # its workers are stopped here, not by a later run's forked worker
     return rate
@@ -238,7 +248,7 @@ def stored_tokens_table(args) -> int:
     for name, workers, stored, tokenised, tokenise_us, decode_us in rows:
         cores = max(workers, 1)
         print(
-            f"| {name} | {workers} | {stored:.0f} | {stored / cores:.0f} | {tokenised:.0f} | "
+            f"| {name} | {workers or '0 (per CPU-s)'} | {stored:.0f} | {stored / cores:.0f} | {tokenised:.0f} | "
             f"{tokenised / cores:.0f} | {stored / tokenised:.2f}x | {tokenise_us:.0f} | "
             f"{decode_us:.2f} |"
         )

@@ -116,7 +116,7 @@ class DataConfig(Section):
         "model.text_tower, which this stage then reads; no weights), so the train loader reads "
         "ids instead of tokenising every caption in every epoch. It uses them only where the "
         "model's tokenizer has the fingerprint data/manifest.json records, and tokenises "
-        "otherwise, saying why. Saves the workers 55-115 µs a caption (2-5% of their time at "
+        "otherwise, saying why. Saves the workers 55-140 µs a caption (2-7% of their time at "
         "224 px; BENCHMARKS.md, loader); on in the production recipes.",
     )
     # webdataset, laion-parquet: shards used where they are (clipforge.data.inplace)

@@ -28,7 +28,7 @@ from clipforge.cli import (
     run_stage,
     stage_parser,
 )
-from clipforge.config import STAGE_SECTIONS, Config, DataConfig
+from clipforge.config import STAGE_SECTIONS, Config, ConfigError, DataConfig
 from clipforge.data import builtin, decontam, inplace, laion, testset, wds_source
 from clipforge.data.inputs import expand_paths
 from clipforge.data.local import load_image, read_records, split_of
@@ -107,7 +107,7 @@ def caption_tokens(config: Config) -> tuple[CaptionTokenizer, dict]:
     tokenizer = model_tokenizer(model)
     fingerprint = tokenizer_fingerprint(tokenizer)
     if fingerprint is None:
-        raise StageError(
+        raise ConfigError(
             f"data.pretokenize: the tokenizer of model.name {model.name!r} "
             f"({type(tokenizer).__name__}) has no vocabulary clipforge can fingerprint, so "
             f"stored ids could not be checked against the model's; set data.pretokenize: false"
