@@ -77,9 +77,11 @@ def open_clip_loader(files, bundle, workers: int):
         info = oc_data.get_wds_dataset(
             args, bundle.preprocess_train, True, 0, tokenizer=bundle.tokenizer
         )
+        # its reader breaks on webdataset 1.x (KeyError 'fname') only once iterated
+        next(iter(info.dataloader))
         return info.dataloader, "open_clip_train.data.get_wds_dataset"
     except Exception as exc:  # noqa: BLE001 - recorded: which pipeline ran and why
-        reason = f"{type(exc).__name__}: {exc}"
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
     import torch
     import webdataset as wds
 
