@@ -13,7 +13,7 @@ by the worker processes.
     .venv/bin/python bench/loader.py --stored-tokens [--model ViT-B-32] [--workers 1 2]
 
 instead times clipforge's loader alone, on the same shards in the same run, with the token ids the
-data stage stored (data.pretokenize) and tokenising the captions (the reference), for two
+data stage stored (data.pretokenize_model) and tokenising the captions (the reference), for two
 tokenizers of Chinese captions: open_clip's (SimpleTokenizer) and a BERT-style Hugging Face one
 with a vocabulary the size of hfl/chinese-roberta-wwm-ext's, made here (no download). It also
 times each tokenizer alone, per caption, next to the decode of the stored ids.
@@ -120,7 +120,7 @@ def open_clip_rate(files, bundle, workers: int, batches: int) -> tuple[float, st
     return batches * BATCH / (time.perf_counter() - began), which
 
 
-# -- stored token ids against tokenising in the loader (data.pretokenize) -----------------------
+# -- stored token ids against tokenising in the loader (data.pretokenize_model) -----------------
 
 
 def bert_zh_tower(directory: Path) -> Path:
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stored-tokens",
         action="store_true",
-        help="clipforge's loader with stored token ids against tokenising (data.pretokenize)",
+        help="clipforge's loader with stored token ids against tokenising (data.pretokenize_model)",
     )
     args = parser.parse_args(argv)
     if args.stored_tokens:

@@ -109,15 +109,25 @@ class DataConfig(Section):
     max_caption_chars: int = knob(
         512, "Captions longer than this are skipped as `caption_too_long`.", ge=1
     )
-    pretokenize: bool = knob(
-        False,
+    # the tokenizer named here, not read from the model section: a new model.* then leaves data/
+    # (hours to rebuild at the reference size) as it is, and the loader checks the ids it finds
+    pretokenize_model: str | None = knob(
+        None,
         "Store each train/val caption's token ids with its sample (copied shards: a `tok` member; "
-        "in place: the index files), made by the model's tokenizer (model.name and "
-        "model.text_tower, which this stage then reads; no weights), so the train loader reads "
-        "ids instead of tokenising every caption in every epoch. It uses them only where the "
-        "model's tokenizer has the fingerprint data/manifest.json records, and tokenises "
+        "in place: the index files), made by the tokenizer of this open_clip model name (as "
+        "model.name; its tokenizer only, no weights), so the train loader reads ids instead of "
+        "tokenising every caption in every epoch. null: no ids. Set it to the model.name you "
+        "train: the loader uses the ids only where the model's tokenizer has the fingerprint "
+        "data/manifest.json records (models can share one: ViT-B-32, ViT-B-16), and tokenises "
         "otherwise, saying why. Saves the workers 55-140 µs a caption (2-7% of their time at "
-        "224 px; BENCHMARKS.md, loader); on in the production recipes.",
+        "224 px; BENCHMARKS.md, loader); the production recipes set their own model.",
+        nonempty=True,
+    )
+    pretokenize_text_tower: str | None = knob(
+        None,
+        "With data.pretokenize_model: the Hugging Face text tower whose tokenizer makes the ids "
+        "(as model.text_tower; null: the model's own).",
+        nonempty=True,
     )
     # webdataset, laion-parquet: shards used where they are (clipforge.data.inplace)
     in_place: bool | Literal["auto"] = knob(
@@ -225,6 +235,11 @@ class DataConfig(Section):
             raise ConfigError(
                 f"data.paths: required when data.source is `{self.source}` ({kind}: "
                 f"paths, globs or fsspec URLs)"
+            )
+        if self.pretokenize_text_tower and not self.pretokenize_model:
+            raise ConfigError(
+                "data.pretokenize_text_tower: needs data.pretokenize_model (the model whose "
+                "text tower it replaces, as model.text_tower replaces model.name's)"
             )
 
 
@@ -535,16 +550,9 @@ class Config:
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "recipe"}
 # The sections each pipeline stage reads, besides `recipe`: all it loads and checks.
 STAGE_SECTIONS = {
-    "data": ("data", "model"),  # model: the tokenizer's name, for data.pretokenize
+    "data": ("data",),
     "train": ("model", "train", "alerts", "storage"),
     "eval": ("eval",),
-}
-# The params each stage's output depends on (dvc.yaml's `params` of the stage): its sections,
-# except that the data stage reads only the two model keys that name the tokenizer, so that
-# tuning the model (patch dropout, image size, initial weights) does not remake data/.
-STAGE_PARAMS = {
-    **STAGE_SECTIONS,
-    "data": ("data", "model.name", "model.text_tower"),
 }
 _SECTION_TYPES = {
     "data": DataConfig,

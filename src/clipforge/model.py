@@ -20,7 +20,7 @@ from clipforge.config import ModelConfig
 from clipforge.model_files import ModelFilesError, weights_file
 
 # Re-exported: the names a model is built by have their home in model_names (the data stage
-# reads them too, for data.pretokenize, without the model's code).
+# reads them too, for data.pretokenize_model, without the model's code).
 from clipforge.model_names import (  # noqa: F401
     BUNDLED_CONFIGS,
     register_bundled_configs,

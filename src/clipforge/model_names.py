@@ -2,9 +2,10 @@
 resolves to, and so its tokenizer and that tokenizer's fingerprint.
 
 A home of its own so that the data stage can tokenise captions at data-prep time
-(data.pretokenize) with exactly the tokenizer the train stage will build, without depending on
-the model's code (clipforge.model) or weights. The fingerprint travels in data/manifest.json; the
-train loader uses the stored ids only where the model's tokenizer has the same one.
+(data.pretokenize_model) with exactly the tokenizer the train stage builds for that model,
+without depending on the model's code (clipforge.model) or weights. The fingerprint travels in
+data/manifest.json; the train loader uses the stored ids only where the model's tokenizer has the
+same one.
 """
 
 from __future__ import annotations
@@ -34,25 +35,32 @@ def register_bundled_configs() -> None:
         _registered = True
 
 
-def resolve_model_name(cfg: ModelConfig) -> str:
+# The knobs that name a model (ModelConfig's), as errors name them; the data stage's own pair
+# names the tokenizer of data.pretokenize_model.
+MODEL_KEYS = ("model.name", "model.text_tower")
+
+
+def resolve_model_name(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> str:
     """The open_clip name to build: the configured one, or a derived one with an HF text tower.
     An HF tower (model.text_tower, or one in the named config such as xlm-roberta-base-ViT-B-32)
-    is checked to be loadable first, with an error that says how to get it (text_towers.py)."""
+    is checked to be loadable first, with an error that says how to get it (text_towers.py).
+    `keys`: the knobs that gave cfg's name and text tower, for the errors."""
     from clipforge.text_towers import resolve_tower
 
+    name_key, tower_key = keys
     register_bundled_configs()
     base = open_clip.get_model_config(cfg.name)
     if base is None:
         raise ConfigError(
-            f"model.name: unknown model {cfg.name!r}; open_clip knows "
+            f"{name_key}: unknown model {cfg.name!r}; open_clip knows "
             f"{len(open_clip.list_models())} models, e.g. ViT-B-32, clipforge-tiny"
         )
     if not cfg.text_tower:
         builtin_tower = base.get("text_cfg", {}).get("hf_model_name")
         if builtin_tower:
-            resolve_tower(builtin_tower, "model.name")
+            resolve_tower(builtin_tower, name_key)
         return cfg.name
-    tower = resolve_tower(cfg.text_tower, "model.text_tower")
+    tower = resolve_tower(cfg.text_tower, tower_key)
     derived = copy.deepcopy(base)
     # Chinese-CLIP's text head: the [CLS] state through one bias-free linear layer. So the model
     # is that architecture (a transformers ChineseCLIPModel, clipforge.export.hf), not open_clip's
@@ -73,10 +81,10 @@ def resolve_model_name(cfg: ModelConfig) -> str:
     return name
 
 
-def model_tokenizer(cfg: ModelConfig) -> Callable:
+def model_tokenizer(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> Callable:
     """The tokenizer clipforge.model.build_model gives a model of `cfg`: open_clip's for the
     resolved name (an HF tower's own, at the base model's context length)."""
-    return open_clip.get_tokenizer(resolve_model_name(cfg))
+    return open_clip.get_tokenizer(resolve_model_name(cfg, keys))
 
 
 # Texts whose ids stand for a tokenizer's behaviour beyond its vocabulary: normalisation (case,

@@ -1,6 +1,6 @@
-"""data.pretokenize changes where the loader gets token ids, never what they are: a training run on
-shards with stored ids takes the same steps as one that tokenises, loss for loss and weight for
-weight (the shared reference run: the same reduced config on data without ids)."""
+"""data.pretokenize_model changes where the loader gets token ids, never what they are: a training
+run on shards with stored ids takes the same steps as one that tokenises, loss for loss and weight
+for weight (the shared reference run: the same reduced config on data without ids)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ def _column(tsv: str, name: str) -> list[str]:
 def test_training_on_stored_ids_gives_bit_identical_losses_and_weights(
     tmp_path, reference_run, caplog
 ):
-    params = write_params(tmp_path / "params.yaml", {"data": {"pretokenize": True}})
+    params = write_params(
+        tmp_path / "params.yaml", {"data": {"pretokenize_model": "clipforge-tiny"}}
+    )
     assert data_main(["--params", str(params), "--out", str(tmp_path / "data")]) == 0
     assert "tokens" in json.loads((tmp_path / "data" / "manifest.json").read_text())
     root = tmp_path / "run"

@@ -1,7 +1,7 @@
-"""data.pretokenize: the data stage stores each caption's token ids, made by the model's tokenizer
-(open_clip's own, or a Hugging Face one built here from a vocabulary file: no download, no
-weights), and the train loader reads them instead of tokenising, only where they are that
-tokenizer's ids; otherwise it tokenises as before and says why."""
+"""data.pretokenize_model: the data stage stores each caption's token ids, made by that model's
+tokenizer (open_clip's own, or a Hugging Face one built here from a vocabulary file: no download,
+no weights), and the train loader reads them instead of tokenising, only where they are its own
+model's tokenizer's ids; otherwise it tokenises as before and says why."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import open_clip
 import pytest
 import torch
 
-from clipforge.config import BatchPlan, ModelConfig
+from clipforge.config import BatchPlan, ModelConfig, load_config
 from clipforge.data import builtin
 from clipforge.data.shards import (
     TOKENS_MEMBER,
@@ -26,6 +26,7 @@ from clipforge.data.shards import (
 )
 from clipforge.data.stage import main as data_main
 from clipforge.model_names import model_tokenizer, resolve_model_name
+from clipforge.recipes import RECIPES
 from clipforge.train.data import MicroBatches, split_files, stored_tokens, uint8_transform
 from tests.conftest import write_params
 
@@ -48,10 +49,11 @@ def tiny_chinese_tokenizer(directory: Path) -> Path:
     return directory
 
 
-def make_data(root: Path, *, text_tower: str | None = None, **data) -> Path:
+def make_data(root: Path, **data) -> Path:
+    """data/ made by the data stage; the model section is the default (clipforge-tiny), which
+    the stage does not read: only data.pretokenize_* name the tokenizer."""
     root.mkdir(parents=True, exist_ok=True)
-    overrides = {"data": {**TINY_DATA, **data}, "model": {"text_tower": text_tower}}
-    params = write_params(root / "params.yaml", overrides)
+    params = write_params(root / "params.yaml", {"data": {**TINY_DATA, **data}})
     assert data_main(["--params", str(params), "--out", str(root / "data")]) == 0
     return root / "data"
 
@@ -63,12 +65,16 @@ def hf_tower(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def open_clip_data(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("oc"), pretokenize=True)
+    return make_data(tmp_path_factory.mktemp("oc"), pretokenize_model="clipforge-tiny")
 
 
 @pytest.fixture(scope="module")
 def hf_data(tmp_path_factory, hf_tower) -> Path:
-    return make_data(tmp_path_factory.mktemp("hf"), text_tower=str(hf_tower), pretokenize=True)
+    return make_data(
+        tmp_path_factory.mktemp("hf"),
+        pretokenize_model="clipforge-tiny",
+        pretokenize_text_tower=str(hf_tower),
+    )
 
 
 def stored_and_captions(data_dir: Path, split: str) -> tuple[np.ndarray, list[str]]:
@@ -99,9 +105,10 @@ def test_open_clip_ids_stored_for_the_builtin_captions_are_its_tokenizers_output
 
 
 def test_hf_ids_stored_for_the_builtin_captions_are_the_towers_tokenizers_output(hf_data, hf_tower):
-    """With model.text_tower, the ids are the model's own tokenizer's (open_clip's HFTokenizer:
-    ftfy, whitespace clean-up, then transformers' from the folder: [CLS] ... [SEP], [PAD] to the
-    context length), and no character of the builtin captions is [UNK]."""
+    """With data.pretokenize_text_tower, the ids are that tower's tokenizer's as the model uses it
+    (open_clip's HFTokenizer: ftfy, whitespace clean-up, then transformers' from the folder:
+    [CLS] ... [SEP], [PAD] to the context length), and no character of the builtin captions is
+    [UNK]."""
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(hf_tower))
@@ -137,7 +144,7 @@ def test_the_loader_gives_the_same_batches_from_stored_ids_as_from_captions(
     cfg = ModelConfig(text_tower=str(hf_tower) if which == "hf" else None)
     tokenizer = model_tokenizer(cfg)
     files = split_files(data_dir, "train")
-    tokens = stored_tokens(data_dir, files, tokenizer)
+    tokens = stored_tokens(data_dir, files, tokenizer, cfg)
     assert tokens is not None
     read = _batches(data_dir, "train", tokenizer, tokens)
     made = _batches(data_dir, "train", tokenizer, None)
@@ -151,31 +158,58 @@ def test_another_models_tokenizer_tokenises_on_the_fly_and_says_why(
     open_clip_data, hf_data, hf_tower, caplog
 ):
     """Ids stored for clipforge-tiny (context 72) are not used by ViT-B-32 (77), nor an HF
-    tower's by open_clip's tokenizer: one warning each, naming what differs."""
+    tower's by open_clip's tokenizer: one warning each, naming both tokenizers, what differs and
+    the remedy (the data section's knobs set to this model's, or nothing: ids left unused)."""
     files = split_files(open_clip_data, "train")
     with caplog.at_level(logging.INFO, logger="clipforge.train"):
-        vit_b32 = model_tokenizer(ModelConfig(name="ViT-B-32"))
-        assert stored_tokens(open_clip_data, files, vit_b32) is None
-    (line,) = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert "clipforge-tiny's tokenizer" in line.message
-    assert "context length 72 vs the model's 77" in line.message
+        vit_b32 = ModelConfig(name="ViT-B-32")
+        assert stored_tokens(open_clip_data, files, model_tokenizer(vit_b32), vit_b32) is None
+    (line,) = [r.message for r in caplog.records]
+    assert line == (
+        "the loader tokenises the captions: data/'s token ids are of clipforge-tiny's tokenizer, "
+        "not this model's (ViT-B-32: context length 72 vs the model's 77); set "
+        "data.pretokenize_model: ViT-B-32 and data.pretokenize_text_tower: null to store its "
+        "ids, or leave them: they are then just not used"
+    )
+    assert caplog.records[0].levelno == logging.WARNING
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="clipforge.train"):
-        tiny = model_tokenizer(ModelConfig())
-        assert stored_tokens(hf_data, split_files(hf_data, "train"), tiny) is None
+        tiny = ModelConfig()
+        hf_files = split_files(hf_data, "train")
+        assert stored_tokens(hf_data, hf_files, model_tokenizer(tiny), tiny) is None
     (line,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"are of {hf_tower}'s tokenizer, not this model's (clipforge-tiny: " in line.message
     assert "class HFTokenizer(BertTokenizerFast) vs the model's SimpleTokenizer" in line.message
+    assert "set data.pretokenize_model: clipforge-tiny and data.pretokenize_text_tower: null" in (
+        line.message
+    )
+
+
+def test_a_model_of_the_same_tokenizer_reads_the_ids_another_models_name_stored(
+    open_clip_data, tmp_path, caplog
+):
+    """The ids' fingerprint, not the model's name, decides: ids stored for ViT-B-32 are read by
+    ViT-B-16 (open_clip's tokenizer at context 77 both), so a new model.name (which leaves
+    data/ as it is) keeps them where they still fit."""
+    data_dir = make_data(tmp_path, pretokenize_model="ViT-B-32")
+    vit_b16 = ModelConfig(name="ViT-B-16")
+    with caplog.at_level(logging.INFO, logger="clipforge.train"):
+        files = split_files(data_dir, "train")
+        assert stored_tokens(data_dir, files, model_tokenizer(vit_b16), vit_b16) is not None
+    assert "token ids: read from data/ (ViT-B-32's tokenizer" in caplog.text
 
 
 def test_data_without_ids_is_tokenised_as_before(small_data, caplog):
-    """The default (data.pretokenize: false): no `tok` member, no manifest entry, and the loader
-    tokenises, saying so in one line."""
+    """The default (data.pretokenize_model: null): no `tok` member, no manifest entry, and the
+    loader tokenises, saying so in one line."""
     files = split_files(small_data, "train")
     assert TOKENS_MEMBER not in files.reader().read(0, 0)
     with caplog.at_level(logging.INFO, logger="clipforge.train"):
-        assert stored_tokens(small_data, files, model_tokenizer(ModelConfig())) is None
+        assert (
+            stored_tokens(small_data, files, model_tokenizer(ModelConfig()), ModelConfig()) is None
+        )
     assert [r.message for r in caplog.records] == [
-        "the loader tokenises the captions: data/ holds no token ids (data.pretokenize)"
+        "the loader tokenises the captions: data/ holds no token ids (data.pretokenize_model)"
     ]
 
 
@@ -188,7 +222,8 @@ def test_ids_that_are_not_the_captions_are_caught_before_they_are_used(
     shutil.copytree(open_clip_data, data_dir)
     files = split_files(data_dir, "train")
     token_format = TokenFormat("<u2", 72)
-    tokenizer = model_tokenizer(ModelConfig())
+    tiny = ModelConfig()
+    tokenizer = model_tokenizer(tiny)
     reader = ShardReader(files.paths)
     first = [reader.read(0, i) for i in range(files.counts[0])]
     (data_dir / "train" / "shard-000000.tar").unlink()
@@ -200,8 +235,9 @@ def test_ids_that_are_not_the_captions_are_caught_before_they_are_used(
         lambda captions: token_format.encode(tokenizer(captions).numpy() + 1),
     )
     with caplog.at_level(logging.WARNING, logger="clipforge.train"):
-        assert stored_tokens(data_dir, split_files(data_dir, "train"), tokenizer) is None
+        assert stored_tokens(data_dir, split_files(data_dir, "train"), tokenizer, tiny) is None
     assert "stored ids differ from its own for the same captions" in caplog.text
+    assert "rerun the data stage" in caplog.text
 
 
 def test_the_stored_dtype_holds_every_id_of_the_vocabulary():
@@ -238,10 +274,29 @@ def test_shards_used_in_place_carry_their_ids_in_the_index_files(tmp_path, open_
         workers=2,  # the tokenizer goes to each worker process once
         test_fraction=0.2,
         val_fraction=0.2,
-        pretokenize=True,
+        pretokenize_model="clipforge-tiny",
     )
     files = split_files(data_dir, "train")
     assert isinstance(files.reader(), InPlaceReader) and files.num_samples > 0
     stored, captions = stored_and_captions(data_dir, "train")
     assert np.array_equal(stored, open_clip.tokenize(captions, context_length=72).numpy())
-    assert stored_tokens(data_dir, files, model_tokenizer(ModelConfig())) is not None
+    assert stored_tokens(data_dir, files, model_tokenizer(ModelConfig()), ModelConfig()) is not None
+
+
+def test_a_text_tower_without_its_model_is_a_config_error():
+    """data.pretokenize_text_tower replaces a model's text tower, as model.text_tower does: alone
+    it names no tokenizer (no context length), so it is refused where the config is read."""
+    from clipforge.config import DataConfig
+    from clipforge.fields import ConfigError
+
+    with pytest.raises(ConfigError, match="^data.pretokenize_text_tower: needs data.pretoken"):
+        DataConfig(pretokenize_text_tower="hfl/chinese-roberta-wwm-ext")
+
+
+@pytest.mark.parametrize("recipe", sorted(set(RECIPES) - {"default"}))
+def test_each_production_recipe_stores_its_own_models_ids(recipe):
+    """The data section names the tokenizer (model.* are not the data stage's params): every
+    production recipe names its own model's, so `recipe: X` stores the ids X trains on."""
+    config = load_config(None, [f"recipe={recipe}"])
+    assert config.data.pretokenize_model == config.model.name
+    assert config.data.pretokenize_text_tower == config.model.text_tower

@@ -7,7 +7,7 @@ processes, and writes
   data/train/NNNNNN.npz     per input shard NNNNNN: where the bytes of each train sample are
   data/val/NNNNNN.npz       (image offset and size, caption offset and size), ~3 bytes a pair
                             (clipforge.data.shards.encode_index); no keys: the shard holds them;
-                            with data.pretokenize, each caption's token ids too
+                            with data.pretokenize_model, each caption's token ids too
   data/test/                the test set (Chinese-CLIP layout, copied: eval reads it whole)
 so data/ stays megabytes next to a terabyte of shards, and DVC tracks that, not the images.
 The split is the same hash of `<shard file name>/<key>` as the copying source uses.
@@ -272,8 +272,8 @@ def scan_shard(
     tokenize: CaptionTokenizer | None = None,
 ) -> ShardScan:
     """Every sample of one shard: kept ones indexed by split (with their pHashes, and their
-    captions' token ids when `tokenize`: data.pretokenize), the rest as skips with their reasons
-    (as the copying source names them).
+    captions' token ids when `tokenize`: data.pretokenize_model), the rest as skips with their
+    reasons (as the copying source names them).
 
     The loop is the data stage's cost per pair (BENCHMARKS.md): one block read, a caption check
     and one sha256 for nearly every sample; locations go into flat int lists, not objects."""
@@ -288,7 +288,7 @@ def scan_shard(
     skips = SkipLog()
     rows: tuple[list[int], list[int], list[int]] = ([], [], [])  # flat locations per split code
     phashes: tuple[list[int], list[int]] = ([], [])
-    captions: tuple[list[str], list[str]] = ([], [])  # data.pretokenize: of train and val
+    captions: tuple[list[str], list[str]] = ([], [])  # data.pretokenize_model: of train and val
     samples = decoded = 0
     error = None
     try:
@@ -371,7 +371,7 @@ def scan_shard(
 
 
 def write_index(path: Path, locations: np.ndarray, tokens: np.ndarray | None = None) -> None:
-    """An index file; `tokens`: each sample's stored token ids (data.pretokenize), [n, context
+    """An index file; `tokens`: each sample's stored token ids (data.pretokenize_model), [n, context
     length] in their TokenFormat's dtype, which the compressor shrinks to about the ids' length
     (the padding is runs of one value)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -415,8 +415,8 @@ def _read(f: BinaryIO, location: tuple[int, int]) -> bytes:
     return f.read(location[1])
 
 
-# A worker process's tokenizer (data.pretokenize), given once when it starts: pickled with every
-# job, a tokenizer's vocabulary (MBs) would cross to the workers once per shard.
+# A worker process's tokenizer (data.pretokenize_model), given once when it starts: pickled with
+# every job, a tokenizer's vocabulary (MBs) would cross to the workers once per shard.
 _worker_tokenize: CaptionTokenizer | None = None
 
 
@@ -483,7 +483,7 @@ def build_splits(
     tokenize: CaptionTokenizer | None = None,
 ) -> tuple[dict, dict, dict]:
     """Index the shards of data.paths (or `files`) into out/ (with each sample's token ids
-    when `tokenize`: data.pretokenize); returns (splits, source, decontamination) for the
+    when `tokenize`: data.pretokenize_model); returns (splits, source, decontamination) for the
     manifest."""
     files = files if files is not None else expand_paths(data.paths, "webdataset .tar shards")
     # absolute: the train stage may run from another directory than this stage did

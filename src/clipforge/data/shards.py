@@ -5,7 +5,7 @@ indexed, after a check that each is still what the manifest recorded (its identi
 
 Writing goes through the `webdataset` library so the shards are what every webdataset tool
 expects (`<key>.jpg` + `<key>.txt` per sample, and `<key>.tok`, the caption's token ids, with
-data.pretokenize). Reading for training uses the tar headers
+data.pretokenize_model). Reading for training uses the tar headers
 directly: a sample is addressed by (shard, index), which makes the data order a pure function
 of the step and lets a resumed run seek straight to its position.
 """
@@ -35,7 +35,7 @@ class ShardInfo:
     sha256: str
 
 
-# -- token ids stored with the samples (data.pretokenize) ---------------------------------------
+# -- token ids stored with the samples (data.pretokenize_model) ---------------------------------
 
 TOKENS_MEMBER = "tok"  # <key>.tok: the caption's ids at the context length, little-endian
 INDEX_TOKENS = "tokens"  # in place: the index file's array of stored ids, [n, context length]
@@ -452,8 +452,8 @@ class InPlaceReader:
         return sample
 
     def _shard_tokens(self, shard: int) -> np.ndarray | None:
-        """The shard's stored ids (data.pretokenize), None without. Kept for one window of shards
-        only: ~150 bytes a sample (77 uint16 ids), 100 MB a worker for 64 shards of 10k."""
+        """The shard's stored ids (data.pretokenize_model), None without. Kept for one window of
+        shards only: ~150 bytes a sample (77 uint16 ids), 100 MB a worker for 64 shards of 10k."""
         if shard not in self._tokens:
             if len(self._tokens) >= self.max_open_files:
                 self._tokens.pop(next(iter(self._tokens)))

@@ -3,13 +3,13 @@
 Output layout (written to a temporary sibling and moved into place only when complete, so an
 interrupted run leaves the previous data/ intact):
   data/train/shard-NNNNNN.tar   webdataset shards: <key>.jpg + <key>.txt (+ <key>.tok: the
-                                caption's token ids, with data.pretokenize)
+                                caption's token ids, with data.pretokenize_model)
   data/val/shard-NNNNNN.tar
   data/test/test_imgs.tsv       Chinese-CLIP layout (see clipforge.data.testset)
   data/test/test_texts.jsonl
   data/suites/<name>/           builtin: the demo's other eval suites (see _builtin_suites)
   data/manifest.json            counts, per-shard sha256, skipped items by reason, source;
-                                with data.pretokenize, the stored ids' format and tokenizer
+                                with data.pretokenize_model, the ids' format and tokenizer
   data/config.yaml              the resolved parameters this data was made with
 """
 
@@ -28,7 +28,7 @@ from clipforge.cli import (
     run_stage,
     stage_parser,
 )
-from clipforge.config import STAGE_SECTIONS, Config, ConfigError, DataConfig
+from clipforge.config import STAGE_SECTIONS, Config, ConfigError, DataConfig, ModelConfig
 from clipforge.data import builtin, decontam, inplace, laion, testset, wds_source
 from clipforge.data.inputs import expand_paths
 from clipforge.data.local import load_image, read_records, split_of
@@ -52,7 +52,7 @@ def build_dataset(config: Config, out: Path) -> dict:
     data = config.data
     skips = SkipLog()
     checked = decontam.not_checked("the local source is not checked (data.decontaminate)")
-    tokenize, tokens = caption_tokens(config) if data.pretokenize else (None, None)
+    tokenize, tokens = caption_tokens(data) if data.pretokenize_model else (None, None)
     if data.source == "webdataset":
         files = expand_paths(data.paths, "webdataset .tar shards")
     if data.source == "builtin":
@@ -95,22 +95,24 @@ def build_dataset(config: Config, out: Path) -> dict:
     return manifest
 
 
-def caption_tokens(config: Config) -> tuple[CaptionTokenizer, dict]:
-    """data.pretokenize: the model's tokenizer (built from model.name and model.text_tower
-    alone, as the train stage builds it) as the shard writers' `tokenize`, and the manifest's
-    `tokens` entry: how the ids are stored, and the tokenizer's fingerprint, which the train
-    loader compares with its model's before it trusts them."""
+def caption_tokens(data: DataConfig) -> tuple[CaptionTokenizer, dict]:
+    """data.pretokenize_model: that model's tokenizer (built from its name and
+    data.pretokenize_text_tower alone, as the train stage builds a model's) as the shard writers'
+    `tokenize`, and the manifest's `tokens` entry: how the ids are stored, and the tokenizer's
+    fingerprint, which the train loader compares with its model's before it trusts them."""
     from clipforge.model_names import model_tokenizer, tokenizer_fingerprint
 
-    model = config.model
-    assert model is not None  # a section of this stage (STAGE_SECTIONS)
-    tokenizer = model_tokenizer(model)
+    assert data.pretokenize_model is not None
+    model = ModelConfig(name=data.pretokenize_model, text_tower=data.pretokenize_text_tower)
+    tokenizer = model_tokenizer(
+        model, keys=("data.pretokenize_model", "data.pretokenize_text_tower")
+    )
     fingerprint = tokenizer_fingerprint(tokenizer)
     if fingerprint is None:
         raise ConfigError(
-            f"data.pretokenize: the tokenizer of model.name {model.name!r} "
+            f"data.pretokenize_model: the tokenizer of {model.name!r} "
             f"({type(tokenizer).__name__}) has no vocabulary clipforge can fingerprint, so "
-            f"stored ids could not be checked against the model's; set data.pretokenize: false"
+            f"stored ids could not be checked against the model's; set it to null"
         )
     token_format = TokenFormat.for_vocabulary(fingerprint["max_id"], fingerprint["context_length"])
     names = {"model": model.name, "text_tower": model.text_tower}

@@ -34,7 +34,7 @@ def build_splits(
     data: DataConfig, out, skips: SkipLog, files: list[str], tokenize: Tokenize | None = None
 ) -> tuple[dict, dict]:
     """Copy the samples of `files` (data.paths expanded) into out/ (with their token ids when
-    `tokenize`: data.pretokenize)."""
+    `tokenize`: data.pretokenize_model)."""
     writer = SplitWriter(out, data, tokenize)
     inputs = []
     for url in files:

@@ -17,9 +17,9 @@ Shards used in place (data.in_place) are read through the same (shard, index) ad
 offsets the data stage indexed (clipforge.data.shards.InPlaceReader); a sample whose image does
 not decode there is replaced by the next position's and counted (`Batches.skipped`).
 
-Token ids come from data/ where the data stage stored them (data.pretokenize) and its record of
-the tokenizer matches the model's (`stored_tokens`); the workers then read ids instead of
-tokenising captions. Otherwise, and for data without ids, they tokenise as they go.
+Token ids come from data/ where the data stage stored them (data.pretokenize_model) and its
+record of the tokenizer matches the model's (`stored_tokens`); the workers then read ids instead
+of tokenising captions. Otherwise, and for data without ids, they tokenise as they go.
 
 The loader's unit of work is a chunk of at most CHUNK_SAMPLES samples of one micro-batch, so a
 micro-batch is decoded by many workers at once. Workers emit uint8 pixels; the cast and the
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from clipforge.config import BatchPlan, steps_per_epoch
+from clipforge.config import BatchPlan, ModelConfig, steps_per_epoch
 from clipforge.data.samples import SkipLog
 from clipforge.data.shards import (
     TOKENS_MEMBER,
@@ -100,27 +100,45 @@ def split_files(data_dir: Path, split: str) -> SplitFiles:
 SPOT_CHECK_SAMPLES = 16
 
 
-def stored_tokens(data_dir: Path, files: SplitFiles, tokenizer: Callable) -> TokenFormat | None:
-    """How data/'s stored token ids read, when they are what `tokenizer` gives: its fingerprint
-    is the one the manifest records, and the first samples' ids are its output for their
-    captions. None otherwise (the loader tokenises), with one line saying why."""
+def stored_tokens(
+    data_dir: Path, files: SplitFiles, tokenizer: Callable, model: ModelConfig
+) -> TokenFormat | None:
+    """How data/'s stored token ids read, when they are what `tokenizer` (`model`'s) gives: its
+    fingerprint is the one the manifest records, and the first samples' ids are its output for
+    their captions. None otherwise (the loader tokenises), with one line saying why and what to
+    do about it."""
     from clipforge.model_names import fingerprint_difference, tokenizer_fingerprint
 
     manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
     entry = manifest.get("tokens")
     if entry is None:
-        log.info("the loader tokenises the captions: data/ holds no token ids (data.pretokenize)")
+        log.info(
+            "the loader tokenises the captions: data/ holds no token ids (data.pretokenize_model)"
+        )
         return None
     stored_by = entry["tokenizer"].get("text_tower") or entry["tokenizer"].get("model")
+    ours = model.text_tower or model.name
     why = fingerprint_difference(entry["tokenizer"], tokenizer_fingerprint(tokenizer))
+    if why is not None:
+        # The usual cause: a new model.name, which (by design) leaves data/ as it is.
+        log.warning(
+            "the loader tokenises the captions: data/'s token ids are of %s's tokenizer, not this "
+            "model's (%s: %s); set data.pretokenize_model: %s and data.pretokenize_text_tower: %s "
+            "to store its ids, or leave them: they are then just not used",
+            stored_by,
+            ours,
+            why,
+            model.name,
+            model.text_tower or "null",
+        )
+        return None
     token_format = TokenFormat(entry["dtype"], int(entry["context_length"]))
-    if why is None and files.num_samples:
-        why = _spot_check(files, tokenizer, token_format)
+    why = _spot_check(files, tokenizer, token_format) if files.num_samples else None
     if why is not None:
         log.warning(
-            "the loader tokenises the captions: data/'s token ids are of %s's tokenizer, not "
-            "this model's (%s); rerun the data stage with this model to store its ids",
-            stored_by,
+            "the loader tokenises the captions: data/'s token ids are not %s's tokenizer's output "
+            "although its fingerprint matches (%s); rerun the data stage (dvc repro --force data)",
+            ours,
             why,
         )
         return None

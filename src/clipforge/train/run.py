@@ -268,7 +268,7 @@ def _set_up_locked(
         transform, mean, std = train_data.device_decode_transform(bundle.preprocess_train)
     else:
         transform, mean, std = train_data.uint8_transform(bundle.preprocess_train)
-    tokens = train_data.stored_tokens(paths["data"], files, bundle.tokenizer)
+    tokens = train_data.stored_tokens(paths["data"], files, bundle.tokenizer, config.model)
     dataset = train_data.MicroBatches(
         files,
         plan,
