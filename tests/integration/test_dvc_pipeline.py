@@ -139,23 +139,29 @@ def test_exp_run_with_a_changed_param_reruns_train_and_eval_only(pipeline_repo):
     assert "0.0005" in shown and "t2i_r01" in shown  # the experiment's params and its metrics
 
 
-def test_the_data_stage_depends_on_the_tokenizers_keys_of_the_model_section_only(pipeline_repo):
-    """The data stage reads the model section for data.pretokenize's tokenizer: a new
-    model.patch_dropout rewrites resolved/data.yaml but leaves the data stage up to date; a new
-    model.name makes it stale (its ids would be another tokenizer's)."""
+def test_a_new_model_leaves_the_data_stage_up_to_date_a_new_pretokenize_model_does_not(
+    pipeline_repo,
+):
+    """The data stage's params are the data section alone: a new model.name (another tokenizer)
+    leaves data/ as it is (the loader then tokenises, or reads ids of the same tokenizer), while
+    a new data.pretokenize_model (the tokenizer of the stored ids) makes it stale."""
     import yaml
 
     params = pipeline_repo / "params.yaml"
     original = params.read_text()
     try:
-        for key, value, stale in (("patch_dropout", 0.25, False), ("name", "ViT-B-32", True)):
+        for section, key, value, stale in (
+            ("model", "name", "ViT-B-32", False),
+            ("data", "pretokenize_model", "ViT-B-32", True),
+        ):
             edited = yaml.safe_load(original)
-            edited["model"][key] = value
+            edited[section][key] = value
             params.write_text(yaml.safe_dump(edited, allow_unicode=True))
             _dvc(pipeline_repo, "repro", "params@data")
             status = _dvc(pipeline_repo, "status", "data").stdout
-            assert ("model.name" in status) == stale, status
+            assert ("data.pretokenize_model" in status) == stale, status
             assert ("up to date" in status) != stale, status
+            assert "model.name" not in status, status
     finally:
         subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)
 
