@@ -109,6 +109,26 @@ class DataConfig(Section):
     max_caption_chars: int = knob(
         512, "Captions longer than this are skipped as `caption_too_long`.", ge=1
     )
+    # the tokenizer named here, not read from the model section: a new model.* then leaves data/
+    # (hours to rebuild at the reference size) as it is, and the loader checks the ids it finds
+    pretokenize_model: str | None = knob(
+        None,
+        "Store each train/val caption's token ids with its sample (copied shards: a `tok` member; "
+        "in place: the index files), made by the tokenizer of this open_clip model name (as "
+        "model.name; its tokenizer only, no weights), so the train loader reads ids instead of "
+        "tokenising every caption in every epoch. null: no ids. Set it to the model.name you "
+        "train: the loader uses the ids only where the model's tokenizer has the fingerprint "
+        "data/manifest.json records (models can share one: ViT-B-32, ViT-B-16), and tokenises "
+        "otherwise, saying why. Saves the workers 55-140 µs a caption (2-7% of their time at "
+        "224 px; BENCHMARKS.md, loader); the production recipes set their own model.",
+        nonempty=True,
+    )
+    pretokenize_text_tower: str | None = knob(
+        None,
+        "With data.pretokenize_model: the Hugging Face text tower whose tokenizer makes the ids "
+        "(as model.text_tower; null: the model's own).",
+        nonempty=True,
+    )
     # webdataset, laion-parquet: shards used where they are (clipforge.data.inplace)
     in_place: bool | Literal["auto"] = knob(
         "auto",
@@ -215,6 +235,11 @@ class DataConfig(Section):
             raise ConfigError(
                 f"data.paths: required when data.source is `{self.source}` ({kind}: "
                 f"paths, globs or fsspec URLs)"
+            )
+        if self.pretokenize_text_tower and not self.pretokenize_model:
+            raise ConfigError(
+                "data.pretokenize_text_tower: needs data.pretokenize_model (the model whose "
+                "text tower it replaces, as model.text_tower replaces model.name's)"
             )
 
 

@@ -8,9 +8,6 @@ Face text tower is swapped in the same way: a derived config is registered under
 from __future__ import annotations
 
 import copy
-import json
-import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,19 +17,16 @@ import open_clip
 import torch
 
 from clipforge.config import ModelConfig
-from clipforge.fields import ConfigError
 from clipforge.model_files import ModelFilesError, weights_file
+
+# Re-exported: the names a model is built by have their home in model_names (the data stage
+# reads them too, for data.pretokenize_model, without the model's code).
+from clipforge.model_names import (  # noqa: F401
+    BUNDLED_CONFIGS,
+    register_bundled_configs,
+    resolve_model_name,
+)
 from clipforge.util import first_line
-
-BUNDLED_CONFIGS = Path(__file__).parent / "model_configs"
-_registered = False
-
-
-def register_bundled_configs() -> None:
-    global _registered
-    if not _registered:
-        open_clip.add_model_config(BUNDLED_CONFIGS)
-        _registered = True
 
 
 @dataclass
@@ -43,45 +37,6 @@ class ClipBundle:
     tokenizer: Callable
     model_cfg: dict  # the open_clip config the model was built from (exported with the weights)
     preprocess_cfg: dict
-
-
-def resolve_model_name(cfg: ModelConfig) -> str:
-    """The open_clip name to build: the configured one, or a derived one with an HF text tower.
-    An HF tower (model.text_tower, or one in the named config such as xlm-roberta-base-ViT-B-32)
-    is checked to be loadable first, with an error that says how to get it (text_towers.py)."""
-    from clipforge.text_towers import resolve_tower
-
-    register_bundled_configs()
-    base = open_clip.get_model_config(cfg.name)
-    if base is None:
-        raise ConfigError(
-            f"model.name: unknown model {cfg.name!r}; open_clip knows "
-            f"{len(open_clip.list_models())} models, e.g. ViT-B-32, clipforge-tiny"
-        )
-    if not cfg.text_tower:
-        builtin_tower = base.get("text_cfg", {}).get("hf_model_name")
-        if builtin_tower:
-            resolve_tower(builtin_tower, "model.name")
-        return cfg.name
-    tower = resolve_tower(cfg.text_tower, "model.text_tower")
-    derived = copy.deepcopy(base)
-    # Chinese-CLIP's text head: the [CLS] state through one bias-free linear layer. So the model
-    # is that architecture (a transformers ChineseCLIPModel, clipforge.export.hf), not open_clip's
-    # default two-layer MLP head.
-    derived["text_cfg"] = {
-        "hf_model_name": tower,
-        "hf_tokenizer_name": tower,
-        "hf_proj_type": "linear",
-        "hf_pooler_type": "cls_last_hidden_state_pooler",
-        "context_length": base.get("text_cfg", {}).get("context_length", 77),
-    }
-    name = f"{cfg.name}--text-{re.sub(r'[^A-Za-z0-9]+', '-', cfg.text_tower).strip('-')}"
-    # open_clip registers configs only from files; it keeps what it read, so the file can go.
-    with tempfile.TemporaryDirectory(prefix="clipforge-model-config-") as directory:
-        config_file = Path(directory) / f"{name}.json"
-        config_file.write_text(json.dumps(derived))
-        open_clip.add_model_config(config_file)
-    return name
 
 
 def build_model(cfg: ModelConfig) -> ClipBundle:

@@ -40,6 +40,9 @@ def production() -> dict[str, dict]:
             "val_fraction": 0.001,  # ~tens of thousands of pairs: enough for a stable val loss
             "samples_per_shard": 10000,
             "resize_to": 224,  # ViT-B/32's input: less to decode in every epoch
+            # token ids made once here, not in every epoch by the loader workers that also
+            # decode the JPEGs (BENCHMARKS.md, loader): the model's tokenizer, no weights
+            "pretokenize_model": "ViT-B-32",
             "download_processes": 16,
             "download_threads": 128,
         },
@@ -98,6 +101,10 @@ def production_suites() -> list[dict]:
 def production_with_model(**model: str) -> dict[str, dict]:
     recipe = copy.deepcopy(production())
     recipe["model"] = dict(model)
+    # the stored ids are this model's tokenizer's (the data section names it: model.* are not
+    # the data stage's params, so a new model alone does not remake data/)
+    recipe["data"]["pretokenize_model"] = model["name"]
+    recipe["data"]["pretokenize_text_tower"] = model.get("text_tower")
     return recipe
 
 

@@ -139,6 +139,33 @@ def test_exp_run_with_a_changed_param_reruns_train_and_eval_only(pipeline_repo):
     assert "0.0005" in shown and "t2i_r01" in shown  # the experiment's params and its metrics
 
 
+def test_a_new_model_leaves_the_data_stage_up_to_date_a_new_pretokenize_model_does_not(
+    pipeline_repo,
+):
+    """The data stage's params are the data section alone: a new model.name (another tokenizer)
+    leaves data/ as it is (the loader then tokenises, or reads ids of the same tokenizer), while
+    a new data.pretokenize_model (the tokenizer of the stored ids) makes it stale."""
+    import yaml
+
+    params = pipeline_repo / "params.yaml"
+    original = params.read_text()
+    try:
+        for section, key, value, stale in (
+            ("model", "name", "ViT-B-32", False),
+            ("data", "pretokenize_model", "ViT-B-32", True),
+        ):
+            edited = yaml.safe_load(original)
+            edited[section][key] = value
+            params.write_text(yaml.safe_dump(edited, allow_unicode=True))
+            _dvc(pipeline_repo, "repro", "params@data")
+            status = _dvc(pipeline_repo, "status", "data").stdout
+            # dvc names the changed param (the whole `data` section) under resolved/data.yaml
+            assert ("resolved/data.yaml" in status) == stale, status
+            assert ("up to date" in status) != stale, status
+    finally:
+        subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)
+
+
 def test_a_recipe_experiment_shows_the_values_it_trains_with(pipeline_repo):
     """`dvc exp run -S recipe=production` (its params stage only): `dvc params diff` and
     `dvc exp show` carry the recipe's lr, precision and ranks, not params.yaml's (whose keys

@@ -173,10 +173,10 @@ def test_interrupted_stage_leaves_previous_outputs_intact(tmp_path, small_data, 
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     real_write = stage.write_shards
 
-    def crash_on_val(pairs, root, split, per_shard):
+    def crash_on_val(pairs, root, split, per_shard, tokenize):
         if split == "val":
             raise KeyboardInterrupt
-        return real_write(pairs, root, split, per_shard)
+        return real_write(pairs, root, split, per_shard, tokenize)
 
     monkeypatch.setattr(stage, "write_shards", crash_on_val)
     params = write_params(tmp_path / "params.yaml")

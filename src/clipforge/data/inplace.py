@@ -6,7 +6,8 @@ processes, and writes
                             sha256), samples read and kept; the splits; skips; decontamination
   data/train/NNNNNN.npz     per input shard NNNNNN: where the bytes of each train sample are
   data/val/NNNNNN.npz       (image offset and size, caption offset and size), ~3 bytes a pair
-                            (clipforge.data.shards.encode_index); no keys: the shard holds them
+                            (clipforge.data.shards.encode_index); no keys: the shard holds them;
+                            with data.pretokenize_model, each caption's token ids too
   data/test/                the test set (Chinese-CLIP layout, copied: eval reads it whole)
 so data/ stays megabytes next to a terabyte of shards, and DVC tracks that, not the images.
 The split is the same hash of `<shard file name>/<key>` as the copying source uses.
@@ -39,7 +40,15 @@ from clipforge.config import DataConfig
 from clipforge.data import decontam, testset
 from clipforge.data.inputs import expand_paths
 from clipforge.data.samples import SkipLog, clean_caption, decode_image
-from clipforge.data.shards import decode_index, encode_index, open_shard, shard_identity
+from clipforge.data.shards import (
+    INDEX_TOKENS,
+    TOKENIZE_BATCH,
+    CaptionTokenizer,
+    decode_index,
+    encode_index,
+    open_shard,
+    shard_identity,
+)
 from clipforge.data.splits import test_hashes
 
 log = logging.getLogger("clipforge.data")
@@ -256,9 +265,15 @@ class ShardScan:
     skips: SkipLog = field(default_factory=SkipLog)
 
 
-def scan_shard(url: str, options: ScanOptions, index_files: dict[str, Path]) -> ShardScan:
-    """Every sample of one shard: kept ones indexed by split (with their pHashes), the rest as
-    skips with their reasons (as the copying source names them).
+def scan_shard(
+    url: str,
+    options: ScanOptions,
+    index_files: dict[str, Path],
+    tokenize: CaptionTokenizer | None = None,
+) -> ShardScan:
+    """Every sample of one shard: kept ones indexed by split (with their pHashes, and their
+    captions' token ids when `tokenize`: data.pretokenize_model), the rest as skips with their
+    reasons (as the copying source names them).
 
     The loop is the data stage's cost per pair (BENCHMARKS.md): one block read, a caption check
     and one sha256 for nearly every sample; locations go into flat int lists, not objects."""
@@ -273,6 +288,7 @@ def scan_shard(url: str, options: ScanOptions, index_files: dict[str, Path]) -> 
     skips = SkipLog()
     rows: tuple[list[int], list[int], list[int]] = ([], [], [])  # flat locations per split code
     phashes: tuple[list[int], list[int]] = ([], [])
+    captions: tuple[list[str], list[str]] = ([], [])  # data.pretokenize_model: of train and val
     samples = decoded = 0
     error = None
     try:
@@ -328,13 +344,17 @@ def scan_shard(url: str, options: ScanOptions, index_files: dict[str, Path]) -> 
                 rows[code].extend((*image, *caption))
                 if code < 2 and options.hash_images:
                     phashes[code].append(phash)
+                if code < 2 and tokenize is not None:
+                    assert isinstance(text, str)  # clean_caption skipped undecodable ones
+                    captions[code].append(text)
     except (tarfile.TarError, EOFError, OSError) as exc:
         error = f"{type(exc).__name__}: {exc}"
         skips.add("corrupt_shard", f"{url} ({error})")
     locations = [np.array(r, dtype=np.int64).reshape(-1, 4) for r in rows]
     for code, split in enumerate(HELD_SPLITS):
         if len(locations[code]):
-            write_index(index_files[split], locations[code])
+            tokens = token_rows(tokenize, captions[code]) if tokenize else None
+            write_index(index_files[split], locations[code], tokens)
     return ShardScan(
         url,
         identity,
@@ -350,10 +370,28 @@ def scan_shard(url: str, options: ScanOptions, index_files: dict[str, Path]) -> 
     )
 
 
-def write_index(path: Path, locations: np.ndarray) -> None:
+def write_index(path: Path, locations: np.ndarray, tokens: np.ndarray | None = None) -> None:
+    """An index file; `tokens`: each sample's stored token ids (data.pretokenize_model), [n, context
+    length] in their TokenFormat's dtype, which the compressor shrinks to about the ids' length
+    (the padding is runs of one value)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = encode_index(locations)
+    if tokens is not None:
+        arrays[INDEX_TOKENS] = tokens
     with open(path, "wb") as f:
-        np.savez_compressed(f, **encode_index(locations))
+        np.savez_compressed(f, **arrays)
+
+
+def token_rows(tokenize: CaptionTokenizer, captions: list[str]) -> np.ndarray:
+    """The stored ids of `captions` as one array, TOKENIZE_BATCH captions per call."""
+    token_format = tokenize.format
+    stored = [
+        row
+        for start in range(0, len(captions), TOKENIZE_BATCH)
+        for row in tokenize(captions[start : start + TOKENIZE_BATCH])
+    ]
+    flat = np.frombuffer(b"".join(stored), dtype=token_format.dtype)
+    return flat.reshape(len(captions), token_format.context_length)
 
 
 def read_index(path: Path) -> np.ndarray:
@@ -377,12 +415,26 @@ def _read(f: BinaryIO, location: tuple[int, int]) -> bytes:
     return f.read(location[1])
 
 
+# A worker process's tokenizer (data.pretokenize_model), given once when it starts: pickled with
+# every job, a tokenizer's vocabulary (MBs) would cross to the workers once per shard.
+_worker_tokenize: CaptionTokenizer | None = None
+
+
+def _set_worker_tokenize(tokenize: CaptionTokenizer | None) -> None:
+    global _worker_tokenize
+    _worker_tokenize = tokenize
+
+
 def _scan(args: tuple[str, ScanOptions, dict[str, Path]]) -> ShardScan:
-    return scan_shard(*args)
+    return scan_shard(*args, _worker_tokenize)
 
 
 def scan_all(
-    files: list[str], options: ScanOptions, workers: int, out: Path
+    files: list[str],
+    options: ScanOptions,
+    workers: int,
+    out: Path,
+    tokenize: CaptionTokenizer | None = None,
 ) -> Iterator[ShardScan]:
     """scan_shard over every file, in input order, over `workers` processes; shard n's index
     files are out/<split>/NNNNNN.npz (n: its place in `files`)."""
@@ -391,9 +443,13 @@ def scan_all(
         for n, url in enumerate(files)
     ]
     if workers <= 1 or len(files) <= 1:
-        yield from (scan_shard(*job) for job in jobs)
+        yield from (scan_shard(*job, tokenize) for job in jobs)
         return
-    with ProcessPoolExecutor(max_workers=min(workers, len(files))) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(files)),
+        initializer=_set_worker_tokenize,
+        initargs=(tokenize,),
+    ) as pool:
         # a few shards per task: 100k shards are 100k round trips to the workers otherwise
         chunk = max(1, min(16, len(jobs) // (8 * workers)))
         yield from pool.map(_scan, jobs, chunksize=chunk)
@@ -419,10 +475,16 @@ def num_workers(data: DataConfig) -> int:
 
 
 def build_splits(
-    data: DataConfig, out: Path, skips: SkipLog, files: list[str] | None = None, kind: str = ""
+    data: DataConfig,
+    out: Path,
+    skips: SkipLog,
+    files: list[str] | None = None,
+    kind: str = "",
+    tokenize: CaptionTokenizer | None = None,
 ) -> tuple[dict, dict, dict]:
-    """Index the shards of data.paths (or `files`) into out/; returns (splits, source,
-    decontamination) for the manifest."""
+    """Index the shards of data.paths (or `files`) into out/ (with each sample's token ids
+    when `tokenize`: data.pretokenize_model); returns (splits, source, decontamination) for the
+    manifest."""
     files = files if files is not None else expand_paths(data.paths, "webdataset .tar shards")
     # absolute: the train stage may run from another directory than this stage did
     files = [url if "://" in url else os.path.abspath(url) for url in files]
@@ -436,7 +498,7 @@ def build_splits(
         max_image_pixels=data.max_image_pixels,
     )
     scans = []
-    for scan in scan_all(files, options, num_workers(data), out):
+    for scan in scan_all(files, options, num_workers(data), out, tokenize):
         _merge_skips(skips, scan.skips)
         scans.append(scan)
     test_split = None
@@ -527,6 +589,8 @@ def _decontaminate(
             if not closest:
                 continue
             locations = read_index(scan.index_files[split])
+            with np.load(scan.index_files[split]) as index_file:
+                tokens = index_file[INDEX_TOKENS] if INDEX_TOKENS in index_file.files else None
             with open_shard(scan.url) as f:
                 for row, (column, distance) in sorted(closest.items()):
                     image_at, image_size = locations[row][:2].tolist()
@@ -543,9 +607,11 @@ def _decontaminate(
                     )
             if data.decontaminate == "drop":
                 kept = np.delete(locations, sorted(closest), axis=0)
+                if tokens is not None:
+                    tokens = np.delete(tokens, sorted(closest), axis=0)
                 scan.counts[split] = len(kept)
                 if len(kept):
-                    write_index(scan.index_files[split], kept)
+                    write_index(scan.index_files[split], kept, tokens)
                 else:
                     scan.index_files[split].unlink()
     return findings

@@ -31,7 +31,7 @@ from clipforge.data import download, inplace
 from clipforge.data.inputs import expand_paths
 from clipforge.data.laion_filter import FilterReport, filtered_tables
 from clipforge.data.samples import SkipLog
-from clipforge.data.shards import index_shard
+from clipforge.data.shards import CaptionTokenizer, index_shard
 from clipforge.data.splits import SplitWriter
 from clipforge.fsutil import atomic_file
 
@@ -50,7 +50,9 @@ _DOWNLOAD_KEYS = (
 )
 
 
-def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dict]:
+def build_splits(
+    data: DataConfig, out: Path, skips: SkipLog, tokenize: CaptionTokenizer | None = None
+) -> tuple[dict, dict]:
     files = expand_paths(data.paths, "LAION metadata .parquet files")
     report = FilterReport(files)
     work = filter_into_work_dir(files, data, report, Path(data.download_dir))
@@ -80,7 +82,7 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
                 )
             )
         in_place = in_place_download(data, report.kept)
-        writer = None if in_place else SplitWriter(out, data)
+        writer = None if in_place else SplitWriter(out, data, tokenize)
         for name in shard_names:
             if job is not None and name not in done:
                 job.wait_for_shard(name)
@@ -94,7 +96,9 @@ def build_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dic
     stats = download.shard_stats(shards_dir, expected)
     if in_place:
         tars = [str(shards_dir / f"{name}.tar") for name in shard_names]
-        splits, _, decontamination = inplace.build_splits(data, out, skips, tars, "laion-parquet")
+        splits, _, decontamination = inplace.build_splits(
+            data, out, skips, tars, "laion-parquet", tokenize
+        )
     else:
         assert writer is not None  # made when not in place
         splits = writer.close()

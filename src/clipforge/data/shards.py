@@ -4,7 +4,8 @@ Shards used in place (data.in_place) are read here too, by the locations the dat
 indexed, after a check that each is still what the manifest recorded (its identity).
 
 Writing goes through the `webdataset` library so the shards are what every webdataset tool
-expects (`<key>.jpg` + `<key>.txt` per sample). Reading for training uses the tar headers
+expects (`<key>.jpg` + `<key>.txt` per sample, and `<key>.tok`, the caption's token ids, with
+data.pretokenize_model). Reading for training uses the tar headers
 directly: a sample is addressed by (shard, index), which makes the data order a pure function
 of the step and lets a resumed run seek straight to its position.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,33 +35,109 @@ class ShardInfo:
     sha256: str
 
 
+# -- token ids stored with the samples (data.pretokenize_model) ---------------------------------
+
+TOKENS_MEMBER = "tok"  # <key>.tok: the caption's ids at the context length, little-endian
+INDEX_TOKENS = "tokens"  # in place: the index file's array of stored ids, [n, context length]
+TOKENIZE_BATCH = 256  # captions tokenised per call: a fast HF tokenizer's cost is mostly per call
+
+
+@dataclass(frozen=True)
+class TokenFormat:
+    """How a sample's token ids are stored: exactly the tokenizer's output row (context_length
+    ids, its truncation and padding included), as `dtype` (uint16 when every id fits, which a
+    tar member holds in one 512-byte block up to 256 ids; int32 otherwise)."""
+
+    dtype: str  # numpy's name: "<u2" or "<i4"
+    context_length: int
+
+    @classmethod
+    def for_vocabulary(cls, max_id: int, context_length: int) -> TokenFormat:
+        return cls("<u2" if max_id < 2**16 else "<i4", context_length)
+
+    def encode(self, ids: np.ndarray) -> list[bytes]:
+        """Rows of ids [n, context_length] -> each row's stored bytes."""
+        ids = np.asarray(ids)
+        limits = np.iinfo(np.dtype(self.dtype))
+        if ids.ndim != 2 or ids.shape[1] != self.context_length:
+            raise ValueError(f"token ids of shape {ids.shape}, not [n, {self.context_length}]")
+        if ids.size and (ids.min() < limits.min or ids.max() > limits.max):
+            raise ValueError(f"token ids {ids.min()}..{ids.max()} do not fit {self.dtype}")
+        return [row.tobytes() for row in ids.astype(self.dtype)]
+
+    def decode(self, stored: list[bytes]) -> np.ndarray:
+        """Stored rows -> int64 ids [n, context_length], as the tokenizer returns them."""
+        flat = np.frombuffer(b"".join(stored), dtype=self.dtype)
+        return flat.reshape(len(stored), self.context_length).astype(np.int64)
+
+    def to_dict(self) -> dict:
+        return {"member": TOKENS_MEMBER, "dtype": self.dtype, "context_length": self.context_length}
+
+
+Tokenize = Callable[[list[str]], list[bytes]]  # captions -> each one's stored token ids
+
+
+@dataclass(frozen=True)
+class CaptionTokenizer:
+    """A Tokenize: a tokenizer's ids in a TokenFormat. Picklable, for the in-place scan's
+    worker processes."""
+
+    tokenizer: Callable
+    format: TokenFormat
+
+    def __call__(self, captions: list[str]) -> list[bytes]:
+        return self.format.encode(np.asarray(self.tokenizer(captions)))
+
+
 class ShardWriter:
     """Writes samples one at a time into root/split/shard-NNNNNN.tar, samples_per_shard each, so
-    several splits can be filled from one pass over a stream too large to hold in memory."""
+    several splits can be filled from one pass over a stream too large to hold in memory.
+    `tokenize`: each sample also gets its caption's token ids (TOKENS_MEMBER), made
+    TOKENIZE_BATCH captions at a time."""
 
-    def __init__(self, root: Path, split: str, samples_per_shard: int):
+    def __init__(
+        self, root: Path, split: str, samples_per_shard: int, tokenize: Tokenize | None = None
+    ):
         import webdataset as wds  # imports torch (~3 s): only once params have been validated
 
         self._tar_writer = wds.TarWriter
         self.root = root
         self.split = split
         self.samples_per_shard = samples_per_shard
+        self.tokenize = tokenize
         self.shards: list[ShardInfo] = []
         self._writer: wds.TarWriter | None = None
         self._name = ""
         self._count = 0
+        self._pending: list[tuple[str, bytes, str]] = []
         (root / split).mkdir(parents=True, exist_ok=True)
 
     def write(self, key: str, jpeg: bytes, caption: str) -> None:
+        if self.tokenize is None:
+            self._write({"__key__": key, "jpg": jpeg, "txt": caption})
+            return
+        self._pending.append((key, jpeg, caption))
+        if len(self._pending) == TOKENIZE_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and self.tokenize is not None:
+            tokens = self.tokenize([caption for _, _, caption in pending])
+            for (key, jpeg, caption), ids in zip(pending, tokens, strict=True):
+                self._write({"__key__": key, "jpg": jpeg, "txt": caption, TOKENS_MEMBER: ids})
+
+    def _write(self, sample: dict) -> None:
         if self._writer is None or self._count == self.samples_per_shard:
             self._finish_shard()
             self._name, self._count = f"{self.split}/shard-{len(self.shards):06d}.tar", 0
             # a fixed mtime makes the shards byte-for-byte reproducible, so DVC sees no change
             self._writer = self._tar_writer(str(self.root / self._name), mtime=0)
-        self._writer.write({"__key__": key, "jpg": jpeg, "txt": caption})
+        self._writer.write(sample)
         self._count += 1
 
     def close(self) -> list[ShardInfo]:
+        self._flush()
         self._finish_shard()
         return self.shards
 
@@ -74,10 +151,14 @@ class ShardWriter:
 
 
 def write_shards(
-    pairs: Iterable[tuple[str, bytes, str]], root: Path, split: str, samples_per_shard: int
+    pairs: Iterable[tuple[str, bytes, str]],
+    root: Path,
+    split: str,
+    samples_per_shard: int,
+    tokenize: Tokenize | None = None,
 ) -> list[ShardInfo]:
     """Write (key, jpeg bytes, caption) triples into root/split/shard-NNNNNN.tar files."""
-    writer = ShardWriter(root, split, samples_per_shard)
+    writer = ShardWriter(root, split, samples_per_shard, tokenize)
     for key, jpeg, caption in pairs:
         writer.write(key, jpeg, caption)
     return writer.close()
@@ -344,6 +425,7 @@ class InPlaceReader:
         self.shards = shards
         self.max_open_files = max_open_files
         self._locations: dict[int, np.ndarray] = {}
+        self._tokens: dict[int, np.ndarray | None] = {}
         self._files: dict[int, BinaryIO] = {}
 
     def read(self, shard: int, index: int) -> dict[str, bytes]:
@@ -358,8 +440,27 @@ class InPlaceReader:
         gap = text_at - (image_at + image_size)
         if 0 <= gap <= _ONE_READ_GAP:  # the caption right after the image: one read (request)
             both = _read_at(f, image_at, text_at + text_size - image_at)
-            return {"jpg": both[:image_size], "txt": both[image_size + gap :]}
-        return {"jpg": _read_at(f, image_at, image_size), "txt": _read_at(f, text_at, text_size)}
+            sample = {"jpg": both[:image_size], "txt": both[image_size + gap :]}
+        else:
+            sample = {
+                "jpg": _read_at(f, image_at, image_size),
+                "txt": _read_at(f, text_at, text_size),
+            }
+        tokens = self._shard_tokens(shard)
+        if tokens is not None:  # the member a copied shard has
+            sample[TOKENS_MEMBER] = tokens[index].tobytes()
+        return sample
+
+    def _shard_tokens(self, shard: int) -> np.ndarray | None:
+        """The shard's stored ids (data.pretokenize_model), None without. Kept for one window of
+        shards only: ~150 bytes a sample (77 uint16 ids), 100 MB a worker for 64 shards of 10k."""
+        if shard not in self._tokens:
+            if len(self._tokens) >= self.max_open_files:
+                self._tokens.pop(next(iter(self._tokens)))
+            with np.load(self.index_files[shard]) as index_file:
+                names = index_file.files
+                self._tokens[shard] = index_file[INDEX_TOKENS] if INDEX_TOKENS in names else None
+        return self._tokens[shard]
 
     def _file(self, shard: int) -> BinaryIO:
         if shard not in self._files:

@@ -21,7 +21,7 @@ from clipforge.cli import StageError
 from clipforge.config import DataConfig
 from clipforge.data import decontam, testset
 from clipforge.data.samples import shorter_side_at_most
-from clipforge.data.shards import ShardInfo, ShardReader, ShardWriter, rewrite_shard
+from clipforge.data.shards import ShardInfo, ShardReader, ShardWriter, Tokenize, rewrite_shard
 from clipforge.fsutil import sha256_file
 
 _PENDING_TEST = ".test-pending"
@@ -163,7 +163,7 @@ class SplitWriter:
     the end when it is split off here) the matches are counted and, with `drop`, their shards
     re-written without them: matches are rare, so few shards are."""
 
-    def __init__(self, out: Path, data: DataConfig):
+    def __init__(self, out: Path, data: DataConfig, tokenize: Tokenize | None = None):
         self.out = out
         self.data = data
         self.seed = data.seed
@@ -171,8 +171,9 @@ class SplitWriter:
         self.val_fraction = data.val_fraction
         self.test_fraction = 0.0 if data.test_dir else data.test_fraction
         self.writers = {
-            split: ShardWriter(out, split, data.samples_per_shard) for split in ("train", "val")
-        }
+            split: ShardWriter(out, split, data.samples_per_shard, tokenize)
+            for split in ("train", "val")
+        }  # the test set is read by the eval stage, which tokenises its own
         if self.test_fraction:
             self.writers["test"] = ShardWriter(out, _PENDING_TEST, data.samples_per_shard)
         self.counts = {split: 0 for split in self.writers}

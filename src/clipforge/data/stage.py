@@ -2,12 +2,14 @@
 
 Output layout (written to a temporary sibling and moved into place only when complete, so an
 interrupted run leaves the previous data/ intact):
-  data/train/shard-NNNNNN.tar   webdataset shards: <key>.jpg + <key>.txt
+  data/train/shard-NNNNNN.tar   webdataset shards: <key>.jpg + <key>.txt (+ <key>.tok: the
+                                caption's token ids, with data.pretokenize_model)
   data/val/shard-NNNNNN.tar
   data/test/test_imgs.tsv       Chinese-CLIP layout (see clipforge.data.testset)
   data/test/test_texts.jsonl
   data/suites/<name>/           builtin: the demo's other eval suites (see _builtin_suites)
-  data/manifest.json            counts, per-shard sha256, skipped items by reason, source
+  data/manifest.json            counts, per-shard sha256, skipped items by reason, source;
+                                with data.pretokenize_model, the ids' format and tokenizer
   data/config.yaml              the resolved parameters this data was made with
 """
 
@@ -26,12 +28,12 @@ from clipforge.cli import (
     run_stage,
     stage_parser,
 )
-from clipforge.config import STAGE_SECTIONS, Config, DataConfig
+from clipforge.config import STAGE_SECTIONS, Config, ConfigError, DataConfig, ModelConfig
 from clipforge.data import builtin, decontam, inplace, laion, testset, wds_source
 from clipforge.data.inputs import expand_paths
 from clipforge.data.local import load_image, read_records, split_of
 from clipforge.data.samples import SkipLog, clean_caption, shorter_side_at_most
-from clipforge.data.shards import write_shards
+from clipforge.data.shards import CaptionTokenizer, TokenFormat, Tokenize, write_shards
 from clipforge.data.splits import SeenPairs, check_given_test_set, check_held_out_sizes
 from clipforge.data.splits import shard_summary as _shard_summary
 from clipforge.data.splits import test_hashes as _test_hashes
@@ -50,23 +52,24 @@ def build_dataset(config: Config, out: Path) -> dict:
     data = config.data
     skips = SkipLog()
     checked = decontam.not_checked("the local source is not checked (data.decontaminate)")
+    tokenize, tokens = caption_tokens(data) if data.pretokenize_model else (None, None)
     if data.source == "webdataset":
         files = expand_paths(data.paths, "webdataset .tar shards")
     if data.source == "builtin":
-        splits, source = _builtin_splits(data, out)
+        splits, source = _builtin_splits(data, out, tokenize)
         checked = decontam.not_checked("builtin: test scenes are excluded from train when drawn")
     elif data.source == "laion-parquet":
-        splits, source = laion.build_splits(data, out, skips)
+        splits, source = laion.build_splits(data, out, skips, tokenize)
         checked = source.pop("decontamination", checked)
     elif data.source == "webdataset" and inplace.use_in_place(data, files):
         if data.resize_to:
             log.warning("data.resize_to is not applied in place: images are trained as they are")
-        splits, source, checked = inplace.build_splits(data, out, skips, files)
+        splits, source, checked = inplace.build_splits(data, out, skips, files, tokenize=tokenize)
     elif data.source == "webdataset":
-        splits, source = wds_source.build_splits(data, out, skips, files)
+        splits, source = wds_source.build_splits(data, out, skips, files, tokenize)
         checked = source.pop("decontamination")
     else:
-        splits, source = _local_splits(data, out, skips)
+        splits, source = _local_splits(data, out, skips, tokenize)
     if splits["train"]["count"] == 0:
         raise StageError(
             f"the train split is empty after filtering ({_skip_text(skips)}); "
@@ -83,6 +86,7 @@ def build_dataset(config: Config, out: Path) -> dict:
         "splits": splits,
         "skipped": skips.to_dict(),
         "decontamination": checked,
+        **({"tokens": tokens} if tokens else {}),
     }
     (out / DATA_MANIFEST).write_text(
         json.dumps(manifest, ensure_ascii=False, indent=2) + "\n", "utf-8"
@@ -91,7 +95,38 @@ def build_dataset(config: Config, out: Path) -> dict:
     return manifest
 
 
-def _builtin_splits(data: DataConfig, out: Path) -> tuple[dict, dict]:
+def caption_tokens(data: DataConfig) -> tuple[CaptionTokenizer, dict]:
+    """data.pretokenize_model: that model's tokenizer (built from its name and
+    data.pretokenize_text_tower alone, as the train stage builds a model's) as the shard writers'
+    `tokenize`, and the manifest's `tokens` entry: how the ids are stored, and the tokenizer's
+    fingerprint, which the train loader compares with its model's before it trusts them."""
+    from clipforge.model_names import model_tokenizer, tokenizer_fingerprint
+
+    assert data.pretokenize_model is not None
+    model = ModelConfig(name=data.pretokenize_model, text_tower=data.pretokenize_text_tower)
+    tokenizer = model_tokenizer(
+        model, keys=("data.pretokenize_model", "data.pretokenize_text_tower")
+    )
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    if fingerprint is None:
+        raise ConfigError(
+            f"data.pretokenize_model: the tokenizer of {model.name!r} "
+            f"({type(tokenizer).__name__}) has no vocabulary clipforge can fingerprint, so "
+            f"stored ids could not be checked against the model's; set it to null"
+        )
+    token_format = TokenFormat.for_vocabulary(fingerprint["max_id"], fingerprint["context_length"])
+    names = {"model": model.name, "text_tower": model.text_tower}
+    log.info(
+        "storing token ids of %s's tokenizer (%s, context length %d) with each train/val sample",
+        model.text_tower or model.name,
+        fingerprint["class"],
+        fingerprint["context_length"],
+    )
+    entry = {**token_format.to_dict(), "tokenizer": {**names, **fingerprint}}
+    return CaptionTokenizer(tokenizer, token_format), entry
+
+
+def _builtin_splits(data: DataConfig, out: Path, tokenize: Tokenize | None) -> tuple[dict, dict]:
     scenes, test_items = builtin.test_images(data.seed, data.num_test_images, data.image_size)
     t2i_scenes, t2i_items = builtin.t2i_suite_images(
         data.seed, data.num_test_images, data.image_size, set(scenes)
@@ -104,7 +139,9 @@ def _builtin_splits(data: DataConfig, out: Path) -> tuple[dict, dict]:
             for p in builtin.pairs(data.seed, split, count, data.image_size, exclude)
         )
         resized = ((k, shorter_side_at_most(j, data.resize_to), c) for k, j, c in triples)
-        splits[split] = _shard_summary(write_shards(resized, out, split, data.samples_per_shard))
+        splits[split] = _shard_summary(
+            write_shards(resized, out, split, data.samples_per_shard, tokenize)
+        )
     if not data.test_dir:
         counts = testset.write_test_set(
             out / "test", ((t.image_id, t.jpeg, t.captions) for t in test_items)
@@ -134,7 +171,9 @@ def _builtin_suites(data: DataConfig, out: Path, t2i_items) -> dict:
     return {"t2i-distractors": {**counts, **_test_hashes(t2i)}, "colour-shape": classes}
 
 
-def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, dict]:
+def _local_splits(
+    data: DataConfig, out: Path, skips: SkipLog, tokenize: Tokenize | None
+) -> tuple[dict, dict]:
     path = Path(data.path)
     if not path.exists():
         raise StageError(
@@ -160,7 +199,7 @@ def _local_splits(data: DataConfig, out: Path, skips: SkipLog) -> tuple[dict, di
     if seen.warning():
         log.warning("%s", seen.warning())
     splits = {
-        split: _shard_summary(write_shards(items, out, split, data.samples_per_shard))
+        split: _shard_summary(write_shards(items, out, split, data.samples_per_shard, tokenize))
         for split, items in buckets.items()
     }
     if not data.test_dir:

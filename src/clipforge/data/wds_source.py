@@ -24,14 +24,18 @@ from pathlib import PurePosixPath
 from clipforge.config import DataConfig
 from clipforge.data.inputs import open_input
 from clipforge.data.samples import SkipLog, clean_caption, decode_image
+from clipforge.data.shards import Tokenize
 from clipforge.data.splits import SplitWriter
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 
 
-def build_splits(data: DataConfig, out, skips: SkipLog, files: list[str]) -> tuple[dict, dict]:
-    """Copy the samples of `files` (data.paths expanded) into out/."""
-    writer = SplitWriter(out, data)
+def build_splits(
+    data: DataConfig, out, skips: SkipLog, files: list[str], tokenize: Tokenize | None = None
+) -> tuple[dict, dict]:
+    """Copy the samples of `files` (data.paths expanded) into out/ (with their token ids when
+    `tokenize`: data.pretokenize_model)."""
+    writer = SplitWriter(out, data, tokenize)
     inputs = []
     for url in files:
         name = PurePosixPath(url).name

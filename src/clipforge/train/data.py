@@ -17,6 +17,10 @@ Shards used in place (data.in_place) are read through the same (shard, index) ad
 offsets the data stage indexed (clipforge.data.shards.InPlaceReader); a sample whose image does
 not decode there is replaced by the next position's and counted (`Batches.skipped`).
 
+Token ids come from data/ where the data stage stored them (data.pretokenize_model) and its
+record of the tokenizer matches the model's (`stored_tokens`); the workers then read ids instead
+of tokenising captions. Otherwise, and for data without ids, they tokenise as they go.
+
 The loader's unit of work is a chunk of at most CHUNK_SAMPLES samples of one micro-batch, so a
 micro-batch is decoded by many workers at once. Workers emit uint8 pixels; the cast and the
 normalisation happen on the device (`DeviceBatches`), which moves a quarter of fp32's bytes
@@ -30,6 +34,7 @@ import contextlib
 import io
 import itertools
 import json
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,10 +45,18 @@ import numpy as np
 import torch
 from PIL import Image
 
-from clipforge.config import BatchPlan, steps_per_epoch
+from clipforge.config import BatchPlan, ModelConfig, steps_per_epoch
 from clipforge.data.samples import SkipLog
-from clipforge.data.shards import InPlaceReader, ShardReader, check_unchanged
+from clipforge.data.shards import (
+    TOKENS_MEMBER,
+    InPlaceReader,
+    ShardReader,
+    TokenFormat,
+    check_unchanged,
+)
 from clipforge.fields import ConfigError
+
+log = logging.getLogger("clipforge.train")
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,69 @@ def split_files(data_dir: Path, split: str) -> SplitFiles:
         return SplitFiles(paths, counts)
     check_unchanged(shards)
     return SplitFiles(paths, counts, in_place=shards)
+
+
+# Samples of the first train shard whose stored ids are compared with the tokenizer's own before
+# any are used: a last check behind the fingerprint, for the price of a few reads.
+SPOT_CHECK_SAMPLES = 16
+
+
+def stored_tokens(
+    data_dir: Path, files: SplitFiles, tokenizer: Callable, model: ModelConfig
+) -> TokenFormat | None:
+    """How data/'s stored token ids read, when they are what `tokenizer` (`model`'s) gives: its
+    fingerprint is the one the manifest records, and the first samples' ids are its output for
+    their captions. None otherwise (the loader tokenises), with one line saying why and what to
+    do about it."""
+    from clipforge.model_names import fingerprint_difference, tokenizer_fingerprint
+
+    manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
+    entry = manifest.get("tokens")
+    if entry is None:
+        log.info(
+            "the loader tokenises the captions: data/ holds no token ids (data.pretokenize_model)"
+        )
+        return None
+    stored_by = entry["tokenizer"].get("text_tower") or entry["tokenizer"].get("model")
+    ours = model.text_tower or model.name
+    why = fingerprint_difference(entry["tokenizer"], tokenizer_fingerprint(tokenizer))
+    if why is not None:
+        # The usual cause: a new model.name, which (by design) leaves data/ as it is.
+        log.warning(
+            "the loader tokenises the captions: data/'s token ids are of %s's tokenizer, not this "
+            "model's (%s: %s); set data.pretokenize_model: %s and data.pretokenize_text_tower: %s "
+            "to store its ids, or leave them: they are then just not used",
+            stored_by,
+            ours,
+            why,
+            model.name,
+            model.text_tower or "null",
+        )
+        return None
+    token_format = TokenFormat(entry["dtype"], int(entry["context_length"]))
+    why = _spot_check(files, tokenizer, token_format) if files.num_samples else None
+    if why is not None:
+        log.warning(
+            "the loader tokenises the captions: data/'s token ids are not %s's tokenizer's output "
+            "although its fingerprint matches (%s); rerun the data stage (dvc repro --force data)",
+            ours,
+            why,
+        )
+        return None
+    log.info("token ids: read from data/ (%s's tokenizer, stored by the data stage)", stored_by)
+    return token_format
+
+
+def _spot_check(files: SplitFiles, tokenizer: Callable, token_format: TokenFormat) -> str | None:
+    reader = files.reader(max_open_files=1)
+    samples = [reader.read(0, i) for i in range(min(SPOT_CHECK_SAMPLES, files.counts[0]))]
+    if any(TOKENS_MEMBER not in sample for sample in samples):
+        return f"the first shard's samples have no {TOKENS_MEMBER} member"
+    stored = token_format.decode([sample[TOKENS_MEMBER] for sample in samples])
+    made = np.asarray(tokenizer([sample["txt"].decode("utf-8") for sample in samples]))
+    if stored.shape != made.shape or not np.array_equal(stored, made):
+        return "the first shard's stored ids differ from its own for the same captions"
+    return None
 
 
 class EpochOrder:
@@ -145,6 +221,7 @@ class MicroBatches(torch.utils.data.Dataset):
         transform: Callable,
         tokenizer: Callable,
         window_shards: int,
+        tokens: TokenFormat | None = None,
     ):
         self.files = files
         self.plan = plan
@@ -153,6 +230,7 @@ class MicroBatches(torch.utils.data.Dataset):
         self.total_steps = total_steps
         self.transform = transform
         self.tokenizer = tokenizer
+        self.tokens = tokens  # stored ids to read (stored_tokens); None: tokenise the captions
         self.window_shards = window_shards
         self.order = EpochOrder(files.counts, seed, window_shards)
         self.steps_per_epoch = steps_per_epoch(files.num_samples, plan.global_batch_size)
@@ -185,23 +263,29 @@ class MicroBatches(torch.utils.data.Dataset):
             self._reader = self.files.reader(max_open_files=self.window_shards)
         micro_batch, chunk = divmod(index, self.chunks_per_micro_batch)
         epoch, positions = self.positions(micro_batch)
-        images, captions, jpegs = [], [], []
+        images, captions, jpegs, stored = [], [], [], []
         skipped: list[tuple[str, str]] = []
         keeps_jpeg = isinstance(self.transform, DeviceCrop)
         for position in positions[slice(*self.chunks[chunk])]:
-            image, caption, jpeg = self._sample(epoch, position, skipped)
+            image, caption, sample = self._sample(epoch, position, skipped)
             images.append(image)
             captions.append(caption)
+            if self.tokens is not None:
+                stored.append(sample[TOKENS_MEMBER])
             if keeps_jpeg:
-                jpegs.append(torch.frombuffer(bytearray(jpeg), dtype=torch.uint8))
+                jpegs.append(torch.frombuffer(bytearray(sample["jpg"]), dtype=torch.uint8))
+        if self.tokens is not None:  # the tokenizer's output, as the data stage stored it
+            tokens = torch.from_numpy(self.tokens.decode(stored))
+        else:
+            tokens = self.tokenizer(captions)
         if keeps_jpeg:  # (the JPEGs, their crop boxes): decoded by DeviceBatches
-            return (jpegs, torch.stack(images)), self.tokenizer(captions), skipped
-        return torch.stack(images), self.tokenizer(captions), skipped
+            return (jpegs, torch.stack(images)), tokens, skipped
+        return torch.stack(images), tokens, skipped
 
     def _sample(
         self, epoch: int, position: int, skipped: list[tuple[str, str]]
-    ) -> tuple[torch.Tensor, str, bytes]:
-        """The sample at `position` (its transformed image, caption and JPEG bytes); one that does
+    ) -> tuple[torch.Tensor, str, dict[str, bytes]]:
+        """The sample at `position` (its transformed image, caption and members); one that does
         not decode (a corrupt JPEG in a shard used in place, verified by sampling only) is
         replaced by the next position's, so the batch keeps its size and the data order stays a
         function of the step alone."""
@@ -213,7 +297,7 @@ class MicroBatches(torch.utils.data.Dataset):
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(sample_seed(self.seed, epoch, position))
                     image = self.transform(Image.open(io.BytesIO(sample["jpg"])))
-                return image, sample["txt"].decode("utf-8"), sample["jpg"]
+                return image, sample["txt"].decode("utf-8"), sample
             except (OSError, SyntaxError, ValueError, UnicodeDecodeError) as exc:
                 # PIL: OSError (truncated, unidentified), SyntaxError (bad PNG), ValueError
                 reason = (

@@ -268,6 +268,7 @@ def _set_up_locked(
         transform, mean, std = train_data.device_decode_transform(bundle.preprocess_train)
     else:
         transform, mean, std = train_data.uint8_transform(bundle.preprocess_train)
+    tokens = train_data.stored_tokens(paths["data"], files, bundle.tokenizer, config.model)
     dataset = train_data.MicroBatches(
         files,
         plan,
@@ -277,6 +278,7 @@ def _set_up_locked(
         transform,
         bundle.tokenizer,
         train.shuffle_window_shards,
+        tokens,
     )
     label = run_label(
         config.model.name, plan.global_batch_size, train.lr, train.zero_stage, identity
@@ -310,7 +312,7 @@ def _set_up_locked(
             pin_memory=device == "cuda",
             prefetch_factor=prefetch,
         ),
-        val_loader=_validation_loader(paths["data"], plan, dist, train, bundle, prefetch),
+        val_loader=_validation_loader(paths["data"], plan, dist, train, bundle, prefetch, tokens),
         monitor=_monitor(config, plan, paths, label, identity, start_step, total_steps)
         if dist.is_main
         else None,
@@ -504,6 +506,7 @@ def _validation_loader(
     train: TrainConfig,
     bundle: ClipBundle,
     prefetch: int,
+    tokens: train_data.TokenFormat | None,
 ) -> Callable:
     """A factory of loaders over fixed validation batches, an equal number per rank (ZeRO-3
     needs the same number of forward passes on every rank)."""
@@ -527,6 +530,7 @@ def _validation_loader(
         transform,
         bundle.tokenizer,
         train.shuffle_window_shards,
+        tokens,
     )
     return lambda: train_data.micro_batch_loader(
         dataset, 0, train.num_workers, dist.device == "cuda", prefetch

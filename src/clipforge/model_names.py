@@ -1,0 +1,134 @@
+"""What a model's name alone decides, without its weights or code: the open_clip config it
+resolves to, and so its tokenizer and that tokenizer's fingerprint.
+
+A home of its own so that the data stage can tokenise captions at data-prep time
+(data.pretokenize_model) with exactly the tokenizer the train stage builds for that model,
+without depending on the model's code (clipforge.model) or weights. The fingerprint travels in
+data/manifest.json; the train loader uses the stored ids only where the model's tokenizer has the
+same one.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import open_clip
+
+from clipforge.config import ModelConfig
+from clipforge.fields import ConfigError
+
+BUNDLED_CONFIGS = Path(__file__).parent / "model_configs"
+_registered = False
+
+
+def register_bundled_configs() -> None:
+    global _registered
+    if not _registered:
+        open_clip.add_model_config(BUNDLED_CONFIGS)
+        _registered = True
+
+
+# The knobs that name a model (ModelConfig's), as errors name them; the data stage's own pair
+# names the tokenizer of data.pretokenize_model.
+MODEL_KEYS = ("model.name", "model.text_tower")
+
+
+def resolve_model_name(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> str:
+    """The open_clip name to build: the configured one, or a derived one with an HF text tower.
+    An HF tower (model.text_tower, or one in the named config such as xlm-roberta-base-ViT-B-32)
+    is checked to be loadable first, with an error that says how to get it (text_towers.py).
+    `keys`: the knobs that gave cfg's name and text tower, for the errors."""
+    from clipforge.text_towers import resolve_tower
+
+    name_key, tower_key = keys
+    register_bundled_configs()
+    base = open_clip.get_model_config(cfg.name)
+    if base is None:
+        raise ConfigError(
+            f"{name_key}: unknown model {cfg.name!r}; open_clip knows "
+            f"{len(open_clip.list_models())} models, e.g. ViT-B-32, clipforge-tiny"
+        )
+    if not cfg.text_tower:
+        builtin_tower = base.get("text_cfg", {}).get("hf_model_name")
+        if builtin_tower:
+            resolve_tower(builtin_tower, name_key)
+        return cfg.name
+    tower = resolve_tower(cfg.text_tower, tower_key)
+    derived = copy.deepcopy(base)
+    # Chinese-CLIP's text head: the [CLS] state through one bias-free linear layer. So the model
+    # is that architecture (a transformers ChineseCLIPModel, clipforge.export.hf), not open_clip's
+    # default two-layer MLP head.
+    derived["text_cfg"] = {
+        "hf_model_name": tower,
+        "hf_tokenizer_name": tower,
+        "hf_proj_type": "linear",
+        "hf_pooler_type": "cls_last_hidden_state_pooler",
+        "context_length": base.get("text_cfg", {}).get("context_length", 77),
+    }
+    name = f"{cfg.name}--text-{re.sub(r'[^A-Za-z0-9]+', '-', cfg.text_tower).strip('-')}"
+    # open_clip registers configs only from files; it keeps what it read, so the file can go.
+    with tempfile.TemporaryDirectory(prefix="clipforge-model-config-") as directory:
+        config_file = Path(directory) / f"{name}.json"
+        config_file.write_text(json.dumps(derived))
+        open_clip.add_model_config(config_file)
+    return name
+
+
+def model_tokenizer(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> Callable:
+    """The tokenizer clipforge.model.build_model gives a model of `cfg`: open_clip's for the
+    resolved name (an HF tower's own, at the base model's context length)."""
+    return open_clip.get_tokenizer(resolve_model_name(cfg, keys))
+
+
+# Texts whose ids stand for a tokenizer's behaviour beyond its vocabulary: normalisation (case,
+# whitespace, ftfy's fixes), special tokens, truncation at the context length, padding.
+_PROBE_TEXTS = [
+    "左上角有一个红色的圆形，中间有一个绿色的三角形",
+    "A Photo of TWO cats, on the mat!",
+    "  多个   空格\t和\n换行  ",
+    "caf\u00e9 &amp; na\u00efve \u00e2\u20ac\u0153mojibake\u00e2\u20ac\u009d",
+    "\U0001f642 全角：“引号”（括号）。１２３",
+    "长" * 300,
+]
+
+
+def tokenizer_fingerprint(tokenizer: Callable) -> dict | None:
+    """What ids a tokenizer gives, in a few numbers: its class, context length, vocabulary (size,
+    largest id, sha256 of token -> id) and the sha256 of its ids for fixed probe texts. None for
+    a tokenizer whose vocabulary this cannot read (then no ids are stored or trusted)."""
+    inner = getattr(tokenizer, "tokenizer", None)  # open_clip's HFTokenizer wraps transformers'
+    vocab = inner.get_vocab() if inner is not None else getattr(tokenizer, "encoder", None)
+    context_length = getattr(tokenizer, "context_length", None)
+    if not isinstance(vocab, dict) or not vocab or not isinstance(context_length, int):
+        return None
+    kind = type(tokenizer).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
+    ordered = json.dumps(sorted(vocab.items(), key=lambda item: item[1]), ensure_ascii=False)
+    probe = np.ascontiguousarray(np.asarray(tokenizer(_PROBE_TEXTS)), dtype="<i8")
+    return {
+        "class": kind,
+        "context_length": context_length,
+        "vocab_size": len(vocab),
+        "max_id": int(max(vocab.values())),
+        "vocab_sha256": hashlib.sha256(ordered.encode("utf-8")).hexdigest(),
+        "probe_sha256": hashlib.sha256(probe.tobytes()).hexdigest(),
+    }
+
+
+def fingerprint_difference(stored: dict, current: dict | None) -> str | None:
+    """What tells two tokenizer fingerprints apart, in words (None: the same tokenizer)."""
+    if current is None:
+        return "the model's tokenizer has no fingerprint (its vocabulary cannot be read)"
+    for key in ("class", "context_length", "vocab_size", "max_id", "vocab_sha256", "probe_sha256"):
+        if stored.get(key) != current.get(key):
+            what = key.replace("_sha256", "").replace("_", " ")
+            if key.endswith("sha256"):
+                return f"another {what} (sha256 {str(stored.get(key))[:12]} vs {current[key][:12]})"
+            return f"{what} {stored.get(key)} vs the model's {current[key]}"
+    return None
