@@ -25,7 +25,7 @@ from clipforge.cli import StageError
 from clipforge.store.config import StorageConfig
 from clipforge.store.remote import RunStore, missing_from_store
 from clipforge.train.faults import Faults
-from clipforge.train.sync import StoreSync
+from clipforge.train.store_uploader import StoreSync
 from tests.conftest import REPO, run_train
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from clipforge.alerts.progress import read_progress
 from clipforge.launcher.host.gpus import FAULT_FILE
-from clipforge.launcher.host.plan import Phase, Plan, RestartPolicy
+from clipforge.launcher.host.plan import Phase, PhasePlan, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.status import collect, summarize
 from clipforge.launcher.host.supervisor import MODULE
@@ -85,7 +85,7 @@ def test_a_lost_gpu_mid_run_the_run_goes_on_with_one_rank_and_ends_where_two_end
     policy = RestartPolicy(
         max_restarts=2, backoff_seconds=0.1, backoff_max_seconds=0.2, stop_timeout_seconds=60
     )
-    Path(node.plan).write_text(Plan(phases=[phase], policy=policy).to_json())
+    Path(node.plan).write_text(PhasePlan(phases=[phase], policy=policy).to_json())
     supervisor = subprocess.Popen(
         [sys.executable, "-m", MODULE, "run", node.node_dir],
         env={**subprocess_env(), "CLIPFORGE_ALERT_WEBHOOKS": webhook.url()},

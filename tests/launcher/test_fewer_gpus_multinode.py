@@ -35,7 +35,7 @@ from clipforge.launcher.host.gpus import (
     parse_report,
     spanning_attempt_argv,
 )
-from clipforge.launcher.host.plan import Phase, Plan, RestartPolicy
+from clipforge.launcher.host.plan import Phase, PhasePlan, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.status import collect, summarize
 from clipforge.launcher.host.supervisor import MODULE
@@ -121,8 +121,8 @@ def test_only_the_train_phase_of_several_nodes_is_agreed_on_and_one_node_plans_r
 
     phases = node_plan(_options(nodes=2, gpus=8), _node(rank=1), POLICY).phases
     assert [(p.name, p.spans_nodes) for p in phases] == [("data", False), ("train", True)]
-    assert Plan.from_json(Plan(phases=phases, policy=POLICY).to_json()).phases == phases
-    one = Plan(phases=node_plan(_options(), _node(), POLICY).phases, policy=POLICY)
+    assert PhasePlan.from_json(PhasePlan(phases=phases, policy=POLICY).to_json()).phases == phases
+    one = PhasePlan(phases=node_plan(_options(), _node(), POLICY).phases, policy=POLICY)
     assert "spans_nodes" not in one.to_json()
 
 
@@ -165,7 +165,7 @@ def _two_nodes(root: Path, argv_tail: list[str], min_gpus: int | None = None) ->
         if node.node_rank == 0:  # node 0's own eval after training: not agreed on
             script = "echo ${CLIPFORGE_RANKS_PER_NODE:-as planned} > eval.txt"
             phases.append(Phase(name="eval", argv=["sh", "-c", script], cwd=node.node_dir))
-        Path(node.plan).write_text(Plan(phases=phases, policy=policy).to_json())
+        Path(node.plan).write_text(PhasePlan(phases=phases, policy=policy).to_json())
     Path(nodes[0].record).write_text(record.to_json())
     return nodes
 
@@ -388,7 +388,7 @@ def test_a_gpu_lost_on_one_node_the_run_goes_on_with_one_rank_per_node_and_ends_
             env={"CLIPFORGE_FAULTS": f"wait@6={release}", "GLOO_SOCKET_IFNAME": "eth0"},
             spans_nodes=True,
         )
-        Path(node.plan).write_text(Plan(phases=[phase], policy=policy).to_json())
+        Path(node.plan).write_text(PhasePlan(phases=[phase], policy=policy).to_json())
         (Path(node.node_dir) / FAULT_FILE).write_text("0\n1\n")
 
     webhook = made_in_namespace(netns_hosts.laptop, lambda: WebhookServer(LAPTOP_ADDRESS))

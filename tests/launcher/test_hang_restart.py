@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from clipforge.alerts.progress import read_progress
-from clipforge.launcher.host.plan import Phase, Plan, RestartPolicy
+from clipforge.launcher.host.plan import Phase, PhasePlan, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.supervisor import MODULE
 from tests.conftest import subprocess_env, train_argv, write_params
@@ -53,7 +53,7 @@ def test_a_stopped_rank_is_a_hang_the_run_restarts_and_finishes(
     policy = RestartPolicy(
         max_restarts=2, backoff_seconds=0.1, backoff_max_seconds=0.2, stop_timeout_seconds=60
     )
-    Path(node.plan).write_text(Plan(phases=[phase], policy=policy).to_json())
+    Path(node.plan).write_text(PhasePlan(phases=[phase], policy=policy).to_json())
     # The supervisor's environment without the process-group variables an in-process run of
     # this pytest process set (the reference run's).
     supervisor = subprocess.Popen(

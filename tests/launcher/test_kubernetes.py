@@ -23,7 +23,7 @@ import yaml
 from clipforge.launcher import LauncherError
 from clipforge.launcher import kubernetes as kube
 from clipforge.launcher.commands import dvc_train_argv
-from clipforge.launcher.host.plan import Plan
+from clipforge.launcher.host.plan import PhasePlan
 from clipforge.launcher.launch import prepare
 from clipforge.launcher.options import make_options
 from clipforge.launcher.session import Settings
@@ -185,7 +185,7 @@ def test_the_pod_runs_the_supervisor_over_the_plan_of_the_ssh_path(project, clus
         args[2].rstrip().endswith('exec python -m clipforge.launcher.host.supervisor run "$node"')
     )
     files = objects[0]["data"]
-    plan = Plan.from_json(files["plan-0.json"])
+    plan = PhasePlan.from_json(files["plan-0.json"])
     train = next(p for p in plan.phases if p.name == "train")
     options = options_for(1, 8)
     assert train.argv == dvc_train_argv("python", options.overrides)
@@ -205,7 +205,9 @@ def test_several_nodes_meet_at_pod_zero_of_the_jobset(project, cluster):
     files = objects[0]["data"]
     for rank in (0, 1):
         argv = next(
-            p.argv for p in Plan.from_json(files[f"plan-{rank}.json"]).phases if p.name == "train"
+            p.argv
+            for p in PhasePlan.from_json(files[f"plan-{rank}.json"]).phases
+            if p.name == "train"
         )
         assert argv[argv.index("--node_rank") + 1] == str(rank)
         assert argv[argv.index("--master_addr") + 1] == f"{name}-node-0-0.{name}"
@@ -605,7 +607,7 @@ def test_resume_of_a_run_launched_in_docker_over_ssh_runs_it_on_the_image_s_pyth
     kube.resubmit(cluster, launch_id, str(tmp_path / "store"), SETTINGS, 2, said.append, {})
     files = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))[0]["data"]
     assert json.loads(files["run.json"])["runtime"] == "host"
-    phases = Plan.from_json(files["plan-0.json"]).phases
+    phases = PhasePlan.from_json(files["plan-0.json"]).phases
     assert phases and not any("docker" in phase.argv[0] for phase in phases)
     assert any("ran with --runtime docker" in line for line in said)
 

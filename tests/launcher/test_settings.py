@@ -11,7 +11,7 @@ from invoke import Config
 
 from clipforge.errors import UserError
 from clipforge.launcher import LauncherError
-from clipforge.launcher.host.plan import Plan, RestartPolicy
+from clipforge.launcher.host.plan import PhasePlan, RestartPolicy
 from clipforge.launcher.options import make_options
 from clipforge.launcher.recovery import RecoveryRule
 from clipforge.launcher.session import Settings, defaults, settings_from, settings_table
@@ -116,9 +116,9 @@ def test_the_restart_policy_checks_the_same_knobs_the_same_way():
     with pytest.raises(LauncherError) as from_settings:
         Settings(backoff_seconds=60, backoff_max_seconds=30)
     assert str(from_policy.value) == str(from_settings.value)
-    bad = Plan(phases=[], policy=RestartPolicy(**{**policy, "backoff_seconds": 1})).to_json()
+    bad = PhasePlan(phases=[], policy=RestartPolicy(**{**policy, "backoff_seconds": 1})).to_json()
     with pytest.raises(LauncherError, match="^--max-restarts: got -1; must be >= 0$"):
-        Plan.from_json(bad.replace('"max_restarts": 5', '"max_restarts": -1'))
+        PhasePlan.from_json(bad.replace('"max_restarts": 5', '"max_restarts": -1'))
     options = dict(gpus=1, nodes=1, sets=[], smoke=False, runtime="host", allow_dirty=False)
     with pytest.raises(LauncherError, match="^--max-restarts: got -1; must be >= 0$"):
         make_options(**options, data="build", max_restarts=-1)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clipforge.launcher.host.plan import Phase, Plan, RestartPolicy
+from clipforge.launcher.host.plan import Phase, PhasePlan, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.supervisor import MODULE
 from tests.conftest import REPO
@@ -49,7 +49,7 @@ def _supervise(
         stop_timeout_seconds=30,
         min_gpus=min_gpus,
     )
-    Path(node.plan).write_text(Plan(phases=list(phases), policy=policy).to_json())
+    Path(node.plan).write_text(PhasePlan(phases=list(phases), policy=policy).to_json())
     process = _supervisor("run", root, env, cwd=node.node_dir)
     if wait:
         process.wait(timeout=120)

@@ -3,7 +3,7 @@
   checkpoints/run-<id>/step-00000100/   a DeepSpeed checkpoint (+ config.yaml, manifest.json)
   checkpoints/run-<id>/latest           the tag of the newest complete checkpoint (a hint)
   checkpoints/run-<id>/deepspeed_config.json
-  checkpoints/run-<id>/sync.json        the run store's progress (clipforge.train.sync)
+  checkpoints/run-<id>/sync.json        the run store's progress (clipforge.train.store_uploader)
 
 (the names: clipforge.checkpoints.layout)
 

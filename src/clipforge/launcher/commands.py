@@ -15,7 +15,7 @@ from clipforge.launcher.host.plan import (
     ENV_FROM_STDIN,
     PASSTHROUGH_ENV,
     Phase,
-    Plan,
+    PhasePlan,
     RestartPolicy,
 )
 from clipforge.launcher.host.run_dirs import NodeLayout
@@ -240,7 +240,7 @@ class NodeContext:
 
 def node_plan(
     options: TrainOptions, node: NodeContext, policy: RestartPolicy, init_dvc: bool = False
-) -> Plan:
+) -> PhasePlan:
     """Phases for one node: get the data, train, evaluate (node 0, which holds the exported
     model), and with --smoke reload the checkpoint last (after eval: a reload that trained on
     would then not change the numbers the run reports).
@@ -291,7 +291,7 @@ def node_plan(
     if options.smoke:
         inner.append(("smoke", smoke_argv(python, layout, resume), False))
 
-    # The launch's record goes to the run store with the run (clipforge.train.sync).
+    # The launch's record goes to the run store with the run (clipforge.train.store_uploader).
     env = {**options.env, **node.env, RUN_RECORD_ENV: layout.record}
     phases = []
     for name, argv, restartable in inner:
@@ -331,4 +331,4 @@ def node_plan(
                     spans_nodes=spans_nodes,
                 )
             )
-    return Plan(phases=phases, policy=policy)
+    return PhasePlan(phases=phases, policy=policy)

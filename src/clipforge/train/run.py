@@ -54,7 +54,7 @@ from clipforge.train.loss import make_clip_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
 from clipforge.train.optim import WarmupCosine
 from clipforge.train.reporting import PerfMeter, TrainMonitor, run_label
-from clipforge.train.sync import (
+from clipforge.train.store_uploader import (
     StoreSync,
     launch_record,
     open_store,

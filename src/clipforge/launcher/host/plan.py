@@ -121,7 +121,10 @@ class RestartPolicy(RestartLimits, RestartTimings):
 
 
 @dataclass
-class Plan:
+class PhasePlan:
+    """A node's plan.json: the phases its supervisor runs, in order, and their restart policy
+    (not the batch's BatchPlan)."""
+
     phases: list[Phase]
     policy: RestartPolicy
 
@@ -135,7 +138,7 @@ class Plan:
         return json.dumps(raw, indent=2) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
+    def from_json(cls, text: str) -> PhasePlan:
         raw = json.loads(text)
         return cls(
             phases=[Phase(**p) for p in raw["phases"]], policy=RestartPolicy(**raw["policy"])

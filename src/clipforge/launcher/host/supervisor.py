@@ -80,7 +80,7 @@ from clipforge.launcher.host.gpus import (
     read_report,
     spanning_attempt_argv,
 )
-from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, Plan
+from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, PhasePlan
 from clipforge.launcher.host.record import RunRecord, RunRecordError, read_record
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.state import (
@@ -157,7 +157,7 @@ def supervisor_pid(layout: NodeLayout) -> int | None:
 class Supervisor:
     def __init__(self, layout: NodeLayout):
         self.layout = layout
-        self.plan = Plan.from_json(Path(layout.plan).read_text(encoding="utf-8"))
+        self.plan = PhasePlan.from_json(Path(layout.plan).read_text(encoding="utf-8"))
         self.signalled = False
         self._damaged_previous = None
         try:
