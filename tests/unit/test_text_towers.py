@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -80,7 +81,8 @@ def test_relative_local_folder_is_made_absolute(tmp_path, monkeypatch):
 
 
 def test_chinese_tower_recipes_change_only_the_model():
-    """production-zh-roberta / production-xlm-roberta are production with another text tower."""
+    """production-zh-roberta / production-xlm-roberta are production with another text tower
+    (and the data stage's stored token ids made by that tower's tokenizer)."""
     base = load_config(None, ["recipe=production"])
     roberta = load_config(None, ["recipe=production-zh-roberta"])
     xlmr = load_config(None, ["recipe=production-xlm-roberta"])
@@ -89,7 +91,15 @@ def test_chinese_tower_recipes_change_only_the_model():
         "hfl/chinese-roberta-wwm-ext",
     )
     assert (xlmr.model.name, xlmr.model.text_tower) == ("xlm-roberta-base-ViT-B-32", None)
-    assert roberta.data == base.data == xlmr.data and roberta.train == base.train
+    for derived in (roberta, xlmr):
+        tokens = (derived.data.pretokenize_model, derived.data.pretokenize_text_tower)
+        assert tokens == (derived.model.name, derived.model.text_tower)
+        same = dataclasses.replace(
+            derived.data,
+            pretokenize_model=base.data.pretokenize_model,
+            pretokenize_text_tower=base.data.pretokenize_text_tower,
+        )
+        assert same == base.data and derived.train == base.train
 
 
 def test_derived_model_config_is_registered_and_leaves_no_temp_files(tmp_path, monkeypatch):
