@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pinned-stack smoke: install the training image's locked Python stack (torch 2.1.2, DeepSpeed
 # 0.14.5, open_clip, ... exactly as in docker/requirements.lock, on the image's Python 3.10) into
-# .venv-pinned, then run data -> train -> eval of the built-in default on the CPU, one rank.
+# .venv-pinned, then run data -> train -> eval of the built-in default on the CPU, one rank, and
+# a run that loses one of its 2 ranks and ends on 1 (docker/smoke-pinned-shrink.sh).
 #
 #   make smoke-pinned           (pytest tests/docker/test_pinned_stack.py, which runs this)
 #   docker/smoke-pinned-stack.sh
@@ -10,7 +11,8 @@
 # - torch/torchvision come from PyPI (the CUDA 12.1 build, the same versions) instead of the base
 #   image's conda build; without a GPU they run on the CPU.
 # - DeepSpeed is built without prebuilt CUDA ops: on the CPU clipforge uses torch's AdamW.
-# - one rank: torch 2.1's gloo lacks the collectives multi-rank DeepSpeed needs on the CPU.
+# - the ranks are CPU processes on gloo, whose torch 2.1 lacks the tensor all-gather DeepSpeed
+#   picks: clipforge.train.dist points DeepSpeed at its list fallback there.
 # The environment is rebuilt only when the lock (or the install recipe below) changes; a rebuild
 # downloads about 2.5 GB of wheels (torch's CUDA libraries are needed even to import it).
 #
@@ -108,4 +110,5 @@ run -c "import transformers, open_clip.hf_model, webdataset, clipforge.text_towe
 run -m clipforge.data "${overrides[@]}"
 run -m clipforge.train "${overrides[@]}"
 run -m clipforge.eval "${overrides[@]}"
+"$repo/docker/smoke-pinned-shrink.sh" "$venv" "$work" "$scratch/shrink"
 echo "smoke-pinned: passed in $((SECONDS - started)) s"

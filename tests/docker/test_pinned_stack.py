@@ -1,6 +1,8 @@
 """Pinned-stack smoke: the image's locked Python stack (torch 2.1.2, DeepSpeed 0.14.5, open_clip,
 Python 3.10) installed from docker/requirements.lock runs data -> train -> eval of the built-in
-default on the CPU, single rank (docker/smoke-pinned-stack.sh).
+default on the CPU, single rank (docker/smoke-pinned-stack.sh), and a 2-rank run that loses a
+rank after a checkpoint ends on 1 rank where an uninterrupted 2-rank run ends
+(docker/smoke-pinned-shrink.sh).
 
 It downloads about 2.5 GB and takes about 10 minutes on a fresh machine, over the suite's budget,
 so it runs only under `make smoke-pinned` (CLIPFORGE_PINNED_SMOKE=1), which .ci/run calls."""
@@ -15,8 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.docker.conftest import REPO, load_tool
+from tests.launcher.test_fewer_gpus import LOSS_REL, WEIGHTS_ATOL, WEIGHTS_RTOL, _curve
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("CLIPFORGE_PINNED_SMOKE") != "1",
@@ -135,3 +140,34 @@ def test_a_hugging_face_text_tower_trains_on_the_pinned_stack(smoke, tmp_path):
     assert json.loads((tmp_path / "metrics" / "train.info.json").read_text())["steps"] == 2
     exported = json.loads((tmp_path / "clip" / "open_clip_config.json").read_text())
     assert exported["model_cfg"]["text_cfg"]["hf_model_name"] == str(tower)
+
+
+def test_a_run_that_loses_a_rank_ends_on_one_where_two_end(smoke):
+    """DeepSpeed 0.14.5 loads a checkpoint of 2 gloo ranks on 1 through its universal checkpoint
+    (ds_to_universal, then `load_universal_checkpoint`): the run killed after the checkpoint of
+    step 3 and resumed on one rank (the same run id and global batch) matches the uninterrupted
+    2-rank run as tests/launcher/test_fewer_gpus.py requires on the newest DeepSpeed: steps 1-3
+    bit for bit, then the loss and the final weights within fp32 round-off."""
+    _, project = smoke
+    reference, lost = project.parent / "shrink" / "reference", project.parent / "shrink" / "lost"
+    log = (lost / "train.log").read_text(encoding="utf-8")
+    (run_dir,) = (lost / "checkpoints").iterdir()
+    assert (reference / "checkpoints" / run_dir.name).is_dir()
+    assert "loading it through DeepSpeed's universal checkpoint" in log, log[-3000:]
+    assert f"resuming {run_dir.name} at step 3/6" in log
+    assert "batch 32 = 16 micro x 2 accum x 1 ranks" in log
+    assert (run_dir / "step-00000003" / "universal").is_dir()
+
+    expected, got = _curve(reference), _curve(lost)
+    assert sorted(got) == sorted(expected) == list(range(1, 7))
+    for step in range(1, 4):
+        assert got[step] == expected[step], f"step {step}"
+    for step in range(4, 7):
+        assert got[step] == pytest.approx(expected[step], rel=LOSS_REL), f"step {step}"
+    want = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
+    have = load_file(str(lost / "models" / "clip" / "open_clip_model.safetensors"))
+    assert want.keys() == have.keys()
+    for name in want:
+        torch.testing.assert_close(
+            have[name], want[name], rtol=WEIGHTS_RTOL, atol=WEIGHTS_ATOL, msg=name
+        )

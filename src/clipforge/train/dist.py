@@ -82,12 +82,36 @@ def init_distributed(
         dist_backend="gloo" if device == "cpu" else "nccl",
         timeout=datetime.timedelta(seconds=timeout_seconds),
     )
+    if device == "cpu":
+        use_list_collectives_where_gloo_lacks_tensor_ones()
     return DistInfo(
         rank=int(os.environ["RANK"]),
         local_rank=local_rank,
         world_size=int(os.environ["WORLD_SIZE"]),
         device=device,
     )
+
+
+def use_list_collectives_where_gloo_lacks_tensor_ones() -> None:
+    """DeepSpeed picks `all_gather_into_tensor` / `reduce_scatter_tensor` when torch has the
+    functions, not when the backend implements them: torch 2.1's gloo (the image's pinned stack)
+    raises "no support for _allgather_base" on ZeRO's first multi-rank step. There, tell
+    DeepSpeed's backend it lacks them, so it takes its own fallbacks (all_gather/reduce_scatter
+    of tensor lists), the same data in the same order. The probe fails locally on every rank
+    alike (no communication) or is one tiny all-gather, once."""
+    import deepspeed.comm.comm as ds_comm
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_world_size() == 1:
+        return  # ZeRO skips the gathers at one rank
+    out = torch.empty(dist.get_world_size())
+    try:
+        dist.all_gather_into_tensor(out, torch.zeros(1))
+    except RuntimeError:
+        backend = ds_comm.cdb
+        backend.all_gather_function = None
+        backend.reduce_scatter_function = None
 
 
 def use_environment_extension_cache() -> None:
