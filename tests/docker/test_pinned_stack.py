@@ -17,11 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from tests.docker.conftest import REPO, load_tool
-from tests.launcher.test_fewer_gpus import LOSS_REL, WEIGHTS_ATOL, WEIGHTS_RTOL, _curve
+from tests.support.same_run import assert_same_run
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("CLIPFORGE_PINNED_SMOKE") != "1",
@@ -158,16 +156,4 @@ def test_a_run_that_loses_a_rank_ends_on_one_where_two_end(smoke):
     assert "batch 32 = 16 micro x 2 accum x 1 ranks" in log
     assert (run_dir / "step-00000003" / "universal").is_dir()
 
-    expected, got = _curve(reference), _curve(lost)
-    assert sorted(got) == sorted(expected) == list(range(1, 7))
-    for step in range(1, 4):
-        assert got[step] == expected[step], f"step {step}"
-    for step in range(4, 7):
-        assert got[step] == pytest.approx(expected[step], rel=LOSS_REL), f"step {step}"
-    want = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
-    have = load_file(str(lost / "models" / "clip" / "open_clip_model.safetensors"))
-    assert want.keys() == have.keys()
-    for name in want:
-        torch.testing.assert_close(
-            have[name], want[name], rtol=WEIGHTS_RTOL, atol=WEIGHTS_ATOL, msg=name
-        )
+    assert_same_run(reference, lost, steps=6, exact_through=3)

@@ -6,7 +6,6 @@ uninterrupted 2-rank run ends: the loss step by step, and the weights within fp3
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -16,8 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from clipforge.alerts.progress import read_progress
 from clipforge.launcher.host.gpus import FAULT_FILE
@@ -27,31 +24,19 @@ from clipforge.launcher.host.status import collect, summarize
 from clipforge.launcher.host.supervisor import MODULE
 from tests.conftest import subprocess_env, train_argv, write_params
 from tests.support.records import run_record
+from tests.support.same_run import assert_same_run
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 # The same run twice: 12 steps, a checkpoint every 4, the loss of every step logged.
 # global batch 32 = micro 16 x accumulation 1 x 2 ranks; on one rank, 16 x 2 x 1.
 SETS = ("train.ranks_per_node=2", "train.log_every_steps=1")
-# Adam's update over 8 steps from the same state, with the gradient summed in another order
-# (one rank accumulating two micro batches instead of two ranks averaging): fp32 round-off.
-WEIGHTS_ATOL = 1e-5
-WEIGHTS_RTOL = 1e-4
-LOSS_REL = 2e-5  # train.tsv keeps 6 significant digits: one in the last may flip
 
 
 def _argv(root: Path, data: Path) -> list[str]:
     params = write_params(root / "params.yaml")
     sets = [arg for item in SETS for arg in ("--set", item)]
     return [sys.executable, "-m", "clipforge.train", *train_argv(root, data, params), *sets]
-
-
-def _curve(root: Path) -> dict[int, tuple[float, float]]:
-    with open(root / "metrics" / "train.tsv", encoding="utf-8") as rows:
-        return {
-            int(r["step"]): (float(r["loss"]), float(r["grad_norm"]))
-            for r in csv.DictReader(rows, delimiter="\t")
-        }
 
 
 def _latest(checkpoints: Path) -> str | None:
@@ -133,16 +118,4 @@ def test_a_lost_gpu_mid_run_the_run_goes_on_with_one_rank_and_ends_where_two_end
 
     # Step by step: the two runs are the same run until the loss (steps 1-4: bit for bit, the
     # same two ranks), then the same maths on one rank.
-    expected, got = _curve(reference), _curve(lost)
-    assert sorted(got) == sorted(expected) == list(range(1, 13))
-    for step in range(1, 5):
-        assert got[step] == expected[step], f"step {step}"
-    for step in range(5, 13):
-        assert got[step] == pytest.approx(expected[step], rel=LOSS_REL), f"step {step}"
-    want = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
-    have = load_file(str(lost / "models" / "clip" / "open_clip_model.safetensors"))
-    assert want.keys() == have.keys()
-    for name in want:
-        torch.testing.assert_close(
-            have[name], want[name], rtol=WEIGHTS_RTOL, atol=WEIGHTS_ATOL, msg=name
-        )
+    assert_same_run(reference, lost, steps=12, exact_through=4)
