@@ -10,7 +10,66 @@ import base64
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+from clipforge.launcher import kubernetes as kube
+from clipforge.launcher.launch import prepare
+from clipforge.launcher.options import make_options
+from clipforge.launcher.source import current_source
+from tests.launcher.conftest import RUN_SETS
+from tests.launcher.test_kubernetes import IMAGE, SETTINGS, stack_outputs
+
+
+@dataclass(frozen=True)
+class RenderedRun:
+    launch_id: str
+    objects: list[dict]
+    store: Path  # the run store (storage.remote)
+    go: Path  # created to let the pods past their wait@ fault
+    checkpoints: Path  # the checkpoints volume, as the pods mount it
+
+
+def render_cpu_run(project: Path, base: Path, nodes: int, wait_step: int) -> RenderedRun:
+    """`fab train --kubernetes`'s objects for RUN_SETS' CPU run of `project` on `nodes` nodes:
+    the stack's volumes are folders under `base`, the run store `base/store`, and every pod waits
+    at `wait_step` until `go` exists."""
+    volumes = {role: base / "volumes" / role for role in ("datasets", "checkpoints", "logs")}
+    for path in volumes.values():
+        path.mkdir(parents=True)
+    raw = stack_outputs()
+    raw["volumes"] = {
+        role: {**raw["volumes"][role], "mount_path": str(path)} for role, path in volumes.items()
+    }
+    cluster = kube.parse_cluster(raw, "outputs")
+    store, go = base / "store", base / "go"
+    options = make_options(
+        gpus=0,
+        nodes=nodes,
+        sets=[*RUN_SETS, f"storage.remote={store}"],
+        smoke=False,
+        runtime="host",
+        allow_dirty=False,
+        data="build",
+        image=IMAGE,
+    )
+    prepared = prepare(current_source(project), options, SETTINGS)
+    launch_id, objects = kube.build(
+        cluster,
+        prepared,
+        options,
+        SETTINGS,
+        2,
+        {"CLIPFORGE_FAULTS": f"wait@{wait_step}={go}"},
+        run_files_mount=str(base / "run-files"),
+    )
+    return RenderedRun(launch_id, objects, store, go, volumes["checkpoints"])
+
+
+def stored_step(store: Path) -> str | None:
+    """The checkpoint tag the run store's `latest` names (None: none yet)."""
+    markers = list(store.glob("*/checkpoints/latest"))
+    return markers[0].read_text().strip() if markers else None
 
 
 def pod_template(workload: dict) -> dict:

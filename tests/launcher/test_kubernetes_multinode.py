@@ -23,14 +23,9 @@ import torch
 from safetensors.torch import load_file
 
 from clipforge.launcher import kubernetes as kube
-from clipforge.launcher.launch import prepare
-from clipforge.launcher.options import make_options
-from clipforge.launcher.source import current_source
 from tests.launcher import test_multinode
-from tests.launcher.conftest import RUN_SETS
 from tests.launcher.hostprocs import processes_under
-from tests.launcher.k8spod import Pod
-from tests.launcher.test_kubernetes import IMAGE, SETTINGS, stack_outputs
+from tests.launcher.k8spod import Pod, render_cpu_run, stored_step
 from tests.support.wait import still_running, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
@@ -69,43 +64,11 @@ def _pod_prefix(net, rank: int, launch_id: str, hosts: Path) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _stored_step(store: Path) -> str | None:
-    markers = list(store.glob("*/checkpoints/latest"))
-    return markers[0].read_text().strip() if markers else None
-
-
 @pytest.fixture(scope="module")
 def recreated_jobset(netns_hosts, project, tmp_path_factory):
     base = tmp_path_factory.mktemp("k8s-jobset")
-    volumes = {role: base / "volumes" / role for role in ("datasets", "checkpoints", "logs")}
-    for path in volumes.values():
-        path.mkdir(parents=True)
-    raw = stack_outputs()
-    raw["volumes"] = {
-        role: {**raw["volumes"][role], "mount_path": str(path)} for role, path in volumes.items()
-    }
-    cluster = kube.parse_cluster(raw, "outputs")
-    store, go = base / "store", base / "go"
-    options = make_options(
-        gpus=0,
-        nodes=NODES,
-        sets=[*RUN_SETS, f"storage.remote={store}"],
-        smoke=False,
-        runtime="host",
-        allow_dirty=False,
-        data="build",
-        image=IMAGE,
-    )
-    prepared = prepare(current_source(project), options, SETTINGS)
-    launch_id, objects = kube.build(
-        cluster,
-        prepared,
-        options,
-        SETTINGS,
-        2,
-        {"CLIPFORGE_FAULTS": f"wait@{WAIT_STEP}={go}"},
-        run_files_mount=str(base / "run-files"),
-    )
+    run = render_cpu_run(project, base, NODES, WAIT_STEP)
+    launch_id, objects, store, go = run.launch_id, run.objects, run.store, run.go
     assert objects[-1]["kind"] == "JobSet"
     every = range(NODES)
     pods, prefixes, hosts = [], [], []
@@ -125,13 +88,13 @@ def recreated_jobset(netns_hosts, project, tmp_path_factory):
     first = [pod.start("first", prefix) for pod, prefix in zip(pods, prefixes, strict=True)]
     try:
         wait_for(
-            lambda: _stored_step(store) == f"step-{STORED_STEP:08d}",
+            lambda: stored_step(store) == f"step-{STORED_STEP:08d}",
             what="a checkpoint in the run store",
             timeout=1800,
             check=lambda: [still_running(p, lambda: outputs("first"))() for p in first],
         )
     finally:  # the JobSet recreates every pod: all their processes killed, nothing said to them
-        for pid in processes_under(volumes["checkpoints"]):
+        for pid in processes_under(run.checkpoints):
             os.kill(pid, signal.SIGKILL)
         for process in first:
             os.killpg(process.pid, signal.SIGKILL)
@@ -140,7 +103,7 @@ def recreated_jobset(netns_hosts, project, tmp_path_factory):
     # The recreated pod 1 starts first, while pod 0's name does not resolve yet (a JobSet
     # publishes only Ready pods, and pod 0 may wait for its node or image); once its train
     # stage has failed to look the master up, pod 0 becomes Ready, its name published.
-    run_dir = volumes["checkpoints"] / "clipforge-runs" / "runs" / launch_id
+    run_dir = run.checkpoints / "clipforge-runs" / "runs" / launch_id
     log_1 = run_dir / "node-1" / "train.log"
     seen = log_1.stat().st_size  # the lost pod's part of the log
     hosts[1].write_text(_hosts_file(netns_hosts, 1, launch_id, range(1, NODES)))

@@ -11,19 +11,13 @@ import json
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from clipforge.launcher import kubernetes as kube
-from clipforge.launcher.launch import prepare
-from clipforge.launcher.options import make_options
 from clipforge.launcher.source import current_source
 from clipforge.store.remote import read_launch
-from tests.launcher.conftest import RUN_SETS
 from tests.launcher.hostprocs import processes_under
-from tests.launcher.k8spod import Pod
-from tests.launcher.test_kubernetes import IMAGE, SETTINGS, stack_outputs
+from tests.launcher.k8spod import Pod, render_cpu_run, stored_step
 from tests.launcher.test_moved_run import _weights
 from tests.support.wait import still_running, wait_for
 
@@ -32,61 +26,29 @@ STORED_STEP = 4  # of RUN_SETS' 8, saved every 2: in the store when the first po
 WAIT_STEP = 5  # the first pod waits there (CLIPFORGE_FAULTS wait@) until the test lets it go
 
 
-def _stored_step(store: Path) -> str | None:
-    markers = list(store.glob("*/checkpoints/latest"))
-    return markers[0].read_text().strip() if markers else None
-
-
 @pytest.fixture(scope="module")
 def replaced_pod(project, tmp_path_factory):
     base = tmp_path_factory.mktemp("k8s-pod")
-    volumes = {role: base / "volumes" / role for role in ("datasets", "checkpoints", "logs")}
-    for path in volumes.values():
-        path.mkdir(parents=True)
-    raw = stack_outputs()
-    raw["volumes"] = {
-        role: {**raw["volumes"][role], "mount_path": str(path)} for role, path in volumes.items()
-    }
-    cluster = kube.parse_cluster(raw, "outputs")
-    store, go = base / "store", base / "go"
-    options = make_options(
-        gpus=0,
-        nodes=1,
-        sets=[*RUN_SETS, f"storage.remote={store}"],
-        smoke=False,
-        runtime="host",
-        allow_dirty=False,
-        data="build",
-        image=IMAGE,
-    )
-    prepared = prepare(current_source(project), options, SETTINGS)
-    launch_id, objects = kube.build(
-        cluster,
-        prepared,
-        options,
-        SETTINGS,
-        2,
-        {"CLIPFORGE_FAULTS": f"wait@{WAIT_STEP}={go}"},
-        run_files_mount=str(base / "run-files"),
-    )
+    run = render_cpu_run(project, base, 1, WAIT_STEP)
+    launch_id, objects, store, go = run.launch_id, run.objects, run.store, run.go
     pod = Pod(objects, base / "run-files", base)
     first = pod.start("first")
     try:
         wait_for(
-            lambda: _stored_step(store) == f"step-{STORED_STEP:08d}",
+            lambda: stored_step(store) == f"step-{STORED_STEP:08d}",
             what="a checkpoint in the run store",
             timeout=900,
             check=still_running(first, lambda: pod.output("first")),
         )
     finally:  # the node is lost: every process of the pod killed, nothing said to them
-        for pid in processes_under(volumes["checkpoints"]):
+        for pid in processes_under(run.checkpoints):
             os.kill(pid, signal.SIGKILL)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     go.touch()  # the fault is the first pod's: its replacement goes past that step
     second = pod.start("second")
     code = second.wait(timeout=900)
-    node = volumes["checkpoints"] / "clipforge-runs" / "runs" / launch_id / "node-0"
+    node = run.checkpoints / "clipforge-runs" / "runs" / launch_id / "node-0"
     return {"code": code, "node": node, "pod": pod, "store": store, "launch_id": launch_id}
 
 
