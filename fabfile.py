@@ -28,15 +28,15 @@ from pathlib import Path
 from fabric import Config, Connection, task
 from invoke import Collection, Exit, Task
 
-from clipforge.errors import UserError
-from clipforge.launcher import LauncherError, preflight, session, watch
+from clipforge.errors import LauncherError, UserError
 from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
 from clipforge.launcher import kubernetes as kubernetes_mod
 from clipforge.launcher import launch as launch_mod
+from clipforge.launcher import preflight, session, watch
 from clipforge.launcher import stack as stack_mod
 from clipforge.launcher.connection import HostSpec, spec_of
-from clipforge.launcher.options import TrainOptions, make_options, parse_count
+from clipforge.launcher.options import TrainOptions, checkout_store, make_options, parse_count
 from clipforge.launcher.recovery import RecoveryRule
 from clipforge.launcher.run_source import HostRun, RunSource, StoredRun
 from clipforge.launcher.session import Settings, settings_from
@@ -106,7 +106,7 @@ FROM_STORE_DEFAULT = (
 
 
 def _store(store: str | None) -> str | None:
-    return store or launch_mod.default_store(Path.cwd())
+    return store or checkout_store(Path.cwd())
 
 
 def _nodes(c: Invocation, run: str | None):
@@ -272,7 +272,6 @@ def train(
         return
     chosen = launch_mod.select_nodes(specs, options, from_stack=stack is not None)
     hosts = [session.open_host(s, c.config, c.settings, stack, accept_new_host_key) for s in chosen]
-    store = prepared.params["storage"]["remote"]
     recovery = controller_mod.open_recovery(
         spare=spare,
         controller=controller,
@@ -281,7 +280,7 @@ def train(
         hosts=hosts,
         from_stack=stack is not None,
         options=options,
-        store=store,
+        store=prepared.store,
         config=c.config,
         settings=c.settings,
         accept_new_host_key=accept_new_host_key,
@@ -290,7 +289,7 @@ def train(
     if recovery:
         try:
             controller_mod.start(
-                recovery, hosts, launch_id, store, prepared.source, c.settings, _say
+                recovery, hosts, launch_id, prepared.store, prepared.source, c.settings, _say
             )
         except BaseException:  # a run nobody watches is not what --spare asked for
             launch_mod.stop_nodes(

@@ -31,8 +31,7 @@ from typing import Protocol
 
 from fabric import Config
 
-from clipforge.errors import UserError
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError, UserError
 from clipforge.launcher.connection import connect, join, label, q, run, targets
 from clipforge.launcher.host import stored_checkpoints
 from clipforge.launcher.host.run_dirs import DEFAULT_ROOT

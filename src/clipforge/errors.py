@@ -14,3 +14,8 @@ class UserError(Exception):
 
 class StageError(UserError, RuntimeError):
     """A problem with the inputs of a pipeline stage (data, train, eval)."""
+
+
+class LauncherError(UserError, RuntimeError):
+    """A problem with a launch the user can fix (bad option, unreachable host, dirty tree...);
+    the Fabric tasks print it as one line, without a traceback, and exit 1."""

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from clipforge.launcher.host.stored_checkpoints import RUN_ROOTS_FILE
+from tests.support.records import run_record
 
 
 def stack_outputs(sshd, checkpoints_volume: Path) -> dict:
@@ -39,7 +40,7 @@ def write_run(root: Path, run: str, step: int, *, shared: bool = False) -> Path:
     checkpoints = run_dir / "checkpoints" if shared else run_dir / "node-0" / "code" / "checkpoints"
     (run_dir / "node-0" / "code").mkdir(parents=True, exist_ok=True)
     if shared:
-        (run_dir / "run.json").write_text(f'{{"checkpoints_dir": "{checkpoints}"}}')
+        (run_dir / "run.json").write_text(run_record(checkpoints_dir=str(checkpoints)).to_json())
     tag_dir = checkpoints / "run-0123456789ab" / f"step-{step:08d}"
     (tag_dir / "global_step").mkdir(parents=True)
     (tag_dir / "global_step" / "mp_rank_00_model_states.pt").write_bytes(os.urandom(2048))

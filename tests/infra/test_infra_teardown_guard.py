@@ -25,6 +25,7 @@ from clipforge_infra.teardown_guard import (
     guard,
 )
 from tests.launcher.sshd import free_port
+from tests.support.records import run_record
 
 DVC = Path(sys.executable).with_name("dvc")
 
@@ -181,7 +182,7 @@ def test_a_run_whose_store_lacks_its_newest_checkpoint_stops_make_down_until_it_
     remote = s3.new_bucket() + "/runs"
     checkpoint_dir = write_run(tmp_path / "worker-disk", "r3", 90)
     run_dir = tmp_path / "worker-disk" / "runs" / "r3"
-    (run_dir / "run.json").write_text(json.dumps({"params": {"storage": {"remote": remote}}}))
+    (run_dir / "run.json").write_text(run_record(params={"storage": {"remote": remote}}).to_json())
     record_root(sshd, tmp_path / "worker-disk")
     (tmp_path / "laptop-repo").mkdir()
     assert not guard(outputs, tmp_path / "laptop-repo", force=False, command="make down STACK=mine")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from clipforge.train.disk import tree_bytes
+from clipforge.checkpoints.disk import tree_bytes
 from tests.conftest import run_train, subprocess_env, train_argv, write_params
 from tests.mounts import remount, tmpfs
 from tests.support.wait import still_running, wait_for

@@ -19,13 +19,13 @@ import pytest
 from clipforge.alerts.config import AlertsConfig
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.checkpoints.checkpointer import Checkpointer
-from clipforge.checkpoints.lock import Holder, LeaseLost, lock_run_dir, take_lease
+from clipforge.checkpoints.lock import Holder, lock_run_dir
 from clipforge.checkpoints.recovery import prepare_start
 from clipforge.cli import StageError
 from clipforge.store.config import StorageConfig
+from clipforge.store.lease import LeaseLost, take_lease
 from clipforge.store.remote import RunStore, missing_from_store
-from clipforge.train.faults import Faults
-from clipforge.train.store_uploader import StoreSync
+from clipforge.store.uploader import StoreSync
 from tests.conftest import REPO, run_train
 
 pytestmark = pytest.mark.slow
@@ -140,7 +140,7 @@ def test_a_store_checkpoint_missing_an_object_is_set_aside_with_the_alert(
     run_dir = tmp_path / "checkpoints" / store.run_id
     run_dir.mkdir(parents=True)
     lines: list[str] = []
-    assert prepare_start(Checkpointer(run_dir, 2, True), store, lines.append) == BEFORE
+    assert prepare_start(Checkpointer(run_dir, 2, True), store.checkpoints, lines.append) == BEFORE
     (line,) = lines
     assert f"checkpoint {store.url}/checkpoints/{NEWEST} is damaged: {MODEL} is missing" in line
     names = store.checkpoints.names()
@@ -157,7 +157,6 @@ def _sync(store: RunStore, checkpointer: Checkpointer, holder: Holder | None = N
         AlertMonitor(AlertsConfig(), store.run_id, targets=[]),
         logs=[],
         record={"run_id": store.run_id},
-        faults=Faults(),
         holder=holder,
         lease_taken=holder is not None,
     )
@@ -174,7 +173,7 @@ def test_the_uploader_sends_again_what_the_store_lost_from_the_local_copy(
     run_dir = _copy_run(reference_run, tmp_path)
     checkpointer = Checkpointer(run_dir, 3, True)
     lines: list[str] = []
-    assert prepare_start(checkpointer, store, lines.append) == NEWEST
+    assert prepare_start(checkpointer, store.checkpoints, lines.append) == NEWEST
     (line,) = lines
     assert f"{store.url}/checkpoints/{NEWEST} is damaged: {OPTIMIZER} is missing" in line
     sync = _sync(store, checkpointer).start()
@@ -313,7 +312,6 @@ def test_the_end_of_a_run_says_how_long_it_waits_for_a_failing_store(
         AlertMonitor(AlertsConfig(), store.run_id, targets=[]),
         logs=[],
         record={},
-        faults=Faults(),
     )
     with caplog.at_level(logging.INFO, "clipforge.train"):
         sync.start().finish("finished", [])

@@ -262,7 +262,10 @@ def test_a_damaged_checkpoint_in_the_store_is_set_aside_and_the_one_before_used(
     run_dir = tmp_path / "checkpoints" / source.name
     run_dir.mkdir(parents=True)
     lines: list[str] = []
-    assert prepare_start(Checkpointer(run_dir, 2, True), store, lines.append) == "step-00000008"
+    assert (
+        prepare_start(Checkpointer(run_dir, 2, True), store.checkpoints, lines.append)
+        == "step-00000008"
+    )
     (line,) = lines
     assert (
         f"checkpoint {store.url}/checkpoints/step-00000012 is damaged: {OPTIMIZER} is truncated"
@@ -281,6 +284,9 @@ def test_an_unreachable_store_at_start_is_no_reason_not_to_train(reference_run, 
     (run_dir,) = (tmp_path / "checkpoints").iterdir()
     store = unreachable_store(run_dir.name)
     lines: list[str] = []
-    assert prepare_start(Checkpointer(run_dir, 2, True), store, lines.append) == "step-00000012"
+    assert (
+        prepare_start(Checkpointer(run_dir, 2, True), store.checkpoints, lines.append)
+        == "step-00000012"
+    )
     assert lines == []
-    assert f"run store s3://gone/runs/{run_dir.name} not reachable" in caplog.text
+    assert f"run store {store.checkpoints.where} not reachable" in caplog.text

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from clipforge.config import batch_plan
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError
 from clipforge.launcher.commands import (
     DockerSpec,
     NodeContext,

@@ -166,7 +166,7 @@ def test_a_lost_gpu_the_run_goes_on_with_fewer_ranks_then_uses_it_again(tmp_path
 
 
 def test_min_gpus_is_checked_against_the_gpus_of_a_node():
-    from clipforge.launcher import LauncherError
+    from clipforge.errors import LauncherError
     from clipforge.launcher.options import make_options
 
     def options(**kwargs):

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.support.records import run_record
 
 SRC = REPO / "src"
 HOST_PACKAGE = "clipforge.launcher.host"
@@ -150,18 +151,24 @@ def test_every_host_module_imports_without_site_packages():
     assert result.returncode == 0, result.stderr
 
 
-def test_the_stored_checkpoints_script_runs_alone_with_the_layout_inlined(tmp_path):
+def test_the_stored_checkpoints_script_runs_alone_with_its_clipforge_modules_inlined(tmp_path):
     """What `make down`'s guard and `fab clean` send to a worker runs under `python3 -S` with
-    nothing of clipforge importable, and (`latest` being a hint) names the newest finished
-    checkpoint of a run whose `latest` is gone."""
+    nothing of clipforge importable, names the newest finished checkpoint of a run whose `latest`
+    is gone (`latest` being a hint), and the run store its record names (the record's reader
+    inlined too)."""
     from clipforge.launcher.host.stored_checkpoints import script_source
 
-    run_dir = tmp_path / "runs" / "r1" / "node-0" / "code" / "checkpoints" / "run-abc"
+    launch_dir = tmp_path / "runs" / "r1"
+    run_dir = launch_dir / "node-0" / "code" / "checkpoints" / "run-abc"
     for step, manifest in ((4, True), (8, True), (12, False)):
         (run_dir / f"step-{step:08d}").mkdir(parents=True)
         (run_dir / f"step-{step:08d}" / "model.pt").write_bytes(b"weights")
         if manifest:
             (run_dir / f"step-{step:08d}" / "manifest.json").write_text("{}")
+    record = run_record(
+        params={"storage": {"remote": "s3://bucket/runs"}}, checkpoints_dir=str(tmp_path / "gone")
+    )
+    (launch_dir / "run.json").write_text(record.to_json())
     result = subprocess.run(
         [sys.executable, "-S", "-c", script_source(), "--root", str(tmp_path)],
         env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)},
@@ -170,8 +177,9 @@ def test_the_stored_checkpoints_script_runs_alone_with_the_layout_inlined(tmp_pa
         check=True,
     )
     (entry,) = json.loads(result.stdout)
-    assert (entry["run_id"], entry["tag"], entry["problem"]) == (
+    assert (entry["run_id"], entry["tag"], entry["problem"], entry["store"]) == (
         "run-abc",
         "step-00000008",
         None,
+        "s3://bucket/runs",
     )

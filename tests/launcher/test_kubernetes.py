@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError
 from clipforge.launcher import kubernetes as kube
 from clipforge.launcher.commands import dvc_train_argv
 from clipforge.launcher.host.plan import PhasePlan

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError
 from clipforge.launcher.host.state import RunState
 from clipforge.launcher.recovery import (
     Action,

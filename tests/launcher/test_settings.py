@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from invoke import Config
 
-from clipforge.errors import UserError
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError, UserError
 from clipforge.launcher.host.plan import PhasePlan, RestartPolicy
 from clipforge.launcher.options import make_options
 from clipforge.launcher.recovery import RecoveryRule

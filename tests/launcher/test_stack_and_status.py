@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from fabric import Connection
 
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError
 from clipforge.launcher.connection import spec_of, targets
 from clipforge.launcher.host.status import summarize
 from clipforge.launcher.session import Settings, root_setting

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError
 from clipforge.launcher.source import (
     current_source,
     pipeline_outputs,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clipforge.checkpoints.checkpointer import run_id
 from clipforge.config import ConfigError, load_config
+from clipforge.train.config import run_id
 from tests.conftest import write_params
 
 

@@ -12,10 +12,9 @@ from clipforge.alerts.targets import WebhookError
 from clipforge.cli import EXIT_USAGE, StageError
 from clipforge.data.stage import main as data_main
 from clipforge.data.testset import TestSetError
-from clipforge.errors import UserError
+from clipforge.errors import LauncherError, UserError
 from clipforge.fields import ConfigError
 from clipforge.image_env import ImageEnvError
-from clipforge.launcher import LauncherError
 from clipforge.launcher.host.gpus import GpuRecordError
 from clipforge.launcher.host.record import RunRecordError
 from clipforge.launcher.host.state import StateFileError

@@ -3,13 +3,13 @@
   checkpoints/run-<id>/step-00000100/   a DeepSpeed checkpoint (+ config.yaml, manifest.json)
   checkpoints/run-<id>/latest           the tag of the newest complete checkpoint (a hint)
   checkpoints/run-<id>/deepspeed_config.json
-  checkpoints/run-<id>/sync.json        the run store's progress (clipforge.train.store_uploader)
+  checkpoints/run-<id>/sync.json        the run store's progress (clipforge.store.uploader)
 
 (the names: clipforge.checkpoints.layout)
 
-The run id is a fingerprint of everything that determines the result (data, model, training
-params), so re-running the stage with the same params resumes the interrupted run, while
-`dvc exp run -S train.lr=...` starts a run of its own instead of resuming someone else's.
+The run directory is named by the run id (clipforge.train.config.run_id), a fingerprint of
+everything that determines the result, so re-running the stage with the same params resumes the
+interrupted run, while `dvc exp run -S train.lr=...` starts a run of its own.
 `latest` is replaced atomically only after every rank has finished writing and rank 0 has written
 the checkpoint's manifest (sizes and sha256 of its files, clipforge.checkpoints.manifest), so a
 run killed mid-save resumes from the previous checkpoint, and a start can tell an intact
@@ -32,7 +32,6 @@ cost: docs/faults.md, "Fewer GPUs, same run".
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -46,6 +45,13 @@ import torch
 import torch.distributed as dist
 
 from clipforge.checkpoints import storage
+from clipforge.checkpoints.disk import (
+    CHECKPOINT_BYTES_PER_PARAMETER,
+    DiskSpace,
+    disk_space,
+    tree_bytes,
+    write_failure_message,
+)
 from clipforge.checkpoints.layout import (
     CHECKPOINT_MANIFEST,
     UNIVERSAL,
@@ -54,38 +60,9 @@ from clipforge.checkpoints.layout import (
     universal_partial_name,
 )
 from clipforge.checkpoints.manifest import write_manifest
-from clipforge.cli import StageError
-from clipforge.config import Config
-from clipforge.ids import run_id_for
-from clipforge.train.disk import (
-    CHECKPOINT_BYTES_PER_PARAMETER,
-    DiskSpace,
-    disk_space,
-    tree_bytes,
-    write_failure_message,
-)
+from clipforge.errors import StageError
 
 log = logging.getLogger("clipforge.train")
-
-# Knobs that change how often things are written or how fast data loads, never the weights.
-_NOT_IN_FINGERPRINT = {
-    "num_workers",
-    "save_every_steps",
-    "keep_checkpoints",
-    "log_every_steps",
-    "val_every_steps",
-    "val_retrieval_samples",
-}
-
-
-def run_id(config: Config, manifest_bytes: bytes) -> str:
-    train = {k: v for k, v in config.to_dict()["train"].items() if k not in _NOT_IN_FINGERPRINT}
-    identity = {
-        "data": hashlib.sha256(manifest_bytes).hexdigest(),
-        "model": config.to_dict()["model"],
-        "train": train,
-    }
-    return run_id_for(identity)
 
 
 class Checkpointer:

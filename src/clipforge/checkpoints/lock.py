@@ -1,17 +1,11 @@
-"""One run, one writer: an advisory lock on the run directory, and a lease in the run store.
+"""One run, one writer: an advisory lock on the run directory (the run store's lease, its
+counterpart there, is clipforge.store.lease).
 
 The lock is `flock` on `<run dir>/writer.lock`, which holds who has it (host, pid, start time).
 A second trainer of the same run directory refuses in one line naming the holder. The kernel
 drops the lock when its process ends, however it ends, so a lock left by a dead process is no
 lock: the next trainer takes it (and says whose it was). That is also how the supervisor's
 restarts take the run over: its trainer has exited before the next one starts.
-
-The lease is `<remote>/<run id>/lease.json` in the run store: its holder and a heartbeat the
-uploader refreshes. Object stores have no lock, so the lease is a fence, not a gate: a trainer
-that starts takes it (a run moved to another host must be able to go on at once, and a dead host
-cannot give it back), and a trainer that finds, at its next heartbeat or before an upload, that
-the lease is no longer its own stops writing the store and stops training, so that two hosts
-never interleave checkpoints there.
 """
 
 from __future__ import annotations
@@ -27,12 +21,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from clipforge.checkpoints.layout import STORE_LEASE, WRITER_LOCK
-from clipforge.cli import StageError
+from clipforge.checkpoints.layout import WRITER_LOCK
+from clipforge.errors import StageError
 
 log = logging.getLogger("clipforge.train")
-
-LEASE_HEARTBEAT_SECONDS = 60.0  # how often the uploader refreshes the store's lease
 
 
 @dataclass(frozen=True)
@@ -40,7 +32,7 @@ class Holder:
     host: str
     pid: int
     started_at: str  # UTC, ISO 8601
-    token: str = ""  # tells two holders with the same host and pid apart (a lease)
+    token: str = ""  # tells two holders with the same host and pid apart (the store's lease)
 
     @classmethod
     def this_process(cls) -> Holder:
@@ -129,49 +121,3 @@ def _read_fd(fd: int) -> bytes:
     with contextlib.suppress(OSError):
         return os.pread(fd, 65536, 0)
     return b""
-
-
-# -- the run store's lease ---------------------------------------------------------------------
-class LeaseLost(StageError):
-    """Another trainer took the run store's lease: this one must stop writing the run."""
-
-
-def take_lease(store, holder: Holder) -> None:
-    """Write this trainer's lease in the store (saying whose it replaces, if still beating)."""
-    previous = lease_holder(store)
-    if previous and previous.token != holder.token:
-        log.warning(
-            "run store %s: taking the run over from %s; if that trainer still runs, it stops at "
-            "its next heartbeat",
-            store.url,
-            previous.describe(),
-        )
-    renew_lease(store, holder)
-
-
-def renew_lease(store, holder: Holder) -> None:
-    store.fs.pipe_file(store.path(STORE_LEASE), holder.to_json(heartbeat_at=time.time()).encode())
-
-
-def lease_holder(store) -> Holder | None:
-    try:
-        return Holder.parse(store.fs.cat_file(store.path(STORE_LEASE)))
-    except FileNotFoundError:
-        return None
-
-
-def check_lease(store, holder: Holder) -> None:
-    """LeaseLost when the store's lease names another trainer (one that started after this)."""
-    current = lease_holder(store)
-    if current is not None and current.token != holder.token:
-        raise LeaseLost(
-            f"the run store {store.url} is now written by {current.describe()}: this trainer "
-            f"({holder.describe()}) stops, so that one writer keeps the run; its checkpoints "
-            f"stay on this disk"
-        )
-
-
-def release_lease(store, holder: Holder) -> None:
-    """Remove the lease if it is still this trainer's."""
-    if (current := lease_holder(store)) is not None and current.token == holder.token:
-        store.fs.rm_file(store.path(STORE_LEASE))

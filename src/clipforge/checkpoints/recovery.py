@@ -40,21 +40,23 @@ from clipforge.checkpoints.layout import (
     step_of,
     tag_for,
 )
-from clipforge.cli import StageError
-from clipforge.store.remote import RunStore
+from clipforge.errors import StageError
+from clipforge.util import exception_summary
 
 log = logging.getLogger("clipforge.train")
 
 Report = Callable[[str], None]  # one line about a damaged checkpoint (the alert logs it)
 
 
-def agree_on_start(checkpointer: Checkpointer, store: RunStore | None, report: Report) -> None:
+def agree_on_start(
+    checkpointer: Checkpointer, stored: storage.CheckpointStorage | None, report: Report
+) -> None:
     """Rank 0 prepares `latest` (prepare_start) while the others wait; a stage with no intact
     checkpoint then stops on every rank, with rank 0's line."""
     error = None
     if checkpointer.is_main:
         try:
-            prepare_start(checkpointer, store, report)
+            prepare_start(checkpointer, stored, report)
         except StageError as exc:
             error = str(exc)
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -65,10 +67,12 @@ def agree_on_start(checkpointer: Checkpointer, store: RunStore | None, report: R
         raise StageError(error)
 
 
-def prepare_start(checkpointer: Checkpointer, store: RunStore | None, report: Report) -> str | None:
-    """Leave `latest` naming the newest checkpoint that verifies (fetched from the store if that
-    is where it is) and return its tag; None: start from step 0. StageError when checkpoints
-    were found and none is intact."""
+def prepare_start(
+    checkpointer: Checkpointer, stored: storage.CheckpointStorage | None, report: Report
+) -> str | None:
+    """Leave `latest` naming the newest checkpoint that verifies (fetched from `stored`, the run
+    store's checkpoints, if that is where it is) and return its tag; None: start from step 0.
+    StageError when checkpoints were found and none is intact."""
     run_dir, local = checkpointer.run_dir, checkpointer.storage
     damaged: list[str] = []
 
@@ -91,7 +95,7 @@ def prepare_start(checkpointer: Checkpointer, store: RunStore | None, report: Re
             str(checkpointer.set_aside(LATEST)),
         )
     finished = _local_finished(checkpointer, step_of(hint) if hint else -1, found_damaged)
-    remote = _store_whole_steps(store, found_damaged)
+    remote = _store_whole_steps(stored, found_damaged)
     hint_step = step_of(hint) if hint else None
     if hint_step is not None and hint_step not in finished and hint_step not in remote:
         if hint_step > max(finished | remote, default=-1):  # the newest checkpoint is gone
@@ -105,7 +109,7 @@ def prepare_start(checkpointer: Checkpointer, store: RunStore | None, report: Re
             if problem is None:
                 return _start_from(checkpointer, tag, hint_text, reported)
             found_damaged(str(run_dir / tag), problem, str(checkpointer.set_aside(tag)))
-        if step in remote and store is not None and _fetch(store, tag, run_dir, found_damaged):
+        if step in remote and stored is not None and _fetch(stored, tag, run_dir, found_damaged):
             return _start_from(checkpointer, tag, hint_text, reported)
     if damaged:
         if local.exists(LATEST):  # stale: what it named is set aside or gone
@@ -139,48 +143,52 @@ def _local_finished(checkpointer: Checkpointer, hint_step: int, found_damaged) -
     return finished
 
 
-def _store_whole_steps(store: RunStore | None, found_damaged) -> set[int]:
+def _store_whole_steps(stored: storage.CheckpointStorage | None, found_damaged) -> set[int]:
     """Steps of the store's whole checkpoints. One with a manifest that is not whole (an object
     missing or of another size) is set aside there; one without a manifest is an upload under
     way or cut short, which the uploader replaces."""
-    if store is None:
+    if stored is None:
         return set()
     try:
         whole: set[int] = set()
-        for tag in storage.tags(store.checkpoints):
-            if not storage.has_manifest(store.checkpoints, tag):
+        for tag in storage.tags(stored):
+            if not storage.has_manifest(stored, tag):
                 continue
-            problem = storage.not_whole(store.checkpoints, tag)
+            problem = storage.not_whole(stored, tag)
             if problem is None:
                 whole.add(step_of(tag))
             else:
-                aside = storage.set_aside(store.checkpoints, tag)
-                found_damaged(f"{store.checkpoints.where}/{tag}", problem, aside)
+                found_damaged(f"{stored.where}/{tag}", problem, storage.set_aside(stored, tag))
         return whole
     except Exception as exc:  # an unreachable store must not stop the run: what is here will do
         log.warning(
             "run store %s not reachable (%s): starting from what is on this disk",
-            store.url,
-            _brief(exc),
+            stored.where,
+            exception_summary(exc),
         )
         return set()
 
 
-def _fetch(store: RunStore, tag: str, run_dir: Path, found_damaged) -> bool:
+def _fetch(stored: storage.CheckpointStorage, tag: str, run_dir: Path, found_damaged) -> bool:
     """Download the store's `tag` into the run directory and verify it; False when it is damaged
     (set aside in the store) or could not be downloaded."""
     staging = run_dir / download_name(tag)
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        log.info("fetching %s from the run store %s", tag, store.url)
-        store.download_checkpoint(tag, staging)
+        log.info("fetching %s from the run store %s", tag, stored.where)
+        storage.fetch(stored, tag, staging)
         problem = manifest.problem(staging)
         if problem is None:
             staging.rename(run_dir / tag)
             return True
-        found_damaged(f"{store.url}/checkpoints/{tag}", problem, store.set_aside(tag))
+        found_damaged(f"{stored.where}/{tag}", problem, storage.set_aside(stored, tag))
     except Exception as exc:  # a store gone mid-download: try an older one, or what is here
-        log.warning("could not fetch %s from the run store %s: %s", tag, store.url, _brief(exc))
+        log.warning(
+            "could not fetch %s from the run store %s: %s",
+            tag,
+            stored.where,
+            exception_summary(exc),
+        )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return False
@@ -206,7 +214,3 @@ def _start_from(checkpointer: Checkpointer, tag: str, hint_text: str | None, rep
     if hint != tag:
         checkpointer.publish(tag)
     return tag
-
-
-def _brief(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]

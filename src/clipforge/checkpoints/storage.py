@@ -39,6 +39,9 @@ class CheckpointStorage(Protocol):
 
     def write(self, relative: str, data: bytes) -> None: ...
 
+    def get(self, relative: str, local: Path) -> None:
+        """Copy a file to `local` (FileNotFoundError when there is no such file)."""
+
     def sizes(self, name: str) -> dict[str, int]:
         """Every file under `name`, relative to it, with its size in bytes."""
 
@@ -70,6 +73,9 @@ class LocalStorage:
         from clipforge.fsutil import atomic_write_bytes
 
         atomic_write_bytes(self.directory / relative, data)
+
+    def get(self, relative: str, local: Path) -> None:
+        shutil.copyfile(self.directory / relative, local)
 
     def sizes(self, name: str) -> dict[str, int]:
         base = self.directory / name
@@ -118,6 +124,9 @@ class FsspecStorage:
 
     def write(self, relative: str, data: bytes) -> None:
         self.fs.pipe_file(self._path(relative), data)
+
+    def get(self, relative: str, local: Path) -> None:
+        self.fs.get_file(self._path(relative), str(local))
 
     def sizes(self, name: str) -> dict[str, int]:
         base = self._path(name)
@@ -175,6 +184,18 @@ def has_manifest(storage: CheckpointStorage, tag: str) -> bool:
 def manifest(storage: CheckpointStorage, tag: str) -> dict | None:
     data = storage.read(f"{tag}/{CHECKPOINT_MANIFEST}")
     return None if data is None else parse_manifest(data)
+
+
+def fetch(storage: CheckpointStorage, tag: str, into: Path) -> None:
+    """The files the manifest of `tag` lists there, and the manifest, into `into` (verified by
+    the caller: clipforge.checkpoints.manifest.problem)."""
+    found = manifest(storage, tag)
+    if found is None:
+        raise FileNotFoundError(f"{storage.where}/{tag}/{CHECKPOINT_MANIFEST}")
+    for name in [*found["files"], CHECKPOINT_MANIFEST]:
+        local = into / name
+        local.parent.mkdir(parents=True, exist_ok=True)
+        storage.get(f"{tag}/{name}", local)
 
 
 def not_whole(storage: CheckpointStorage, tag: str) -> str | None:

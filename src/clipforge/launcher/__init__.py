@@ -9,10 +9,3 @@ Two sides:
 
 Standard library only here too: importing the host side imports this package first.
 """
-
-from clipforge.errors import UserError
-
-
-class LauncherError(UserError, RuntimeError):
-    """A problem the user can fix (bad option, unreachable host, dirty tree...); the message says
-    what is wrong and what to do. The tasks print it as one line, without a traceback, and exit 1."""

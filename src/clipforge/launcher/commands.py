@@ -291,7 +291,7 @@ def node_plan(
     if options.smoke:
         inner.append(("smoke", smoke_argv(python, layout, resume), False))
 
-    # The launch's record goes to the run store with the run (clipforge.train.store_uploader).
+    # The launch's record goes to the run store with the run (clipforge.store.uploader).
     env = {**options.env, **node.env, RUN_RECORD_ENV: layout.record}
     phases = []
     for name, argv, restartable in inner:

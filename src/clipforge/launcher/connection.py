@@ -23,7 +23,7 @@ from pathlib import Path
 import paramiko
 from fabric import Config, Connection
 
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError
 from clipforge.launcher.stack import StackOutputs
 
 # Outside the cluster, stack workers are reached through a port-forward to the entry worker:

@@ -40,9 +40,9 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 
 from clipforge.alerts import events
-from clipforge.errors import UserError
+from clipforge.errors import LauncherError, UserError
 from clipforge.fsutil import atomic_write_text
-from clipforge.launcher import LauncherError, connection
+from clipforge.launcher import connection
 from clipforge.launcher import launch as launch_mod
 from clipforge.launcher.connection import HostSpec, q, run, spec_of
 from clipforge.launcher.host.alert import send_alert, send_run_failed

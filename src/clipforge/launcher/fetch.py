@@ -18,8 +18,8 @@ import posixpath
 from collections.abc import Callable
 from pathlib import Path
 
+from clipforge.errors import LauncherError
 from clipforge.fsutil import replace_dir_atomically
-from clipforge.launcher import LauncherError
 from clipforge.launcher.commands import IMAGE_PYTHON, docker_run_argv
 from clipforge.launcher.connection import join, q, run
 from clipforge.launcher.run_source import HostRun, RunSource

@@ -47,8 +47,8 @@ from typing import Any
 
 import yaml
 
+from clipforge.errors import LauncherError
 from clipforge.ids import new_launch_id
-from clipforge.launcher import LauncherError
 from clipforge.launcher import launch as launch_mod
 from clipforge.launcher.commands import IMAGE_PYTHON, NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import q
@@ -756,11 +756,7 @@ def _submit(
     say(
         f"started run {launch_id} on the cluster; watch it: `kubectl -n {cluster.namespace} get "
         f"{kind.lower()}s,pods {selector}`, `kubectl -n {cluster.namespace} logs -f {selector}`"
-        + (
-            f", `fab status --from-store --run {launch_id}`"
-            if prepared.params["storage"]["remote"]
-            else ""
-        )
+        + (f", `fab status --from-store --run {launch_id}`" if prepared.store else "")
     )
 
 

@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from clipforge.errors import LauncherError
 from clipforge.ids import new_launch_id
 from clipforge.image_env import parse_image_env
-from clipforge.launcher import LauncherError, network, preflight
+from clipforge.launcher import network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
@@ -53,6 +54,7 @@ class Prepared:
     params: dict
     params_yaml: str
     image: str
+    store: str | None  # the run store of its params (storage.remote), read from them once here
 
 
 def prepare(source: Source, options: TrainOptions, settings: Settings) -> Prepared:
@@ -65,7 +67,11 @@ def prepare(source: Source, options: TrainOptions, settings: Settings) -> Prepar
             f"--data build (the data stage on the host) or --data /mounted/path"
         )
     return Prepared(
-        source=source, params=config.to_dict(), params_yaml=config.to_yaml(), image=image
+        source=source,
+        params=config.to_dict(),
+        params_yaml=config.to_yaml(),
+        image=image,
+        store=config.storage.remote,
     )
 
 
@@ -431,15 +437,6 @@ def resume(
 
 def has_run(host: Host, launch_id: str) -> bool:
     return probe(host.cxn, f"test -d {q(posixpath.join(host.root, 'runs', launch_id))}").ok
-
-
-def default_store(start: Path) -> str | None:
-    """storage.remote of the local checkout's params.yaml: where a run is looked for when no
-    host has it."""
-    params = start / "params.yaml"
-    if not params.is_file():
-        return None
-    return resolve_params(params.read_text(encoding="utf-8"), ()).storage.remote
 
 
 def stored_options(record: RunRecord) -> TrainOptions:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError
 from clipforge.launcher.connection import probe, q
 from clipforge.launcher.host import netprobe
 from clipforge.launcher.preflight import FAIL, OK, Row

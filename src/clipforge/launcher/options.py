@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Literal
 
 from clipforge.config import Config, ConfigError, load_config, parse_override
+from clipforge.errors import LauncherError
 from clipforge.fields import REQUIRED, knob
-from clipforge.launcher import LauncherError
 from clipforge.launcher.host.plan import RestartLimits
 
 # A few steps with a checkpoint every two, and a warm-up shorter than the run. User --set win.
@@ -156,6 +156,17 @@ def resolve_params(params_text: str | None, overrides: tuple[str, ...]) -> Confi
             return load_config(path, list(overrides))
         except ConfigError as exc:
             raise LauncherError(f"params: {exc}") from None
+
+
+def checkout_store(start: Path) -> str | None:
+    """storage.remote of the checkout's params.yaml: where a run is looked for when no host has
+    it and no --store is given."""
+    params = start / "params.yaml"
+    if not params.is_file():
+        return None
+    storage = resolve_params(params.read_text(encoding="utf-8"), ()).storage
+    assert storage is not None  # every section is loaded
+    return storage.remote
 
 
 def parse_count(value, flag: str) -> int:

@@ -36,8 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from clipforge.errors import LauncherError
 from clipforge.fields import Section, knob
-from clipforge.launcher import LauncherError
 from clipforge.launcher.host.state import RunState
 from clipforge.store.remote import LAUNCHES
 from clipforge.util import record_json, typed_fields

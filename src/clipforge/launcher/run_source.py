@@ -28,7 +28,8 @@ from contextlib import AbstractContextManager
 from decimal import Decimal
 from pathlib import Path
 
-from clipforge.launcher import LauncherError, recovery
+from clipforge.errors import LauncherError
+from clipforge.launcher import recovery
 from clipforge.launcher.commands import docker_cleanup_argv, docker_run_argv
 from clipforge.launcher.connection import join, probe, q, run
 from clipforge.launcher.host import status as status_mod

@@ -20,8 +20,9 @@ from typing import Any
 
 from fabric import Connection
 
+from clipforge.errors import LauncherError
 from clipforge.fields import knob
-from clipforge.launcher import LauncherError, connection
+from clipforge.launcher import connection
 from clipforge.launcher.commands import DockerSpec, run_container
 from clipforge.launcher.connection import HostSpec, join, probe, q, run
 from clipforge.launcher.host.plan import RestartTimings

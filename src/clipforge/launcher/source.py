@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError
 
 # Never uncommitted changes of the code a run ships: what DVC writes beside the outputs declared in
 # dvc.yaml (its lock), and fab's own local settings (Fabric reads fabric.yaml on the laptop only;

@@ -14,7 +14,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError
 
 # The stack's `run_mode` output (infra/clipforge_infra/contract.py is its home): `jobs` means no
 # SSH workers, each `fab train` is a Kubernetes Job of its own (clipforge.launcher.kubernetes).

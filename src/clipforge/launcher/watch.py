@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from decimal import Decimal
 
-from clipforge.launcher import LauncherError
+from clipforge.errors import LauncherError
 from clipforge.launcher.commands import container_prefix
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host import stored_checkpoints, supervisor

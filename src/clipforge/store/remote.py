@@ -34,11 +34,11 @@ from clipforge.checkpoints import storage
 from clipforge.checkpoints.layout import (
     CHECKPOINT_MANIFEST,
     STORE_CHECKPOINTS,
-    marker_tag,
     step_of,
     tag_step,
 )
 from clipforge.errors import UserError
+from clipforge.util import exception_summary
 
 LAUNCHES = "launches"
 # Set by `fab train` for the train stage: the launch's run.json, which the stage copies to
@@ -64,9 +64,8 @@ def open_filesystem(remote: str):
     except (ImportError, ValueError) as exc:  # fsspec names the package a protocol needs
         raise StoreError(f"storage.remote {remote}: {exc}") from None
     except OSError as exc:  # a protocol that connects when opened (ftp://, sftp://): no server
-        first_line = (str(exc).splitlines() or [""])[0][:200]
         raise StoreError(
-            f"storage.remote {remote}: cannot be opened ({type(exc).__name__}: {first_line})"
+            f"storage.remote {remote}: cannot be opened ({exception_summary(exc, 200)})"
         ) from None
     if hasattr(fs, "auto_mkdir"):  # a local path: folders come with files, as on object stores
         fs.auto_mkdir = True
@@ -90,13 +89,6 @@ class RunStore:
         return posixpath.join(self.root, relative)
 
     # -- checkpoints -------------------------------------------------------------------------
-    def latest_step(self) -> int | None:
-        """The step the store's `latest` names (a hint); None without a marker (or with one that
-        names no checkpoint tag)."""
-        text = storage.marker(self.checkpoints)
-        tag = marker_tag(text) if text is not None else None
-        return tag_step(tag) if tag else None
-
     def complete_steps(self) -> list[int]:
         """Steps of the checkpoints the store holds whole (its manifest, which went up after its
         files, and every file it lists with its size), oldest first."""
@@ -106,9 +98,6 @@ class RunStore:
             if storage.has_manifest(self.checkpoints, tag)
             and storage.not_whole(self.checkpoints, tag) is None
         ]
-
-    def manifest(self, tag: str) -> dict | None:
-        return storage.manifest(self.checkpoints, tag)
 
     def upload_checkpoint(
         self, directory: Path, after_first_file: Callable[[], None] = lambda: None
@@ -127,20 +116,6 @@ class RunStore:
 
     def publish(self, tag: str) -> None:
         storage.publish(self.checkpoints, tag)
-
-    def download_checkpoint(self, tag: str, into: Path) -> None:
-        """The files the store's manifest of `tag` lists, and the manifest, into `into`."""
-        manifest = self.manifest(tag)
-        if manifest is None:
-            raise FileNotFoundError(f"{self.url}/checkpoints/{tag}/{CHECKPOINT_MANIFEST}")
-        for name in [*manifest["files"], CHECKPOINT_MANIFEST]:
-            local = into / name
-            local.parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(self.path(f"checkpoints/{tag}/{name}"), str(local))
-
-    def set_aside(self, tag: str) -> str:
-        """Move a damaged checkpoint out of the way (kept for inspection); its new URL."""
-        return storage.set_aside(self.checkpoints, tag)
 
     def prune(self, keep: int) -> list[str]:
         """Keep the `keep` newest complete checkpoints; remove older checkpoint folders (complete
@@ -202,10 +177,7 @@ def missing_from_store(remote: str, run_id: str, tag: str) -> str | None:
                 return None
             return f"is not whole in the run store {remote} ({problem})"
     except Exception as exc:  # any library's error: unreachable, no credentials, no bucket
-        first_line = (str(exc).splitlines() or [""])[0][:200]
-        return (
-            f"cannot be looked for in the run store {remote} ({type(exc).__name__}: {first_line})"
-        )
+        return f"cannot be looked for in the run store {remote} ({exception_summary(exc, 200)})"
     return f"is not in the run store {remote} yet"
 
 

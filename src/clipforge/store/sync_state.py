@@ -1,6 +1,6 @@
 """The run store's sync state: one typed record, one writer, one reader.
 
-The uploader (clipforge.train.store_uploader) writes it beside the run's checkpoints
+The uploader (clipforge.store.uploader) writes it beside the run's checkpoints
 (checkpoints/run-<id>/sync.json) and into the store (<remote>/<run id>/status.json). It crosses
 processes and machines: `fab status` reads it on the host and shows it on the laptop, `fab status
 --run RUN` reads the store's copy from the laptop. So it is a frozen dataclass with a `SyncPhase`

@@ -242,7 +242,7 @@ class TrainMonitor:
             self.writer.add_text(tag, text, step)
 
     def store_lag(self, step: int, lag_steps: int, lag_seconds: float) -> None:
-        """How far the run store is behind, as a checkpoint is saved (clipforge.train.store_uploader)."""
+        """How far the run store is behind, as a checkpoint is saved (clipforge.store.uploader)."""
         self.writer.add_scalar("store/lag_steps", lag_steps, step)
         self.writer.add_scalar("store/lag_seconds", lag_seconds, step)
 

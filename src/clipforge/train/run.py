@@ -23,7 +23,7 @@ from clipforge import util
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.alerts.progress import collective_timeout_seconds
 from clipforge.checkpoints import recovery
-from clipforge.checkpoints.checkpointer import Checkpointer, run_id
+from clipforge.checkpoints.checkpointer import Checkpointer
 from clipforge.checkpoints.lock import Holder, RunLock, lock_run_dir
 from clipforge.cli import StageError
 from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan, reshaped_plan
@@ -31,8 +31,16 @@ from clipforge.export.card import CardFacts
 from clipforge.fsutil import atomic_write_text, sha256_file
 from clipforge.ids import launch_id_of
 from clipforge.model import ClipBundle, build_model
+from clipforge.store.uploader import (
+    StoreSync,
+    launch_record,
+    open_store,
+    start_store_sync,
+    take_store_lease,
+)
 from clipforge.train import data as train_data
 from clipforge.train import retrieval_grid
+from clipforge.train.config import run_id
 from clipforge.train.dist import DistInfo, init_distributed, resolve_device
 from clipforge.train.ds_config import (
     deepspeed_bf16,
@@ -54,13 +62,6 @@ from clipforge.train.loss import make_clip_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
 from clipforge.train.optim import WarmupCosine
 from clipforge.train.reporting import PerfMeter, TrainMonitor, run_label
-from clipforge.train.store_uploader import (
-    StoreSync,
-    launch_record,
-    open_store,
-    start_store_sync,
-    take_store_lease,
-)
 from clipforge.train.validation import validation_metrics
 
 log = logging.getLogger("clipforge.train")
@@ -243,7 +244,9 @@ def _set_up_locked(
         total_steps,
         dist.is_main,
     )
-    recovery.agree_on_start(checkpointer, store, alerts.checkpoint_damaged)
+    recovery.agree_on_start(
+        checkpointer, store.checkpoints if store else None, alerts.checkpoint_damaged
+    )
     state = checkpointer.load(engine)
     checkpointer.check_space(engine)  # a disk without room for the next save fails now, not then
     start_step = state["step"] if state else 0
@@ -285,7 +288,17 @@ def _set_up_locked(
     )
     sync = (
         start_store_sync(
-            config, store, checkpointer, alerts, paths, label, start_step, holder, lease_taken
+            config.storage,
+            config.to_dict(),
+            store,
+            checkpointer,
+            alerts,
+            paths,
+            label,
+            start_step,
+            holder,
+            lease_taken,
+            faults_from_env().after_first_uploaded_file,
         )
         if store
         else None

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from clipforge import util
 from clipforge.alerts.rules import NonFiniteTrainingError
+from clipforge.checkpoints.disk import not_writable_message
 from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
 from clipforge.config import STAGE_SECTIONS, Config, steps_per_epoch
 from clipforge.model_files import weights_file
 from clipforge.store.remote import open_filesystem
-from clipforge.train.disk import not_writable_message
 from clipforge.train.dist import free_port, resolve_device, under_launcher
 
 log = logging.getLogger("clipforge.train")

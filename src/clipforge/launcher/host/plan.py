@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from clipforge.errors import LauncherError
 from clipforge.fields import Section, knob
-from clipforge.launcher import LauncherError
 from clipforge.util import backoff_seconds
 
 # Environment variables passed from the laptop to the run when set there; values are never written

@@ -74,8 +74,8 @@ class RunRecord:
     """Names (never values) of the secrets passed to the run."""
 
     @property
-    def storage_remote(self) -> str | None:
-        """The run store of the run's params (storage.remote), if any."""
+    def store_remote(self) -> str | None:
+        """The run store of the run's params (storage.remote), if any: its one reader."""
         storage = self.params.get("storage")
         remote = storage.get("remote") if isinstance(storage, dict) else None
         return remote if isinstance(remote, str) and remote else None

@@ -2,7 +2,7 @@
 
 Host side (`python -m clipforge.launcher.host.status NODE_DIR` prints JSON): the run record, the
 supervisor's state (and whether it is really alive), the last row of metrics/train.tsv, the latest
-checkpoint, the run store's progress (sync.json, clipforge.train.store_uploader), the final summary and
+checkpoint, the run store's progress (sync.json, clipforge.store.uploader), the final summary and
 smoke result when there are. Laptop side: `summarize` turns that
 into step/total, ETA, elapsed and cost.
 
@@ -278,7 +278,7 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
 
 
 def sync_text(sync: SyncState) -> str:
-    """The run store's progress (clipforge.train.store_uploader's state): what it holds, how far behind."""
+    """The run store's progress (clipforge.store.uploader's state): what it holds, how far behind."""
     step = sync.store_step
     text = (
         f"{sync.store}: step {step if step is not None else 'none yet'}, behind by "

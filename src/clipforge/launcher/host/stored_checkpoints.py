@@ -1,9 +1,10 @@
 """The newest checkpoint of every run on this host, as JSON: what `make down` must not lose.
 
 Run on each worker as a script given whole (`python3 -c SOURCE [--retained DIR]... [--root DIR]...`,
-SOURCE from `script_source`): standard library only, and the checkpoint names are
-clipforge.checkpoints.layout's, whose source `script_source` puts in place of its import, since
-the runs on a host may hold any version of the code and none need be importable there.
+SOURCE from `script_source`): standard library only, and so are the clipforge modules it imports
+(the checkpoint names of clipforge.checkpoints.layout, the run record's reader), whose sources
+`script_source` puts in front of its own, since the runs on a host may hold any version of the
+code and none need be importable there.
 
 Runs live under run roots: each root `fab train` recorded on this host (RUN_ROOTS_FILE in the
 home directory, one absolute path a line), and each --root given. In a root, every run's
@@ -11,8 +12,8 @@ checkpoints directories (run.json's `checkpoints_dir`, and each node checkout's 
 hold one `run-<id>/` per training run, whose `latest` names its newest checkpoint (a hint: with
 none, or one that names no checkpoint, the newest finished checkpoint). For each such checkpoint the output gives its real path (symlinks resolved), the --retained directory it lies
 under, and, when it lies under none, the md5 of each of its files: the caller looks for those in
-the DVC remote (DVC 3 stores a file under its md5). With the run's store (run.json's
-params.storage.remote), the caller also looks there.
+the DVC remote (DVC 3 stores a file under its md5). With the run's store (RunRecord.store_remote),
+the caller also looks there.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
+import importlib
 import json
 import os
 import sys
 
 from clipforge.checkpoints import layout
+from clipforge.launcher.host.record import RunRecordError, read_record
 
 RUN_ROOTS_FILE = ".clipforge/run-roots"  # under the home directory
 _MD5_CHUNK_BYTES = 8 * 2**20
@@ -39,41 +42,62 @@ def recorded_roots() -> list[str]:
 
 
 def checkpoints_dirs(root: str) -> list[tuple[str, str, str | None]]:
-    """(run id, checkpoints directory, run store or None) of every run under `root`."""
+    """(launch id, checkpoints directory, run store or None) of every run under `root`."""
     found = []
     for run_dir in sorted(glob.glob(os.path.join(root, "runs", "*"))):
         run = os.path.basename(run_dir)
         candidates = glob.glob(os.path.join(run_dir, "node-*", "code", "checkpoints"))
-        record = _record(run_dir)
-        candidates.append(record.get("checkpoints_dir") or "")
-        store = ((record.get("params") or {}).get("storage") or {}).get("remote")
+        try:
+            record = read_record(os.path.join(run_dir, "run.json"))
+        except RunRecordError:  # damaged: its checkpoints are still listed, with no store
+            record = None
+        if record is not None:
+            candidates.append(record.checkpoints_dir)
+        store = record.store_remote if record is not None else None
         found += [(run, path, store) for path in sorted(set(candidates)) if os.path.isdir(path)]
     return found
 
 
-def _record(run_dir: str) -> dict:
-    try:
-        with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+# What the script imports of clipforge, and the modules they import, in import order: each
+# standard library only.
+_INLINED = (
+    "clipforge.errors",
+    "clipforge.util",
+    "clipforge.checkpoints.layout",
+    "clipforge.launcher.host.record",
+)
+_IMPORTS = """\
+from clipforge.checkpoints import layout
+from clipforge.launcher.host.record import RunRecordError, read_record
+"""
+_PRELUDE = """\
+import sys as _sys
+import types as _types
+
+for _name, _source in _INLINED_SOURCES.items():
+    _parts = _name.split(".")
+    for _depth in range(1, len(_parts)):  # the packages above it, as empty ones
+        _package = ".".join(_parts[:_depth])
+        if _package not in _sys.modules:
+            _sys.modules[_package] = _types.ModuleType(_package)
+            _sys.modules[_package].__path__ = []
+    _module = _types.ModuleType(_name)
+    _sys.modules[_name] = _module
+    exec(compile(_source, _name, "exec"), _module.__dict__)
+    setattr(_sys.modules[".".join(_parts[:-1])], _parts[-1], _module)
+"""
 
 
 def script_source() -> str:
-    """This module's source, runnable by `python3 -c` where clipforge is not importable: the
-    layout module's source is executed in place of its import."""
-    with open(__file__, encoding="utf-8") as f:
-        own = f.read()
-    with open(layout.__file__, encoding="utf-8") as f:
-        inline = (
-            "import types as _types\n\n"
-            "layout = _types.ModuleType('layout')\n"
-            f"exec({f.read()!r}, layout.__dict__)\n"
-        )
-    statement = "from clipforge.checkpoints import layout\n"
-    assert statement in own, "stored_checkpoints imports the layout in one known statement"
-    return own.replace(statement, inline, 1)
+    """This module's source, runnable by `python3 -c` where clipforge is not importable: in place
+    of its clipforge imports, the sources of those modules run, registered under their names."""
+    sources = {}
+    for name in (*_INLINED, __name__):
+        with open(importlib.import_module(name).__file__ or "", encoding="utf-8") as f:
+            sources[name] = f.read()
+    own = sources.pop(__name__)
+    assert _IMPORTS in own, "stored_checkpoints imports clipforge in one known block"
+    return own.replace(_IMPORTS, f"_INLINED_SOURCES = {sources!r}\n" + _PRELUDE + _IMPORTS, 1)
 
 
 def newest_tag(training_run_dir: str) -> str | None:

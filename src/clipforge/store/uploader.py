@@ -22,13 +22,14 @@ down`'s guard read.
 What the store holds is what it holds whole (clipforge.checkpoints.storage.not_whole), learnt
 when the uploader starts and again after a failed pass: a checkpoint the start of the run found
 not whole there (and set aside) is uploaded again from the local copy. The uploader also keeps
-the run's lease in the store (clipforge.checkpoints.lock): refreshed every minute, checked before
+the run's lease in the store (clipforge.store.lease): refreshed every minute, checked before
 each checkpoint goes up; lost to another trainer, it uploads nothing more and the training stops
 at its next save.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -36,28 +37,27 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.checkpoints.checkpointer import Checkpointer
-from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, tag_for, tag_step
-from clipforge.checkpoints.lock import (
+from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, step_of, tag_for, tag_step
+from clipforge.checkpoints.lock import Holder
+from clipforge.fsutil import atomic_write_text
+from clipforge.ids import launch_id_of
+from clipforge.store.config import StorageConfig
+from clipforge.store.lease import (
     LEASE_HEARTBEAT_SECONDS,
-    Holder,
     LeaseLost,
     check_lease,
     release_lease,
     renew_lease,
     take_lease,
 )
-from clipforge.config import Config
-from clipforge.fsutil import atomic_write_text
-from clipforge.ids import launch_id_of
-from clipforge.store.config import StorageConfig
 from clipforge.store.remote import RUN_RECORD_ENV, RunStore
 from clipforge.store.sync_state import STORE_STATUS_FILE, SYNC_STATE_FILE, SyncPhase, SyncState
-from clipforge.train.faults import Faults, faults_from_env
 from clipforge.util import backoff_seconds, exception_summary
 
 log = logging.getLogger("clipforge.train")
@@ -74,6 +74,9 @@ class Lag:
 
 # A local file or folder, and where it goes in the store (relative to the run's place there).
 Mirrored = tuple[Path, str]
+# Called with a checkpoint's step once its first file is uploaded: a fault hook
+# (clipforge.train.faults' hold_upload), so a test can kill the process mid-upload.
+AfterFirstFile = Callable[[int], None]
 
 
 class StoreSync:
@@ -85,7 +88,7 @@ class StoreSync:
         alerts: AlertMonitor,
         logs: list[Mirrored],
         record: dict,
-        faults: Faults,
+        after_first_file: AfterFirstFile = lambda step: None,
         clock=time.monotonic,
         holder: Holder | None = None,
         lease_taken: bool = False,
@@ -96,7 +99,7 @@ class StoreSync:
         self.alerts = alerts
         self.logs = logs
         self.record = record
-        self.faults = faults
+        self.after_first_file = after_first_file
         self.clock = clock
         self.synced_step: int | None = None  # the store's newest whole one (None: none known)
         self._store_known = False  # whether synced_step is what the store answered
@@ -124,7 +127,7 @@ class StoreSync:
         now = self.clock()
         with self._lock:
             for tag in self._published_tags():  # left by an earlier attempt: due since now
-                self._saved_at.setdefault(tag_step(tag), now)
+                self._saved_at.setdefault(step_of(tag), now)
         self._thread.start()
         return self
 
@@ -140,7 +143,7 @@ class StoreSync:
 
     def needs_upload(self, tag: str) -> bool:
         """True while the store lacks this checkpoint and has nothing newer: keep it locally."""
-        return self._needs_upload(tag_step(tag))
+        return self._needs_upload(step_of(tag))
 
     def lag(self) -> Lag:
         with self._lock:
@@ -241,14 +244,14 @@ class StoreSync:
             self._store_known = True
         self._keep_lease()
         for tag in self._published_tags():
-            step = tag_step(tag)
+            step = step_of(tag)
             if not self._needs_upload(step):
                 continue
             if self.holder is not None:
                 check_lease(self.store, self.holder)
             self.store.upload_checkpoint(
                 self.checkpointer.run_dir / tag,
-                after_first_file=lambda step=step: self.faults.after_first_uploaded_file(step),
+                after_first_file=functools.partial(self.after_first_file, step),
             )
             self.store.publish(tag)
             self.synced_step = step
@@ -261,8 +264,9 @@ class StoreSync:
         if final is not None or self.clock() >= self._logs_due_at:
             self._upload_files(self.logs)
             self.store.write_json("record.json", self.record)
-            if self.record.get("launch"):
-                self.store.write_launch(launch_id_of(self.record["launch"]), self.record["launch"])
+            launch, launch_id = self.record.get("launch"), self.record.get("launch_id")
+            if launch and launch_id:
+                self.store.write_launch(launch_id, launch)
             self.store.write_json(STORE_STATUS_FILE, self._status().to_dict())
             self._logs_due_at = self.clock() + 60 * self.config.sync_logs_every_minutes
         if final is not None:
@@ -289,7 +293,7 @@ class StoreSync:
         return [
             tag
             for tag in self.checkpointer.tags()
-            if tag_step(tag) <= latest
+            if step_of(tag) <= latest
             and (self.checkpointer.run_dir / tag / CHECKPOINT_MANIFEST).is_file()
         ]
 
@@ -383,7 +387,8 @@ def open_store(config: StorageConfig, run_id: str) -> RunStore | None:
 
 
 def start_store_sync(
-    config: Config,
+    config: StorageConfig,
+    params: dict,
     store: RunStore,
     checkpointer: Checkpointer,
     alerts: AlertMonitor,
@@ -392,9 +397,11 @@ def start_store_sync(
     start_step: int,
     holder: Holder | None = None,
     lease_taken: bool = False,
+    after_first_file: AfterFirstFile = lambda step: None,
 ) -> StoreSync:
     """The uploader of this run, started; on a disk that lacks the run's curves (a run moved to
-    another host), they are fetched from the store first, so the logs go on where they were."""
+    another host), they are fetched from the store first, so the logs go on where they were.
+    `params`: what the run trains with, for its record in the store."""
     logs = [
         (paths["logs"] / label, f"logs/{label}"),
         (paths["metrics"] / "train.tsv", "metrics/train.tsv"),
@@ -406,7 +413,7 @@ def start_store_sync(
     record = {
         "run_id": store.run_id,
         "launch_id": launch_id_of(launch) if launch else None,  # clipforge.ids: the two ids
-        "config": config.to_dict(),
+        "config": params,
         "host": socket.gethostname(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "start_step": start_step,
@@ -415,11 +422,11 @@ def start_store_sync(
     sync = StoreSync(
         store,
         checkpointer,
-        config.storage,
+        config,
         alerts,
         logs,
         record,
-        faults_from_env(),
+        after_first_file,
         holder=holder,
         lease_taken=lease_taken,
     )
@@ -432,13 +439,9 @@ def take_store_lease(store: RunStore, holder: Holder) -> bool:
     try:
         take_lease(store, holder)
     except Exception as exc:  # an unreachable store is no reason not to train
-        log.warning("run store %s: lease not taken yet (%s)", store.url, _first_line(exc))
+        log.warning("run store %s: lease not taken yet (%s)", store.url, exception_summary(exc))
         return False
     return True
-
-
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
 
 
 def _restore_curves(store: RunStore, logs: list[Mirrored]) -> None:

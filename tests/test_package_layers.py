@@ -1,0 +1,152 @@
+"""src/clipforge's packages form layers: a package imports only from layers below its own, so the
+package import graph has no cycle and no package reaches up into one that builds on it.
+
+The graph is derived from the code: every import statement of every module (those inside
+functions too, relative ones resolved), each module belonging to its innermost package (the root
+package `clipforge` holds the modules directly under src/clipforge).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.conftest import REPO
+
+SRC = REPO / "src"
+
+# The layers, lowest first. A package may import its own modules and those of packages in lower
+# layers; two packages of one layer are independent of each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # the leaves every package uses: errors, util, fsutil, fields, yamlfile, ids, image_env...
+    ("clipforge",),
+    ("clipforge.metrics", "clipforge.alerts", "clipforge.checkpoints"),
+    ("clipforge.store", "clipforge.data", "clipforge.export"),
+    ("clipforge.train", "clipforge.eval"),
+    ("clipforge.launcher.host",),
+    ("clipforge.launcher",),
+)
+# Known upward imports, each removed by a later change of the same series: the params loader
+# (clipforge.config) still builds the alerts and storage sections.
+KNOWN_UPWARD = {
+    ("clipforge", "clipforge.alerts"): "clipforge.config -> clipforge.alerts.config",
+    ("clipforge", "clipforge.store"): "clipforge.config -> clipforge.store.config",
+}
+
+
+def _module_file(name: str) -> Path | None:
+    base = SRC.joinpath(*name.split("."))
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted((SRC / "clipforge").rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
+
+
+def package_of(module: str) -> str:
+    """The innermost package holding `module` (a package holds itself)."""
+    path = _module_file(module)
+    assert path is not None, module
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def imported_modules(module: str, path: Path) -> set[str]:
+    """The clipforge modules `module` imports, anywhere in its body."""
+    package = package_of(module)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0]
+                base = f"{parent}.{base}".rstrip(".")
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import mod`
+    return {m for m in found if m.split(".")[0] == "clipforge" and _module_file(m)}
+
+
+def package_imports() -> dict[tuple[str, str], list[str]]:
+    """(importing package, imported package) -> the module imports that make the edge."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, path in _modules():
+        for target in sorted(imported_modules(module, path)):
+            edge = (package_of(module), package_of(target))
+            if edge[0] != edge[1]:
+                edges.setdefault(edge, []).append(f"{module} -> {target}")
+    return edges
+
+
+def layer_violations(
+    edges: dict[tuple[str, str], list[str]], layers: tuple[tuple[str, ...], ...]
+) -> list[str]:
+    """One line per package edge that does not go to a lower layer, naming an import behind it."""
+    rank = {package: i for i, layer in enumerate(layers) for package in layer}
+    return [
+        f"{source} (layer {rank[source]}) imports {target} (layer {rank[target]}): {why[0]}"
+        for (source, target), why in sorted(edges.items())
+        if rank[target] >= rank[source]
+    ]
+
+
+def cycles(edges: dict[tuple[str, str], list[str]]) -> list[list[str]]:
+    """The package cycles of the graph, each as the packages along it (first one repeated)."""
+    graph: dict[str, set[str]] = {}
+    for source, target in edges:
+        graph.setdefault(source, set()).add(target)
+    found, done = [], set()
+
+    def visit(package: str, path: list[str]) -> None:
+        if package in path:
+            found.append(path[path.index(package) :] + [package])
+            return
+        if package in done:
+            return
+        for target in sorted(graph.get(package, ())):
+            visit(target, [*path, package])
+        done.add(package)
+
+    for package in sorted(graph):
+        visit(package, [])
+    return found
+
+
+def test_every_package_has_a_layer():
+    """A new package is placed in a layer before it is used: none is left out, none listed is
+    gone."""
+    packages = {package_of(module) for module, _ in _modules()}
+    listed = [package for layer in LAYERS for package in layer]
+    assert len(listed) == len(set(listed)), "a package is in two layers"
+    assert (sorted(packages - set(listed)), sorted(set(listed) - packages)) == ([], [])
+
+
+def test_packages_import_only_from_lower_layers():
+    """No package imports one of its own layer or above (the known upward imports aside, each
+    of which must still be there: the list only shrinks)."""
+    edges = package_imports()
+    problems = layer_violations({e: w for e, w in edges.items() if e not in KNOWN_UPWARD}, LAYERS)
+    assert problems == []
+    assert sorted(e for e in KNOWN_UPWARD if e not in edges) == []
+
+
+def test_the_package_graph_has_no_cycle():
+    edges = {e: w for e, w in package_imports().items() if e not in KNOWN_UPWARD}
+    assert cycles(edges) == []
+
+
+def test_an_upward_import_and_a_cycle_are_named():
+    """The checks find what they are for, on a graph made for it: a lower package importing a
+    higher one is named with the import behind it, and the cycle it closes is found."""
+    edges = {
+        ("clipforge.store", "clipforge.checkpoints"): ["clipforge.store.remote -> x"],
+        ("clipforge.checkpoints", "clipforge.store"): ["clipforge.checkpoints.resume -> y"],
+    }
+    assert layer_violations(edges, LAYERS) == [
+        "clipforge.checkpoints (layer 1) imports clipforge.store (layer 2): "
+        "clipforge.checkpoints.resume -> y"
+    ]
+    assert cycles(edges) == [["clipforge.checkpoints", "clipforge.store", "clipforge.checkpoints"]]
