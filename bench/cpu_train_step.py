@@ -82,14 +82,15 @@ def clipforge_loop(model, data: list, lr: float, fused: bool = True, check: bool
     """samples/s of clipforge's step as the train stage runs it (default params: ZeRO-1, fp32);
     `fused=False`: torch's multi-tensor AdamW instead of its fused kernel (the knob measured);
     `check=False`: no per-step check (no host read of the loss before backward)."""
-    from clipforge.config import batch_plan, load_config
+    from clipforge.pipeline.params import load_pipeline_params
+    from clipforge.train.config import batch_plan
     from clipforge.train.ds_config import deepspeed_config
     from clipforge.train.engine import clamp_logit_scale, create_engine
     from clipforge.train.loop import agree
     from clipforge.train.loss import contrastive_step, make_clip_loss
     from clipforge.train.optim import WarmupCosine
 
-    train = load_config(
+    train = load_pipeline_params(
         None, [f"train.global_batch_size={len(data[0][0])}", f"train.lr={lr}"]
     ).train
     plan = batch_plan(train, world_size=1)
@@ -135,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from clipforge.config import ModelConfig
-    from clipforge.model import build_model, without_causal_flag
+    from clipforge.model.config import ModelConfig
+    from clipforge.model.factory import build_model, without_causal_flag
     from clipforge.train.dist import init_distributed
     from clipforge.train.engine import make_logit_scale_1d
 

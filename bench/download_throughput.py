@@ -35,8 +35,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import yaml  # noqa: E402
 
-from clipforge.config import DataConfig  # noqa: E402
 from clipforge.data import download  # noqa: E402
+from clipforge.data.config import DataConfig  # noqa: E402
 from tests.imageserver import ImageServer  # noqa: E402
 
 IMAGE_SIZE = (320, 240)

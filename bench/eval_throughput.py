@@ -76,7 +76,7 @@ def main() -> None:
     import open_clip
     import torch
 
-    from clipforge.model import register_bundled_configs
+    from clipforge.model.names import register_bundled_configs
 
     register_bundled_configs()
     model, _, preprocess = open_clip.create_model_and_transforms(args.model, device=args.device)

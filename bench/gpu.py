@@ -382,7 +382,7 @@ def _gflop(value) -> str:
 def environment(profile: Profile) -> dict:
     import torch
 
-    from clipforge.model import register_bundled_configs
+    from clipforge.model.names import register_bundled_configs
     from clipforge.train.flops import datasheet_peak, flops_per_sample
 
     register_bundled_configs()
@@ -515,8 +515,8 @@ def make_shards(root: Path, count: int):
 
 
 def _bundle(profile: Profile):
-    from clipforge.config import ModelConfig
-    from clipforge.model import build_model
+    from clipforge.model.config import ModelConfig
+    from clipforge.model.factory import build_model
 
     return build_model(ModelConfig(name=profile.model, image_size=profile.image_size))
 
@@ -547,14 +547,15 @@ class Stepper:
     ):
         import torch
 
-        from clipforge.config import BatchPlan, load_config
+        from clipforge.pipeline.params import load_pipeline_params
+        from clipforge.train.config import BatchPlan
         from clipforge.train.ds_config import deepspeed_config, uses_autocast
         from clipforge.train.engine import create_engine, forward_autocast
         from clipforge.train.loss import make_clip_loss
         from clipforge.train.optim import WarmupCosine
 
         precision = "bf16" if profile.device == "cuda" else "fp32"
-        train = load_config(
+        train = load_pipeline_params(
             None,
             [
                 f"train.global_batch_size={profile.global_batch}",
@@ -607,7 +608,7 @@ class PlainStepper:
         from clipforge.train.optim import param_groups
 
         self.device = profile.device
-        from clipforge.model import without_causal_flag
+        from clipforge.model.factory import without_causal_flag
 
         self.model = without_causal_flag(bundle.model).to(profile.device).train()
         self.optimizer = torch.optim.AdamW(
@@ -636,7 +637,7 @@ class PlainStepper:
 
 
 def _plan(global_batch: int, micro: int):
-    from clipforge.config import BatchPlan
+    from clipforge.train.config import BatchPlan
 
     return BatchPlan(global_batch, micro, global_batch // micro, 1)
 
@@ -808,7 +809,7 @@ def _last_error(result: subprocess.CompletedProcess) -> str:
 
 def run_open_clip_train(argv: list[str]) -> int:
     """The child of open_clip_train_row: clipforge's bundled configs registered, then its main."""
-    from clipforge.model import register_bundled_configs
+    from clipforge.model.names import register_bundled_configs
 
     register_bundled_configs()
     from open_clip_train.main import main as open_clip_main

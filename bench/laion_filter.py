@@ -65,8 +65,8 @@ def make_metadata(directory: Path, rows: int, files: int, seed: int = 0) -> list
 
 
 def clipforge_filter(files: list[str]) -> tuple[float, int, int]:
-    from clipforge.config import DataConfig
     from clipforge.data import laion_filter
+    from clipforge.data.config import DataConfig
 
     report = laion_filter.FilterReport(files)
     began = time.perf_counter()

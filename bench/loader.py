@@ -44,8 +44,8 @@ BATCH = 256
 
 
 def clipforge_rate(files, bundle, workers: int, batches: int) -> float:
-    from clipforge.config import BatchPlan
     from clipforge.train import data
+    from clipforge.train.config import BatchPlan
 
     plan = BatchPlan(BATCH, BATCH, 1, 1)
     loader = data.micro_batch_loader(
@@ -145,7 +145,7 @@ def shards_with_tokens(root: Path, triples: list, tokenizer):
     """`triples` as shards with each caption's ids, as the data stage writes them; their
     SplitFiles and TokenFormat."""
     from clipforge.data.shards import CaptionTokenizer, TokenFormat, write_shards
-    from clipforge.model_names import tokenizer_fingerprint
+    from clipforge.model.names import tokenizer_fingerprint
     from clipforge.train.data import SplitFiles
 
     fingerprint = tokenizer_fingerprint(tokenizer)
@@ -164,8 +164,8 @@ def loader_rate(files, bundle, tokenizer, tokens, workers: int, batches: int) ->
     clock (more torch threads would count their busy-waiting)."""
     import torch
 
-    from clipforge.config import BatchPlan
     from clipforge.train import data
+    from clipforge.train.config import BatchPlan
 
     plan = BatchPlan(BATCH, BATCH, 1, 1)
     transform = data.uint8_transform(bundle.preprocess_train)[0]
@@ -211,8 +211,8 @@ def stored_tokens_table(args) -> int:
 
     from gpu import DRY, Profile
 
-    from clipforge.config import ModelConfig
-    from clipforge.model_names import model_tokenizer
+    from clipforge.model.config import ModelConfig
+    from clipforge.model.names import model_tokenizer
 
     bundle = _bundle(Profile(**{**DRY.__dict__, "model": args.model, "image_size": None}))
     batches = args.images // BATCH - 1

@@ -48,10 +48,10 @@ def step_seconds(values: list[float], rounds: int, steps: int) -> dict[float, li
     import torch
     from open_clip import ClipLoss
 
-    from clipforge.config import load_config
-    from clipforge.model import build_model
+    from clipforge.model.factory import build_model
+    from clipforge.pipeline.params import load_pipeline_params
 
-    config = load_config(REPO / "params.yaml", [])
+    config = load_pipeline_params(REPO / "params.yaml", [])
     models = {}
     for value in values:
         torch.manual_seed(0)

@@ -5,9 +5,9 @@
                                              defaults with their docs as comments (when adding
                                              knobs: paste the keys you added)
   python scripts/params_section.py --write   rewrite the comment above every key of params.yaml
-                                             as its knob's doc (after editing a doc in
-                                             clipforge/config.py, fields of alerts/ or store/, or
-                                             a recipe in clipforge/recipes.py)
+                                             as its knob's doc (after editing a doc in a section:
+                                             data/, model/, train/, eval/, alerts/ or store/
+                                             config.py; or a recipe in clipforge/recipes.py)
 
 tests/unit/test_config.py fails while params.yaml's comments differ from what --write writes.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from clipforge.config import Config, field_docs
+from clipforge.pipeline.params import PipelineParams, field_docs
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 WIDTH = 100
@@ -35,7 +35,7 @@ def doc_comment(doc: str, indent: str) -> list[str]:
 
 def render_section(section: str) -> str:
     docs = field_docs()
-    values = Config().to_dict()[section]
+    values = PipelineParams().to_dict()[section]
     lines = [f"{section}:"]
     for key, value in values.items():
         lines += doc_comment(docs[f"{section}.{key}"], "  ")

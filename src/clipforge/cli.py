@@ -9,13 +9,14 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
-from clipforge.config import Config, load_config
-from clipforge.errors import StageError, UserError
-
-__all__ = ["EXIT_USAGE", "StageError", "UserError", "run_stage", "stage_parser"]
+from clipforge.config import Params, load_params
+from clipforge.errors import UserError
 
 EXIT_USAGE = 2
+
+P = TypeVar("P", bound=Params)
 
 
 # `--set`'s example in each stage's --help: a key of the section that stage reads.
@@ -51,16 +52,16 @@ def run_stage(
     body: Callable[[argparse.Namespace], None],
     argv: Sequence[str] | None,
     parser: argparse.ArgumentParser,
-    sections: Sequence[str],
+    params: type[Params],
 ) -> int:
     """Parse, run, and turn user errors (clipforge.errors.UserError, and only those: a bug keeps
-    its traceback) into one clear line per problem (a test set may have several) and exit 2. `sections`: the params sections the stage reads (what
-    --print-config shows)."""
+    its traceback) into one clear line per problem (a test set may have several) and exit 2.
+    `params`: what the stage reads of params.yaml (what --print-config shows)."""
     args = parser.parse_args(argv)
     configure_logging()
     try:
         if args.print_config:
-            print(load_stage_config(args, sections).to_yaml(), end="")
+            print(load_stage_config(args, params).to_yaml(), end="")
             return 0
         body(args)
     except UserError as exc:
@@ -90,9 +91,9 @@ def exit_on_stop_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def load_stage_config(args: argparse.Namespace, sections: Sequence[str]) -> Config:
-    """The params of a stage: the sections it reads, checked; the others only for unknown keys."""
-    return load_config(args.params, args.overrides, sections)
+def load_stage_config(args: argparse.Namespace, params: type[P]) -> P:
+    """The params of a stage (--params, --set): the sections it reads, checked."""
+    return load_params(params, args.params, args.overrides)
 
 
 def configure_logging() -> None:

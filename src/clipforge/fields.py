@@ -63,9 +63,16 @@ class Section:
         """The key of field `name` as the user writes it, in every message (`section.name`)."""
         return f"{cls.SECTION}.{name}"
 
+    @classmethod
+    def knobs(cls) -> tuple[dataclasses.Field, ...]:
+        return dataclasses.fields(cls)  # type: ignore[arg-type]  # every Section is a dataclass
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]  # every Section is one
+
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # every Section is one
+        for f in self.knobs():
             value = _field_value(
                 self.key_of(f.name), getattr(self, f.name), hints[f.name], f.metadata, self.ERROR
             )

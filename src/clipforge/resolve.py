@@ -1,12 +1,14 @@
-"""`python -m clipforge.resolve STAGE`: the params STAGE runs with, written to resolved/STAGE.yaml.
+"""The params stages: the params a pipeline stage runs with, written to resolved/<stage>.yaml.
 
 params.yaml holds what the user chose (a recipe, some keys); a stage runs with that laid over the
-recipe's defaults and the embedded ones (clipforge.config). dvc.yaml has one `params` stage per
-pipeline stage running this, and makes each pipeline stage depend on its resolved file as its
+recipe's defaults and the embedded ones (clipforge.config). dvc.yaml has one `params-<stage>`
+stage per pipeline stage, running `python -m clipforge.<stage>.config` (its module of params,
+which calls `main` here), and makes each pipeline stage depend on its resolved file as its
 params. So `dvc exp show`, `dvc params diff` and `dvc exp run -S recipe=production` show the lr,
 global batch and ZeRO stage a run really uses, and a change to params.yaml that leaves a stage's
-resolved params as they were does not rerun it. The file is a pure function of params.yaml and
-the code: it is committed, and rewriting it anywhere gives the same bytes.
+resolved params as they were does not rerun it; a params stage depends only on its own stage's
+section code. The file is a pure function of params.yaml and the code: it is committed, and
+rewriting it anywhere gives the same bytes.
 """
 
 from __future__ import annotations
@@ -17,35 +19,35 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from clipforge.cli import EXIT_USAGE
-from clipforge.config import STAGE_SECTIONS, Config, ConfigError, load_config
+from clipforge.config import Params, load_params
+from clipforge.fields import ConfigError
 from clipforge.fsutil import atomic_write_text
 
 RESOLVED_DIR = Path("resolved")
 
 
-def resolved_text(stage: str, config: Config) -> str:
+def resolved_text(stage: str, config: Params) -> str:
+    module = f"clipforge.{stage}.config"
     return (
         f"# The params the {stage} stage runs with: params.yaml over its recipe and the embedded\n"
-        f"# defaults. Written by `dvc repro` (python -m clipforge.resolve {stage}): edit params.yaml.\n"
+        f"# defaults. Written by `dvc repro` (python -m {module}): edit params.yaml.\n"
         + config.to_yaml()
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="clipforge.resolve", description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=sorted(STAGE_SECTIONS))
+def main(stage: str, params: type[Params], argv: Sequence[str] | None = None) -> int:
+    """`python -m clipforge.<stage>.config [--params FILE] [--out FILE]`."""
+    parser = argparse.ArgumentParser(
+        prog=f"clipforge.{stage}.config", description=f"write resolved/{stage}.yaml"
+    )
     parser.add_argument("--params", default="params.yaml", help="default: params.yaml")
-    parser.add_argument("--out", type=Path, help="default: resolved/STAGE.yaml")
+    parser.add_argument("--out", type=Path, help=f"default: resolved/{stage}.yaml")
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.params, (), STAGE_SECTIONS[args.stage])
+        config = load_params(params, args.params)
     except ConfigError as exc:
-        print(f"clipforge.resolve: error: {exc}", file=sys.stderr)
+        print(f"clipforge.{stage}.config: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    out = args.out or RESOLVED_DIR / f"{args.stage}.yaml"
-    atomic_write_text(out, resolved_text(args.stage, config))
+    out = args.out or RESOLVED_DIR / f"{stage}.yaml"
+    atomic_write_text(out, resolved_text(stage, config))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

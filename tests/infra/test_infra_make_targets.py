@@ -95,7 +95,8 @@ MY_STACK = {
 
 
 def make(target: str, tmp_path: Path, *variables: str, path: str = SYSTEM_PATH, **env: str):
-    environment = {"PATH": path, "HOME": str(tmp_path), **env}
+    # this checkout's clipforge, as its editable install gives it
+    environment = {"PATH": path, "HOME": str(tmp_path), "PYTHONPATH": str(REPO / "src"), **env}
     command = [
         MAKE,
         "-s",

@@ -38,8 +38,8 @@ def _batch():
 def _initial_model():
     import torch
 
-    from clipforge.config import ModelConfig
-    from clipforge.model import build_model
+    from clipforge.model.config import ModelConfig
+    from clipforge.model.factory import build_model
     from clipforge.train.engine import make_logit_scale_1d
 
     torch.manual_seed(0)
@@ -67,13 +67,14 @@ def reference_gradients() -> dict:
 
 
 def _engine(stage: int, k: int, world: int, precision: str, model=None):
-    from clipforge.config import BatchPlan, load_config
+    from clipforge.pipeline.params import load_pipeline_params
+    from clipforge.train.config import BatchPlan
     from clipforge.train.ds_config import deepspeed_config
     from clipforge.train.engine import create_engine
     from clipforge.train.optim import WarmupCosine
 
     micro = GLOBAL // (k * world)
-    config = load_config(
+    config = load_pipeline_params(
         None,
         [
             f"train.global_batch_size={GLOBAL}",

@@ -21,8 +21,8 @@ import sys
 import pytest
 import torch
 
-from clipforge.config import ModelConfig
-from clipforge.model import build_model
+from clipforge.model.config import ModelConfig
+from clipforge.model.factory import build_model
 from clipforge.train.loss import make_clip_loss
 from tests.conftest import REPO, subprocess_env
 

@@ -199,7 +199,7 @@ def test_a_chinese_clip_checkpoint_without_its_vocabulary_is_one_line(
 
 
 def test_a_file_of_another_layout_is_not_taken_for_chinese_clip(tmp_path):
-    from clipforge.model_files import ModelFilesError
+    from clipforge.model.files import ModelFilesError
 
     (tmp_path / "vocab.txt").write_text("[PAD]\n", encoding="utf-8")
     torch.save({"state_dict": {"module.conv1.weight": torch.zeros(1)}}, tmp_path / "rn.pt")

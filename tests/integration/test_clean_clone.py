@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from clipforge import resolve
 from clipforge.launcher.source import current_source, require_clean
-from clipforge.resolve import main as resolve_main
+from clipforge.pipeline.params import STAGE_PARAMS
 from tests.conftest import git, subprocess_env, write_params
 
 pytestmark = pytest.mark.slow
@@ -29,11 +30,10 @@ def clone(project, tmp_path_factory) -> Path:
     origin = base / "origin"
     git(base, "clone", "--quiet", str(project), str(origin))
     write_params(origin / "params.yaml", SMALL)
-    for stage in ("data", "train", "eval"):
+    for stage, params in STAGE_PARAMS.items():
         out = origin / "resolved" / f"{stage}.yaml"
-        assert (
-            resolve_main([stage, "--params", str(origin / "params.yaml"), "--out", str(out)]) == 0
-        )
+        argv = ["--params", str(origin / "params.yaml"), "--out", str(out)]
+        assert resolve.main(stage, params, argv) == 0
     git(origin, "commit", "--quiet", "-am", "reduced params")
     git(base, "clone", "--quiet", str(origin), "clone")
     return base / "clone"

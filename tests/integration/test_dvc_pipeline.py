@@ -84,7 +84,7 @@ def test_repro_runs_data_train_eval_and_writes_the_documented_layout(pipeline_re
     assert any((pipeline_repo / "checkpoints").iterdir())
     assert any((pipeline_repo / "logs").iterdir())
     lock = (pipeline_repo / "dvc.lock").read_text()
-    assert all(f"  {stage}:" in lock for stage in ("params@train", "data", "train", "eval"))
+    assert all(f"  {stage}:" in lock for stage in ("params-train", "data", "train", "eval"))
 
 
 def test_second_repro_runs_nothing(pipeline_repo):
@@ -157,11 +157,36 @@ def test_a_new_model_leaves_the_data_stage_up_to_date_a_new_pretokenize_model_do
             edited = yaml.safe_load(original)
             edited[section][key] = value
             params.write_text(yaml.safe_dump(edited, allow_unicode=True))
-            _dvc(pipeline_repo, "repro", "params@data")
+            _dvc(pipeline_repo, "repro", "params-data")
             status = _dvc(pipeline_repo, "status", "data").stdout
             # dvc names the changed param (the whole `data` section) under resolved/data.yaml
             assert ("resolved/data.yaml" in status) == stale, status
             assert ("up to date" in status) != stale, status
+    finally:
+        subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)
+
+
+def test_an_alerts_default_and_a_store_setting_leave_the_data_stage_up_to_date(pipeline_repo):
+    """Editing an alert's default in its code and the run store's settings in params.yaml makes
+    the train stage's params stale, and nothing of the data stage: not its params stage (which
+    depends on the data section and its code only), not the data."""
+    import yaml
+
+    alerts = pipeline_repo / "src" / "clipforge" / "alerts" / "config.py"
+    params = pipeline_repo / "params.yaml"
+    try:
+        text = alerts.read_text()
+        edited = text.replace(
+            "        3.0, \"Alert when a step's loss", "        4.0, \"Alert when a step's loss"
+        )
+        assert edited != text
+        alerts.write_text(edited)
+        values = yaml.safe_load(params.read_text())
+        values["storage"]["keep_checkpoints"] = 5
+        params.write_text(yaml.safe_dump(values, allow_unicode=True))
+        stale = json.loads(_dvc(pipeline_repo, "status", "--json").stdout)
+        assert "params-train" in stale and "train" in stale
+        assert not {"data", "params-data"} & set(stale), stale
     finally:
         subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)
 
@@ -171,7 +196,7 @@ def test_a_recipe_experiment_shows_the_values_it_trains_with(pipeline_repo):
     `dvc exp show` carry the recipe's lr, precision and ranks, not params.yaml's (whose keys
     the small config sets, the global batch among them, keep their values: user choices)."""
     sets = ("-S", "recipe=production", "-S", "train.micro_batch_size=auto")
-    _dvc(pipeline_repo, "exp", "run", *sets, "params@train")
+    _dvc(pipeline_repo, "exp", "run", *sets, "params-train")
     try:
         diff = json.loads(_dvc(pipeline_repo, "params", "diff", "--json").stdout)
         changed = {k: (v["old"], v["new"]) for k, v in diff["resolved/train.yaml"].items()}

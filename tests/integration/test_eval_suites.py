@@ -14,9 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
-from clipforge.config import ModelConfig
 from clipforge.eval.stage import main as eval_main
-from clipforge.model import build_model
+from clipforge.model.config import ModelConfig
+from clipforge.model.factory import build_model
 from clipforge.train.export import export_model
 from tests.conftest import write_params
 
@@ -203,7 +203,7 @@ def test_a_missing_optional_suite_is_one_line_and_a_missing_required_one_stops_t
 def test_each_image_is_encoded_once_per_suite_in_batches(workdir, model_dir):
     """The classification suite's 24 images pass through the image tower once, in batches of
     eval.batch_size (10 here: 10, 10, 4), however many classes and prompts there are."""
-    from clipforge.config import SuiteConfig
+    from clipforge.eval.config import SuiteConfig
     from clipforge.eval.core import score_suite
     from clipforge.eval.loading import load_open_clip
     from clipforge.eval.suites import load_suite

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from clipforge.config import ModelConfig
-from clipforge.model import build_model
+from clipforge.model.config import ModelConfig
+from clipforge.model.factory import build_model
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from clipforge.alerts.monitor import AlertMonitor
 from clipforge.checkpoints.checkpointer import Checkpointer
 from clipforge.checkpoints.lock import Holder, lock_run_dir
 from clipforge.checkpoints.recovery import prepare_start
-from clipforge.cli import StageError
+from clipforge.errors import StageError
 from clipforge.store.config import StorageConfig
 from clipforge.store.lease import LeaseLost, take_lease
 from clipforge.store.remote import RunStore, missing_from_store

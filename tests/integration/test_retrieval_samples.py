@@ -91,8 +91,8 @@ def test_image_to_text_marks_exactly_the_images_own_caption(reference_run):
 
 @pytest.fixture
 def gallery(small_data):
-    from clipforge.config import ModelConfig
-    from clipforge.model import build_model
+    from clipforge.model.config import ModelConfig
+    from clipforge.model.factory import build_model
     from clipforge.train.data import uint8_transform
 
     bundle = build_model(ModelConfig(image_size=32))

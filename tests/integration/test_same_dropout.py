@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clipforge.config import BatchPlan, load_config
+from clipforge.pipeline.params import load_pipeline_params
+from clipforge.train.config import BatchPlan
 from clipforge.train.dist import init_distributed
 from clipforge.train.ds_config import deepspeed_config
 from clipforge.train.engine import create_engine
@@ -41,7 +42,9 @@ class DropoutClip(torch.nn.Module):
 
 def test_the_recomputed_forward_of_each_micro_batch_equals_its_cached_one():
     init_distributed("cpu")
-    train = load_config(None, ["train.global_batch_size=8", "train.micro_batch_size=4"]).train
+    train = load_pipeline_params(
+        None, ["train.global_batch_size=8", "train.micro_batch_size=4"]
+    ).train
     plan = BatchPlan(8, 4, 2, 1)
     model = DropoutClip()
     engine = create_engine(

@@ -11,7 +11,6 @@ import pytest
 import torch
 from PIL import Image
 
-from clipforge.config import ModelConfig
 from clipforge.data import testset
 from clipforge.eval.core import encode_images, encode_texts
 from clipforge.eval.loading import load_open_clip
@@ -25,7 +24,8 @@ from clipforge.export.hf import (
 )
 from clipforge.fsutil import sha256_file
 from clipforge.metrics.retrieval import relevance_matrix, retrieval_metrics
-from clipforge.model import build_model
+from clipforge.model.config import ModelConfig
+from clipforge.model.factory import build_model
 from clipforge.train.export import export_model
 from tests.integration.test_hf_text_tower import make_tiny_chinese_tower
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from clipforge.config import batch_plan
 from clipforge.errors import LauncherError
 from clipforge.launcher.commands import (
     DockerSpec,
@@ -23,6 +22,7 @@ from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.options import make_options, resolve_params
 from clipforge.store.remote import RUN_RECORD_ENV
+from clipforge.train.config import batch_plan
 from tests.conftest import REPO
 
 POLICY = RestartPolicy(

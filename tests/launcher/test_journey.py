@@ -50,7 +50,7 @@ def journey(project, sshd, tmp_path_factory):
     # seconds: `make demo` runs the committed params.
     write_params(clone / "params.yaml", {"train": {"epochs": 1, "save_every_steps": 2}})
     for stage in ("data", "train", "eval"):
-        _tool(clone, sys.executable, "-m", "clipforge.resolve", stage)
+        _tool(clone, sys.executable, "-m", f"clipforge.{stage}.config")
     git(clone, "commit", "--quiet", "-am", "a small config")
     steps = {}
 

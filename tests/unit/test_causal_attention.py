@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from clipforge.config import ModelConfig
-from clipforge.model import (
+from clipforge.model.config import ModelConfig
+from clipforge.model.factory import (
     CausalFlagAttention,
     build_model,
     flag_causal_text_attention,

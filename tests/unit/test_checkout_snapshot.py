@@ -23,7 +23,7 @@ OUTPUTS = [
     "metrics/eval.info.json",
     "metrics/eval.config.yaml",
     "metrics/model-card.md",
-    "resolved/other.yaml",
+    "resolved/data.yaml",
     "data/manifest.json",
     "data/train/shard-000000.tar",
     "models/clip/open_clip_config.json",

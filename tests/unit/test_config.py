@@ -9,8 +9,13 @@ import sys
 import pytest
 import yaml
 
-from clipforge.config import Config, ConfigError, batch_plan, field_docs, load_config
+from clipforge.config import SECTION_NAMES, load_params
+from clipforge.data.config import DataParams
+from clipforge.eval.config import EvalParams
+from clipforge.fields import ConfigError
+from clipforge.pipeline.params import PipelineParams, field_docs, load_pipeline_params
 from clipforge.recipes import RECIPES
+from clipforge.train.config import TrainParams, batch_plan
 from tests.conftest import REPO, subprocess_env, write_params
 from tests.support.checkout import committed_text
 
@@ -19,7 +24,7 @@ def _error(tmp_path, params: dict, overrides=()) -> str:
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     with pytest.raises(ConfigError) as excinfo:
-        load_config(path, list(overrides))
+        load_pipeline_params(path, list(overrides))
     return str(excinfo.value)
 
 
@@ -27,7 +32,7 @@ def test_committed_params_file_loads_as_the_embedded_default(tmp_path):
     """params.yaml in the repository is exactly the embedded default, so `make demo` runs it."""
     committed = tmp_path / "params.yaml"
     committed.write_text(committed_text(REPO, "params.yaml"), encoding="utf-8")
-    assert load_config(committed) == Config()
+    assert load_pipeline_params(committed) == PipelineParams()
 
 
 def _params_docs():
@@ -116,7 +121,7 @@ def test_a_baseline_architecture_needs_its_pretrained_weights(tmp_path):
     assert message.startswith("eval.baseline_pretrained: required") and "ViT-B-32" in message
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump({"eval": {"baseline_model": "local-dir:models/base"}}))
-    assert load_config(path).eval.baseline_model == "local-dir:models/base"
+    assert load_pipeline_params(path).eval.baseline_model == "local-dir:models/base"
 
 
 def test_inconsistent_batch_names_every_factor(tmp_path):
@@ -138,7 +143,7 @@ def test_inconsistent_batch_names_every_factor(tmp_path):
 
 def test_auto_accumulation_is_derived_from_the_other_factors():
     plan = batch_plan(
-        load_config(
+        load_pipeline_params(
             None,
             [
                 "train.global_batch_size=4096",
@@ -152,18 +157,18 @@ def test_auto_accumulation_is_derived_from_the_other_factors():
 
 def test_set_overrides_are_yaml_like_dvc(tmp_path):
     """--set parses values as YAML: numbers in e-notation, null, booleans."""
-    config = load_config(None, ["train.lr=1e-4", "train.max_steps=null", "data.seed=7"])
+    config = load_pipeline_params(None, ["train.lr=1e-4", "train.max_steps=null", "data.seed=7"])
     assert (config.train.lr, config.train.max_steps, config.data.seed) == (1e-4, None, 7)
 
 
 def test_malformed_override_is_rejected():
     with pytest.raises(ConfigError, match="expected section.key=value"):
-        load_config(None, ["train.lr"])
+        load_pipeline_params(None, ["train.lr"])
 
 
 def test_production_recipe_is_one_switch():
     """recipe: production turns the embedded default into the reference ViT-B/32 run."""
-    config = load_config(None, ["recipe=production"])
+    config = load_pipeline_params(None, ["recipe=production"])
     assert config.model.name == "ViT-B-32"
     assert (
         config.train.zero_stage,
@@ -180,10 +185,12 @@ def test_user_choice_in_params_wins_over_the_recipe(tmp_path):
     path.write_text(
         yaml.safe_dump({"recipe": "production", "train": {"lr": 1e-4, "max_steps": None}})
     )
-    config = load_config(path)
+    config = load_pipeline_params(path)
     assert config.train.lr == 1e-4  # changed from the embedded default: the user's
     assert config.train.max_steps == 42_000  # still the embedded default: the recipe's
-    assert load_config(path, ["train.max_steps=null"]).train.max_steps is None  # --set wins
+    assert (
+        load_pipeline_params(path, ["train.max_steps=null"]).train.max_steps is None
+    )  # --set wins
 
 
 def test_stage_reports_config_error_with_exit_code_2_and_writes_nothing(tmp_path):
@@ -211,30 +218,40 @@ def test_stage_reports_config_error_with_exit_code_2_and_writes_nothing(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-TRAIN_STAGE_SECTIONS = ("model", "train", "alerts", "storage")
+def test_the_pipeline_params_hold_every_section_once_in_the_files_order():
+    """The sections every stage checks the names of are those of the whole pipeline, which `fab
+    train` checks and params.yaml documents."""
+    assert tuple(PipelineParams.sections()) == SECTION_NAMES
 
 
 def test_a_stage_loads_only_the_sections_it_reads(tmp_path):
-    """A bad train value is no error for a loader of the data section; the train stage's sections
-    fail on it, naming the key."""
+    """A bad train value is no error for the data stage's params, which hold its section alone;
+    the train stage's fail on it, naming the key."""
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump({"train": {"lr": -1.0}, "data": {"seed": 3}}))
-    config = load_config(path, sections=("data",))
-    assert config.data.seed == 3 and config.train is None
+    config = load_params(DataParams, path)
+    assert config.data.seed == 3 and not hasattr(config, "train")
     assert "train" not in config.to_dict() and "lr" not in config.to_yaml()
     with pytest.raises(ConfigError, match=r"^train\.lr: got -1\.0; must be > 0\.0$"):
-        load_config(path, sections=TRAIN_STAGE_SECTIONS)
+        load_params(TrainParams, path)
 
 
-def test_unknown_keys_and_broken_yaml_stop_every_stage(tmp_path):
-    """A typo in a section a stage does not read still stops it: the check is shared."""
+def test_a_typo_stops_the_stages_that_read_its_section_and_broken_yaml_every_stage(tmp_path):
+    """A stage checks the keys of its own sections (and every section's name): a typo in train
+    stops the train stage and `fab train`, which checks every section, not the eval stage, whose
+    params cannot depend on train's code. YAML that does not parse stops every stage."""
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump({"train": {"learning_rate": 0.1}}))
-    with pytest.raises(ConfigError, match="train.learning_rate: unknown key"):
-        load_config(path, sections=("eval",))
+    assert load_params(EvalParams, path).eval.batch_size == 256
+    for params in (TrainParams, PipelineParams):
+        with pytest.raises(ConfigError, match="train.learning_rate: unknown key"):
+            load_params(params, path)
+    path.write_text(yaml.safe_dump({"trian": {"lr": 0.1}}))
+    with pytest.raises(ConfigError, match="unknown top-level key 'trian'"):
+        load_params(EvalParams, path)
     path.write_text("data: [unclosed\n")
     with pytest.raises(ConfigError, match=r"params\.yaml:2:1: expected ',' or ']'"):
-        load_config(path, sections=("eval",))
+        load_params(EvalParams, path)
 
 
 def test_bad_train_value_stops_the_train_stage_but_not_the_data_stage(tmp_path, capsys):
@@ -266,7 +283,7 @@ def test_auto_micro_batch_is_each_ranks_share_of_the_global_batch():
     """The global batch holds whatever the world size: `auto` divides it among the ranks (and
     among an explicit accumulation), so the default params run on 1 or 4 ranks alike."""
     for ranks, accum, micro in ((1, "auto", 128), (4, "auto", 32), (4, 2, 16)):
-        train = load_config(
+        train = load_pipeline_params(
             None, [f"train.ranks_per_node={ranks}", f"train.grad_accum_steps={accum}"]
         ).train
         plan = batch_plan(train)
@@ -276,7 +293,9 @@ def test_auto_micro_batch_is_each_ranks_share_of_the_global_batch():
 
 def test_a_probed_micro_batch_sets_the_accumulation():
     """A memory probe's choice for `auto` is used as the micro batch; accumulation follows."""
-    train = load_config(None, ["train.global_batch_size=4096", "train.ranks_per_node=4"]).train
+    train = load_pipeline_params(
+        None, ["train.global_batch_size=4096", "train.ranks_per_node=4"]
+    ).train
     plan = batch_plan(train, micro_batch_size=256)
     assert (plan.micro_batch_size, plan.grad_accum_steps) == (256, 4)
 
@@ -331,10 +350,10 @@ def test_a_store_that_cannot_be_opened_is_one_line_before_any_training(
 def test_a_warm_up_longer_than_the_run_says_the_peak_it_reaches(tmp_path, small_data, caplog):
     """train.warmup_steps=100 on a 4-step run: one warning with the peak lr (4/100 of train.lr),
     before the training stack is imported."""
-    from clipforge.config import load_config
+    from clipforge.pipeline.params import load_pipeline_params
     from clipforge.train.stage import _check_warmup
 
-    config = load_config(
+    config = load_pipeline_params(
         write_params(tmp_path / "params.yaml"), ["train.warmup_steps=100", "train.lr=1e-3"]
     )
     _check_warmup(config, 4)

@@ -8,12 +8,13 @@ import pytest
 import torch
 from torchvision import transforms
 
-from clipforge.config import BatchPlan, ModelConfig
 from clipforge.data import builtin
 from clipforge.data.shards import write_shards
 from clipforge.fields import ConfigError
-from clipforge.model import build_model
+from clipforge.model.config import ModelConfig
+from clipforge.model.factory import build_model
 from clipforge.train import data
+from clipforge.train.config import BatchPlan
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from clipforge.config import batch_plan, load_config
+from clipforge.pipeline.params import load_pipeline_params
+from clipforge.train.config import batch_plan
 from clipforge.train.ds_config import deepspeed_config, resolve_precision, uses_autocast
 
 
 def test_production_recipe_gives_zero1_bf16_fp32_accumulation_fused_adam_on_gpus():
-    train = load_config(None, ["recipe=production"]).train
+    train = load_pipeline_params(None, ["recipe=production"]).train
     config = deepspeed_config(
         train, batch_plan(train), "cuda", resolve_precision("auto", "cuda", True)
     )
@@ -36,7 +37,7 @@ def test_production_recipe_gives_zero1_bf16_fp32_accumulation_fused_adam_on_gpus
 
 def test_cpu_default_is_fp32_with_torch_adam():
     """On CPU: no bf16, and torch's AdamW (DeepSpeed's CPU Adam would JIT-compile first)."""
-    train = load_config(None).train
+    train = load_pipeline_params(None).train
     config = deepspeed_config(
         train, batch_plan(train), "cpu", resolve_precision("auto", "cpu", False)
     )
@@ -53,7 +54,7 @@ def test_bf16_on_a_device_without_it_is_refused():
 
 def test_bf16_above_zero1_keeps_fp32_weights_for_autocast():
     """DeepSpeed's ZeRO-2/3 accumulate in the weights' dtype: bf16 there is autocast."""
-    train = load_config(None, ["recipe=production-large"]).train
+    train = load_pipeline_params(None, ["recipe=production-large"]).train
     config = deepspeed_config(train, batch_plan(train), "cuda", "bf16")
     assert config["zero_optimization"]["stage"] == 3
     assert config["bf16"] == {"enabled": False}

@@ -24,14 +24,15 @@ PIPELINE = {
         "stages"
     ].items()
 }
-# The module holding each pipeline stage's main() and PARAM_SECTIONS.
+# The module holding each pipeline stage's main() and PARAMS (what it reads of params.yaml).
 STAGE_MODULES = {
     "data": "clipforge.data.stage",
     "train": "clipforge.train.stage",
     "eval": "clipforge.eval.stage",
 }
-# Every stage of dvc.yaml: the pipeline stages, and `params`, which resolves their params.
-ALL_STAGES = sorted({*STAGE_MODULES, "params"})
+# The module each pipeline stage's params stage (`params-<stage>`) runs: the stage's params.
+PARAMS_MODULES = {f"params-{stage}": f"clipforge.{stage}.config" for stage in STAGE_MODULES}
+ALL_STAGES = sorted({*STAGE_MODULES, *PARAMS_MODULES})
 
 
 def module_file(name: str) -> Path | None:
@@ -74,13 +75,25 @@ def reachable_files(entry: str) -> set[Path]:
 
 
 def entry_module(command: str) -> str:
-    """`python -m clipforge.data` runs clipforge/data/__main__.py; `-m clipforge.resolve`, resolve.py."""
+    """`python -m clipforge.data` runs clipforge/data/__main__.py; `-m clipforge.data.config`,
+    data/config.py."""
     name = command.split(" -m ", 1)[1].split()[0]
     return f"{name}.__main__" if module_file(name).name == "__init__.py" else name
 
 
 def stage_files(stage: str) -> set[Path]:
     return reachable_files(entry_module(PIPELINE[stage]["cmd"]))
+
+
+def param_keys(stage: str) -> set[str]:
+    """The params keys a stage depends on, from params.yaml or a resolved file."""
+    keys: set[str] = set()
+    for entry in PIPELINE[stage].get("params", []):
+        if isinstance(entry, dict):  # {file: [keys]}
+            keys.update(*entry.values())
+        else:  # a key of params.yaml
+            keys.add(entry)
+    return keys
 
 
 def code_deps(stage: str) -> list[Path]:
@@ -96,11 +109,12 @@ def python_files(dep: Path) -> set[Path]:
 
 
 def test_the_import_graph_follows_imports_inside_functions_and_packages():
-    """The train stage imports its run inside a function, and so does the params loader with the
-    recipes: both count, as does the __init__.py of every package on the way."""
+    """The train stage imports its run inside a function, and its params module the params
+    stages' writer under `__main__`: both count, as does the __init__.py of every package on the
+    way."""
     assert {
         SRC / "clipforge/train/run.py",
-        SRC / "clipforge/recipes.py",
+        SRC / "clipforge/resolve.py",
         SRC / "clipforge/alerts/__init__.py",
     } <= stage_files("train")
 
@@ -110,7 +124,7 @@ def test_code_deps_are_exactly_the_modules_the_stage_imports(stage):
     """A module the stage imports and dvc.yaml misses would not rerun it when edited; a file
     dvc.yaml names that the stage never imports would rerun it for nothing."""
     imported = stage_files(stage)
-    assert module_file(STAGE_MODULES.get(stage, "clipforge.resolve")) in imported
+    assert module_file({**STAGE_MODULES, **PARAMS_MODULES}[stage]) in imported
     covered = set().union(*(python_files(dep) for dep in code_deps(stage)))
     missing = sorted(str(p.relative_to(REPO)) for p in imported - covered)
     extra = sorted(str(p.relative_to(REPO)) for p in covered - imported)
@@ -129,9 +143,11 @@ def test_data_deps_are_read_by_the_stage(stage):
 @pytest.mark.parametrize("stage", sorted(STAGE_MODULES))
 def test_params_are_the_sections_the_stage_reads(stage):
     """dvc.yaml's params of a stage are `recipe` and the sections the stage loads and checks, as
-    resolved for it (resolved/<stage>.yaml, written by the `params` stage)."""
-    sections = importlib.import_module(STAGE_MODULES[stage]).PARAM_SECTIONS
+    resolved for it (resolved/<stage>.yaml, written by its params stage), and its params stage's
+    are the same keys of params.yaml."""
+    sections = list(importlib.import_module(STAGE_MODULES[stage]).PARAMS.sections())
     assert PIPELINE[stage]["params"] == [{f"resolved/{stage}.yaml": ["recipe", *sections]}]
+    assert PIPELINE[f"params-{stage}"]["params"] == ["recipe", *sections]
 
 
 @pytest.mark.parametrize("stage", ALL_STAGES)
@@ -154,11 +170,11 @@ def test_train_runs_no_eval_stage_code():
     assert not any(eval_package in (dep, *dep.parents) for dep in code_deps("train"))
 
 
-@pytest.mark.parametrize("stage", ["params", "data", "eval"])
-def test_stages_without_alerts_or_a_store_run_only_their_params_schema(stage):
-    """The params loader builds every section (it rejects an unknown key in any), so the
-    alerts and storage schemas are deps of every stage; the alerting and store code is not."""
+@pytest.mark.parametrize("stage", ["params-data", "data", "params-eval", "eval"])
+def test_stages_without_alerts_or_a_store_run_none_of_their_code(stage):
+    """Each stage loads only its own sections: editing an alert's default or the run store's
+    settings (code or params) leaves the data and eval stages, and their params, up to date."""
     for package in ("alerts", "store"):
         root = SRC / "clipforge" / package
-        ran = {p.relative_to(root).as_posix() for p in stage_files(stage) if root in p.parents}
-        assert ran == {"__init__.py", "config.py"}, (stage, package, ran)
+        assert not [p for p in stage_files(stage) if root in p.parents], (stage, package)
+    assert not {"alerts", "storage"} & param_keys(stage)

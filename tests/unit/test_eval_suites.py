@@ -10,14 +10,16 @@ import pytest
 import torch
 from PIL import Image
 
-from clipforge.config import ConfigError, resolve
+from clipforge.config import resolve
 from clipforge.data.testset import (
     TestSetError,
     load_classification_set,
     write_classification_set,
     write_test_set,
 )
+from clipforge.eval.config import EvalParams
 from clipforge.eval.suites import DEFAULT_TEMPLATES, load_suites, read_templates
+from clipforge.fields import ConfigError
 from clipforge.metrics.classification import class_embeddings, zero_shot_accuracy
 from clipforge.metrics.retrieval import T2I_KEYS, relevance_matrix, retrieval_metrics
 
@@ -110,7 +112,7 @@ def test_production_requires_flickr30k_cn_and_skips_the_others_where_missing(tmp
     image only) and ImageNet-CN (optional): missing, the optional ones are skipped, the
     required one is a problem before any model loads."""
     monkeypatch.chdir(tmp_path)
-    suites = resolve({"recipe": "production"}, sections=["eval"]).eval.suites
+    suites = resolve(EvalParams, {"recipe": "production"}).eval.suites
     assert [(s.name, s.kind, s.required) for s in suites] == [
         ("flickr30k-cn", "retrieval", True),
         ("coco-cn", "retrieval", False),
@@ -152,7 +154,7 @@ def test_production_requires_flickr30k_cn_and_skips_the_others_where_missing(tmp
 )
 def test_a_bad_suite_entry_names_its_place_and_key(suites, said):
     with pytest.raises(ConfigError) as refused:
-        resolve({"eval": {"suites": suites}}, sections=["eval"])
+        resolve(EvalParams, {"eval": {"suites": suites}})
     assert said in str(refused.value)
 
 
@@ -200,9 +202,9 @@ def test_the_demo_suites_written_short_still_give_way_to_a_recipes():
         },
     ]
     params = {"recipe": "production", "eval": {"suites": short}}
-    assert resolve(params, sections=["eval"]).eval.suites[0].name == "flickr30k-cn"
+    assert resolve(EvalParams, params).eval.suites[0].name == "flickr30k-cn"
     mine = {"recipe": "production", "eval": {"suites": short[:1]}}
-    assert [s.name for s in resolve(mine, sections=["eval"]).eval.suites] == ["test"]
+    assert [s.name for s in resolve(EvalParams, mine).eval.suites] == ["test"]
 
 
 def test_data_root_reads_the_suites_under_data_from_the_runs_data():

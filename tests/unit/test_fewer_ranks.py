@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from clipforge.checkpoints.layout import data_parallel_size
-from clipforge.config import BatchPlan, ConfigError, reshaped_plan
+from clipforge.fields import ConfigError
+from clipforge.train.config import BatchPlan, reshaped_plan
 from clipforge.util import RANKS_NOW_ENV, ranks_per_node_now
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from clipforge.model import register_bundled_configs
+from clipforge.model.names import register_bundled_configs
 from clipforge.train.flops import datasheet_peak, flops_per_sample, mfu, peak_flops
 
 

@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from clipforge.cli import StageError
-from clipforge.config import DataConfig
 from clipforge.data import download
+from clipforge.data.config import DataConfig
 from clipforge.data.inputs import expand_paths
 from clipforge.data.laion_filter import FilterReport, filtered_tables, looks_chinese
+from clipforge.errors import StageError
 
 
 def _write(path, rows):

@@ -64,8 +64,8 @@ def test_the_choice_is_kept_for_resume(tmp_path):
 CAPPED_PROBE = r"""
 import json, resource, sys
 import torch
-from clipforge.config import ModelConfig
-from clipforge.model import build_model
+from clipforge.model.config import ModelConfig
+from clipforge.model.factory import build_model
 from clipforge.train.microbatch import forward_backward_fits, probe_micro_batch
 from contextlib import nullcontext
 

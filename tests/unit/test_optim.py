@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from clipforge.config import ModelConfig
-from clipforge.model import build_model
+from clipforge.model.config import ModelConfig
+from clipforge.model.factory import build_model
 from clipforge.train.engine import make_logit_scale_1d
 from clipforge.train.optim import WarmupCosine, param_groups
 

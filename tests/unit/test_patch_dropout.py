@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from clipforge.config import ModelConfig
-from clipforge.model import build_model
+from clipforge.model.config import ModelConfig
+from clipforge.model.factory import build_model
 
 
 def _tokens_seen(model: torch.nn.Module, images: torch.Tensor) -> int:

@@ -15,7 +15,6 @@ import open_clip
 import pytest
 import torch
 
-from clipforge.config import BatchPlan, ModelConfig, load_config
 from clipforge.data import builtin
 from clipforge.data.shards import (
     TOKENS_MEMBER,
@@ -25,8 +24,11 @@ from clipforge.data.shards import (
     write_shards,
 )
 from clipforge.data.stage import main as data_main
-from clipforge.model_names import model_tokenizer, resolve_model_name
+from clipforge.model.config import ModelConfig
+from clipforge.model.names import model_tokenizer, resolve_model_name
+from clipforge.pipeline.params import load_pipeline_params
 from clipforge.recipes import RECIPES
+from clipforge.train.config import BatchPlan
 from clipforge.train.data import MicroBatches, split_files, stored_tokens, uint8_transform
 from tests.conftest import write_params
 
@@ -286,7 +288,7 @@ def test_shards_used_in_place_carry_their_ids_in_the_index_files(tmp_path, open_
 def test_a_text_tower_without_its_model_is_a_config_error():
     """data.pretokenize_text_tower replaces a model's text tower, as model.text_tower does: alone
     it names no tokenizer (no context length), so it is refused where the config is read."""
-    from clipforge.config import DataConfig
+    from clipforge.data.config import DataConfig
     from clipforge.fields import ConfigError
 
     with pytest.raises(ConfigError, match="^data.pretokenize_text_tower: needs data.pretoken"):
@@ -297,6 +299,6 @@ def test_a_text_tower_without_its_model_is_a_config_error():
 def test_each_production_recipe_stores_its_own_models_ids(recipe):
     """The data section names the tokenizer (model.* are not the data stage's params): every
     production recipe names its own model's, so `recipe: X` stores the ids X trains on."""
-    config = load_config(None, [f"recipe={recipe}"])
+    config = load_pipeline_params(None, [f"recipe={recipe}"])
     assert config.data.pretokenize_model == config.model.name
     assert config.data.pretokenize_text_tower == config.model.text_tower

@@ -1,42 +1,48 @@
 """What each stage runs with, resolved from params.yaml and its recipe: printed by --print-config,
-and committed in resolved/<stage>.yaml for DVC (the `params` stages write it)."""
+and committed in resolved/<stage>.yaml for DVC (the `params-<stage>` stages write it)."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from clipforge.config import STAGE_SECTIONS
+from clipforge import resolve
 from clipforge.data.stage import main as data_main
 from clipforge.eval.stage import main as eval_main
-from clipforge.resolve import main as resolve_main
+from clipforge.pipeline.params import STAGE_PARAMS
 from clipforge.train.stage import main as train_main
 from tests.conftest import REPO
 
 STAGE_MAINS = {"data": data_main, "train": train_main, "eval": eval_main}
 
 
-@pytest.mark.parametrize("stage", sorted(STAGE_SECTIONS))
+def resolve_main(stage: str, argv: list[str]) -> int:
+    """`python -m clipforge.<stage>.config ARGV`, in-process."""
+    return resolve.main(stage, STAGE_PARAMS[stage], argv)
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_PARAMS))
 def test_committed_resolved_params_are_what_the_params_stage_writes(stage, tmp_path):
     """resolved/<stage>.yaml in the repository is exactly what `dvc repro` rewrites from the
     committed params.yaml: a fresh clone's pipeline leaves it unchanged, byte for byte."""
     out = tmp_path / f"{stage}.yaml"
-    assert resolve_main([stage, "--params", str(REPO / "params.yaml"), "--out", str(out)]) == 0
+    assert resolve_main(stage, ["--params", str(REPO / "params.yaml"), "--out", str(out)]) == 0
     assert out.read_bytes() == (REPO / "resolved" / f"{stage}.yaml").read_bytes()
 
 
-@pytest.mark.parametrize("stage", sorted(STAGE_SECTIONS))
+@pytest.mark.parametrize("stage", sorted(STAGE_PARAMS))
 def test_print_config_shows_the_recipes_values_and_runs_nothing(stage, tmp_path, capsys):
     """`--print-config` prints the sections the stage reads, as the recipe sets them, and the
     same as its resolved file; nothing else happens (no data/ is needed)."""
     argv = ["--params", str(REPO / "params.yaml"), "--set", "recipe=production", "--print-config"]
     assert STAGE_MAINS[stage](argv) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert set(printed) == {"recipe", *STAGE_SECTIONS[stage]} and printed["recipe"] == "production"
+    assert set(printed) == {"recipe", *STAGE_PARAMS[stage].sections()}
+    assert printed["recipe"] == "production"
     out = tmp_path / "resolved.yaml"
     params = tmp_path / "params.yaml"
     params.write_text("recipe: production\n")
-    assert resolve_main([stage, "--params", str(params), "--out", str(out)]) == 0
+    assert resolve_main(stage, ["--params", str(params), "--out", str(out)]) == 0
     assert yaml.safe_load(out.read_text()) == printed
     if stage == "train":
         train = printed["train"]
@@ -55,6 +61,6 @@ def test_resolve_reports_a_bad_param_in_one_line(tmp_path, capsys):
     params = tmp_path / "params.yaml"
     params.write_text("train:\n  zero_stage: 4\n")
     out = tmp_path / "train.yaml"
-    assert resolve_main(["train", "--params", str(params), "--out", str(out)]) == 2
+    assert resolve_main("train", ["--params", str(params), "--out", str(out)]) == 2
     assert "train.zero_stage" in capsys.readouterr().err and not out.exists()
-    assert resolve_main(["data", "--params", str(params), "--out", str(tmp_path / "d.yaml")]) == 0
+    assert resolve_main("data", ["--params", str(params), "--out", str(tmp_path / "d.yaml")]) == 0

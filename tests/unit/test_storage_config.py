@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clipforge.config import ConfigError, load_config
+from clipforge.fields import ConfigError
+from clipforge.pipeline.params import load_pipeline_params
 from clipforge.train.config import run_id
 from tests.conftest import write_params
 
@@ -20,7 +21,7 @@ from tests.conftest import write_params
 def test_a_store_url_carrying_a_credential_is_refused_naming_where_credentials_go(tmp_path, url):
     params = write_params(tmp_path / "params.yaml", {"storage": {"remote": url}})
     with pytest.raises(ConfigError) as excinfo:
-        load_config(params)
+        load_pipeline_params(params)
     message = str(excinfo.value)
     assert message.startswith("storage.remote: holds a credential")
     assert "environment" in message and url not in message
@@ -30,8 +31,8 @@ def test_where_a_run_is_stored_does_not_change_its_id(tmp_path):
     """storage.* changes no weight: the same run, stored anywhere, has the same id (and resumes
     from its checkpoints wherever they are)."""
     manifest = b'{"splits": {}}'
-    plain = load_config(write_params(tmp_path / "a.yaml"))
-    stored = load_config(
+    plain = load_pipeline_params(write_params(tmp_path / "a.yaml"))
+    stored = load_pipeline_params(
         write_params(
             tmp_path / "b.yaml",
             {"storage": {"remote": "s3://bucket/runs", "keep_checkpoints": 5}},
@@ -39,7 +40,9 @@ def test_where_a_run_is_stored_does_not_change_its_id(tmp_path):
     )
     assert run_id(plain, manifest) == run_id(stored, manifest)
     # (twice the base lr: the README's `dvc exp run -S train.lr=...` may have changed the base)
-    other = load_config(write_params(tmp_path / "c.yaml", {"train": {"lr": 2 * plain.train.lr}}))
+    other = load_pipeline_params(
+        write_params(tmp_path / "c.yaml", {"train": {"lr": 2 * plain.train.lr}})
+    )
     assert run_id(other, manifest) != run_id(plain, manifest)
 
 

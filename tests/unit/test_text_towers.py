@@ -9,20 +9,20 @@ import sys
 
 import pytest
 
-from clipforge.config import load_config
-from clipforge.text_towers import resolve_tower
+from clipforge.model.text_towers import resolve_tower
+from clipforge.pipeline.params import load_pipeline_params
 from tests.conftest import subprocess_env
 
 # transformers reads HF_HUB_OFFLINE when imported, so the probes run in a fresh interpreter
 # with an empty cache: exactly a GPU host without network that never downloaded the towers.
 OFFLINE_PROBE = r"""
 import json, sys
-from clipforge.config import load_config
-from clipforge.model import resolve_model_name
+from clipforge.pipeline.params import load_pipeline_params
+from clipforge.model.names import resolve_model_name
 errors = {}
 for recipe in sys.argv[1:]:
     try:
-        resolve_model_name(load_config(None, ["recipe=" + recipe]).model)
+        resolve_model_name(load_pipeline_params(None, ["recipe=" + recipe]).model)
         errors[recipe] = None
     except ValueError as exc:
         errors[recipe] = str(exc)
@@ -83,9 +83,9 @@ def test_relative_local_folder_is_made_absolute(tmp_path, monkeypatch):
 def test_chinese_tower_recipes_change_only_the_model():
     """production-zh-roberta / production-xlm-roberta are production with another text tower
     (and the data stage's stored token ids made by that tower's tokenizer)."""
-    base = load_config(None, ["recipe=production"])
-    roberta = load_config(None, ["recipe=production-zh-roberta"])
-    xlmr = load_config(None, ["recipe=production-xlm-roberta"])
+    base = load_pipeline_params(None, ["recipe=production"])
+    roberta = load_pipeline_params(None, ["recipe=production-zh-roberta"])
+    xlmr = load_pipeline_params(None, ["recipe=production-xlm-roberta"])
     assert (roberta.model.name, roberta.model.text_tower) == (
         "ViT-B-32",
         "hfl/chinese-roberta-wwm-ext",
@@ -108,14 +108,16 @@ def test_derived_model_config_is_registered_and_leaves_no_temp_files(tmp_path, m
 
     import open_clip
 
-    from clipforge.model import resolve_model_name
+    from clipforge.model.names import resolve_model_name
 
     (tmp_path / "tower").mkdir()
     (tmp_path / "tower" / "config.json").write_text("{}")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    cfg = load_config(None, ["model.name=clipforge-tiny", f"model.text_tower={tmp_path / 'tower'}"])
+    cfg = load_pipeline_params(
+        None, ["model.name=clipforge-tiny", f"model.text_tower={tmp_path / 'tower'}"]
+    )
     name = resolve_model_name(cfg.model)
     assert open_clip.get_model_config(name)["text_cfg"]["hf_model_name"] == str(tmp_path / "tower")
     assert list(scratch.iterdir()) == []

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from clipforge.config import BatchPlan
+from clipforge.train.config import BatchPlan
 from clipforge.train.data import (
     CHUNK_SAMPLES,
     DeviceBatches,

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from clipforge.alerts.targets import WebhookError
-from clipforge.cli import EXIT_USAGE, StageError
+from clipforge.cli import EXIT_USAGE
 from clipforge.data.stage import main as data_main
 from clipforge.data.testset import TestSetError
-from clipforge.errors import LauncherError, UserError
+from clipforge.errors import LauncherError, StageError, UserError
 from clipforge.fields import ConfigError
 from clipforge.image_env import ImageEnvError
 from clipforge.launcher.host.gpus import GpuRecordError
@@ -20,7 +20,7 @@ from clipforge.launcher.host.record import RunRecordError
 from clipforge.launcher.host.state import StateFileError
 from clipforge.launcher.recovery import RecordError
 from clipforge.launcher.run_source import StoredRun
-from clipforge.model_files import ModelFilesError
+from clipforge.model.files import ModelFilesError
 from clipforge.store.remote import LAUNCHES, StoreError
 from clipforge.store.sync_state import SyncStateError
 from clipforge.yamlfile import YamlFileError

@@ -30,8 +30,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from clipforge.cli import StageError, exit_on_stop_signals
-from clipforge.config import DataConfig
+from clipforge.cli import exit_on_stop_signals
+from clipforge.data.config import DataConfig
+from clipforge.errors import StageError
 
 log = logging.getLogger("clipforge.data")
 

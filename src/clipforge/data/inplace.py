@@ -36,8 +36,8 @@ from typing import BinaryIO
 
 import numpy as np
 
-from clipforge.config import DataConfig
 from clipforge.data import decontam, testset
+from clipforge.data.config import DataConfig
 from clipforge.data.inputs import expand_paths
 from clipforge.data.samples import SkipLog, clean_caption, decode_image
 from clipforge.data.shards import (

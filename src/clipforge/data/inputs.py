@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from clipforge.cli import StageError
+from clipforge.errors import StageError
 
 _GLOB_CHARS = set("*?[")
 

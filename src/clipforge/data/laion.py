@@ -25,14 +25,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from clipforge.cli import StageError
-from clipforge.config import DataConfig
 from clipforge.data import download, inplace
+from clipforge.data.config import DataConfig
 from clipforge.data.inputs import expand_paths
 from clipforge.data.laion_filter import FilterReport, filtered_tables
 from clipforge.data.samples import SkipLog
 from clipforge.data.shards import CaptionTokenizer, index_shard
 from clipforge.data.splits import SplitWriter
+from clipforge.errors import StageError
 from clipforge.fsutil import atomic_file
 
 log = logging.getLogger("clipforge.data")

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from clipforge.cli import StageError
-from clipforge.config import DataConfig
+from clipforge.data.config import DataConfig
 from clipforge.data.dedup import HashSet64, first_occurrences, hash_strings
 from clipforge.data.inputs import open_input
+from clipforge.errors import StageError
 
 FILTERS = (
     "bad_url",

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from clipforge.cli import StageError
+from clipforge.errors import StageError
 from clipforge.fsutil import sha256_file
 
 SAMPLED_HASH_BYTES = 1 << 16  # identity: sha256 of the first, middle and last 64 KiB

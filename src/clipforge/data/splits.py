@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from clipforge.cli import StageError
-from clipforge.config import DataConfig
 from clipforge.data import decontam, testset
+from clipforge.data.config import DataConfig
 from clipforge.data.samples import shorter_side_at_most
 from clipforge.data.shards import ShardInfo, ShardReader, ShardWriter, Tokenize, rewrite_shard
+from clipforge.errors import StageError
 from clipforge.fsutil import sha256_file
 
 _PENDING_TEST = ".test-pending"

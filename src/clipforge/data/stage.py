@@ -21,15 +21,9 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from clipforge.cli import (
-    StageError,
-    exit_on_stop_signals,
-    load_stage_config,
-    run_stage,
-    stage_parser,
-)
-from clipforge.config import STAGE_SECTIONS, Config, ConfigError, DataConfig, ModelConfig
+from clipforge.cli import exit_on_stop_signals, load_stage_config, run_stage, stage_parser
 from clipforge.data import builtin, decontam, inplace, laion, testset, wds_source
+from clipforge.data.config import DataConfig, DataParams
 from clipforge.data.inputs import expand_paths
 from clipforge.data.local import load_image, read_records, split_of
 from clipforge.data.samples import SkipLog, clean_caption, shorter_side_at_most
@@ -37,17 +31,20 @@ from clipforge.data.shards import CaptionTokenizer, TokenFormat, Tokenize, write
 from clipforge.data.splits import SeenPairs, check_given_test_set, check_held_out_sizes
 from clipforge.data.splits import shard_summary as _shard_summary
 from clipforge.data.splits import test_hashes as _test_hashes
+from clipforge.errors import StageError
+from clipforge.fields import ConfigError
 from clipforge.fsutil import replace_dir_atomically
+from clipforge.model.config import ModelConfig
 
 log = logging.getLogger("clipforge.data")
 
 DATA_MANIFEST = "manifest.json"
 SUITES_DIR = "suites"  # builtin: the demo's generated eval suites, data/suites/<name>/
-# The params sections this stage reads (dvc.yaml's params: recipe plus these).
-PARAM_SECTIONS = STAGE_SECTIONS["data"]
+# What this stage reads of params.yaml (dvc.yaml's params: recipe plus its sections).
+PARAMS = DataParams
 
 
-def build_dataset(config: Config, out: Path) -> dict:
+def build_dataset(config: DataParams, out: Path) -> dict:
     """Write every split of the configured source into the empty directory `out`."""
     data = config.data
     skips = SkipLog()
@@ -100,7 +97,7 @@ def caption_tokens(data: DataConfig) -> tuple[CaptionTokenizer, dict]:
     data.pretokenize_text_tower alone, as the train stage builds a model's) as the shard writers'
     `tokenize`, and the manifest's `tokens` entry: how the ids are stored, and the tokenizer's
     fingerprint, which the train loader compares with its model's before it trusts them."""
-    from clipforge.model_names import model_tokenizer, tokenizer_fingerprint
+    from clipforge.model.names import model_tokenizer, tokenizer_fingerprint
 
     assert data.pretokenize_model is not None
     model = ModelConfig(name=data.pretokenize_model, text_tower=data.pretokenize_text_tower)
@@ -174,6 +171,7 @@ def _builtin_suites(data: DataConfig, out: Path, t2i_items) -> dict:
 def _local_splits(
     data: DataConfig, out: Path, skips: SkipLog, tokenize: Tokenize | None
 ) -> tuple[dict, dict]:
+    assert data.path is not None  # DataConfig requires it for the local source
     path = Path(data.path)
     if not path.exists():
         raise StageError(
@@ -248,7 +246,7 @@ def _skip_text(skips: SkipLog) -> str:
 
 
 def _run(args) -> None:
-    config = load_stage_config(args, PARAM_SECTIONS)
+    config = load_stage_config(args, PARAMS)
     out = Path(args.out)
     for key, value in (("data.path", config.data.path), ("data.test_dir", config.data.test_dir)):
         if value and Path(value).resolve().is_relative_to(out.resolve()):
@@ -280,4 +278,4 @@ def _skip_text_from(manifest: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("clipforge.data", "Build webdataset shards and the test set in data/.")
     parser.add_argument("--out", default="data", help="output directory (default: data)")
-    return run_stage("clipforge.data", _run, argv, parser, PARAM_SECTIONS)
+    return run_stage("clipforge.data", _run, argv, parser, PARAMS)

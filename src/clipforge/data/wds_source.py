@@ -21,7 +21,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 
-from clipforge.config import DataConfig
+from clipforge.data.config import DataConfig
 from clipforge.data.inputs import open_input
 from clipforge.data.samples import SkipLog, clean_caption, decode_image
 from clipforge.data.shards import Tokenize

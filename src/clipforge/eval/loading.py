@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from clipforge.cli import StageError
-from clipforge.model_files import (
+from clipforge.errors import StageError
+from clipforge.model.files import (
     CHINESE_CLIP,
     CHINESE_CLIP_VOCAB,
     LOCAL_DIR,
@@ -26,7 +26,8 @@ def load_open_clip(spec: str, pretrained: str | None, device: str, what: str | N
     be had (no network and not cached, an unknown tag) are a StageError in one line."""
     import open_clip
 
-    from clipforge.model import load_weights, register_bundled_configs
+    from clipforge.model.factory import load_weights
+    from clipforge.model.names import register_bundled_configs
 
     register_bundled_configs()
     what = what or spec

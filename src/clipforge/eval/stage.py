@@ -21,21 +21,22 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
-from clipforge.config import STAGE_SECTIONS, SuiteConfig, weights_included
+from clipforge.cli import load_stage_config, run_stage, stage_parser
 from clipforge.data.decontam import eval_record, not_checked
+from clipforge.errors import StageError
+from clipforge.eval.config import EvalParams, SuiteConfig, weights_included
 from clipforge.eval.core import evaluate
 from clipforge.eval.loading import tags_text
 from clipforge.eval.suites import Suite, load_suites
 from clipforge.export.card import CARD_FILE, with_eval_metrics
 from clipforge.fsutil import atomic_write_text
 from clipforge.metrics import classification, retrieval
-from clipforge.model_files import ModelFilesError, check_model_weights
+from clipforge.model.files import ModelFilesError, check_model_weights
 
 log = logging.getLogger("clipforge.eval")
 
-# The params sections this stage reads (dvc.yaml's params: recipe plus these).
-PARAM_SECTIONS = STAGE_SECTIONS["eval"]
+# What this stage reads of params.yaml (dvc.yaml's params: recipe plus its sections).
+PARAMS = EvalParams
 MEAN_KEY = "mean_over_suites"
 MODEL_CARD = "model-card.md"  # beside eval.json: the export's card with these metrics
 # The one number of each kind that the mean over suites averages.
@@ -116,9 +117,8 @@ def _decontamination(suite: Suite) -> dict:
 
 
 def _run(args) -> None:
-    config = load_stage_config(args, PARAM_SECTIONS)
+    config = load_stage_config(args, PARAMS)
     cfg = config.eval
-    assert cfg is not None  # PARAM_SECTIONS holds eval: it is loaded
     models = [(args.model, args.pretrained, "--model", "--pretrained")]
     if cfg.baseline_model:
         models.append(
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="read eval.suites' files under data/ from DIR instead (the run's data elsewhere)",
     )
     parser.add_argument("--out", default="metrics/eval.json", help="default: metrics/eval.json")
-    return run_stage("clipforge.eval", _run, argv, parser, PARAM_SECTIONS)
+    return run_stage("clipforge.eval", _run, argv, parser, PARAMS)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clipforge.config import SuiteConfig
 from clipforge.data import testset
+from clipforge.eval.config import SuiteConfig
 
 DEFAULT_TEMPLATES = Path(__file__).with_name("templates_zh.txt")
 

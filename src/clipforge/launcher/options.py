@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from clipforge.config import Config, ConfigError, load_config, parse_override
+from clipforge.config import parse_override
 from clipforge.errors import LauncherError
-from clipforge.fields import REQUIRED, knob
+from clipforge.fields import REQUIRED, ConfigError, knob
 from clipforge.launcher.host.plan import RestartLimits
+from clipforge.pipeline.params import PipelineParams, load_pipeline_params
 
 # A few steps with a checkpoint every two, and a warm-up shorter than the run. User --set win.
 SMOKE_OVERRIDES = (
@@ -145,7 +146,7 @@ def make_options(
     )
 
 
-def resolve_params(params_text: str | None, overrides: tuple[str, ...]) -> Config:
+def resolve_params(params_text: str | None, overrides: tuple[str, ...]) -> PipelineParams:
     """The params the run will train with: the commit's params.yaml + overrides, validated."""
     if params_text is None:
         raise LauncherError("the commit has no params.yaml; run fab from the clipforge project")
@@ -153,7 +154,7 @@ def resolve_params(params_text: str | None, overrides: tuple[str, ...]) -> Confi
         path = Path(tmp) / "params.yaml"
         path.write_text(params_text, encoding="utf-8")
         try:
-            return load_config(path, list(overrides))
+            return load_pipeline_params(path, list(overrides))
         except ConfigError as exc:
             raise LauncherError(f"params: {exc}") from None
 
@@ -164,9 +165,7 @@ def checkout_store(start: Path) -> str | None:
     params = start / "params.yaml"
     if not params.is_file():
         return None
-    storage = resolve_params(params.read_text(encoding="utf-8"), ()).storage
-    assert storage is not None  # every section is loaded
-    return storage.remote
+    return resolve_params(params.read_text(encoding="utf-8"), ()).storage.remote
 
 
 def parse_count(value, flag: str) -> int:

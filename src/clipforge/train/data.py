@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from clipforge.config import BatchPlan, ModelConfig, steps_per_epoch
+from clipforge import util
 from clipforge.data.samples import SkipLog
 from clipforge.data.shards import (
     TOKENS_MEMBER,
@@ -55,6 +55,8 @@ from clipforge.data.shards import (
     check_unchanged,
 )
 from clipforge.fields import ConfigError
+from clipforge.model.config import ModelConfig
+from clipforge.train.config import BatchPlan
 
 log = logging.getLogger("clipforge.train")
 
@@ -107,7 +109,7 @@ def stored_tokens(
     fingerprint is the one the manifest records, and the first samples' ids are its output for
     their captions. None otherwise (the loader tokenises), with one line saying why and what to
     do about it."""
-    from clipforge.model_names import fingerprint_difference, tokenizer_fingerprint
+    from clipforge.model.names import fingerprint_difference, tokenizer_fingerprint
 
     manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
     entry = manifest.get("tokens")
@@ -233,7 +235,7 @@ class MicroBatches(torch.utils.data.Dataset):
         self.tokens = tokens  # stored ids to read (stored_tokens); None: tokenise the captions
         self.window_shards = window_shards
         self.order = EpochOrder(files.counts, seed, window_shards)
-        self.steps_per_epoch = steps_per_epoch(files.num_samples, plan.global_batch_size)
+        self.steps_per_epoch = util.steps_per_epoch(files.num_samples, plan.global_batch_size)
         self.chunks = chunk_bounds(plan.micro_batch_size)
         self._reader: ShardReader | InPlaceReader | None = None  # lazily, once per worker
 
@@ -353,8 +355,6 @@ def device_decode_transform(preprocess: Callable) -> tuple[DeviceCrop, list[floa
     to tensor, normalise) is supported; anything else is a config error naming it."""
     from torchvision import transforms
 
-    from clipforge.fields import ConfigError
-
     steps = cast(transforms.Compose, preprocess).transforms  # open_clip's is a Compose
     (normalize,) = [t for t in steps if isinstance(t, transforms.Normalize)]
     plain = ("ToTensor", "MaybeToTensor", "Normalize", "MaybeConvertMode", "function")
@@ -371,8 +371,6 @@ def device_decode_transform(preprocess: Callable) -> tuple[DeviceCrop, list[floa
 def check_decode_on_device(device: str) -> None:
     """train.decode_on_device needs a GPU: nvjpeg has no CPU counterpart worth having (the
     workers decode faster there)."""
-    from clipforge.fields import ConfigError
-
     if device != "cuda":
         raise ConfigError(
             f"train.decode_on_device: needs a CUDA device, and the run's is {device!r}; set it "

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from clipforge.cli import StageError
+from clipforge.errors import StageError
 
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 

@@ -6,7 +6,7 @@ and the device, and the result lands in checkpoints/<run>/deepspeed_config.json.
 
 from __future__ import annotations
 
-from clipforge.config import BatchPlan, TrainConfig
+from clipforge.train.config import BatchPlan, TrainConfig
 
 # Never let DeepSpeed print its own per-step lines; clipforge logs progress itself.
 _QUIET_STEPS = 10**9

@@ -17,7 +17,7 @@ import torch
 
 from clipforge.export.card import CARD_FILE, TRANSFORMERS_DIR, CardFacts, render
 from clipforge.fsutil import replace_dir_atomically
-from clipforge.model_files import CONFIG_FILE, WEIGHTS_FILES
+from clipforge.model.files import CONFIG_FILE, WEIGHTS_FILES
 
 WEIGHTS_FILE = WEIGHTS_FILES[0]
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.alerts.rules import NonFiniteTrainingError
-from clipforge.config import BatchPlan, TrainConfig
+from clipforge.train.config import BatchPlan, TrainConfig
 from clipforge.train.engine import clamp_logit_scale
 from clipforge.train.faults import Faults
 from clipforge.train.health import FeatureTap, health_reading

@@ -25,12 +25,11 @@ from clipforge.alerts.progress import collective_timeout_seconds
 from clipforge.checkpoints import recovery
 from clipforge.checkpoints.checkpointer import Checkpointer
 from clipforge.checkpoints.lock import Holder, RunLock, lock_run_dir
-from clipforge.cli import StageError
-from clipforge.config import BatchPlan, Config, TrainConfig, batch_plan, reshaped_plan
+from clipforge.errors import StageError
 from clipforge.export.card import CardFacts
 from clipforge.fsutil import atomic_write_text, sha256_file
 from clipforge.ids import launch_id_of
-from clipforge.model import ClipBundle, build_model
+from clipforge.model.factory import ClipBundle, build_model
 from clipforge.store.uploader import (
     StoreSync,
     launch_record,
@@ -40,7 +39,14 @@ from clipforge.store.uploader import (
 )
 from clipforge.train import data as train_data
 from clipforge.train import retrieval_grid
-from clipforge.train.config import run_id
+from clipforge.train.config import (
+    BatchPlan,
+    TrainConfig,
+    TrainParams,
+    batch_plan,
+    reshaped_plan,
+    run_id,
+)
 from clipforge.train.dist import DistInfo, init_distributed, resolve_device
 from clipforge.train.ds_config import (
     deepspeed_bf16,
@@ -71,7 +77,7 @@ log = logging.getLogger("clipforge.train")
 class TrainingRun:
     """Everything one rank trains with, built by `set_up`."""
 
-    config: Config
+    config: TrainParams
     paths: dict[str, Path]
     identity: str  # run-<hash>: the checkpoint and log directory name
     dist: DistInfo
@@ -152,7 +158,7 @@ class TrainingRun:
         return metrics.get("loss")
 
 
-def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dict:
+def run_training(config: TrainParams, paths: dict[str, Path], manifest: bytes) -> dict:
     """Set up everything, train to the end (or resume to it), export. Returns final scalars."""
     device = resolve_device(config.train.device)
     stop = StopFlag()
@@ -182,7 +188,7 @@ def run_training(config: Config, paths: dict[str, Path], manifest: bytes) -> dic
 
 
 def set_up(
-    config: Config, paths: dict[str, Path], manifest: bytes, device: str, stop: StopFlag
+    config: TrainParams, paths: dict[str, Path], manifest: bytes, device: str, stop: StopFlag
 ) -> TrainingRun:
     """Process group, model, engine (resumed from the latest checkpoint), data and monitors."""
     # A collective waiting longer than the stall timeout waits on a dead or cut-off peer: it fails
@@ -210,7 +216,7 @@ def set_up(
 
 
 def _set_up_locked(
-    config: Config,
+    config: TrainParams,
     paths: dict[str, Path],
     device: str,
     dist: DistInfo,
@@ -230,7 +236,7 @@ def _set_up_locked(
         bundle.model.set_grad_checkpointing(True)
     plan = _batch_plan(train, dist, bundle, run_dir, precision)
     files = train_data.split_files(paths["data"], "train")
-    steps_per_epoch = train_data.steps_per_epoch(files.num_samples, plan.global_batch_size)
+    steps_per_epoch = util.steps_per_epoch(files.num_samples, plan.global_batch_size)
     total_steps = util.total_steps(train.max_steps, train.epochs, steps_per_epoch)
     store = open_store(config.storage, identity) if dist.is_main else None
     lease_taken = take_store_lease(store, holder) if store else False
@@ -551,7 +557,7 @@ def _validation_loader(
 
 
 def _monitor(
-    config: Config,
+    config: TrainParams,
     plan: BatchPlan,
     paths: dict[str, Path],
     label: str,
@@ -587,7 +593,7 @@ def _monitor(
     return monitor
 
 
-def _alert_monitor(config: Config, identity: str, dist: DistInfo) -> AlertMonitor:
+def _alert_monitor(config: TrainParams, identity: str, dist: DistInfo) -> AlertMonitor:
     """Alerts name the training run and, when `fab train` started it, the launch."""
     launch = launch_record()
     return AlertMonitor.from_environment(

@@ -19,17 +19,18 @@ from pathlib import Path
 from clipforge import util
 from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.checkpoints.disk import not_writable_message
-from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
-from clipforge.config import STAGE_SECTIONS, Config, steps_per_epoch
-from clipforge.model_files import weights_file
+from clipforge.cli import load_stage_config, run_stage, stage_parser
+from clipforge.errors import StageError
+from clipforge.model.files import weights_file
 from clipforge.store.remote import open_filesystem
+from clipforge.train.config import TrainParams, check_one_global_batch
 from clipforge.train.dist import free_port, resolve_device, under_launcher
 
 log = logging.getLogger("clipforge.train")
 
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request with a checkpoint saved; rerun resumes
-# The params sections this stage reads (dvc.yaml's params: recipe plus these).
-PARAM_SECTIONS = STAGE_SECTIONS["train"]
+# What this stage reads of params.yaml (dvc.yaml's params: recipe plus its sections).
+PARAMS = TrainParams
 
 
 def _paths(args) -> dict[str, Path]:
@@ -42,7 +43,7 @@ def _paths(args) -> dict[str, Path]:
     }
 
 
-def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
+def _check_inputs(config: TrainParams, paths: dict[str, Path]) -> bytes:
     """Everything that needs no model, checked before the training stack is imported: the data
     stage's output, the batch against the data, initial weights, writable output folders."""
     manifest = paths["data"] / "manifest.json"
@@ -58,7 +59,8 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
         )
     raw = manifest.read_bytes()
     num_train = _checked_shards(manifest, raw)
-    per_epoch = steps_per_epoch(num_train, config.train.global_batch_size)
+    check_one_global_batch(num_train, config.train.global_batch_size)
+    per_epoch = util.steps_per_epoch(num_train, config.train.global_batch_size)
     _check_warmup(config, util.total_steps(config.train.max_steps, config.train.epochs, per_epoch))
     if config.model.pretrained:
         weights_file(config.model.pretrained, "model.pretrained")
@@ -71,7 +73,7 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
     return raw
 
 
-def _check_warmup(config: Config, total_steps: int) -> None:
+def _check_warmup(config: TrainParams, total_steps: int) -> None:
     """A warm-up longer than the run never reaches train.lr: said, with the peak it does reach
     (the last step's warm-up share, as WarmupCosine gives it)."""
     train = config.train
@@ -107,7 +109,7 @@ def _checked_shards(manifest: Path, raw: bytes) -> int:
     return num_train
 
 
-def relaunch_under_deepspeed(config: Config, argv: Sequence[str], ranks: int) -> int:
+def relaunch_under_deepspeed(config: TrainParams, argv: Sequence[str], ranks: int) -> int:
     """Re-run this stage as `ranks` ranks with DeepSpeed's own launcher (no home-made spawning).
     Fewer than train.ranks_per_node (its supervisor found GPUs lost) on GPUs: the ones it left
     visible (CUDA_VISIBLE_DEVICES), named to the launcher, which would take the first N."""
@@ -137,7 +139,7 @@ def relaunch_under_deepspeed(config: Config, argv: Sequence[str], ranks: int) ->
 
 
 def _run(args) -> None:
-    config = load_stage_config(args, PARAM_SECTIONS)
+    config = load_stage_config(args, PARAMS)
     paths = _paths(args)
     manifest = _check_inputs(config, paths)
     ranks = util.ranks_per_node_now(config.train.ranks_per_node)
@@ -176,4 +178,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--metrics", default="metrics", help="metrics dir (default: metrics)")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser.set_defaults(argv=argv)
-    return run_stage("clipforge.train", _run, argv, parser, PARAM_SECTIONS)
+    return run_stage("clipforge.train", _run, argv, parser, PARAMS)

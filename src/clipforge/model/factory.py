@@ -1,6 +1,6 @@
 """open_clip models, tokenizers and transforms by name; clipforge never forks open_clip's code.
 
-Bundled architectures (model_configs/*.json, e.g. `clipforge-tiny`) are registered through
+Bundled architectures (configs/*.json, e.g. `clipforge-tiny`) are registered through
 open_clip's own config registry, so every open_clip function accepts their names. A Hugging
 Face text tower is swapped in the same way: a derived config is registered under a new name.
 """
@@ -16,16 +16,9 @@ from typing import Any, cast
 import open_clip
 import torch
 
-from clipforge.config import ModelConfig
-from clipforge.model_files import ModelFilesError, weights_file
-
-# Re-exported: the names a model is built by have their home in model_names (the data stage
-# reads them too, for data.pretokenize_model, without the model's code).
-from clipforge.model_names import (  # noqa: F401
-    BUNDLED_CONFIGS,
-    register_bundled_configs,
-    resolve_model_name,
-)
+from clipforge.model.config import ModelConfig
+from clipforge.model.files import ModelFilesError, weights_file
+from clipforge.model.names import resolve_model_name
 from clipforge.util import first_line
 
 

@@ -3,7 +3,7 @@ resolves to, and so its tokenizer and that tokenizer's fingerprint.
 
 A home of its own so that the data stage can tokenise captions at data-prep time
 (data.pretokenize_model) with exactly the tokenizer the train stage builds for that model,
-without depending on the model's code (clipforge.model) or weights. The fingerprint travels in
+without depending on the model's code (clipforge.model.factory) or weights. The fingerprint travels in
 data/manifest.json; the train loader uses the stored ids only where the model's tokenizer has the
 same one.
 """
@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import open_clip
 
-from clipforge.config import ModelConfig
 from clipforge.fields import ConfigError
+from clipforge.model.config import ModelConfig
 
-BUNDLED_CONFIGS = Path(__file__).parent / "model_configs"
+BUNDLED_CONFIGS = Path(__file__).parent / "configs"
 _registered = False
 
 
@@ -45,7 +45,7 @@ def resolve_model_name(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> 
     An HF tower (model.text_tower, or one in the named config such as xlm-roberta-base-ViT-B-32)
     is checked to be loadable first, with an error that says how to get it (text_towers.py).
     `keys`: the knobs that gave cfg's name and text tower, for the errors."""
-    from clipforge.text_towers import resolve_tower
+    from clipforge.model.text_towers import resolve_tower
 
     name_key, tower_key = keys
     register_bundled_configs()
