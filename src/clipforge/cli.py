@@ -41,7 +41,7 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--print-config",
         action="store_true",
-        help="print the params this stage would run with (params file, its recipe, --set), "
+        help="print the params this stage would run with (params file, --set), "
         "checked, as YAML; then exit",
     )
     return parser

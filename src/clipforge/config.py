@@ -1,21 +1,19 @@
-"""params.yaml -> a stage's typed params: read, layered, validated.
+"""params.yaml -> a stage's typed params: read, checked, and `--set` over them.
+
+params.yaml is what runs. A stage's params are its sections of the file, a key left out taking
+its section's default, with `--set section.key=value` (YAML-parsed, like `dvc exp run -S`) over
+them for one run; nothing else is laid over the file. A recipe (clipforge.recipes) is written into
+it (`python -m clipforge.pipeline.recipe NAME`), so a value there is never ignored for being equal
+to a default, and `--print-config` and resolved/<stage>.yaml show what trains. A `recipe` key is
+refused, naming the values it would change.
 
 Each stage owns its sections (clipforge.data.config, clipforge.train.config, clipforge.eval.config,
 and the sections they share: model, alerts, storage) and declares the params it reads as a
 `Params` subclass; `load_params` is the only way a stage gets them, so every check runs before
 any heavy import or file write. A stage builds and checks only the sections it reads: a bad
 `train.*` value stops the train stage, not the data stage. What every stage checks: the file's
-YAML, its top-level keys (the sections of SECTION_NAMES and `recipe`), and the keys and values of
-its own sections.
-
-Layering, lowest first:
-  1. the embedded default (the field defaults of each section: a tiny model that trains in
-     minutes on CPU);
-  2. the recipe named by the top-level `recipe` key (`clipforge.recipes`): a different set of
-     defaults, e.g. the production ViT-B/32 run;
-  3. params.yaml: a key whose value differs from the embedded default is the user's choice and
-     wins over the recipe (so `dvc exp run -S recipe=production -S train.lr=1e-4` does what it says);
-  4. `--set section.key=value` (YAML-parsed, like `dvc exp run -S`).
+YAML, its top-level keys (the sections of SECTION_NAMES), and the keys and values of its own
+sections.
 """
 
 from __future__ import annotations
@@ -29,28 +27,27 @@ from typing import Any, TypeVar
 
 import yaml
 
-from clipforge.fields import ConfigError, Section, knob
-from clipforge.recipes import RECIPES, RECIPES_DOC
+from clipforge.fields import ConfigError, Section
+from clipforge.recipes import RECIPES
 from clipforge.yamlfile import YamlFileError, load_yaml, read_yaml_file
 
 # Every section params.yaml may hold, in the file's order; each stage reads some of them.
 SECTION_NAMES = ("data", "model", "train", "eval", "alerts", "storage")
+RECIPE_COMMAND = "python -m clipforge.pipeline.recipe"
 
 P = TypeVar("P", bound="Params")
 
 
 @dataclass(kw_only=True)
 class Params:
-    """Base of the params a stage reads: `recipe` and the stage's sections, each a field whose
-    type is a fields.Section (built and checked by `load_params`)."""
-
-    recipe: str = knob("default", RECIPES_DOC)  # each recipe's gist, read off the recipe
+    """Base of the params a stage reads: its sections, each a field whose type is a
+    fields.Section (built and checked by `load_params`)."""
 
     @classmethod
     def sections(cls) -> dict[str, type[Section]]:
         """The sections these params hold: name -> its Section class, in declaration order."""
         hints = typing.get_type_hints(cls)
-        return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name != "recipe"}
+        return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -62,9 +59,9 @@ class Params:
 def load_params(
     params: type[P], params_path: str | Path | None = "params.yaml", overrides: Sequence[str] = ()
 ) -> P:
-    """Read params, apply recipe and overrides, validate; raise ConfigError naming the key.
-    `params_path` None: no file (the embedded defaults, and the recipe `overrides` may name)."""
-    raw = _read_params(params_path) if params_path is not None else {}
+    """Read params and `--set` overrides, validate; raise ConfigError naming the key.
+    `params_path` None: no file (the sections' defaults, and the overrides)."""
+    raw = read_params(params_path) if params_path is not None else {}
     forced: dict = {}
     for item in overrides:
         key, value = parse_override(item)
@@ -73,53 +70,67 @@ def load_params(
 
 
 def resolve(params: type[P], raw: dict, forced: dict | None = None) -> P:
-    """params mapping (+ `forced` values that always win, e.g. --set) -> validated `params`."""
+    """params mapping (+ `forced` values that win over it, e.g. --set) -> validated `params`."""
     forced = forced or {}
     for name, mapping in (("params", raw), ("overrides", forced)):
         if not isinstance(mapping, dict):
             raise ConfigError(f"{name} must be a mapping of sections, got {type(mapping).__name__}")
-        known = {"recipe", *SECTION_NAMES}
         _check_names(name, mapping)
-        unknown = sorted(set(mapping) - known)
+        if "recipe" in mapping:
+            raise ConfigError(_recipe_refusal(params, raw, forced))
+        unknown = sorted(set(mapping) - set(SECTION_NAMES))
         if unknown:
-            raise ConfigError(f"unknown top-level key {unknown[0]!r}: allowed are {sorted(known)}")
-    recipe = forced.get("recipe", raw.get("recipe", "default"))
-    if not isinstance(recipe, str):
-        raise ConfigError(
-            f"recipe: got {recipe!r}; must be the name of a recipe: {sorted(RECIPES)}"
-        )
-    if recipe not in RECIPES:
-        raise ConfigError(f"recipe: unknown recipe {recipe!r}: allowed are {sorted(RECIPES)}")
+            raise ConfigError(
+                f"unknown top-level key {unknown[0]!r}: allowed are {sorted(SECTION_NAMES)}"
+            )
     for name in SECTION_NAMES:  # a section given as something else than a mapping, in any
         _section_values(raw, name)
         _section_values(forced, name)
-
     built = {}
     for section, cls in params.sections().items():
         embedded = cls().to_dict()
-        merged = {**embedded, **RECIPES[recipe].get(section, {})}
-        recipe_keys = RECIPES[recipe].get(section, {})
-        for key, value in _section_items(raw, section, embedded):
-            # A value still equal to the embedded default is not a choice: the recipe's applies.
-            if key not in recipe_keys or not _is_embedded_default(cls, key, value, embedded):
-                merged[key] = value
-        merged.update(_section_items(forced, section, embedded))
+        merged = {
+            **embedded,
+            **dict(_section_items(raw, section, embedded)),
+            **dict(_section_items(forced, section, embedded)),
+        }
         built[section] = cls(**merged)  # each section checks itself on construction
-    return params(recipe=recipe, **built)
+    return params(**built)
 
 
-def _is_embedded_default(cls: type[Section], key: str, value: Any, embedded: dict) -> bool:
-    """Is `value` the embedded default, also when written shorter: a list of entries (eval.suites)
-    whose entries leave out keys at their defaults is the same list."""
-    if value == embedded[key]:
-        return True
-    if not isinstance(value, list):
-        return False
-    try:
-        built = cls(**{key: value})
-    except ConfigError:
-        return False  # not the default, and an error the section reports when it is built
-    return built.to_dict()[key] == embedded[key]
+def _recipe_refusal(params: type[Params], raw: dict, forced: dict) -> str:
+    """Why a `recipe` key is refused, with the values of this stage it would change (those
+    given in the file or with --set first)."""
+    where = "--set recipe" if "recipe" in forced else "params.yaml's `recipe` key"
+    name = forced["recipe"] if "recipe" in forced else raw["recipe"]
+    if not isinstance(name, str) or name not in RECIPES:
+        return (
+            f"recipe: {where} is {name!r}, but params.yaml is what runs and nothing is laid "
+            f"over it: write a recipe into params.yaml with `{RECIPE_COMMAND} NAME` (NAME: "
+            f"{', '.join(RECIPES)}) and remove the key"
+        )
+    conflicts = []
+    for section, cls in params.sections().items():
+        given = {**_section_values(raw, section), **_section_values(forced, section)}
+        current = {**cls().to_dict(), **given}
+        conflicts += [
+            (key not in given, f"{section}.{key}: {current.get(key)!r} here, {value!r} in {name}")
+            for key, value in RECIPES[name].get(section, {}).items()
+            if current.get(key) != value
+        ]
+    shown = [text for _, text in sorted(conflicts, key=lambda c: c[0])[:2]]
+    changes = (
+        f"; {name} would change {len(conflicts)} of this stage's values ("
+        + "; ".join(shown + (["..."] if len(conflicts) > len(shown) else []))
+        + ")"
+        if conflicts
+        else ""
+    )
+    return (
+        f"recipe: {where} names {name}, but params.yaml is what runs and nothing is laid over "
+        f"it{changes}: write the recipe into params.yaml with `{RECIPE_COMMAND} {name}` (then "
+        f"change what you want there) and remove the key"
+    )
 
 
 def _check_names(where: str, mapping: dict) -> None:
@@ -161,7 +172,7 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 def _set_dotted(raw: dict, key: str, value: Any) -> None:
     parts = key.split(".")
-    if len(parts) == 1 and parts[0] == "recipe":
+    if len(parts) == 1 and parts[0] == "recipe":  # refused, with the remedy, by `resolve`
         raw["recipe"] = value
         return
     if len(parts) != 2:
@@ -179,7 +190,8 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     raw[section][name] = value
 
 
-def _read_params(path: str | Path) -> dict:
+def read_params(path: str | Path) -> dict:
+    """params.yaml's mapping, its YAML checked; ConfigError naming the file otherwise."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
@@ -193,12 +205,12 @@ def _read_params(path: str | Path) -> dict:
     # for the embedded defaults: running on them would give a result nobody asked for.
     if raw is None or raw == {}:
         raise ConfigError(
-            f"{path}: sets no parameters; write at least `recipe: default` to run on the "
-            f"embedded defaults"
+            f"{path}: sets no parameters; write the defaults into it with `{RECIPE_COMMAND} "
+            f"default`"
         )
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"{path}: must be a mapping of sections (recipe, {', '.join(SECTION_NAMES)}), "
+            f"{path}: must be a mapping of sections ({', '.join(SECTION_NAMES)}), "
             f"got a {type(raw).__name__}"
         )
     return raw

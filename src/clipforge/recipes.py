@@ -1,6 +1,6 @@
-"""Named presets of defaults, selected by the top-level `recipe` key of params.yaml.
+"""Named sets of params: what `python -m clipforge.pipeline.recipe NAME` writes into params.yaml.
 
-`default` is the embedded default itself (the field defaults in clipforge.config): a tiny model
+`default` is the embedded default itself (the field defaults of each section): a tiny model
 on the built-in dataset that trains in minutes on 2 CPU cores. `production` is the reference run:
 open_clip ViT-B/32 at 224 px on the LAION-5B Chinese subset (metadata filtered to CLIP
 similarity >= 0.32, downloaded with img2dataset), DeepSpeed in bf16 on 4 GPUs, global batch 4096,
@@ -139,9 +139,8 @@ def summary(recipe: dict[str, dict]) -> str:
     )
 
 
-# The `recipe` knob's doc (clipforge.config), and so params.yaml's comment above `recipe:`.
+# Each recipe's gist, read off the recipe: in params.yaml's header and the command's help.
 RECIPES_DOC = (
-    "Preset of defaults: "
-    + "; ".join(f"`{name}` ({summary(recipe)})" for name, recipe in RECIPES.items())
-    + "; see clipforge/recipes.py."
+    "; ".join(f"`{name}` ({summary(recipe)})" for name, recipe in RECIPES.items())
+    + "; see clipforge/recipes.py"
 )

@@ -1,14 +1,13 @@
 """The params stages: the params a pipeline stage runs with, written to resolved/<stage>.yaml.
 
-params.yaml holds what the user chose (a recipe, some keys); a stage runs with that laid over the
-recipe's defaults and the embedded ones (clipforge.config). dvc.yaml has one `params-<stage>`
-stage per pipeline stage, running `python -m clipforge.<stage>.config` (its module of params,
-which calls `main` here), and makes each pipeline stage depend on its resolved file as its
-params. So `dvc exp show`, `dvc params diff` and `dvc exp run -S recipe=production` show the lr,
-global batch and ZeRO stage a run really uses, and a change to params.yaml that leaves a stage's
-resolved params as they were does not rerun it; a params stage depends only on its own stage's
-section code. The file is a pure function of params.yaml and the code: it is committed, and
-rewriting it anywhere gives the same bytes.
+A stage runs with its sections of params.yaml, every key spelt out (one left out of the file at
+its section's default: clipforge.config). dvc.yaml has one `params-<stage>` stage per pipeline
+stage, running `python -m clipforge.<stage>.config` (its module of params, which calls `main`
+here), and makes each pipeline stage depend on its resolved file as its params. So a change to
+params.yaml that leaves a stage's resolved params as they were does not rerun it, and a new
+default in a section's code that does reruns it; a params stage depends only on its own stage's
+sections, their code and keys. The file is a pure function of params.yaml and the code: it is
+committed, and rewriting it anywhere gives the same bytes.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ RESOLVED_DIR = Path("resolved")
 def resolved_text(stage: str, config: Params) -> str:
     module = f"clipforge.{stage}.config"
     return (
-        f"# The params the {stage} stage runs with: params.yaml over its recipe and the embedded\n"
-        f"# defaults. Written by `dvc repro` (python -m {module}): edit params.yaml.\n"
+        f"# The params the {stage} stage runs with: its sections of params.yaml, every key spelt out.\n"
+        f"# Written by `dvc repro` (python -m {module}): edit params.yaml, not this.\n"
         + config.to_yaml()
     )
 

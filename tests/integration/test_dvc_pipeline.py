@@ -191,19 +191,22 @@ def test_an_alerts_default_and_a_store_setting_leave_the_data_stage_up_to_date(p
         subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)
 
 
-def test_a_recipe_experiment_shows_the_values_it_trains_with(pipeline_repo):
-    """`dvc exp run -S recipe=production` (its params stage only): `dvc params diff` and
-    `dvc exp show` carry the recipe's lr, precision and ranks, not params.yaml's (whose keys
-    the small config sets, the global batch among them, keep their values: user choices)."""
-    sets = ("-S", "recipe=production", "-S", "train.micro_batch_size=auto")
-    _dvc(pipeline_repo, "exp", "run", *sets, "params-train")
+def test_a_recipe_written_into_params_yaml_is_what_the_experiment_shows(pipeline_repo):
+    """`python -m clipforge.pipeline.recipe production`, then `dvc exp run` (its params stage
+    only): `dvc params diff` shows the recipe's lr, precision and ranks in params.yaml itself and
+    in the resolved params, the same values, and `dvc exp show` carries them."""
+    env = subprocess_env()
+    env["PYTHONPATH"] = str(pipeline_repo / "src")
+    command = [sys.executable, "-m", "clipforge.pipeline.recipe", "production"]
+    subprocess.run(command, cwd=pipeline_repo, env=env, check=True, capture_output=True)
+    _dvc(pipeline_repo, "exp", "run", "params-train")
     try:
         diff = json.loads(_dvc(pipeline_repo, "params", "diff", "--json").stdout)
-        changed = {k: (v["old"], v["new"]) for k, v in diff["resolved/train.yaml"].items()}
-        assert changed["train.lr"] == (0.001, 0.0005)
-        assert changed["train.precision"] == ("auto", "bf16")
-        assert changed["train.ranks_per_node"] == (1, 4)
-        assert "train.global_batch_size" not in changed
+        for file in ("params.yaml", "resolved/train.yaml"):
+            changed = {k: (v["old"], v["new"]) for k, v in diff[file].items()}
+            assert changed["train.lr"] == (0.001, 0.0005)
+            assert changed["train.precision"] == ("auto", "bf16")
+            assert changed["train.ranks_per_node"] == (1, 4)
         shown = json.loads(_dvc(pipeline_repo, "exp", "show", "--json").stdout)
         assert "'precision': 'bf16'" in str(shown) and "'lr': 0.0005" in str(shown)
     finally:

@@ -68,7 +68,7 @@ def test_tensorboard_names_the_run_and_records_its_hyperparameters(reference_run
     values = {k: v.number_value or v.string_value for k, v in start.hparams.items()}
     assert values["lr"] == pytest.approx(1e-3) and values["global_batch_size"] == 32
     assert (values["micro_batch_size"], values["grad_accum_steps"]) == (16, 2)
-    assert values["total_steps"] == 12 and values["recipe"] == "default"
+    assert values["total_steps"] == 12 and values["model"] == "clipforge-tiny"
     experiment = next(p.experiment for p in parsed if p.HasField("experiment"))
     assert {m.name.tag for m in experiment.metric_infos} >= {"val/loss", "val/mean_recall"}
 

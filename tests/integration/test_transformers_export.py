@@ -99,7 +99,7 @@ def test_the_export_has_a_model_card_with_the_data_and_both_ways_to_load_it(
     model_dir = reference_run / "models" / "clip"
     card = (model_dir / "README.md").read_text(encoding="utf-8")
     assert sha256_file(small_data / "manifest.json") in card
-    assert "recipe `default`" in card and "clipforge-tiny" in card
+    assert "# clipforge-tiny\n" in card
     assert "decontamination:" in card
     assert 'create_model_and_transforms("local-dir:PATH")' in card
     assert "CLIPModel.from_pretrained" in card and "CLIPProcessor.from_pretrained" in card
@@ -206,7 +206,6 @@ def test_a_model_without_a_transformers_form_still_exports_for_open_clip(tmp_pat
     from clipforge.export.card import CardFacts
 
     facts = CardFacts(
-        recipe="default",
         model="clipforge-tiny",
         run_id="run-000000000000",
         steps=1,

@@ -21,6 +21,8 @@ from clipforge.launcher.commands import (
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.options import make_options, resolve_params
+from clipforge.pipeline.params_file import render
+from clipforge.pipeline.recipe import recipe_params
 from clipforge.store.remote import RUN_RECORD_ENV
 from clipforge.train.config import batch_plan
 from tests.conftest import REPO
@@ -270,14 +272,28 @@ def test_bad_options_are_refused_by_name(changes, message):
 @pytest.mark.parametrize("recipe", ["default", "production"])
 @pytest.mark.parametrize("gpus, nodes", [(0, 1), (1, 1), (4, 1), (8, 1), (0, 2), (4, 2), (8, 4)])
 def test_the_committed_params_resolve_on_any_gpus_and_nodes(recipe, gpus, nodes):
-    """`fab train --gpus N [--nodes N]` on the committed params, as they are or with
-    `--set recipe=production`: the global batch holds, each rank takes its share."""
-    options = _options(gpus=gpus, nodes=nodes, sets=[f"recipe={recipe}"])
-    config = resolve_params((REPO / "params.yaml").read_text(), options.overrides)
+    """`fab train --gpus N [--nodes N]` on the committed params, as they are or with the
+    production recipe written in: the global batch holds, each rank takes its share."""
+    options = _options(gpus=gpus, nodes=nodes, sets=[])
+    params = render(recipe_params(recipe).to_dict())
+    config = resolve_params(params, options.overrides)
     plan = batch_plan(config.train)
     assert plan.world_size == nodes * max(gpus, 1)
     assert plan.global_batch_size == (4096 if recipe == "production" else 128)
     assert plan.micro_batch_size * plan.world_size * plan.grad_accum_steps == plan.global_batch_size
+
+
+def test_a_recipe_set_on_the_command_line_is_refused_with_the_command_that_writes_it():
+    """`fab train --set recipe=production` is refused on the laptop in one line: what runs is
+    the committed params.yaml, into which the recipe is written and committed first."""
+    options = _options(sets=["recipe=production"])
+    with pytest.raises(LauncherError) as refused:
+        resolve_params((REPO / "params.yaml").read_text(), options.overrides)
+    message = str(refused.value)
+    assert (
+        message.startswith("params: recipe: --set recipe names production") and "\n" not in message
+    )
+    assert "`python -m clipforge.pipeline.recipe production`" in message
 
 
 @pytest.mark.parametrize("gpus, nodes", [(0, 1), (3, 1), (4, 1), (0, 3), (6, 2)])

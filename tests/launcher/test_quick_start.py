@@ -11,12 +11,16 @@ GPU row, every other row passing. (b), `--runtime docker`, needs a Docker engine
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
+from clipforge.pipeline.recipe import main as recipe_main
+from tests.conftest import git
 from tests.launcher.conftest import LaunchedRun, make_fab, wait_for_end
 from tests.launcher.hostprocs import processes_under
 from tests.launcher.sshd import free_port
@@ -177,18 +181,34 @@ def test_stack_status_and_fetch(stack_run, tmp_path):
 
 
 # -- --gpus 4 without a GPU ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def production_project(project, tmp_path_factory) -> Path:
+    """The project with the production recipe written into params.yaml and committed, as the
+    quick start has it done before `fab train`."""
+    root = tmp_path_factory.mktemp("production") / "project"
+    git(root.parent, "clone", "--quiet", str(project), str(root))
+    assert recipe_main(["production", "--params", str(root / "params.yaml")]) == 0
+    git(root, "commit", "--quiet", "-am", "the production recipe")
+    return root
+
+
 @pytest.mark.parametrize(
-    "args",
+    ("production", "args"),
     [
-        ("train", "--gpus", "4"),
-        ("train", "--gpus", "4", "--set", "recipe=production"),
-        ("train", "--gpus", "4", "--smoke", "--data", "build"),
+        (False, ("train", "--gpus", "4")),
+        (True, ("train", "--gpus", "4")),
+        (False, ("train", "--gpus", "4", "--smoke", "--data", "build")),
     ],
     ids=["default", "production", "smoke"],
 )
-def test_gpus_4_on_own_box_stops_only_at_the_gpu_row(fab, sshd, remote_root, args):
-    """The documented `fab train --gpus 4 ...`: the params resolve (no params error), and the
-    preflight fails on its GPU row alone; nothing is started."""
+def test_gpus_4_on_own_box_stops_only_at_the_gpu_row(
+    fab, production_project, sshd, remote_root, production, args
+):
+    """The documented `fab train --gpus 4 ...` (on the production recipe, written into
+    params.yaml and committed): the params resolve (no params error), and the preflight fails on
+    its GPU row alone; nothing is started."""
+    if production:
+        fab = dataclasses.replace(fab, project=production_project)
     result = fab(*args, hosts=sshd.address, key=sshd.client_key)
     assert result.returncode == 1 and "preflight failed" in result.stderr, result.stderr
     rows = _rows(result.stdout)
@@ -197,16 +217,18 @@ def test_gpus_4_on_own_box_stops_only_at_the_gpu_row(fab, sshd, remote_root, arg
     assert not (remote_root / "runs").exists() and processes_under(remote_root.parent) == []
 
 
-def test_gpus_4_on_the_stack_stops_only_at_the_gpu_rows(stack):
+def test_gpus_4_on_the_stack_stops_only_at_the_gpu_rows(stack, production_project):
     """On the stack: `fab check` (the stack's 4 GPUs per worker), and the documented `fab train
-    --gpus 4 ...` on both workers: every worker's GPU row fails, nothing else."""
+    --gpus 4 ...` on both workers (the production recipe written and committed for the last):
+    every worker's GPU row fails, nothing else."""
     fab, root = stack
-    for args in (
-        ("check",),
-        ("train", "--gpus", "4", "--smoke", "--data", "build", "--nodes", "2"),
-        ("train", "--gpus", "4", "--set", "recipe=production", "--nodes", "2"),
+    production = dataclasses.replace(fab, project=production_project)
+    for runner, args in (
+        (fab, ("check",)),
+        (fab, ("train", "--gpus", "4", "--smoke", "--data", "build", "--nodes", "2")),
+        (production, ("train", "--gpus", "4", "--nodes", "2")),
     ):
-        result = fab(*args)
+        result = runner(*args)
         assert result.returncode == 1, result.stdout + result.stderr
         rows = _rows(result.stdout)
         assert rows.pop("gpus") == ["FAIL", "FAIL"], result.stdout

@@ -1,8 +1,9 @@
-"""Params: loading, layering (recipe, params.yaml, --set) and the errors users see."""
+"""Params: loading (params.yaml, --set over it), recipes written into the file, and the errors users
+see."""
 
 from __future__ import annotations
 
-import importlib.util
+import shutil
 import subprocess
 import sys
 
@@ -13,8 +14,11 @@ from clipforge.config import SECTION_NAMES, load_params
 from clipforge.data.config import DataParams
 from clipforge.eval.config import EvalParams
 from clipforge.fields import ConfigError
-from clipforge.pipeline.params import PipelineParams, field_docs, load_pipeline_params
-from clipforge.recipes import RECIPES
+from clipforge.pipeline.params import PipelineParams, load_pipeline_params
+from clipforge.pipeline.params_file import rewritten
+from clipforge.pipeline.recipe import main as recipe_main
+from clipforge.pipeline.recipe import recipe_params
+from clipforge.recipes import RECIPES, RECIPES_DOC
 from clipforge.train.config import TrainParams, batch_plan
 from tests.conftest import REPO, subprocess_env, write_params
 from tests.support.checkout import committed_text
@@ -35,62 +39,48 @@ def test_committed_params_file_loads_as_the_embedded_default(tmp_path):
     assert load_pipeline_params(committed) == PipelineParams()
 
 
-def _params_docs():
-    """scripts/params_section.py, the writer and checker of params.yaml's knob docs."""
-    spec = importlib.util.spec_from_file_location(
-        "params_section", REPO / "scripts" / "params_section.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_every_knob_is_in_params_yaml_under_its_doc():
-    """Each key of the typed config appears in its own section of params.yaml, with its doc in
-    the schema (fields, recipes) as the comment right above it: the docs have one source."""
-    text = (REPO / "params.yaml").read_text(encoding="utf-8")
-    assert _params_docs().doc_problems(text) == []
-    sections = {
-        name: set(values) for name, values in yaml.safe_load(text).items() if name != "recipe"
-    }
-    assert sections == {
-        name: {key.split(".", 1)[1] for key in field_docs() if key.startswith(f"{name}.")}
-        for name in sections
+def test_params_yaml_is_every_knob_under_its_doc_as_the_writer_writes_it():
+    """The committed params.yaml is what `python -m clipforge.pipeline.params_file` writes of its
+    own values: every key of every section, each under its doc from the schema, and the recipes'
+    gists in the header: the docs have one source."""
+    committed = REPO / "params.yaml"
+    assert committed.read_text(encoding="utf-8") == rewritten(committed)
+    sections = yaml.safe_load(committed.read_text(encoding="utf-8"))
+    assert {name: set(values) for name, values in sections.items()} == {
+        name: {f.name for f in section.knobs()}
+        for name, section in PipelineParams.sections().items()
     }
 
 
 @pytest.mark.parametrize(
-    ("removed", "problem"),
+    "removed",
     [
         # a key whose name another section also has (train.keep_checkpoints, data.image_size)
-        (
-            "  # Checkpoints kept in the store per run (older ones are deleted there).\n"
-            "  keep_checkpoints: 2\n",
-            "storage.keep_checkpoints: missing from params.yaml",
-        ),
-        (
-            "  # Override the model's input image size (null: the model's own).\n",
-            "model.image_size: the comment above it is not its doc",
-        ),
-        ("`production` (ViT-B-32, laion-parquet zh, ZeRO-1", "recipe: the comment above it"),
+        "  # Checkpoints kept in the store per run (older ones are deleted there).\n"
+        "  keep_checkpoints: 2\n",
+        "  # Override the model's input image size (null: the model's own).\n",
+        "`production-large` (ViT-bigG-14, laion-parquet zh, ZeRO-3",
     ],
+    ids=["a key", "a doc", "a recipe's gist"],
 )
-def test_the_doc_check_catches_a_deleted_key_or_doc_in_any_section(removed, problem):
-    """Deleting a knob (with its comment), only its comment, or a recipe's line of the `recipe`
-    doc is caught, whatever the section and however common the key's name."""
+def test_a_deleted_key_doc_or_recipe_gist_is_caught(removed, tmp_path):
+    """Deleting a knob (with its comment), only its comment, or a recipe's gist from the header
+    makes the file differ from what the writer writes, whatever the section and however common
+    the key's name."""
     text = (REPO / "params.yaml").read_text(encoding="utf-8")
     assert removed in text
-    problems = _params_docs().doc_problems(text.replace(removed, "", 1))
-    assert len(problems) == 1 and problems[0].startswith(problem)
+    edited = tmp_path / "params.yaml"
+    edited.write_text(text.replace(removed, "", 1))
+    assert rewritten(edited) == text
 
 
-def test_the_recipe_doc_is_read_off_the_recipes():
-    """The `recipe` knob's doc names each recipe's ZeRO stage from the recipe itself, so it
-    cannot say ZeRO-3 where the recipe runs ZeRO-1."""
-    doc = field_docs()["recipe"]
+def test_the_recipes_gist_is_read_off_the_recipes():
+    """params.yaml's list of recipes names each recipe's ZeRO stage from the recipe itself, so
+    it cannot say ZeRO-3 where the recipe runs ZeRO-1."""
     for name, recipe in RECIPES.items():
         expected = f"ZeRO-{recipe['train']['zero_stage']}" if recipe else "CPU"
-        assert f"`{name}` (" in doc and expected in doc.split(f"`{name}` (", 1)[1].split(")")[0]
+        gist = RECIPES_DOC.split(f"`{name}` (", 1)[1].split(")")[0]
+        assert expected in gist
 
 
 def test_unknown_key_names_the_key_and_lists_the_allowed_ones(tmp_path):
@@ -166,9 +156,16 @@ def test_malformed_override_is_rejected():
         load_pipeline_params(None, ["train.lr"])
 
 
-def test_production_recipe_is_one_switch():
-    """recipe: production turns the embedded default into the reference ViT-B/32 run."""
-    config = load_pipeline_params(None, ["recipe=production"])
+def test_the_production_recipe_written_into_params_yaml_is_what_runs(tmp_path, capsys):
+    """`python -m clipforge.pipeline.recipe production` turns the embedded default into the
+    reference ViT-B/32 run: the file then holds its values, each under its doc, and says which
+    changed; writing `default` again gives the file back byte for byte."""
+    path = tmp_path / "params.yaml"
+    shutil.copy(REPO / "params.yaml", path)
+    assert recipe_main(["production", "--params", str(path)]) == 0
+    assert "train.lr: 0.001 -> 0.0005" in capsys.readouterr().out
+    config = load_pipeline_params(path)
+    assert config == recipe_params("production")
     assert config.model.name == "ViT-B-32"
     assert (
         config.train.zero_stage,
@@ -177,20 +174,53 @@ def test_production_recipe_is_one_switch():
         config.train.warmup_steps,
         config.train.precision,
     ) == (1, 4096, 5e-4, 500, "bf16")
+    assert path.read_text(encoding="utf-8") == rewritten(path)
+    assert recipe_main(["default", "--params", str(path)]) == 0
+    assert path.read_text(encoding="utf-8") == (REPO / "params.yaml").read_text(encoding="utf-8")
 
 
-def test_user_choice_in_params_wins_over_the_recipe(tmp_path):
-    """Under a recipe, a key the user changed in params.yaml keeps the user's value."""
+def test_a_recipe_keeps_the_keys_no_recipe_sets(tmp_path):
+    """Writing a recipe decides what recipes decide (model, data, schedule...): the run store and
+    the alerts keep the file's values."""
+    path = write_params(tmp_path / "params.yaml", {"storage": {"remote": "s3://bucket/runs"}})
+    assert recipe_main(["production", "--params", str(path)]) == 0
+    assert load_pipeline_params(path).storage.remote == "s3://bucket/runs"
+
+
+def test_a_value_in_params_yaml_runs_even_when_it_equals_a_default(tmp_path):
+    """What params.yaml says is what trains: after the production recipe, `train.lr: 0.001`
+    (the embedded default's value) trains at 0.001, and --set wins over the file."""
     path = tmp_path / "params.yaml"
-    path.write_text(
-        yaml.safe_dump({"recipe": "production", "train": {"lr": 1e-4, "max_steps": None}})
-    )
-    config = load_pipeline_params(path)
-    assert config.train.lr == 1e-4  # changed from the embedded default: the user's
-    assert config.train.max_steps == 42_000  # still the embedded default: the recipe's
+    shutil.copy(REPO / "params.yaml", path)
+    assert recipe_main(["production", "--params", str(path)]) == 0
+    values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    values["train"]["lr"] = 0.001
+    path.write_text(yaml.safe_dump(values))
+    assert load_pipeline_params(path).train.lr == 0.001
+    assert load_params(TrainParams, path, ["train.lr=3e-4"]).train.lr == 3e-4
+
+
+@pytest.mark.parametrize("where", ["params.yaml", "--set"])
+def test_a_recipe_key_is_refused_naming_what_it_would_change_and_the_command(where, tmp_path):
+    """`recipe: production` beside `train.lr: 0.001` (or `--set recipe=production`) is one
+    refusal naming the conflict (the value given first) and the command that writes the recipe,
+    not a silent choice between them."""
+    path = tmp_path / "params.yaml"
+    sets = []
+    if where == "params.yaml":
+        path.write_text("recipe: production\ntrain:\n  lr: 0.001\n")
+    else:
+        path.write_text("train:\n  lr: 0.001\n")
+        sets = ["recipe=production"]
+    with pytest.raises(ConfigError) as refused:
+        load_params(TrainParams, path, sets)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("recipe: ")
     assert (
-        load_pipeline_params(path, ["train.max_steps=null"]).train.max_steps is None
-    )  # --set wins
+        "production would change 14 of this stage's values (train.lr: 0.001 here, 0.0005 in"
+        in message
+    )
+    assert "`python -m clipforge.pipeline.recipe production`" in message
 
 
 def test_stage_reports_config_error_with_exit_code_2_and_writes_nothing(tmp_path):
@@ -312,9 +342,13 @@ def test_a_global_batch_the_ranks_cannot_share_names_every_factor(tmp_path):
 @pytest.mark.parametrize(
     ("params_text", "sets", "said"),
     [
-        ("recipe: default\n", ["recipe=[a]"], "recipe: got ['a']; must be the name of a recipe"),
+        (
+            "data: {}\n",
+            ["recipe=[a]"],
+            "recipe: --set recipe is ['a'], but params.yaml is what runs",
+        ),
         ("1: a\nfoo: b\n", [], "params: key 1 is not a name"),
-        ("recipe: default\ntrain:\n  1: a\n  lr: 0.1\n", [], "train: key 1 is not a name"),
+        ("train:\n  1: a\n  lr: 0.1\n", [], "train: key 1 is not a name"),
         ("train: false\n", [], "train: must be a mapping of keys, got False"),
         ("train: []\n", [], "train: must be a mapping of keys, got []"),
     ],

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from clipforge.pipeline.params import load_pipeline_params
+from clipforge.pipeline.recipe import recipe_params
 from clipforge.train.config import batch_plan
 from clipforge.train.ds_config import deepspeed_config, resolve_precision, uses_autocast
 
 
 def test_production_recipe_gives_zero1_bf16_fp32_accumulation_fused_adam_on_gpus():
-    train = load_pipeline_params(None, ["recipe=production"]).train
+    train = recipe_params("production").train
     config = deepspeed_config(
         train, batch_plan(train), "cuda", resolve_precision("auto", "cuda", True)
     )
@@ -54,7 +55,7 @@ def test_bf16_on_a_device_without_it_is_refused():
 
 def test_bf16_above_zero1_keeps_fp32_weights_for_autocast():
     """DeepSpeed's ZeRO-2/3 accumulate in the weights' dtype: bf16 there is autocast."""
-    train = load_pipeline_params(None, ["recipe=production-large"]).train
+    train = recipe_params("production-large").train
     config = deepspeed_config(train, batch_plan(train), "cuda", "bf16")
     assert config["zero_optimization"]["stage"] == 3
     assert config["bf16"] == {"enabled": False}

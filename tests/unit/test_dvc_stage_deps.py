@@ -142,12 +142,12 @@ def test_data_deps_are_read_by_the_stage(stage):
 
 @pytest.mark.parametrize("stage", sorted(STAGE_MODULES))
 def test_params_are_the_sections_the_stage_reads(stage):
-    """dvc.yaml's params of a stage are `recipe` and the sections the stage loads and checks, as
+    """dvc.yaml's params of a stage are the sections the stage loads and checks, as
     resolved for it (resolved/<stage>.yaml, written by its params stage), and its params stage's
     are the same keys of params.yaml."""
     sections = list(importlib.import_module(STAGE_MODULES[stage]).PARAMS.sections())
-    assert PIPELINE[stage]["params"] == [{f"resolved/{stage}.yaml": ["recipe", *sections]}]
-    assert PIPELINE[f"params-{stage}"]["params"] == ["recipe", *sections]
+    assert PIPELINE[stage]["params"] == [{f"resolved/{stage}.yaml": sections}]
+    assert PIPELINE[f"params-{stage}"]["params"] == sections
 
 
 @pytest.mark.parametrize("stage", ALL_STAGES)

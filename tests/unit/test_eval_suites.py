@@ -22,6 +22,7 @@ from clipforge.eval.suites import DEFAULT_TEMPLATES, load_suites, read_templates
 from clipforge.fields import ConfigError
 from clipforge.metrics.classification import class_embeddings, zero_shot_accuracy
 from clipforge.metrics.retrieval import T2I_KEYS, relevance_matrix, retrieval_metrics
+from clipforge.pipeline.recipe import recipe_params
 
 
 def _jpeg(colour=(200, 30, 30)) -> bytes:
@@ -112,7 +113,7 @@ def test_production_requires_flickr30k_cn_and_skips_the_others_where_missing(tmp
     image only) and ImageNet-CN (optional): missing, the optional ones are skipped, the
     required one is a problem before any model loads."""
     monkeypatch.chdir(tmp_path)
-    suites = resolve(EvalParams, {"recipe": "production"}).eval.suites
+    suites = recipe_params("production").eval.suites
     assert [(s.name, s.kind, s.required) for s in suites] == [
         ("flickr30k-cn", "retrieval", True),
         ("coco-cn", "retrieval", False),
@@ -181,9 +182,9 @@ class _Caption:
         self.image_ids = image_ids
 
 
-def test_the_demo_suites_written_short_still_give_way_to_a_recipes():
-    """params.yaml's eval.suites equal to the embedded default, even with keys left at their
-    defaults, is no choice of the user's: recipe production's suites apply."""
+def test_suites_written_short_are_the_suites_with_those_keys_at_their_defaults():
+    """eval.suites entries may leave keys out: the demo's suites written short are the embedded
+    default's, and a list of one is that one suite."""
     short = [
         {"name": "test", "kind": "retrieval", "path": "data/test"},
         {
@@ -201,9 +202,8 @@ def test_the_demo_suites_written_short_still_give_way_to_a_recipes():
             "required": False,
         },
     ]
-    params = {"recipe": "production", "eval": {"suites": short}}
-    assert resolve(EvalParams, params).eval.suites[0].name == "flickr30k-cn"
-    mine = {"recipe": "production", "eval": {"suites": short[:1]}}
+    assert resolve(EvalParams, {"eval": {"suites": short}}) == EvalParams()
+    mine = {"eval": {"suites": short[:1]}}
     assert [s.name for s in resolve(EvalParams, mine).eval.suites] == ["test"]
 
 

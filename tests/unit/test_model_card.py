@@ -7,7 +7,6 @@ import dataclasses
 from clipforge.export.card import NOT_EVALUATED, CardFacts, render, with_eval_metrics
 
 FACTS = CardFacts(
-    recipe="production-zh-roberta",
     model="ViT-B-32 + hfl/chinese-roberta-wwm-ext",
     run_id="run-0123456789ab",
     steps=42000,
@@ -26,9 +25,9 @@ FACTS = CardFacts(
 )
 
 
-def test_the_card_gives_recipe_data_decontamination_and_metrics_per_suite():
+def test_the_card_gives_model_data_decontamination_and_metrics_per_suite():
     card = render(FACTS, "ChineseCLIPModel", "")
-    assert "recipe `production-zh-roberta`" in card and "run-0123456789ab" in card
+    assert "# ViT-B-32 + hfl/chinese-roberta-wwm-ext\n" in card and "run-0123456789ab" in card
     assert "ab" * 32 in card
     assert "5 training images matched 4 test images, 5 dropped (mode drop)" in card
     assert "- flickr30k-cn: t2i_r01 62.7, mean_recall 80.1" in card

@@ -16,19 +16,19 @@ from tests.conftest import train_argv, write_params
 BAD_FILES = {
     "empty": (
         b"",
-        "{path}: sets no parameters; write at least `recipe: default` to run on the embedded defaults",
+        "{path}: sets no parameters; write the defaults into it with `python -m clipforge.pipeline.recipe default`",
     ),
     "whitespace only": (
         b"  \n\t\n\n",
-        "{path}: sets no parameters; write at least `recipe: default` to run on the embedded defaults",
+        "{path}: sets no parameters; write the defaults into it with `python -m clipforge.pipeline.recipe default`",
     ),
     "comments only": (
         b"# data:\n#   seed: 3\n",
-        "{path}: sets no parameters; write at least `recipe: default` to run on the embedded defaults",
+        "{path}: sets no parameters; write the defaults into it with `python -m clipforge.pipeline.recipe default`",
     ),
     "an empty mapping": (
         b"{}\n",
-        "{path}: sets no parameters; write at least `recipe: default` to run on the embedded defaults",
+        "{path}: sets no parameters; write the defaults into it with `python -m clipforge.pipeline.recipe default`",
     ),
     "a mis-indented section": (
         b"data:\n  seed: 3\n train:\n  lr: 1e-4\n",
@@ -57,7 +57,7 @@ BAD_FILES = {
     ),
     "a list instead of sections": (
         b"- train\n- data\n",
-        "{path}: must be a mapping of sections (recipe, data, model, train, eval, alerts, storage), got a list",
+        "{path}: must be a mapping of sections (data, model, train, eval, alerts, storage), got a list",
     ),
 }
 
@@ -100,8 +100,9 @@ def test_a_bad_params_file_stops_every_stage_with_one_line(
 
 
 def test_a_params_file_that_sets_one_key_still_runs_on_the_defaults(tmp_path):
-    """`recipe: default` alone is a deliberate choice of the embedded defaults, not an empty file."""
-    (tmp_path / "params.yaml").write_text("recipe: default\n")
+    """A file that sets one key is a deliberate choice of the defaults for the rest, not an
+    empty file."""
+    (tmp_path / "params.yaml").write_text("data:\n  seed: 0\n")
     assert (
         data_main(
             [
@@ -126,7 +127,7 @@ def test_a_params_file_that_sets_one_key_still_runs_on_the_defaults(tmp_path):
 def test_yaml_errors_name_the_file_line_and_column_wherever_a_yaml_file_is_read(tmp_path):
     """The same reader serves params, Pulumi stack files and fabric.yaml."""
     path = write_params(tmp_path / "params.yaml")
-    assert read_yaml_file(path)["recipe"] == "default"
+    assert read_yaml_file(path)["train"]["device"] == "cpu"
     path.write_text("a: 1\nb: [2\n")
     with pytest.raises(ValueError, match=r"^.*params\.yaml:3:1: expected ',' or ']'"):
         read_yaml_file(path)

@@ -26,7 +26,7 @@ from clipforge.data.shards import (
 from clipforge.data.stage import main as data_main
 from clipforge.model.config import ModelConfig
 from clipforge.model.names import model_tokenizer, resolve_model_name
-from clipforge.pipeline.params import load_pipeline_params
+from clipforge.pipeline.recipe import recipe_params
 from clipforge.recipes import RECIPES
 from clipforge.train.config import BatchPlan
 from clipforge.train.data import MicroBatches, split_files, stored_tokens, uint8_transform
@@ -299,6 +299,6 @@ def test_a_text_tower_without_its_model_is_a_config_error():
 def test_each_production_recipe_stores_its_own_models_ids(recipe):
     """The data section names the tokenizer (model.* are not the data stage's params): every
     production recipe names its own model's, so `recipe: X` stores the ids X trains on."""
-    config = load_pipeline_params(None, [f"recipe={recipe}"])
+    config = recipe_params(recipe)
     assert config.data.pretokenize_model == config.model.name
     assert config.data.pretokenize_text_tower == config.model.text_tower

@@ -5,7 +5,7 @@ from __future__ import annotations
 import open_clip
 import torch
 
-from clipforge.pipeline.params import load_pipeline_params
+from clipforge.pipeline.recipe import recipe_params
 
 GB = 2**30
 GPU_MEMORY = 80 * GB  # A800 / A100 80 GB, the recipes' GPUs
@@ -34,7 +34,7 @@ def _model_states_per_gpu(name: str, ranks: int) -> dict[int, float]:
 
 
 def test_production_large_uses_zero3_where_zero1_model_states_take_a_quarter_of_the_gpu():
-    config = load_pipeline_params(None, ["recipe=production-large"])
+    config = recipe_params("production-large")
     train = config.train
     assert (config.model.name, train.zero_stage, train.grad_checkpointing) == (
         "ViT-bigG-14",
@@ -49,7 +49,7 @@ def test_production_large_uses_zero3_where_zero1_model_states_take_a_quarter_of_
 
 def test_production_vit_b32_fits_zero1_with_room_to_spare():
     """ViT-B/32 under ZeRO-1 uses a few percent of a GPU: no reason to pay for ZeRO-2/3."""
-    config = load_pipeline_params(None, ["recipe=production"])
+    config = recipe_params("production")
     assert config.train.zero_stage == 1
     states = _model_states_per_gpu(config.model.name, config.train.ranks_per_node)
     assert states[1] < 0.05 * GPU_MEMORY

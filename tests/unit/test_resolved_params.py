@@ -1,7 +1,9 @@
-"""What each stage runs with, resolved from params.yaml and its recipe: printed by --print-config,
-and committed in resolved/<stage>.yaml for DVC (the `params-<stage>` stages write it)."""
+"""What each stage runs with, its sections of params.yaml: printed by --print-config, and committed
+in resolved/<stage>.yaml for DVC (the `params-<stage>` stages write it)."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 import yaml
@@ -10,6 +12,7 @@ from clipforge import resolve
 from clipforge.data.stage import main as data_main
 from clipforge.eval.stage import main as eval_main
 from clipforge.pipeline.params import STAGE_PARAMS
+from clipforge.pipeline.recipe import main as recipe_main
 from clipforge.train.stage import main as train_main
 from tests.conftest import REPO
 
@@ -31,17 +34,18 @@ def test_committed_resolved_params_are_what_the_params_stage_writes(stage, tmp_p
 
 
 @pytest.mark.parametrize("stage", sorted(STAGE_PARAMS))
-def test_print_config_shows_the_recipes_values_and_runs_nothing(stage, tmp_path, capsys):
-    """`--print-config` prints the sections the stage reads, as the recipe sets them, and the
-    same as its resolved file; nothing else happens (no data/ is needed)."""
-    argv = ["--params", str(REPO / "params.yaml"), "--set", "recipe=production", "--print-config"]
-    assert STAGE_MAINS[stage](argv) == 0
-    printed = yaml.safe_load(capsys.readouterr().out)
-    assert set(printed) == {"recipe", *STAGE_PARAMS[stage].sections()}
-    assert printed["recipe"] == "production"
-    out = tmp_path / "resolved.yaml"
+def test_print_config_shows_what_the_file_says_and_runs_nothing(stage, tmp_path, capsys):
+    """With the production recipe written into params.yaml, `--print-config` prints the
+    sections the stage reads with the recipe's values, the same as its resolved file; nothing
+    else happens (no data/ is needed)."""
     params = tmp_path / "params.yaml"
-    params.write_text("recipe: production\n")
+    shutil.copy(REPO / "params.yaml", params)
+    assert recipe_main(["production", "--params", str(params)]) == 0
+    capsys.readouterr()
+    assert STAGE_MAINS[stage](["--params", str(params), "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert set(printed) == set(STAGE_PARAMS[stage].sections())
+    out = tmp_path / "resolved.yaml"
     assert resolve_main(stage, ["--params", str(params), "--out", str(out)]) == 0
     assert yaml.safe_load(out.read_text()) == printed
     if stage == "train":

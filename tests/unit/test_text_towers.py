@@ -11,18 +11,19 @@ import pytest
 
 from clipforge.model.text_towers import resolve_tower
 from clipforge.pipeline.params import load_pipeline_params
+from clipforge.pipeline.recipe import recipe_params
 from tests.conftest import subprocess_env
 
 # transformers reads HF_HUB_OFFLINE when imported, so the probes run in a fresh interpreter
 # with an empty cache: exactly a GPU host without network that never downloaded the towers.
 OFFLINE_PROBE = r"""
 import json, sys
-from clipforge.pipeline.params import load_pipeline_params
+from clipforge.pipeline.recipe import recipe_params
 from clipforge.model.names import resolve_model_name
 errors = {}
 for recipe in sys.argv[1:]:
     try:
-        resolve_model_name(load_pipeline_params(None, ["recipe=" + recipe]).model)
+        resolve_model_name(recipe_params(recipe).model)
         errors[recipe] = None
     except ValueError as exc:
         errors[recipe] = str(exc)
@@ -83,9 +84,9 @@ def test_relative_local_folder_is_made_absolute(tmp_path, monkeypatch):
 def test_chinese_tower_recipes_change_only_the_model():
     """production-zh-roberta / production-xlm-roberta are production with another text tower
     (and the data stage's stored token ids made by that tower's tokenizer)."""
-    base = load_pipeline_params(None, ["recipe=production"])
-    roberta = load_pipeline_params(None, ["recipe=production-zh-roberta"])
-    xlmr = load_pipeline_params(None, ["recipe=production-xlm-roberta"])
+    base = recipe_params("production")
+    roberta = recipe_params("production-zh-roberta")
+    xlmr = recipe_params("production-xlm-roberta")
     assert (roberta.model.name, roberta.model.text_tower) == (
         "ViT-B-32",
         "hfl/chinese-roberta-wwm-ext",

@@ -40,7 +40,7 @@ log = logging.getLogger("clipforge.data")
 
 DATA_MANIFEST = "manifest.json"
 SUITES_DIR = "suites"  # builtin: the demo's generated eval suites, data/suites/<name>/
-# What this stage reads of params.yaml (dvc.yaml's params: recipe plus its sections).
+# What this stage reads of params.yaml (dvc.yaml's params: its sections).
 PARAMS = DataParams
 
 

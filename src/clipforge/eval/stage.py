@@ -35,7 +35,7 @@ from clipforge.model.files import ModelFilesError, check_model_weights
 
 log = logging.getLogger("clipforge.eval")
 
-# What this stage reads of params.yaml (dvc.yaml's params: recipe plus its sections).
+# What this stage reads of params.yaml (dvc.yaml's params: its sections).
 PARAMS = EvalParams
 MEAN_KEY = "mean_over_suites"
 MODEL_CARD = "model-card.md"  # beside eval.json: the export's card with these metrics

@@ -15,7 +15,6 @@ NOT_EVALUATED = "- eval suites: not run at export time (see metrics/model-card.m
 
 @dataclass(kw_only=True)
 class CardFacts:
-    recipe: str
     model: str  # the open_clip architecture, with its text tower if swapped
     run_id: str
     steps: int
@@ -43,7 +42,7 @@ def render(
         "library_name: open_clip",
         "tags: [clip, zero-shot-image-classification, clipforge]",
         "---",
-        f"# {facts.model} (clipforge recipe `{facts.recipe}`)",
+        f"# {facts.model}",
         "",
         f"Trained by clipforge: run `{facts.run_id}`, {facts.steps} steps, "
         f"{facts.samples_seen} samples seen.",

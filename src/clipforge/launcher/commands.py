@@ -37,7 +37,7 @@ def dvc_train_argv(python: str, overrides: tuple[str, ...]) -> list[str]:
 
 def dvc_eval_argv(python: str, overrides: tuple[str, ...]) -> list[str]:
     """The eval stage through DVC, after train: the same `-S` leave train up to date, so this
-    evaluates the exported model on the recipe's test set and records the experiment again, now
+    evaluates the exported model on the params' test sets and records the experiment again, now
     with every stage's results (the one `fab fetch` brings home)."""
     sets = [arg for item in overrides for arg in ("-S", item)]
     return [python, "-m", "dvc", "exp", "run", *sets, "eval"]

@@ -3,7 +3,6 @@ before it ships a run, records in the run's record, and what params.yaml documen
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +44,7 @@ def load_pipeline_params(
 
 def field_docs() -> dict[str, str]:
     """Dotted key -> documentation, for every knob (params.yaml's comments are these)."""
-    docs = {"recipe": dataclasses.fields(Params)[0].metadata["doc"]}
+    docs = {}
     for name, section in PipelineParams.sections().items():
         docs.update({f"{name}.{f.name}": f.metadata["doc"] for f in section.knobs()})
     return docs

@@ -574,7 +574,6 @@ def _monitor(
     if not start_step:
         monitor.hparams(
             {
-                "recipe": config.recipe,
                 "model": config.model.name,
                 "text_tower": config.model.text_tower or "",
                 "global_batch_size": plan.global_batch_size,
@@ -689,7 +688,6 @@ def _card_facts(run: TrainingRun, metrics: dict, info: dict) -> CardFacts:
     manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
     model = run.config.model
     return CardFacts(
-        recipe=run.config.recipe,
         model=model.name + (f" + {model.text_tower}" if model.text_tower else ""),
         run_id=run.identity,
         steps=info["steps"],

@@ -29,7 +29,7 @@ from clipforge.train.dist import free_port, resolve_device, under_launcher
 log = logging.getLogger("clipforge.train")
 
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request with a checkpoint saved; rerun resumes
-# What this stage reads of params.yaml (dvc.yaml's params: recipe plus its sections).
+# What this stage reads of params.yaml (dvc.yaml's params: its sections).
 PARAMS = TrainParams
 
 
