@@ -31,7 +31,7 @@ from invoke import Collection, Exit, Task
 from clipforge.errors import LauncherError, UserError
 from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
-from clipforge.launcher import kubernetes as kubernetes_mod
+from clipforge.launcher import kubernetes_objects as kubernetes_mod
 from clipforge.launcher import launch as launch_mod
 from clipforge.launcher import preflight, session, watch
 from clipforge.launcher import stack as stack_mod

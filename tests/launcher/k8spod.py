@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from clipforge.launcher import kubernetes as kube
+from clipforge.launcher import kubernetes_objects as kube
 from clipforge.launcher.launch import prepare
 from clipforge.launcher.options import make_options
 from clipforge.launcher.source import current_source

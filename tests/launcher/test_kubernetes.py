@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from clipforge.errors import LauncherError
-from clipforge.launcher import kubernetes as kube
+from clipforge.launcher import kubernetes_objects as kube
 from clipforge.launcher.commands import dvc_train_argv
 from clipforge.launcher.host.plan import PhasePlan
 from clipforge.launcher.launch import prepare

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clipforge.launcher import kubernetes as kube
+from clipforge.launcher import kubernetes_objects as kube
 from tests.launcher import test_multinode
 from tests.launcher.hostprocs import processes_under
 from tests.launcher.k8spod import Pod, render_cpu_run, stored_step
