@@ -29,18 +29,19 @@ from fabric import Config, Connection, task
 from invoke import Collection, Exit, Task
 
 from clipforge.errors import LauncherError, UserError
-from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
-from clipforge.launcher import kubernetes_objects as kubernetes_mod
+from clipforge.launcher import kubernetes as kubernetes_mod
 from clipforge.launcher import launch as launch_mod
 from clipforge.launcher import preflight, session, watch
-from clipforge.launcher import stack as stack_mod
+from clipforge.launcher.backend import LaunchBackend
 from clipforge.launcher.connection import HostSpec, spec_of
+from clipforge.launcher.kubernetes import KubernetesJobs
 from clipforge.launcher.options import TrainOptions, checkout_store, make_options, parse_count
 from clipforge.launcher.recovery import RecoveryRule
-from clipforge.launcher.run_source import HostRun, RunSource, StoredRun
+from clipforge.launcher.run_source import RunSource, StoredRun
 from clipforge.launcher.session import Settings, settings_from
 from clipforge.launcher.source import current_source
+from clipforge.launcher.ssh_hosts import Failover, SshHosts
 
 # Each setting's default, declared with its type and doc in clipforge.launcher.session.Settings.
 SETTINGS = session.defaults()
@@ -119,19 +120,39 @@ def _jobs_stack(c: Invocation) -> bool:
     return not c.hosts and kubernetes_mod.stack_runs_jobs(c.settings.stack_outputs)
 
 
+def _backend(
+    c: Invocation,
+    kubernetes: bool = False,
+    *,
+    runtime: str = "host",
+    failover: Failover | None = None,
+    accept_new_host_key: bool = False,
+) -> LaunchBackend:
+    """Where the run goes or is: the stack's cluster as Jobs (--kubernetes, or a stack of
+    runMode jobs without -H), else SSH hosts (-H, or the stack's workers)."""
+    failover = failover or Failover()
+    if kubernetes or _jobs_stack(c):
+        kubernetes_mod.check_options(hosts=c.hosts, spare=failover.spare, runtime=runtime)
+        cluster = kubernetes_mod.load_cluster(c.settings.stack_outputs)
+        return KubernetesJobs(cluster, c.settings, _say, failover.max_moves, os.environ)
+    return SshHosts(
+        c.hosts,
+        c.config,
+        c.settings,
+        _say,
+        accept_new_host_key=accept_new_host_key,
+        failover=failover,
+    )
+
+
 def _run_source(c: Invocation, run: str | None, from_store: bool, store: str | None) -> RunSource:
     """Where the run lives: its run store with --from-store, or with --run when there is no host
     to ask (no -H, and no stack or one whose runs are Jobs) or a store is named (--store); else
-    its hosts."""
-    jobs = _jobs_stack(c)
-    if jobs and not (run and _store(store)):  # a Job's pod is no host to ask
-        namespace = kubernetes_mod.load_cluster(c.settings.stack_outputs).namespace
-        raise LauncherError(stack_mod.jobs_stack_hint(namespace, run))
-    no_host = not c.hosts and run and (store or jobs or not c.settings.stack_outputs.exists())
-    if from_store or no_host:
+    where its backend keeps it."""
+    no_host = not c.hosts and run and (store or not c.settings.stack_outputs.exists())
+    if from_store or (no_host and not _jobs_stack(c)):
         return StoredRun.open(_store(store), run)
-    hosts, stack = session.open_hosts(c.hosts, c.config, c.settings)
-    return HostRun.on(hosts, run, c.settings, stack)
+    return _backend(c).status(run, _store(store) if run else None)
 
 
 @all_hosts_task(
@@ -226,34 +247,26 @@ def train(
     kubernetes=False,
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
-    # A stack of runMode jobs has no SSH workers: without -H, a run is a Job there.
-    kubernetes = kubernetes or _jobs_stack(c)
-    if kubernetes:
-        kubernetes_mod.check_options(hosts=c.hosts, spare=spare, runtime=runtime)
-        cluster = kubernetes_mod.load_cluster(c.settings.stack_outputs)
-        if resume:
-            moves = parse_count(max_moves, "--max-moves")
-            kubernetes_mod.resubmit(
-                cluster, resume, _store(store), c.settings, moves, _say, os.environ
-            )
-            return
-    if resume:
-        hosts, stack = session.open_hosts(c.hosts, c.config, c.settings, accept_new_host_key)
-        if launch_mod.has_run(hosts[0], resume):
-            layouts = [session.node_layout(h, i, resume) for i, h in enumerate(hosts)]
-            launch_mod.resume(hosts, layouts, c.settings, _say)
-        else:
-            launch_mod.move(hosts, resume, _store(store), c.settings, stack, _say)
-        return
-    specs, stack = ([], None) if kubernetes else session.host_specs(c.hosts, c.settings)
-    default_gpus = (
-        cluster.gpus_per_node if kubernetes else (stack.gpus_per_worker if stack else None)
+    backend = _backend(
+        c,
+        kubernetes,
+        runtime=runtime,
+        failover=Failover(
+            spare=spare,
+            controller=controller,
+            controller_key=controller_key,
+            max_moves=parse_count(max_moves, "--max-moves"),
+        ),
+        accept_new_host_key=accept_new_host_key,
     )
-    if gpus is None and default_gpus is None:
+    if resume:
+        backend.resume(resume, _store(store))
+        return
+    if gpus is None and backend.default_gpus is None:
         raise LauncherError("--gpus: how many GPUs per node (0: CPU)")
     source = current_source(Path.cwd())
     options = make_options(
-        gpus=parse_count(gpus, "--gpus") if gpus is not None else default_gpus,
+        gpus=parse_count(gpus, "--gpus") if gpus is not None else backend.default_gpus,
         nodes=parse_count(nodes, "--nodes"),
         sets=list(set_ or []),
         smoke=smoke,
@@ -265,43 +278,7 @@ def train(
         min_gpus=parse_count(min_gpus, "--min-gpus") if min_gpus is not None else None,
         master_port=parse_count(master_port, "--master-port"),
     )
-    prepared = launch_mod.prepare(source, options, c.settings)
-    if kubernetes:
-        moves = parse_count(max_moves, "--max-moves")
-        kubernetes_mod.launch(cluster, prepared, options, c.settings, moves, _say, os.environ)
-        return
-    chosen = launch_mod.select_nodes(specs, options, from_stack=stack is not None)
-    hosts = [session.open_host(s, c.config, c.settings, stack, accept_new_host_key) for s in chosen]
-    recovery = controller_mod.open_recovery(
-        spare=spare,
-        controller=controller,
-        controller_key=controller_key,
-        max_moves=parse_count(max_moves, "--max-moves"),
-        hosts=hosts,
-        from_stack=stack is not None,
-        options=options,
-        store=prepared.store,
-        config=c.config,
-        settings=c.settings,
-        accept_new_host_key=accept_new_host_key,
-    )
-    launch_id = launch_mod.launch(hosts, prepared, options, c.settings, stack, _say)
-    if recovery:
-        try:
-            controller_mod.start(
-                recovery, hosts, launch_id, prepared.store, prepared.source, c.settings, _say
-            )
-        except BaseException:  # a run nobody watches is not what --spare asked for
-            launch_mod.stop_nodes(
-                [(h, session.node_layout(h, i, launch_id)) for i, h in enumerate(hosts)], c.settings
-            )
-            raise
-    _say(
-        f"started run {launch_id} on {', '.join(h.label for h in hosts)}"
-        + (" (smoke)" if smoke else "")
-    )
-    fab = session.fab_command(sys.argv)
-    _say(f"watch it: {fab} status | {fab} logs --follow | {fab} tensorboard; stop it: {fab} stop")
+    backend.launch(launch_mod.prepare(source, options, c.settings), options)
 
 
 @all_hosts_task(

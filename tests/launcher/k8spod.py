@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from clipforge.launcher import kubernetes_objects as kube
+from clipforge.launcher import kubernetes as kube
+from clipforge.launcher import kubernetes_objects as k8s_objects
 from clipforge.launcher.launch import prepare
 from clipforge.launcher.options import make_options
 from clipforge.launcher.source import current_source
@@ -41,7 +42,7 @@ def render_cpu_run(project: Path, base: Path, nodes: int, wait_step: int) -> Ren
     raw["volumes"] = {
         role: {**raw["volumes"][role], "mount_path": str(path)} for role, path in volumes.items()
     }
-    cluster = kube.parse_cluster(raw, "outputs")
+    cluster = k8s_objects.parse_cluster(raw, "outputs")
     store, go = base / "store", base / "go"
     options = make_options(
         gpus=0,

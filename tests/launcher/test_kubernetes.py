@@ -21,13 +21,15 @@ import pytest
 import yaml
 
 from clipforge.errors import LauncherError
-from clipforge.launcher import kubernetes_objects as kube
+from clipforge.launcher import kubernetes as kube
+from clipforge.launcher import kubernetes_objects as k8s_objects
 from clipforge.launcher.commands import dvc_train_argv
 from clipforge.launcher.host.plan import PhasePlan
 from clipforge.launcher.launch import prepare
 from clipforge.launcher.options import make_options
 from clipforge.launcher.session import Settings
 from clipforge.launcher.source import current_source
+from clipforge.launcher.stack import LAUNCH_LABEL
 from clipforge.store.remote import RunStore
 from tests.conftest import REPO
 from tests.launcher.conftest import make_fab
@@ -66,8 +68,8 @@ def stack_outputs(stack: str = "example-2x8", **overrides) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> kube.Cluster:
-    return kube.parse_cluster(stack_outputs(), "stack-outputs.json")
+def cluster() -> k8s_objects.Cluster:
+    return k8s_objects.parse_cluster(stack_outputs(), "stack-outputs.json")
 
 
 def options_for(nodes: int = 1, gpus: int = 8, sets: tuple[str, ...] = ()):
@@ -115,7 +117,7 @@ def validate(obj: dict) -> None:
     """Strict OpenAPI validation; a JobSet's own fields against its CRD's (pruned) schema, the Job
     it makes against batch/v1's."""
     if obj["kind"] == "JobSet":
-        assert obj["apiVersion"] == kube.JOBSET_API_VERSION
+        assert obj["apiVersion"] == k8s_objects.JOBSET_API_VERSION
         jsonschema.validate(obj["spec"], JOBSET_SPEC_SCHEMA)
         kubernetes_validate.validate(job_of(obj), KUBERNETES_VERSION, strict=True)
     else:
@@ -154,7 +156,9 @@ def test_the_budget_follows_the_recovery_policy(
     settings = Settings(**{**SETTINGS.__dict__, "gone_after_seconds": gone_after_seconds})
     _, objects = build(project, cluster, nodes=nodes, max_moves=max_moves, settings=settings)
     lost = {
-        t["key"]: t for t in pod_of(objects)["tolerations"] if t["key"] in kube.NODE_LOST_TAINTS
+        t["key"]: t
+        for t in pod_of(objects)["tolerations"]
+        if t["key"] in k8s_objects.NODE_LOST_TAINTS
     }
     assert set(lost) == {"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"}
     for toleration in lost.values():
@@ -194,14 +198,14 @@ def test_the_pod_runs_the_supervisor_over_the_plan_of_the_ssh_path(project, clus
     assert train.env["CLIPFORGE_RUN_RECORD"] == f"{run_dir}/run.json"
     record = json.loads(files["run.json"])
     assert record["launch_id"] == launch_id and record["runtime"] == "host"
-    assert record["hosts"] == [kube.workload_name(launch_id)] and record["image"] == IMAGE
+    assert record["hosts"] == [k8s_objects.workload_name(launch_id)] and record["image"] == IMAGE
 
 
 def test_several_nodes_meet_at_pod_zero_of_the_jobset(project, cluster):
     """Each node's plan is DeepSpeed's no-SSH launcher with its own rank, every one pointed at
     pod 0's host name in the JobSet's subdomain; the hostfile has one line per node."""
     launch_id, objects = build(project, cluster, nodes=2, gpus=8)
-    name = kube.workload_name(launch_id)
+    name = k8s_objects.workload_name(launch_id)
     files = objects[0]["data"]
     for rank in (0, 1):
         argv = next(
@@ -215,7 +219,7 @@ def test_several_nodes_meet_at_pod_zero_of_the_jobset(project, cluster):
     assert files["hostfile"].count("slots=8") == 2
     spec = workload(objects)["spec"]
     assert spec["network"]["subdomain"] == name and spec["network"]["enableDNSHostnames"]
-    assert spec["replicatedJobs"][0]["name"] == kube.REPLICATED_JOB
+    assert spec["replicatedJobs"][0]["name"] == k8s_objects.REPLICATED_JOB
     assert json.loads(files["run.json"])["master"] == f"{name}-node-0-0.{name}:29500"
 
 
@@ -267,7 +271,7 @@ def test_the_stack_s_scheduling_keys_reach_the_pod(project):
         memory_per_worker="128Gi",
         shm_size="32Gi",
     )
-    _, objects = build(project, kube.parse_cluster(raw, "outputs"), gpus=8)
+    _, objects = build(project, k8s_objects.parse_cluster(raw, "outputs"), gpus=8)
     pod = pod_of(objects)
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["tolerations"][0] == raw["gpu_tolerations"][0]
@@ -302,7 +306,7 @@ def test_the_launch_s_secrets_are_in_its_secret_only(project, cluster):
     secret = next(o for o in objects if o["kind"] == "Secret")
     assert secret["stringData"] == {"AWS_SECRET_ACCESS_KEY": "s3cr3t-value"}
     others = [o for o in objects if o is not secret]
-    assert "s3cr3t-value" not in kube.to_yaml(others)
+    assert "s3cr3t-value" not in k8s_objects.to_yaml(others)
     assert {"secretRef": {"name": secret["metadata"]["name"]}} in pod_of(objects)["containers"][0][
         "envFrom"
     ]
@@ -315,7 +319,7 @@ def test_the_commit_is_shipped_in_configmap_sized_pieces(project, cluster, tmp_p
     pieces = [o for o in objects if o["kind"] == "ConfigMap" and "binaryData" in o]
     assert pieces and all(o["immutable"] for o in pieces)
     data = {k: base64.b64decode(v) for o in pieces for k, v in o["binaryData"].items()}
-    assert all(len(piece) <= kube.BUNDLE_CHUNK_BYTES for piece in data.values())
+    assert all(len(piece) <= k8s_objects.BUNDLE_CHUNK_BYTES for piece in data.values())
     bundle = tmp_path / "code.bundle"
     bundle.write_bytes(b"".join(data[key] for key in sorted(data)))
     listed = subprocess.run(
@@ -331,14 +335,14 @@ def test_the_commit_is_shipped_in_configmap_sized_pieces(project, cluster, tmp_p
 def test_the_launcher_reads_the_outputs_of_a_released_stack():
     """After `make down` the volumes and secrets stay and the GPUs are free: a Kubernetes run may
     use them. The names are the stack's (infra/clipforge_infra/contract.py)."""
-    cluster = kube.parse_cluster(stack_outputs(released=True), "outputs")
+    cluster = k8s_objects.parse_cluster(stack_outputs(released=True), "outputs")
     assert {v.claim for v in cluster.volumes} == {v.claim_name for v in contract.VOLUMES}
     assert cluster.run_root == "/workspace/checkpoints/clipforge-runs"
-    assert (kube.ALERTS_SECRET, kube.REGISTRY_SECRET) == (
+    assert (k8s_objects.ALERTS_SECRET, k8s_objects.REGISTRY_SECRET) == (
         contract.ALERTS_SECRET,
         contract.REGISTRY_SECRET,
     )
-    assert (kube.RUN_AS_UID, kube.RUN_AS_GID, kube.SHM_MOUNT_PATH) == (
+    assert (k8s_objects.RUN_AS_UID, k8s_objects.RUN_AS_GID, k8s_objects.SHM_MOUNT_PATH) == (
         contract.RUN_AS_UID,
         contract.RUN_AS_GID,
         contract.SHM_MOUNT_PATH,
@@ -357,7 +361,7 @@ def test_the_launcher_reads_the_outputs_of_a_released_stack():
 def test_malformed_outputs_are_refused_naming_the_key(change, key):
     raw = {**stack_outputs(), **change}
     with pytest.raises(LauncherError, match=f"`{key}` missing or malformed"):
-        kube.parse_cluster(raw, "outputs")
+        k8s_objects.parse_cluster(raw, "outputs")
 
 
 # -- kubectl ---------------------------------------------------------------------------------------
@@ -409,7 +413,7 @@ def test_several_nodes_without_the_jobset_crd_stop_naming_the_remedy(project, cl
     with pytest.raises(LauncherError) as error:
         kube.launch(cluster, prepared, options, SETTINGS, 2, print, {})
     assert "install its release manifest" in str(error.value)
-    assert kube.JOBSET_RELEASES in str(error.value) and "(--nodes 1)" in str(error.value)
+    assert k8s_objects.JOBSET_RELEASES in str(error.value) and "(--nodes 1)" in str(error.value)
     assert [call["argv"][-4] for call in kubectl()] == ["api-resources"]
 
 
@@ -432,11 +436,11 @@ def test_the_run_is_applied_server_side_in_the_stack_s_context(
         cluster.namespace,
     ]
     assert apply["argv"][4:] == [
-        "apply", "--server-side", f"--field-manager={kube.FIELD_MANAGER}", "-f", "-",
+        "apply", "--server-side", f"--field-manager={k8s_objects.FIELD_MANAGER}", "-f", "-",
     ]  # fmt: skip
     applied = list(yaml.safe_load_all(apply["stdin"]))
     assert applied[-1]["kind"] == "JobSet"
-    assert applied[-1]["metadata"]["labels"][kube.LAUNCH_LABEL] == launch_id
+    assert applied[-1]["metadata"]["labels"][LAUNCH_LABEL] == launch_id
     assert any(f"started run {launch_id}" in line for line in said)
 
 
@@ -456,7 +460,7 @@ def test_fab_train_kubernetes_applies_a_job_from_the_stack_outputs(project, tmp_
     applied = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))
     job = applied[-1]
     assert job["kind"] == "Job"
-    launch_id = job["metadata"]["labels"][kube.LAUNCH_LABEL]
+    launch_id = job["metadata"]["labels"][LAUNCH_LABEL]
     assert f"started run {launch_id} on the cluster" in result.stdout
 
 
@@ -500,7 +504,7 @@ def test_fab_train_on_a_jobs_stack_applies_a_job_without_the_flag(project, tmp_p
     assert result.returncode == 0, result.stdout + result.stderr
     job = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))[-1]
     assert job["kind"] == "Job" and job["metadata"]["namespace"] == "clipforge"
-    assert f"started run {job['metadata']['labels'][kube.LAUNCH_LABEL]} on the cluster" in (
+    assert f"started run {job['metadata']['labels'][LAUNCH_LABEL]} on the cluster" in (
         result.stdout
     )
 
@@ -512,7 +516,7 @@ def test_the_ssh_tasks_on_a_jobs_stack_say_in_one_line_what_to_use(project, tmp_
     result = jobs_stack(tmp_path, project)(*task)
     assert result.returncode != 0
     assert "runMode: jobs" in result.stderr and "Traceback" not in result.stderr
-    assert f"logs -l {kube.LAUNCH_LABEL}=RUN" in result.stderr
+    assert f"logs -l {LAUNCH_LABEL}=RUN" in result.stderr
 
 
 def test_fab_status_of_a_run_on_a_jobs_stack_reads_the_run_store(project, tmp_path):
@@ -540,19 +544,19 @@ def failed_job(name: str, condition: str = "Failed") -> dict:
 @pytest.mark.parametrize(
     ("conditions", "phase"),
     [
-        ([], kube.WorkloadPhase.ACTIVE),
-        ([{"type": "Suspended", "status": "False"}], kube.WorkloadPhase.ACTIVE),
-        ([{"type": "FailureTarget", "status": "True"}], kube.WorkloadPhase.FAILED),
-        ([{"type": "Failed", "status": "True"}], kube.WorkloadPhase.FAILED),
-        ([{"type": "Failed", "status": "False"}], kube.WorkloadPhase.ACTIVE),
-        ([{"type": "Complete", "status": "True"}], kube.WorkloadPhase.COMPLETE),
-        ([{"type": "Completed", "status": "True"}], kube.WorkloadPhase.COMPLETE),  # a JobSet
+        ([], k8s_objects.WorkloadPhase.ACTIVE),
+        ([{"type": "Suspended", "status": "False"}], k8s_objects.WorkloadPhase.ACTIVE),
+        ([{"type": "FailureTarget", "status": "True"}], k8s_objects.WorkloadPhase.FAILED),
+        ([{"type": "Failed", "status": "True"}], k8s_objects.WorkloadPhase.FAILED),
+        ([{"type": "Failed", "status": "False"}], k8s_objects.WorkloadPhase.ACTIVE),
+        ([{"type": "Complete", "status": "True"}], k8s_objects.WorkloadPhase.COMPLETE),
+        ([{"type": "Completed", "status": "True"}], k8s_objects.WorkloadPhase.COMPLETE),  # a JobSet
     ],
 )
 def test_a_workload_s_phase_is_read_from_its_conditions(conditions, phase):
     """FailureTarget counts as failed: a Job whose pod is stuck on a lost node may never get
     past it to Failed."""
-    assert kube.workload_phase({"status": {"conditions": conditions}}) is phase
+    assert k8s_objects.workload_phase({"status": {"conditions": conditions}}) is phase
 
 
 @pytest.fixture
@@ -573,7 +577,7 @@ def test_resume_submits_the_stored_launch_again_with_a_fresh_budget(
     Job of the same launch id is applied, with the stored launch's options, its run.json naming
     the same launch, and --max-moves as its backoffLimit."""
     launch_id, store = stored_launch
-    name = kube.workload_name(launch_id)
+    name = k8s_objects.workload_name(launch_id)
     monkeypatch.setenv("STUB_KUBECTL_GET", json.dumps(failed_job(name)))
     monkeypatch.chdir(project)
     said: list[str] = []
@@ -581,7 +585,7 @@ def test_resume_submits_the_stored_launch_again_with_a_fresh_budget(
     calls = [call["argv"][4:] for call in kubectl()]
     assert calls[0] == ["get", "jobs.batch", name, "--ignore-not-found", "-o", "json"]
     assert calls[1] == [
-        "delete", "jobs.batch,configmaps,secrets", "-l", f"{kube.LAUNCH_LABEL}={launch_id}",
+        "delete", "jobs.batch,configmaps,secrets", "-l", f"{LAUNCH_LABEL}={launch_id}",
         "--wait=true",
     ]  # fmt: skip
     assert calls[2][0] == "apply"
@@ -622,16 +626,16 @@ def test_resume_of_several_nodes_deletes_the_failed_jobset_with_its_jobs(
     RunStore(str(store), "run-0123456789ab").write_launch(
         launch_id, json.loads(objects[0]["data"]["run.json"])
     )
-    name = kube.workload_name(launch_id)
-    jobset = {**failed_job(name), "apiVersion": kube.JOBSET_API_VERSION, "kind": "JobSet"}
-    monkeypatch.setenv("STUB_KUBECTL_RESOURCES", kube.JOBSET_RESOURCE)
+    name = k8s_objects.workload_name(launch_id)
+    jobset = {**failed_job(name), "apiVersion": k8s_objects.JOBSET_API_VERSION, "kind": "JobSet"}
+    monkeypatch.setenv("STUB_KUBECTL_RESOURCES", k8s_objects.JOBSET_RESOURCE)
     monkeypatch.setenv("STUB_KUBECTL_GET", json.dumps(jobset))
     monkeypatch.chdir(project)
     kube.resubmit(cluster, launch_id, str(store), SETTINGS, 1, print, {})
     calls = [call["argv"][4:] for call in kubectl()]
     assert [c[0] for c in calls] == ["api-resources", "get", "delete", "apply"]
-    assert calls[1][1:3] == [kube.JOBSET_RESOURCE, name]
-    assert calls[2][1] == f"{kube.JOBSET_RESOURCE},jobs.batch,configmaps,secrets"
+    assert calls[1][1:3] == [k8s_objects.JOBSET_RESOURCE, name]
+    assert calls[2][1] == f"{k8s_objects.JOBSET_RESOURCE},jobs.batch,configmaps,secrets"
     applied = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))[-1]
     assert applied["kind"] == "JobSet" and applied["metadata"]["name"] == name
     assert applied["spec"]["failurePolicy"]["maxRestarts"] == 1
@@ -647,7 +651,7 @@ def test_resume_refuses_while_the_job_goes_on_or_once_it_completed(
     """A Job still active is Kubernetes' to resume (two would write one run); nothing is
     deleted or applied."""
     launch_id, store = stored_launch
-    job = failed_job(kube.workload_name(launch_id), condition or "Failed")
+    job = failed_job(k8s_objects.workload_name(launch_id), condition or "Failed")
     if condition is None:
         job["status"] = {"active": 1}
     monkeypatch.setenv("STUB_KUBECTL_GET", json.dumps(job))
@@ -667,5 +671,5 @@ def test_fab_train_resume_on_a_jobs_stack_resubmits_a_job_gone_from_the_cluster(
     assert result.returncode == 0, result.stdout + result.stderr
     assert [call["argv"][4] for call in kubectl()] == ["get", "apply"]
     job = list(yaml.safe_load_all(kubectl()[-1]["stdin"]))[-1]
-    assert job["metadata"]["labels"][kube.LAUNCH_LABEL] == launch_id
+    assert job["metadata"]["labels"][LAUNCH_LABEL] == launch_id
     assert f"resubmitting run {launch_id}" in result.stdout

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clipforge.launcher import kubernetes_objects as kube
+from clipforge.launcher import kubernetes_objects as k8s_objects
 from tests.launcher import test_multinode
 from tests.launcher.hostprocs import processes_under
 from tests.launcher.k8spod import Pod, render_cpu_run, stored_step
@@ -46,10 +46,10 @@ IN_POD = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
 def _hosts_file(net, rank: int, launch_id: str, published: range) -> str:
     """Pod `rank`'s /etc/hosts: the kubelet's (its own name at its address), then the headless
     Service's names (the cluster DNS) of the pods `published`, which are those Ready."""
-    fqdn = kube.jobset_host(launch_id, rank)
+    fqdn = k8s_objects.jobset_host(launch_id, rank)
     lines = ["127.0.0.1 localhost", f"{net.hosts[rank].address} {fqdn}.ns.svc.cluster.local"]
     lines[-1] += " " + fqdn.split(".", 1)[0]
-    lines += [f"{net.hosts[r].address} {kube.jobset_host(launch_id, r)}" for r in published]
+    lines += [f"{net.hosts[r].address} {k8s_objects.jobset_host(launch_id, r)}" for r in published]
     return "\n".join(lines) + "\n"
 
 
@@ -57,7 +57,7 @@ def _pod_prefix(net, rank: int, launch_id: str, hosts: Path) -> tuple[str, ...]:
     """What puts pod `rank` on host `rank`: its network namespace, the JobSet pod's host name
     (`<name>-node-0-<rank>`) and `hosts` as its /etc/hosts (bound, so rewriting the file in
     place publishes a name to the running pod)."""
-    hostname = kube.jobset_host(launch_id, rank).split(".", 1)[0]
+    hostname = k8s_objects.jobset_host(launch_id, rank).split(".", 1)[0]
     return (
         "ip", "netns", "exec", net.hosts[rank].netns, "unshare", "--mount", "--uts",
         "sh", "-c", IN_POD, "in-pod", str(hosts), hostname,
@@ -154,7 +154,7 @@ def test_the_pods_met_at_pod_0_s_dns_name_and_hold_both_ranks_shards(recreated_j
     on the volume hold both ranks' optimizer shards."""
     run_dir, launch_id = recreated_jobset["run_dir"], recreated_jobset["launch_id"]
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["master"].startswith(kube.master_address(launch_id) + ":")
+    assert record["master"].startswith(k8s_objects.master_address(launch_id) + ":")
     latest = next((run_dir / "checkpoints").glob("run-*/latest"))
     assert len(list((latest.parent / latest.read_text().strip()).glob("*optim_states.pt"))) == 2
 

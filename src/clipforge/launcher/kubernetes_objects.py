@@ -1,5 +1,7 @@
-"""`fab train --kubernetes`: a run on the stack's cluster as Kubernetes' own workload, a batch/v1
-Job (one node) or a JobSet (several), whose pods run the supervisor over the launch's plan.
+"""The objects of a run on the stack's cluster, as Kubernetes' own workload: a batch/v1 Job (one
+node) or a JobSet (several), whose pods run the supervisor over the launch's plan. Pure: objects
+from typed inputs (the cluster, the run, the budget), no I/O, standard library + yaml; the backend
+that builds the inputs and applies the objects with kubectl is clipforge.launcher.kubernetes.
 
 Why Kubernetes' semantics and not a controller of ours (docs/launcher.md, "On the Kubernetes
 stack"): the node lifecycle controller already decides that a node is gone (its kubelet missed
@@ -10,10 +12,7 @@ JobSet restarts all its nodes together, up to `failurePolicy.maxRestarts` (`--ma
 DeepSpeed world cannot go on with one node missing. That is what Kubeflow's Trainer v2 builds on,
 and nothing of ours has to run beside the run. A replacement pod finds the run's directory on the
 retained checkpoints volume (ReadWriteMany) and the supervisor's state there; the train stage
-resumes from the newest checkpoint, local or the run store's. Once the budget is spent, `fab
-train --kubernetes --resume RUN` (`resubmit`) submits the launch the run store keeps again, under
-the same id, with a fresh budget. On a stack of `runMode: jobs` (no SSH workers), `fab train`
-without -H comes here without the flag.
+resumes from the newest checkpoint, local or the run store's.
 
 `podReplacementPolicy: TerminatingOrFailed`, not `Failed`: a pod on a lost node never reaches
 phase Failed (the kubelet that would say so is gone, and the pod garbage collector only forces
@@ -24,41 +23,30 @@ partition while its replacement starts. The run store's lease keeps one writer (
 "One run, one writer"), and a pod cut off from the API server is usually cut off from the
 volume's network too.
 
-The core here is pure (objects from typed inputs, no I/O, standard library + yaml); the shell at
-the end runs `kubectl` from PATH. What the pod runs is the SSH path's: the plan of
-clipforge.launcher.commands.node_plan, the checkout made by launch.clone_command, the supervisor
-of clipforge.launcher.host.supervisor (`run`, in the foreground: the pod is its session).
+What the pod runs is the SSH path's: the plan of clipforge.launcher.commands.node_plan, the
+checkout made by launch.clone_command, the supervisor of clipforge.launcher.host.supervisor
+(`run`, in the foreground: the pod is its session).
 """
 
 from __future__ import annotations
 
 import base64
 import enum
-import json
 import math
 import posixpath
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from clipforge.errors import LauncherError
-from clipforge.ids import new_launch_id
-from clipforge.launcher import launch as launch_mod
 from clipforge.launcher.commands import IMAGE_PYTHON, NodeContext, hostfile_text, node_plan
 from clipforge.launcher.connection import q
-from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
+from clipforge.launcher.host.plan import RestartPolicy
 from clipforge.launcher.host.run_dirs import DEFAULT_ROOT, NODE_PREFIX, NodeLayout
 from clipforge.launcher.options import TrainOptions
 from clipforge.launcher.recovery import RecoveryRule
-from clipforge.launcher.run_source import StoredRun
-from clipforge.launcher.session import Settings
-from clipforge.launcher.source import source_at, write_bundle
 from clipforge.launcher.stack import LAUNCH_LABEL, runs_jobs
 
 # The stack's fixed names and ids (infra/clipforge_infra/contract.py is their home; the launcher
@@ -179,28 +167,6 @@ def parse_cluster(raw: Any, source: str) -> Cluster:
         shm_size=sizes["shm_size"],
         runs_jobs=runs_jobs(raw),
     )
-
-
-def load_cluster(path: Path) -> Cluster:
-    if not path.is_file():
-        raise LauncherError(
-            f"--kubernetes: no {path}; create the stack with `make up`, which writes it"
-        )
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise LauncherError(f"{path}: not readable JSON ({exc}); rerun `make up`") from None
-    return parse_cluster(raw, str(path))
-
-
-def stack_runs_jobs(path: Path) -> bool:
-    """Whether the stack `make up` wrote `path` for runs training as Jobs (runMode jobs), so that
-    `fab train` without -H takes this path without --kubernetes. Only that key is read here: no
-    outputs (no stack), or outputs this path cannot use, are the SSH path's to report."""
-    try:
-        return runs_jobs(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, json.JSONDecodeError):
-        return False
 
 
 # -- the budget: the recovery rule in Kubernetes' terms -------------------------------------------
@@ -587,180 +553,7 @@ def to_yaml(objects: list[dict]) -> str:
     return yaml.safe_dump_all(objects, sort_keys=False)
 
 
-# -- the shell: kubectl --------------------------------------------------------------------------
-def check_options(*, hosts: list, spare: str | None, runtime: str) -> None:
-    """What `fab train --kubernetes` refuses, before anything is read or built."""
-    if hosts:
-        raise LauncherError(
-            "--kubernetes runs on the stack's cluster (infra/stack-outputs.json), not on -H hosts"
-        )
-    if spare:
-        raise LauncherError(
-            "--kubernetes: no --spare: Kubernetes replaces a lost node itself, up to --max-moves"
-        )
-    if runtime != "host":
-        raise LauncherError(
-            "--kubernetes: the pod runs the image already; the stage runs on its Python "
-            "(--runtime host)"
-        )
-
-
-def kubectl_argv(cluster: Cluster, *args: str) -> list[str]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        raise LauncherError(
-            "--kubernetes: kubectl is not on PATH; install it "
-            "(https://kubernetes.io/docs/tasks/tools/) with a kubeconfig for the stack's cluster"
-        )
-    context = ["--context", cluster.kube_context] if cluster.kube_context else []
-    return [kubectl, *context, "--namespace", cluster.namespace, *args]
-
-
-def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    argv = kubectl_argv(cluster, *args)
-    result = subprocess.run(argv, input=stdin, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise LauncherError(
-            f"`kubectl {' '.join(args[:2])}` failed: {result.stderr.strip() or result.stdout}"
-        )
-    return result.stdout
-
-
-def require_jobset(cluster: Cluster) -> None:
-    """Several nodes need the JobSet CRD and controller on the cluster (not part of Kubernetes)."""
-    # Discovery, which every user may read (a CRD object itself is cluster-scoped).
-    found = _kubectl(cluster, "api-resources", "--api-group=jobset.x-k8s.io", "-o", "name")
-    if JOBSET_RESOURCE not in found.split():
-        raise LauncherError(
-            f"--nodes > 1 with --kubernetes needs JobSet ({JOBSET_RESOURCE}), which the cluster "
-            f"lacks: install its release manifest (`kubectl apply --server-side -f "
-            f"{JOBSET_RELEASES}/download/<version>/manifests.yaml`, cluster admin), or train on "
-            f"one node (--nodes 1)"
-        )
-
-
-def apply(cluster: Cluster, objects: list[dict]) -> str:
-    """`kubectl apply --server-side -f -`: server-side, because a client-side apply copies each
-    object into an annotation (256 KiB at most), which a piece of the bundle would not fit."""
-    return _kubectl(
-        cluster,
-        "apply",
-        "--server-side",
-        f"--field-manager={FIELD_MANAGER}",
-        "-f",
-        "-",
-        stdin=to_yaml(objects),
-    )
-
-
-def build(
-    cluster: Cluster,
-    prepared: launch_mod.Prepared,
-    options: TrainOptions,
-    settings: Settings,
-    max_moves: int,
-    environ: Mapping[str, str],
-    run_files_mount: str = RUN_FILES_MOUNT_PATH,
-    launch_id: str | None = None,
-) -> tuple[str, list[dict]]:
-    """A launch of `prepared` on the cluster: its id and its objects; a new launch, or
-    `launch_id` submitted again (`--resume`). The budget is the recovery rule of the settings
-    (`gone_after_seconds`) and `--max-moves`, as for `fab train --spare`; the secrets are
-    PASSTHROUGH_ENV's values in `environ`, as the SSH path's."""
-    rule = RecoveryRule(
-        probe_every_seconds=settings.probe_every_seconds,
-        gone_after_misses=settings.gone_after_misses,
-        gone_after_seconds=settings.gone_after_seconds,
-        max_moves=max_moves,
-    )
-    launch_id = launch_id or new_launch_id(prepared.source.commit)
-    layout = NodeLayout(root=cluster.run_root, launch_id=launch_id, node_rank=0)
-    several = options.nodes > 1
-    record = launch_mod.run_record(
-        launch_id,
-        prepared,
-        options,
-        pod_hosts(launch_id, options.nodes),
-        checkpoints_dir=layout.shared_checkpoints if several else layout.output("checkpoints"),
-        master=f"{master_address(launch_id)}:{options.master_port}" if several else None,
-        interfaces=None,
-        user=None,
-    )
-    plans = node_plans(
-        options,
-        cluster,
-        launch_id,
-        prepared.image,
-        launch_mod.restart_policy(options, settings),
-        settings.shm_size,
-        init_dvc=prepared.source.show(".dvc/config") is None,
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        bundle = Path(tmp) / "code.bundle"
-        write_bundle(prepared.source, bundle)
-        run = PodRun(
-            launch_id=launch_id,
-            commit=prepared.source.commit,
-            image=prepared.image,
-            nodes=options.nodes,
-            gpus_per_node=options.gpus,
-            files=run_files(launch_id, record.to_json(), prepared.params_yaml, options, plans),
-            bundle=bundle.read_bytes(),
-            env={name: environ[name] for name in PASSTHROUGH_ENV if name in environ},
-            stop_timeout_seconds=math.ceil(settings.stop_timeout_seconds),
-            run_files_mount=run_files_mount,
-        )
-    return launch_id, render(run, cluster, budget_from(rule), launch_mod.clone_command)
-
-
-def launch(
-    cluster: Cluster,
-    prepared: launch_mod.Prepared,
-    options: TrainOptions,
-    settings: Settings,
-    max_moves: int,
-    say: Callable[[str], None],
-    environ: Mapping[str, str],
-) -> str:
-    """`fab train --kubernetes`: build the run and apply it; returns its launch id."""
-    _require_kubectl(cluster, options.nodes)
-    launch_id, objects = build(cluster, prepared, options, settings, max_moves, environ)
-    _submit(cluster, launch_id, objects, options, prepared, say)
-    return launch_id
-
-
-def _require_kubectl(cluster: Cluster, nodes: int) -> None:
-    """kubectl is there (and JobSet, for several nodes), before anything is built."""
-    if nodes > 1:
-        require_jobset(cluster)
-    else:
-        kubectl_argv(cluster)
-
-
-def _submit(
-    cluster: Cluster,
-    launch_id: str,
-    objects: list[dict],
-    options: TrainOptions,
-    prepared: launch_mod.Prepared,
-    say: Callable[[str], None],
-) -> None:
-    kind = objects[-1]["kind"]
-    say(
-        f"applying {kind} {workload_name(launch_id)} ({options.nodes} node(s)) in namespace "
-        f"{cluster.namespace}"
-        + (f", context {cluster.kube_context}" if cluster.kube_context else "")
-    )
-    say(apply(cluster, objects).rstrip())
-    selector = f"-l {LAUNCH_LABEL}={launch_id}"
-    say(
-        f"started run {launch_id} on the cluster; watch it: `kubectl -n {cluster.namespace} get "
-        f"{kind.lower()}s,pods {selector}`, `kubectl -n {cluster.namespace} logs -f {selector}`"
-        + (f", `fab status --from-store --run {launch_id}`" if prepared.store else "")
-    )
-
-
-# -- `--resume`: the run submitted again, once Kubernetes' budget is spent ----------------------
+# -- a run's workload, as the API server returns it ---------------------------------------------
 class WorkloadPhase(enum.Enum):
     """Where a run's Job (JobSet) stands, by its status conditions."""
 
@@ -794,64 +587,3 @@ def workload_phase(workload: Mapping[str, Any]) -> WorkloadPhase:
 def workload_resource(nodes: int) -> str:
     """The kubectl resource of a run's workload: batch/v1 Jobs, or JobSets for several nodes."""
     return "jobs.batch" if nodes == 1 else JOBSET_RESOURCE
-
-
-def resubmit(
-    cluster: Cluster,
-    launch_id: str,
-    remote: str | None,
-    settings: Settings,
-    max_moves: int,
-    say: Callable[[str], None],
-    environ: Mapping[str, str],
-) -> None:
-    """`fab train --kubernetes --resume RUN`: the run's launch as the run store keeps it
-    (launches/RUN.json, as `fab -H HOST train --resume RUN` reads it), submitted again under the
-    same launch id with a fresh budget (`--max-moves`). Its pods find the run's directory on the
-    checkpoints volume, and the train stage resumes the same training run (its id follows from
-    the same commit and params) from the newest checkpoint there or in the store.
-
-    Refused while the previous submission is still active (Kubernetes still resumes it: two
-    would write one run) or once it completed. A failed one is deleted first, with its files:
-    the new objects have the same names, and ConfigMaps are immutable. Its pods are not waited
-    for, since one on a lost node may never go (the run store's lease keeps one writer)."""
-    stored = StoredRun.open(remote, launch_id)
-    record = stored.record()
-    options = launch_mod.stored_options(record)
-    if options.runtime != "host":
-        # A run launched over SSH in the image: the pod is that image, the stage its Python.
-        say(f"run {launch_id} ran with --runtime {options.runtime}; in a pod it is the image's")
-        options = replace(options, runtime="host")
-    _require_kubectl(cluster, options.nodes)
-    resource, name = workload_resource(options.nodes), workload_name(launch_id)
-    found = _kubectl(cluster, "get", resource, name, "--ignore-not-found", "-o", "json")
-    if found.strip():
-        previous = json.loads(found)
-        kind = previous.get("kind", "Job")
-        phase = workload_phase(previous)
-        where = f"`kubectl -n {cluster.namespace} get {resource} {name}`"
-        if phase is WorkloadPhase.ACTIVE:
-            raise LauncherError(
-                f"run {launch_id}: its {kind} {name} is still active ({where}): Kubernetes "
-                f"resumes it itself while its budget lasts; to submit it again anyway, stop it "
-                f"first (`kubectl -n {cluster.namespace} delete {resource} {name}`)"
-            )
-        if phase is WorkloadPhase.COMPLETE:
-            raise LauncherError(
-                f"run {launch_id}: its {kind} {name} has completed ({where}); nothing to resume"
-            )
-    prepared = launch_mod.prepare(source_at(Path.cwd(), record.commit), options, settings)
-    _, objects = build(
-        cluster, prepared, options, settings, max_moves, environ, launch_id=launch_id
-    )
-    if found.strip():
-        say(f"deleting the failed {name} and its files (not waiting for its pods)")
-        # A JobSet's own Jobs carry the launch's label too: they go with it, not after it.
-        kinds = ",".join(dict.fromkeys([resource, "jobs.batch", "configmaps", "secrets"]))
-        _kubectl(cluster, "delete", kinds, "-l", f"{LAUNCH_LABEL}={launch_id}", "--wait=true")
-    say(
-        f"resubmitting run {launch_id} (training run {stored.store.run_id}, commit "
-        f"{record.commit[:10]}, last on {record.host}) from {remote}, with a budget of "
-        f"{max_moves} move(s)"
-    )
-    _submit(cluster, launch_id, objects, options, prepared, say)
