@@ -6,7 +6,8 @@
              [--kubernetes]   on the stack's cluster as a Job/JobSet, which Kubernetes replaces
                               (the default without -H when the stack's runMode is jobs)
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
-  fab status|fetch|tensorboard --run RUN --from-store (or --run RUN and no -H)   (the run store)
+  fab status|fetch|tensorboard --launch ID --from-store (or --launch ID and no -H)   (the run store)
+  (--launch: a launch id, as `fab train` prints it; --run is the same flag)
 
 Hosts: `fab -H user@host[:port][,...] -i KEY <task>`, or without -H the workers of the stack that
 `make up` created (infra/stack-outputs.json). Thin definitions: the logic is in clipforge.launcher.
@@ -99,11 +100,20 @@ def _say(text: str) -> None:
 
 
 STORE_HELP = "the run store (default: storage.remote of params.yaml)"
+LAUNCH_HELP = "launch id (YYYYMMDD-HHMMSS-commit, as `fab train` printed it; default: the newest)"
+RUN_HELP = "the same as --launch"
 # The rule of _run_source, in the help of each task that reads a run where it lives.
 FROM_STORE_DEFAULT = (
-    " (the default with --run and no -H, when there is no stack, its runs are Jobs or --store "
+    " (the default with --launch and no -H, when there is no stack, its runs are Jobs or --store "
     "is given)"
 )
+
+
+def _launch_flag(launch: str | None, run: str | None) -> str | None:
+    """The launch id of --launch, or of --run, its alias."""
+    if launch and run and launch != run:
+        raise LauncherError(f"--launch {launch} and --run {run}: one launch id, under either name")
+    return launch or run
 
 
 def _store(store: str | None) -> str | None:
@@ -146,7 +156,7 @@ def _backend(
 
 
 def _run_source(c: Invocation, run: str | None, from_store: bool, store: str | None) -> RunSource:
-    """Where the run lives: its run store with --from-store, or with --run when there is no host
+    """Where the run lives: its run store with --from-store, or with --launch when there is no host
     to ask (no -H, and no stack or one whose runs are Jobs) or a store is named (--store); else
     where its backend keeps it."""
     no_host = not c.hosts and run and (store or not c.settings.stack_outputs.exists())
@@ -283,17 +293,19 @@ def train(
 
 @all_hosts_task(
     help={
-        "run": "launch id (YYYYMMDD-HHMMSS-commit, as `fab train` printed it; default: the "
-        "newest on the host)",
+        "launch": LAUNCH_HELP,
+        "run": RUN_HELP,
         "price_per_gpu_hour": "for the cost (default: the stack's cost.price_per_gpu_hour)",
         "from_store": "read the run from the run store, not a host" + FROM_STORE_DEFAULT,
         "store": STORE_HELP,
     }
 )
-def status(c: Invocation, run=None, price_per_gpu_hour=None, from_store=False, store=None):
+def status(
+    c: Invocation, run=None, price_per_gpu_hour=None, from_store=False, store=None, launch=None
+):
     """Launch and run ids, state, step/total, loss, samples/s, ETA, elapsed, restarts, cost, sync
     lag."""
-    source = _run_source(c, run, from_store, store)
+    source = _run_source(c, _launch_flag(launch, run), from_store, store)
     price = None  # the stack's, if any
     if price_per_gpu_hour is not None:
         try:
@@ -307,53 +319,59 @@ def status(c: Invocation, run=None, price_per_gpu_hour=None, from_store=False, s
 
 @all_hosts_task(
     help={
-        "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)",
+        "launch": LAUNCH_HELP,
+        "run": RUN_HELP,
         "follow": "keep printing until the run ends",
         "lines": "lines of history to show first",
     }
 )
-def logs(c: Invocation, run=None, follow=False, lines=50):
+def logs(c: Invocation, run=None, follow=False, lines=50, launch=None):
     """The run's output on every node: stage logs, and the supervisors' restart lines."""
-    pairs, _ = _nodes(c, run)
+    pairs, _ = _nodes(c, _launch_flag(launch, run))
     watch.show_logs(pairs, c.settings, parse_count(lines, "--lines"), follow, _say)
 
 
 @all_hosts_task(
     help={
-        "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)",
+        "launch": LAUNCH_HELP,
+        "run": RUN_HELP,
         "port": "local port of the forward",
-        "from_store": "download the run's logs from the run store (into runs/RUN/logs) and serve "
+        "from_store": "download the run's logs from the run store (into runs/ID/logs) and serve "
         "them here" + FROM_STORE_DEFAULT,
         "store": STORE_HELP,
     }
 )
-def tensorboard(c: Invocation, run=None, port=6006, from_store=False, store=None):
+def tensorboard(c: Invocation, run=None, port=6006, from_store=False, store=None, launch=None):
     """TensorBoard on the run's logs, through an SSH port-forward (or here, on the logs from the
     run store); prints the local URL."""
     local_port = parse_count(port, "--port")
-    watch.tensorboard(_run_source(c, run, from_store, store), local_port, _say)
+    source = _run_source(c, _launch_flag(launch, run), from_store, store)
+    watch.tensorboard(source, local_port, _say)
 
 
-@all_hosts_task(help={"run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)"})
-def stop(c: Invocation, run=None):
+@all_hosts_task(help={"launch": LAUNCH_HELP, "run": RUN_HELP})
+def stop(c: Invocation, run=None, launch=None):
     """Graceful stop: every node checkpoints, then exits; the supervisor restarts nothing."""
-    pairs, _ = _nodes(c, run)
+    pairs, _ = _nodes(c, _launch_flag(launch, run))
     watch.stop(pairs, c.settings, _say, session.fab_command(sys.argv))
 
 
 @all_hosts_task(
     help={
-        "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest)",
+        "launch": LAUNCH_HELP,
+        "run": RUN_HELP,
         "to": "local folder (default: runs/)",
         "push": "instead, `dvc push` the results from the host to the DVC remote",
         "from_store": "from the run store, not a host (the host may be gone)" + FROM_STORE_DEFAULT,
         "store": STORE_HELP,
     }
 )
-def fetch(c: Invocation, run=None, to="runs", push=False, from_store=False, store=None):
+def fetch(
+    c: Invocation, run=None, to="runs", push=False, from_store=False, store=None, launch=None
+):
     """Bring back metrics (recall: eval.json), the exported model and logs, and the run's DVC
     experiment for `dvc exp show` (or push the outputs to the DVC remote)."""
-    source = _run_source(c, run, from_store, store)
+    source = _run_source(c, _launch_flag(launch, run), from_store, store)
     if push:
         fetch_mod.push(source, c.settings, _say)
     else:
@@ -363,16 +381,21 @@ def fetch(c: Invocation, run=None, to="runs", push=False, from_store=False, stor
 @all_hosts_task(
     name="clean",
     help={
-        "run": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest run only)",
+        "launch": "launch id (YYYYMMDD-HHMMSS-commit; default: the newest only)",
+        "run": RUN_HELP,
         "all_": "every run on the hosts",
         "force": "remove runs whose newest checkpoint the run store lacks (also FORCE=1)",
     },
 )
-def clean_(c: Invocation, run=None, all_=False, force=False):
-    """Remove the newest run (or --run, or --all) from the hosts: finished or stopped ones only,
-    never a running one, nor, without --force, one whose newest checkpoint the store lacks."""
+def clean_(c: Invocation, run=None, all_=False, force=False, launch=None):
+    """Remove the newest run (or --launch, or --all) from the hosts: finished or stopped ones
+    only, never a running one, nor, without --force, one whose newest checkpoint the store
+    lacks."""
+    launch_id = _launch_flag(launch, run)
     hosts, _ = session.open_hosts(c.hosts, c.config, c.settings)
-    chosen = [(h, watch.all_runs(h) if all_ else [session.launch_id_on(h, run)]) for h in hosts]
+    chosen = [
+        (h, watch.all_runs(h) if all_ else [session.launch_id_on(h, launch_id)]) for h in hosts
+    ]
     if not (force or os.environ.get("FORCE") == "1"):
         unstored = [
             problem
@@ -386,9 +409,9 @@ def clean_(c: Invocation, run=None, all_=False, force=False):
             )
     for host, runs in chosen:
         watch.clean(host, c.settings, runs, _say)
-    if not (all_ or run):
+    if not (all_ or launch_id):
         fab = session.fab_command(sys.argv)
-        _say(f"(the newest run only: {fab} clean --run RUN for another, --all for every run)")
+        _say(f"(the newest run only: {fab} clean --launch ID for another, --all for every run)")
 
 
 ns = Collection(check, train, status, logs, tensorboard, stop, fetch, clean_)

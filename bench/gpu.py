@@ -506,7 +506,7 @@ def make_shards(root: Path, count: int):
     from multiprocessing import Pool
 
     from clipforge.data.shards import write_shards
-    from clipforge.train.data import SplitFiles
+    from clipforge.train.loader import SplitFiles
 
     with Pool(min(16, _CPUS)) as pool:
         triples = pool.map(_render, range(count), chunksize=64)
@@ -522,7 +522,7 @@ def _bundle(profile: Profile):
 
 
 def _dataset(files, bundle, plan, steps: int):
-    from clipforge.train import data
+    from clipforge.train import loader as data
 
     transform = data.uint8_transform(bundle.preprocess_train)[0]
     return data.MicroBatches(files, plan, 0, 0, steps, transform, bundle.tokenizer, 64)
@@ -822,7 +822,7 @@ def run_open_clip_train(argv: list[str]) -> int:
 
 
 def end_to_end(profile: Profile, files, bundle, micro: int) -> dict:
-    from clipforge.train import data
+    from clipforge.train import loader as data
 
     stepper = Stepper(profile, bundle, 1, micro, False)
     plan = stepper.plan
@@ -854,10 +854,10 @@ def end_to_end(profile: Profile, files, bundle, micro: int) -> dict:
 
 
 def loader_row(profile: Profile, files, bundle, workers: int) -> dict:
-    """images/s of the loader alone (train/data.py's micro_batch_loader): timed over at least
+    """images/s of the loader alone (train/loader.py's micro_batch_loader): timed over at least
     max(loader_min_chunks, 4 x what can be in flight) chunks, after as many as can be in flight
     were taken (the workers started, their queue full)."""
-    from clipforge.train import data
+    from clipforge.train import loader as data
 
     micro = 256 if profile.device == "cuda" else 32
     per_micro = len(data.chunk_bounds(micro))
@@ -880,7 +880,7 @@ def device_decode_row(profile: Profile, files, batch: int = 256, repeats: int = 
     import torch
 
     from clipforge.data.shards import ShardReader
-    from clipforge.train.data import decode_resize_on_device
+    from clipforge.train.loader import decode_resize_on_device
 
     reader = ShardReader(files.paths)
     encoded = [

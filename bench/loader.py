@@ -44,7 +44,7 @@ BATCH = 256
 
 
 def clipforge_rate(files, bundle, workers: int, batches: int) -> float:
-    from clipforge.train import data
+    from clipforge.train import loader as data
     from clipforge.train.config import BatchPlan
 
     plan = BatchPlan(BATCH, BATCH, 1, 1)
@@ -146,7 +146,7 @@ def shards_with_tokens(root: Path, triples: list, tokenizer):
     SplitFiles and TokenFormat."""
     from clipforge.data.shards import CaptionTokenizer, TokenFormat, write_shards
     from clipforge.model.names import tokenizer_fingerprint
-    from clipforge.train.data import SplitFiles
+    from clipforge.train.loader import SplitFiles
 
     fingerprint = tokenizer_fingerprint(tokenizer)
     assert fingerprint is not None
@@ -164,7 +164,7 @@ def loader_rate(files, bundle, tokenizer, tokens, workers: int, batches: int) ->
     clock (more torch threads would count their busy-waiting)."""
     import torch
 
-    from clipforge.train import data
+    from clipforge.train import loader as data
     from clipforge.train.config import BatchPlan
 
     plan = BatchPlan(BATCH, BATCH, 1, 1)

@@ -8,8 +8,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from clipforge_infra.components.secrets import SecretsArgs, StackSecrets
-from clipforge_infra.components.storage import RetainedStorage, StorageArgs
 from clipforge_infra.components.tensorboard import TensorBoard, TensorBoardArgs
+from clipforge_infra.components.volumes import RetainedStorage, StorageArgs
 from clipforge_infra.components.workers import GpuWorkers, WorkersArgs
 from clipforge_infra.contract import PROJECT
 from clipforge_infra.settings import StackConfigError, parse_settings, read_config

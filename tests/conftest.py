@@ -131,9 +131,9 @@ def reference_run(tmp_path_factory, small_data) -> Path:
 def untrained_model_dir(tmp_path_factory) -> Path:
     """A randomly initialised clipforge-tiny (32 px) exported in open_clip's local-dir layout, as
     the train stage exports: a real model folder without a training run. Shared: copy it first."""
+    from clipforge.export.local_dir import export_model
     from clipforge.model.config import ModelConfig
     from clipforge.model.factory import build_model
-    from clipforge.train.export import export_model
 
     bundle = build_model(ModelConfig(image_size=32))
     out = tmp_path_factory.mktemp("untrained") / "clip"

@@ -1,4 +1,4 @@
-"""The two ids of a training run, each with one constructor and one parser.
+"""The two ids of a training run, each with one constructor.
 
 - launch id, `YYYYMMDD-HHMMSS-<commit[:8]>`: one `fab train`, named by the launcher when it
   starts the run (UTC time, commit of the code it ships). It names the run's directory on a host
@@ -20,15 +20,8 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from typing import NamedTuple
 
-LAUNCH_ID = re.compile(r"(?P<started>\d{8}-\d{6})-(?P<commit>[0-9a-f]{1,40})")
-RUN_ID = re.compile(r"run-(?P<digest>[0-9a-f]{12})")
-
-
-class LaunchId(NamedTuple):
-    started: str  # YYYYMMDD-HHMMSS, UTC
-    commit: str  # the first 8 hex digits of the commit the launch shipped
+RUN_ID = re.compile(r"run-[0-9a-f]{12}")
 
 
 def new_launch_id(commit: str, now: float | None = None) -> str:
@@ -37,34 +30,14 @@ def new_launch_id(commit: str, now: float | None = None) -> str:
     return f"{started}-{commit[:8]}"
 
 
-def parse_launch_id(text: str) -> LaunchId:
-    """The parts of a launch id; ValueError naming the expected form otherwise."""
-    match = LAUNCH_ID.fullmatch(text)
-    if not match:
-        raise ValueError(f"not a launch id: {text!r} (expected YYYYMMDD-HHMMSS-<commit>)")
-    return LaunchId(match["started"], match["commit"])
-
-
 def run_id_for(fingerprint: Mapping) -> str:
     """The run id of a training run whose result `fingerprint` (JSON-able) determines."""
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     return f"run-{digest[:12]}"
 
 
-def parse_run_id(text: str) -> str:
-    """The digest part of a run id; ValueError naming the expected form otherwise."""
-    match = RUN_ID.fullmatch(text)
-    if not match:
-        raise ValueError(f"not a run id: {text!r} (expected run-<12 hex digits>)")
-    return match["digest"]
-
-
 def is_run_id(text: str) -> bool:
     return RUN_ID.fullmatch(text) is not None
-
-
-def is_launch_id(text: str) -> bool:
-    return LAUNCH_ID.fullmatch(text) is not None
 
 
 def run_ids_in(checkpoints_dir: str | os.PathLike) -> list[str]:
@@ -79,7 +52,6 @@ def run_ids_in(checkpoints_dir: str | os.PathLike) -> list[str]:
 
 
 def launch_id_of(record: dict) -> str | None:
-    """The launch id of a run record (run.json); records written before the two ids had their own
-    names keep it under `run_id`."""
-    value = record.get("launch_id") or record.get("run_id")
+    """The launch id a run record (run.json, as parsed JSON) names; None when it names none."""
+    value = record.get("launch_id")
     return value if isinstance(value, str) else None

@@ -57,7 +57,7 @@ def wait_until_answering(
     `alive()` (the server's process) says it is gone.
 
     Self-contained (its imports are inside): the launcher also runs its source on a GPU host,
-    whose run checkout may predate this module."""
+    whose run checkout, of the run's own commit, need not hold this module."""
     import time
     import urllib.request
 
@@ -75,7 +75,7 @@ def wait_until_answering(
 
 def wait_script(url: str, timeout_seconds: float) -> str:
     """A `python -c` program that waits as wait_until_answering does (exit 0: it answered, 1: not),
-    made of that function's own source: for a host whose checkout may predate this module."""
+    made of that function's own source: for a host whose checkout need not hold this module."""
     import inspect
 
     return (

@@ -90,7 +90,7 @@ def _engine(stage: int, k: int, world: int, precision: str, model=None):
 
 
 def _rank_micro_batches(k: int, world: int, rank: int, dtype):
-    """Rank r's micro-batch j holds rows [(j*W + r)*m, +m) of the step, as train/data.py lays out."""
+    """Rank r's micro-batch j holds rows [(j*W + r)*m, +m) of the step, as train/loader.py lays out."""
     images, texts = _batch()
     m = GLOBAL // (k * world)
     rows = [slice((j * world + rank) * m, (j * world + rank + 1) * m) for j in range(k)]

@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from clipforge.checkpoints.checkpointer import Checkpointer
-from clipforge.checkpoints.recovery import prepare_start
+from clipforge.checkpoints.resume import prepare_start
 from tests.conftest import run_train
 
 pytestmark = pytest.mark.slow

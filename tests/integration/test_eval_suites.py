@@ -15,9 +15,9 @@ import torch
 from PIL import Image
 
 from clipforge.eval.stage import main as eval_main
+from clipforge.export.local_dir import export_model
 from clipforge.model.config import ModelConfig
 from clipforge.model.factory import build_model
-from clipforge.train.export import export_model
 from tests.conftest import write_params
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from torchvision import transforms
 
 from clipforge.data.stage import main
 from clipforge.train.config import BatchPlan
-from clipforge.train.data import MicroBatches, micro_batch_loader, split_files
+from clipforge.train.loader import MicroBatches, micro_batch_loader, split_files
 from tests.integration.test_inplace_source import textured_jpeg
 from tests.integration.test_webdataset_source import _tar
 

@@ -13,7 +13,7 @@ import yaml
 from clipforge.data.inplace import read_index
 from clipforge.data.shards import ShardChangedError, open_shard
 from clipforge.data.stage import main
-from clipforge.train.data import split_files
+from clipforge.train.loader import split_files
 from tests.conftest import run_train
 from tests.integration.test_inplace_source import make_planted_shard
 

@@ -21,7 +21,7 @@ from clipforge.data.decontam import eval_record
 from clipforge.data.inplace import shard_samples
 from clipforge.data.shards import ShardChangedError
 from clipforge.data.stage import main
-from clipforge.train.data import split_files
+from clipforge.train.loader import split_files
 from tests.imageserver import jpeg_for
 from tests.integration.test_webdataset_source import _tar, make_shards
 

@@ -24,7 +24,7 @@ import yaml
 
 from clipforge.data import testset
 from clipforge.data.shards import ShardReader
-from clipforge.train.data import split_files
+from clipforge.train.loader import split_files
 from tests.conftest import REPO, subprocess_env
 from tests.imageserver import ImageServer, jpeg_for
 from tests.support.wait import still_running, wait_for

@@ -20,7 +20,7 @@ from clipforge.alerts.config import AlertsConfig
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.checkpoints.checkpointer import Checkpointer
 from clipforge.checkpoints.lock import Holder, lock_run_dir
-from clipforge.checkpoints.recovery import prepare_start
+from clipforge.checkpoints.resume import prepare_start
 from clipforge.errors import StageError
 from clipforge.store.config import StorageConfig
 from clipforge.store.lease import LeaseLost, take_lease
@@ -67,7 +67,7 @@ def test_a_wrong_latest_resumes_from_the_newest_checkpoint_and_deletes_nothing(
     else:
         (run_dir / "latest").write_text(marker)
     lines: list[str] = []
-    with caplog.at_level(logging.INFO, "clipforge.train"):
+    with caplog.at_level(logging.INFO, "clipforge"):
         assert prepare_start(Checkpointer(run_dir, 2, True), None, lines.append) == NEWEST
     assert lines == []  # nothing damaged: no alert
     assert _tags(run_dir) == before
@@ -223,7 +223,7 @@ def test_a_second_trainer_refuses_naming_the_holder_and_a_dead_one_is_taken_over
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    with caplog.at_level(logging.INFO, "clipforge.train"):
+    with caplog.at_level(logging.INFO, "clipforge"):
         lock = lock_run_dir(run_dir)
     assert f"taking over the lock of pid {holder.pid} on" in caplog.text
     assert json.loads((run_dir / "writer.lock").read_text())["pid"] == os.getpid()
@@ -313,7 +313,7 @@ def test_the_end_of_a_run_says_how_long_it_waits_for_a_failing_store(
         logs=[],
         record={},
     )
-    with caplog.at_level(logging.INFO, "clipforge.train"):
+    with caplog.at_level(logging.INFO, "clipforge"):
         sync.start().finish("finished", [])
     said = [r.getMessage() for r in caplog.records]
     assert any(

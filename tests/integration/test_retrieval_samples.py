@@ -93,7 +93,7 @@ def test_image_to_text_marks_exactly_the_images_own_caption(reference_run):
 def gallery(small_data):
     from clipforge.model.config import ModelConfig
     from clipforge.model.factory import build_model
-    from clipforge.train.data import uint8_transform
+    from clipforge.train.loader import uint8_transform
 
     bundle = build_model(ModelConfig(image_size=32))
     transform = uint8_transform(bundle.preprocess_val)[0]

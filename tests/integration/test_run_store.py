@@ -14,7 +14,7 @@ import pytest
 from safetensors.torch import load_file
 
 from clipforge.checkpoints.checkpointer import Checkpointer
-from clipforge.checkpoints.recovery import prepare_start
+from clipforge.checkpoints.resume import prepare_start
 from clipforge.store.remote import RunStore
 from tests.conftest import subprocess_env, train_argv, write_params
 from tests.s3store import SECRET_KEY, unreachable_store

@@ -22,11 +22,11 @@ from clipforge.export.hf import (
     hf_class,
     open_clip_to_clip,
 )
+from clipforge.export.local_dir import export_model
 from clipforge.fsutil import sha256_file
 from clipforge.metrics.retrieval import relevance_matrix, retrieval_metrics
 from clipforge.model.config import ModelConfig
 from clipforge.model.factory import build_model
-from clipforge.train.export import export_model
 from tests.integration.test_hf_text_tower import make_tiny_chinese_tower
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from PIL import Image
 from clipforge.data import testset
 from clipforge.data.shards import ShardReader
 from clipforge.data.stage import main
-from clipforge.train.data import split_files
+from clipforge.train.loader import split_files
 from tests.imageserver import jpeg_for
 
 

@@ -127,7 +127,7 @@ class LaunchedRun:
     def __init__(self, fab: FabRunner, sshd, root: Path, launch: subprocess.CompletedProcess):
         assert launch.returncode == 0, launch.stdout + launch.stderr
         self.fab, self.sshd, self.root, self.launch = fab, sshd, root, launch
-        self.run_id = next(
+        self.launch_id = next(
             line.split()[2]
             for line in launch.stdout.splitlines()
             if line.startswith("started run ")
@@ -136,7 +136,7 @@ class LaunchedRun:
 
     @property
     def node_dir(self) -> Path:
-        return self.root / "runs" / self.run_id / "node-0"
+        return self.root / "runs" / self.launch_id / "node-0"
 
     @property
     def code(self) -> Path:

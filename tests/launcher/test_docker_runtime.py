@@ -142,7 +142,7 @@ def held_run(engine, cpu_image, docker_host, project, tmp_path_factory, webhook_
         env={"CLIPFORGE_FAULTS": "hold@3", "CLIPFORGE_ALERT_WEBHOOKS": webhook_module.url()},
     )
     wait_for_hold(run)
-    run.container = f"clipforge-{run.run_id}-n0-train"
+    run.container = f"clipforge-{run.launch_id}-n0-train"
     return run
 
 
@@ -192,15 +192,17 @@ def test_stop_resume_and_fetch_leave_no_container(engine, held_run, tmp_path):
     stop = held_run.run_fab("stop")
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert held_run.state()["state"] == "stopped" and "step-00000003" in stop.stdout
-    assert _containers(engine, held_run.run_id) == []
-    resumed = held_run.run_fab("train", "--resume", held_run.run_id)
+    assert _containers(engine, held_run.launch_id) == []
+    resumed = held_run.run_fab("train", "--resume", held_run.launch_id)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert held_run.wait_finished()["state"] == "finished"
     assert json.loads((held_run.node_dir / "smoke.json").read_text())["passed"] is True
     fetched = held_run.run_fab("fetch", "--to", str(tmp_path))
     assert fetched.returncode == 0, fetched.stderr
-    assert (tmp_path / held_run.run_id / "models" / "clip" / "open_clip_model.safetensors").exists()
-    assert _containers(engine, held_run.run_id) == []
+    assert (
+        tmp_path / held_run.launch_id / "models" / "clip" / "open_clip_model.safetensors"
+    ).exists()
+    assert _containers(engine, held_run.launch_id) == []
 
 
 def test_check_passes_against_the_engine_and_fails_clearly_without_one(

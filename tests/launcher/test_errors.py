@@ -175,3 +175,21 @@ def test_a_broken_fabric_yaml_is_one_line_naming_it(tmp_path, content, problem):
     result = FabRunner(project=project, home=tmp_path, env=env)("status")
     assert result.returncode == 1
     assert result.stderr == f"fab: error: {project / 'fabric.yaml'}{problem}\n"
+
+
+@pytest.mark.parametrize("flag", ["--launch", "--run"])
+def test_a_launch_is_named_by_launch_or_run_its_alias(fab, tmp_path, flag):
+    """`--launch ID` names a launch (its id as `fab train` printed it), and `--run ID`, the
+    name users already type, is the same flag: the run store, asked for a launch it lacks,
+    names it either way."""
+    store = tmp_path / "store"
+    store.mkdir()
+    result = fab("status", flag, "20990101-000000-deadbeef", "--store", str(store))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"the run store {store} has no run 20990101-000000-deadbeef" in result.stderr
+
+
+def test_two_different_launch_ids_under_both_names_are_refused(fab, tmp_path):
+    result = fab("status", "--launch", "20990101-000000-a", "--run", "20990101-000000-b")
+    assert result.returncode != 0
+    assert "--launch 20990101-000000-a and --run 20990101-000000-b" in result.stderr

@@ -111,7 +111,7 @@ def test_an_agreed_attempt_names_every_nodes_ranks_to_deepspeeds_launcher():
     assert "--num_nodes" in inside  # inside the container the launcher is asked as before
 
 
-def test_only_the_train_phase_of_several_nodes_is_agreed_on_and_one_node_plans_read_as_before():
+def test_only_the_train_phase_of_several_nodes_is_agreed_on_and_one_node_plans_lack_the_key():
     """The multi-node train phase spans the nodes; the data phase (each node's own) and a
     single node's plan do not, and their plan.json has no such key (an older commit's
     supervisor, which a run moved from the store runs, reads it)."""

@@ -81,7 +81,7 @@ def journey(project, sshd, tmp_path_factory):
         time.sleep(1)
     steps["status"] = status
     steps["fetch"] = run.run_fab("fetch", "--to", str(base / "runs"))
-    return clone, run, base / "runs" / run.run_id, steps
+    return clone, run, base / "runs" / run.launch_id, steps
 
 
 def test_the_demo_is_an_experiment_whose_apply_leaves_nothing_to_reproduce(journey):
@@ -99,7 +99,7 @@ def test_fab_check_and_train_accept_the_tree_the_demo_left(journey):
     _, run, _, steps = journey
     assert steps["check"].returncode == 0, steps["check"].stdout + steps["check"].stderr
     assert "not committed" not in steps["train"].stderr
-    record = json.loads((run.root / "runs" / run.run_id / "run.json").read_text())
+    record = json.loads((run.root / "runs" / run.launch_id / "run.json").read_text())
     assert record["commit"] == git(journey[0], "rev-parse", "HEAD").strip()
 
 

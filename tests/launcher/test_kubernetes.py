@@ -525,7 +525,7 @@ def test_fab_status_of_a_run_on_a_jobs_stack_reads_the_run_store(project, tmp_pa
     store = tmp_path / "store"
     store.mkdir()
     result = jobs_stack(tmp_path, project)(
-        "status", "--run", "20990101-000000-deadbeef", "--store", str(store)
+        "status", "--launch", "20990101-000000-deadbeef", "--store", str(store)
     )
     assert result.returncode != 0
     assert f"the run store {store} has no run 20990101-000000-deadbeef" in result.stderr

@@ -84,14 +84,14 @@ def moved_run(project, sshd, s3_server, tmp_path_factory):
     run.move = run.second(
         "train",
         "--resume",
-        run.run_id,
+        run.launch_id,
         "--store",
         remote,
         hosts=sshd.address,
         key=sshd.client_key,
     )
     assert run.move.returncode == 0, run.move.stdout + run.move.stderr
-    run.moved_node = second_root / "runs" / run.run_id / "node-0"
+    run.moved_node = second_root / "runs" / run.launch_id / "node-0"
     run.final = wait_for_end(run.moved_node)
     return run
 
@@ -99,7 +99,9 @@ def moved_run(project, sshd, s3_server, tmp_path_factory):
 def test_a_run_moved_to_a_new_host_resumes_from_the_store_to_the_same_weights(moved_run, smoke_run):
     """On a host that never saw it, `fab train --resume RUN` starts the run under its id from the
     store's checkpoint; it ends with the metrics and exported weights of the uninterrupted run."""
-    assert f"moving run {moved_run.run_id} there from {moved_run.remote}" in moved_run.move.stdout
+    assert (
+        f"moving run {moved_run.launch_id} there from {moved_run.remote}" in moved_run.move.stdout
+    )
     assert moved_run.final["state"] == "finished", (moved_run.moved_node / "train.log").read_text()[
         -3000:
     ]
@@ -131,7 +133,7 @@ def test_a_run_neither_on_the_host_nor_in_the_store_is_refused_in_one_line(moved
 def test_status_without_a_host_reads_the_run_from_the_store(moved_run):
     """`fab status --run RUN` with no -H and no stack: the state, step and sync lag as the store
     last heard of them."""
-    result = moved_run.second("status", "--run", moved_run.run_id, "--store", moved_run.remote)
+    result = moved_run.second("status", "--run", moved_run.launch_id, "--store", moved_run.remote)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = dict(re.findall(r"^  (\w[\w ]*?)\s{2,}(.+)$", result.stdout, re.MULTILINE))
     assert rows["state"].startswith("finished") and rows["step"] == "8", result.stdout
@@ -159,11 +161,11 @@ def test_fetch_from_the_store_brings_the_results_of_the_moved_run(moved_run, tmp
     """`fab fetch --from-store`: metrics, the exported model and the curves, as the run left them
     on its last host."""
     result = moved_run.second(
-        "fetch", "--from-store", "--run", moved_run.run_id, "--store", moved_run.remote,
+        "fetch", "--from-store", "--launch", moved_run.launch_id, "--store", moved_run.remote,
         "--to", str(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    fetched, code = tmp_path / moved_run.run_id, moved_run.moved_node / "code"
+    fetched, code = tmp_path / moved_run.launch_id, moved_run.moved_node / "code"
     assert _weights(fetched / "models" / "clip") == _weights(code / "models" / "clip")
     assert (fetched / "metrics" / "train.json").read_text() == (
         code / "metrics" / "train.json"
@@ -176,7 +178,7 @@ def test_tensorboard_from_the_store_serves_the_run_here(moved_run):
     at the printed URL until interrupted."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "fabric", "tensorboard", "--from-store", "--run", moved_run.run_id,
+        [sys.executable, "-m", "fabric", "tensorboard", "--from-store", "--launch", moved_run.launch_id,
          "--store", moved_run.remote, "--port", str(port)],
         cwd=moved_run.second.project, env=moved_run.second.env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
@@ -196,7 +198,7 @@ def test_tensorboard_from_the_store_serves_the_run_here(moved_run):
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=120)
-    assert (moved_run.second.project / "runs" / moved_run.run_id / "logs").is_dir()
+    assert (moved_run.second.project / "runs" / moved_run.launch_id / "logs").is_dir()
 
 
 def test_clean_refuses_a_run_whose_newest_checkpoint_the_store_lacks(moved_run, sshd, s3_server):
@@ -208,7 +210,7 @@ def test_clean_refuses_a_run_whose_newest_checkpoint_the_store_lacks(moved_run, 
     tag = local.joinpath("latest").read_text().strip()
     store = moved_run.remote.removeprefix("s3://") + f"/{local.name}/checkpoints/{tag}"
     fs.rm(store, recursive=True)
-    clean = ("clean", "--run", moved_run.run_id)
+    clean = ("clean", "--launch", moved_run.launch_id)
     refused = moved_run.second(*clean, hosts=sshd.address, key=sshd.client_key)
     assert refused.returncode != 0
     assert f"{local.name}/{tag} is not in the run store {moved_run.remote}" in refused.stderr
@@ -244,7 +246,7 @@ def test_a_run_moved_to_another_machine_ends_with_the_same_weights(
         run.wait_until(
             lambda: (
                 f"step {STORED_STEP},"
-                in fab_a("status", "--run", run.run_id, "--store", remote).stdout
+                in fab_a("status", "--launch", run.launch_id, "--store", remote).stdout
             ),
             what="checkpoint stored",
         )
@@ -252,11 +254,11 @@ def test_a_run_moved_to_another_machine_ends_with_the_same_weights(
         fab_b = make_fab(project, base / "home", base / "host-b", prefix=netns_hosts.on_laptop)
         fab_b.env.update(server.env)
         moved = fab_b(
-            "train", "--resume", run.run_id, "--store", remote,
+            "train", "--resume", run.launch_id, "--store", remote,
             hosts=b.ssh_target, key=b.sshd.client_key,
         )  # fmt: skip
         assert moved.returncode == 0, moved.stdout + moved.stderr
-        node = base / "host-b" / "runs" / run.run_id / "node-0"
+        node = base / "host-b" / "runs" / run.launch_id / "node-0"
         assert wait_for_end(node)["state"] == "finished", (node / "train.log").read_text()[-3000:]
     finally:
         server.stop()

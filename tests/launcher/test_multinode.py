@@ -37,12 +37,12 @@ class TwoNodeRun:
     def __init__(self, net, fab, root: Path, launch: subprocess.CompletedProcess):
         assert launch.returncode == 0, launch.stdout + launch.stderr
         self.net, self.fab, self.root, self.launch = net, fab, root, launch
-        self.run_id = next(
+        self.launch_id = next(
             line.split()[2]
             for line in launch.stdout.splitlines()
             if line.startswith("started run ")
         )
-        self.run_dir = root / "runs" / self.run_id
+        self.run_dir = root / "runs" / self.launch_id
         self.nodes = [self.run_dir / "node-0", self.run_dir / "node-1"]
 
     def fab_all(self, *args: str) -> subprocess.CompletedProcess:
@@ -199,12 +199,12 @@ def test_killed_ranks_on_node_b_restart_both_nodes_then_stop_and_resume(
 
     node_b = run.nodes[1] / "code"
     git(node_b, "-c", "user.name=x", "-c", "user.email=x@x", "commit", "--allow-empty", "-qm", "x")
-    refused = run.fab_all("train", "--resume", run.run_id)
+    refused = run.fab_all("train", "--resume", run.launch_id)
     assert refused.returncode == 1 and "nothing was started" in refused.stderr
     assert "node 1" in refused.stderr and "commit" in refused.stderr
     git(node_b, "reset", "--quiet", "--hard", "HEAD~1")
 
-    resumed = run.fab_all("train", "--resume", run.run_id)
+    resumed = run.fab_all("train", "--resume", run.launch_id)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert [s["state"] for s in run.ends()] == ["finished", "finished"]
     assert run.latest_step() == "step-00000008"

@@ -69,7 +69,7 @@ def test_own_box_smoke_trains_on_the_defaults(own_box):
     assert own_box.final["state"] == "finished", (own_box.node_dir / "train.log").read_text()[
         -3000:
     ]
-    record = json.loads((own_box.root / "runs" / own_box.run_id / "run.json").read_text())
+    record = json.loads((own_box.root / "runs" / own_box.launch_id / "run.json").read_text())
     assert (record["runtime"], record["data"]) == ("host", "build")
     assert record["params"]["train"]["global_batch_size"] == 16
     assert record["params"]["model"]["name"] == "clipforge-tiny"  # the embedded default
@@ -85,7 +85,9 @@ def test_own_box_status_logs_and_fetch(own_box, tmp_path):
     assert logs.returncode == 0 and "smoke: PASSED" in logs.stdout
     fetched = own_box.run_fab("fetch", "--to", str(tmp_path))
     assert fetched.returncode == 0, fetched.stderr
-    assert (tmp_path / own_box.run_id / "models" / "clip" / "open_clip_model.safetensors").is_file()
+    assert (
+        tmp_path / own_box.launch_id / "models" / "clip" / "open_clip_model.safetensors"
+    ).is_file()
 
 
 # -- (c) the Kubernetes stack's workers ----------------------------------------------------------
@@ -142,7 +144,7 @@ def stack_run(stack, sshd) -> LaunchedRun:
     run = LaunchedRun(fab, sshd, root, launch)
     run.run_fab = lambda *args, **kwargs: fab(*args, **kwargs)  # the stack's hosts: no -H
     run.check, run.final = check, run.wait_finished()
-    run.node1_final = wait_for_end(root / "runs" / run.run_id / "node-1")
+    run.node1_final = wait_for_end(root / "runs" / run.launch_id / "node-1")
     return run
 
 
@@ -162,9 +164,9 @@ def test_stack_smoke_runs_two_ranks_on_the_retained_volume(stack_run):
         -3000:
     ]
     assert stack_run.node1_final["state"] == "finished"
-    shared = stack_run.root / "runs" / stack_run.run_id / "checkpoints"
+    shared = stack_run.root / "runs" / stack_run.launch_id / "checkpoints"
     assert list(shared.glob("run-*/latest"))
-    record = json.loads((stack_run.root / "runs" / stack_run.run_id / "run.json").read_text())
+    record = json.loads((stack_run.root / "runs" / stack_run.launch_id / "run.json").read_text())
     assert record["params"]["train"]["global_batch_size"] == 32  # 16 pairs x 2 ranks
     assert json.loads((stack_run.node_dir / "smoke.json").read_text())["passed"]
 
@@ -177,7 +179,7 @@ def test_stack_status_and_fetch(stack_run, tmp_path):
     assert "2 nodes x CPU" in status.stdout and "4/4" in status.stdout
     fetched = stack_run.run_fab("fetch", "--to", str(tmp_path))
     assert fetched.returncode == 0, fetched.stderr
-    assert (tmp_path / stack_run.run_id / "metrics" / "train.json").is_file()
+    assert (tmp_path / stack_run.launch_id / "metrics" / "train.json").is_file()
 
 
 # -- --gpus 4 without a GPU ----------------------------------------------------------------------

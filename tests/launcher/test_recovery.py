@@ -92,7 +92,7 @@ def test_alert_webhooks_reach_the_run_but_no_file(killed_run):
     in no file on the host (run record, plan, state, logs)."""
     assert killed_run.environment_seen.get("CLIPFORGE_ALERT_WEBHOOKS") == SECRET
     assert files_containing(killed_run.root, SECRET) == []
-    record = json.loads((killed_run.root / "runs" / killed_run.run_id / "run.json").read_text())
+    record = json.loads((killed_run.root / "runs" / killed_run.launch_id / "run.json").read_text())
     assert record["env_passed_through"] == ["CLIPFORGE_ALERT_WEBHOOKS"]
 
 
@@ -196,7 +196,7 @@ def test_resume_after_stop_trains_on_to_the_same_result(stopped_run, smoke_run):
     """`fab train --resume RUN` starts the supervisor again: the stage resumes from the stop's
     checkpoint and ends where the uninterrupted training ended."""
     stopped_at = _latest_step(stopped_run)
-    result = stopped_run.run_fab("train", "--resume", stopped_run.run_id)
+    result = stopped_run.run_fab("train", "--resume", stopped_run.launch_id)
     assert result.returncode == 0, result.stdout + result.stderr
     assert stopped_run.wait_finished()["state"] == "finished"
     summary = json.loads((stopped_run.code / "metrics" / "train.json").read_text())
@@ -226,7 +226,7 @@ def test_clean_removes_an_ended_run(stopped_run):
     """`fab clean` after the run ended removes it from the host, and the `current` marker."""
     result = stopped_run.run_fab("clean")
     assert result.returncode == 0, result.stderr
-    assert not (stopped_run.root / "runs" / stopped_run.run_id).exists()
+    assert not (stopped_run.root / "runs" / stopped_run.launch_id).exists()
     assert not (stopped_run.root / "current").exists()
 
 

@@ -1,5 +1,5 @@
 """The run record (run.json) as a typed record: one reader that round-trips what `fab train`
-writes, reads the records older code wrote, and says what is wrong with a damaged file."""
+writes, takes a record without its optional fields, and says what is wrong with a damaged file."""
 
 from __future__ import annotations
 
@@ -39,12 +39,15 @@ def test_the_store_copy_with_its_extra_keys_is_a_record():
     assert record_from_dict(raw) == run_record()
 
 
-def test_older_records_keep_the_launch_id_under_run_id_and_lack_the_newer_fields():
+def test_the_optional_fields_may_be_left_out_and_the_launch_is_named_launch_id_only():
+    """container_user, socket_interfaces, min_gpus: absent, their defaults. A launch id under
+    `run_id` (the training run's name) is no launch id: the record lacks one."""
     raw = run_record().to_dict()
+    del raw["container_user"], raw["socket_interfaces"], raw["min_gpus"]
+    assert record_from_dict(raw).container_user is None
     raw["run_id"] = raw.pop("launch_id")
-    del raw["container_user"], raw["socket_interfaces"]
-    record = record_from_dict(raw)
-    assert record.launch_id == run_record().launch_id and record.container_user is None
+    with pytest.raises(RunRecordError, match="not a run record, missing launch_id"):
+        record_from_dict(raw)
 
 
 @pytest.mark.parametrize(

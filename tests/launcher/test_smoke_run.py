@@ -34,7 +34,7 @@ def test_smoke_saves_a_checkpoint_and_loads_it_back(smoke_run):
 
 def test_the_run_record_names_commit_params_image_and_host(smoke_run, project, sshd):
     """run.json on the host: the shipped commit (checked out there), resolved params, image, host."""
-    record = json.loads((smoke_run.root / "runs" / smoke_run.run_id / "run.json").read_text())
+    record = json.loads((smoke_run.root / "runs" / smoke_run.launch_id / "run.json").read_text())
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True
     ).stdout.strip()
@@ -48,7 +48,7 @@ def test_the_run_record_names_commit_params_image_and_host(smoke_run, project, s
     )
     assert record["image"].startswith("clipforge:") and record["hosts"] == [sshd.address]
     resolved = yaml.safe_load(
-        (smoke_run.root / "runs" / smoke_run.run_id / "params.resolved.yaml").read_text()
+        (smoke_run.root / "runs" / smoke_run.launch_id / "params.resolved.yaml").read_text()
     )
     assert resolved["train"] == record["params"]["train"]
 
@@ -58,7 +58,7 @@ def test_status_shows_the_finished_run(smoke_run):
     result = smoke_run.run_fab("status")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert smoke_run.run_id in out and "finished" in out
+    assert smoke_run.launch_id in out and "finished" in out
     assert "8/8" in out and "restarts" in out and "0/5" in out
     assert "(final)" in out  # the final loss from metrics/train.json
     assert "smoke" in out and "passed" in out
@@ -76,7 +76,7 @@ def test_fetch_brings_metrics_model_and_logs_home(smoke_run, tmp_path):
     """`fab fetch`: metrics, the exported model and TensorBoard logs arrive locally, as on the host."""
     result = smoke_run.run_fab("fetch", "--to", str(tmp_path / "runs"))
     assert result.returncode == 0, result.stderr
-    home = tmp_path / "runs" / smoke_run.run_id
+    home = tmp_path / "runs" / smoke_run.launch_id
     assert json.loads((home / "metrics" / "train.json").read_text()) == json.loads(
         (smoke_run.code / "metrics" / "train.json").read_text()
     )

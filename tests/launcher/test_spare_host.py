@@ -50,9 +50,10 @@ def _kill_namespace(net, host) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _rows_with(fab, run_id: str, remote: str, row: str, holding: str = ""):
-    """`fab status --run RUN` from the store as rows, once its `row` holds `holding`; else None."""
-    rows = _rows(fab("status", "--run", run_id, "--store", remote).stdout)
+def _rows_with(fab, launch_id: str, remote: str, row: str, holding: str = ""):
+    """`fab status --run ID` (--launch's alias) from the store as rows, once its `row` holds
+    `holding`; else None."""
+    rows = _rows(fab("status", "--run", launch_id, "--store", remote).stdout)
     return rows if row in rows and holding in rows[row] else None
 
 

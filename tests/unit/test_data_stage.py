@@ -285,9 +285,9 @@ def _shard_images(data) -> list[bytes]:
 
 
 def test_rows_naming_images_outside_the_source_folder_are_skipped_unless_allowed(tmp_path):
-    """`../x.jpg` and absolute paths used to be read into the shards: a pairs file from someone
-    else could pull any image of this machine into shared data. Now they are skipped as
-    `outside_source`, unless data.allow_paths_outside_source says otherwise."""
+    """`../x.jpg` and absolute paths are skipped as `outside_source` (a pairs file from someone
+    else must not pull any image of this machine into shared data), unless
+    data.allow_paths_outside_source says otherwise."""
     root = tmp_path / "src"
     root.mkdir()
     rows = []
@@ -341,7 +341,8 @@ def test_folder_problems_each_have_their_own_reason(tmp_path):
 
 
 def test_a_16_bit_greyscale_png_keeps_its_grey_levels(tmp_path):
-    """It was clipped: every value above 255 of 65535 became white (99.6% of this ramp)."""
+    """Not clipped to 8 bits (which would make every value above 255 of 65535, 99.6% of this
+    ramp, white)."""
     import numpy as np
 
     root = tmp_path / "folder"

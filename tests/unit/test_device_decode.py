@@ -13,7 +13,7 @@ from clipforge.data.shards import write_shards
 from clipforge.fields import ConfigError
 from clipforge.model.config import ModelConfig
 from clipforge.model.factory import build_model
-from clipforge.train import data
+from clipforge.train import loader as data
 from clipforge.train.config import BatchPlan
 
 

@@ -5,37 +5,27 @@ from __future__ import annotations
 
 import calendar
 
-import pytest
-
 from clipforge.ids import (
-    is_launch_id,
     is_run_id,
     launch_id_of,
     new_launch_id,
-    parse_launch_id,
-    parse_run_id,
     run_id_for,
     run_ids_in,
 )
 
 
-def test_a_launch_id_is_its_utc_start_and_commit_and_parses_back():
+def test_a_launch_id_is_its_utc_start_and_commit_and_no_run_id():
     now = calendar.timegm((2026, 1, 2, 3, 4, 5))
     launch_id = new_launch_id("abcdef1234567890", now)
     assert launch_id == "20260102-030405-abcdef12"
-    assert parse_launch_id(launch_id) == ("20260102-030405", "abcdef12")
-    assert is_launch_id(launch_id) and not is_run_id(launch_id)
-    with pytest.raises(ValueError, match="not a launch id: 'run-0123456789ab'"):
-        parse_launch_id("run-0123456789ab")
+    assert not is_run_id(launch_id)
 
 
-def test_a_run_id_depends_only_on_its_fingerprint_and_parses_back():
+def test_a_run_id_depends_only_on_its_fingerprint():
     run_id = run_id_for({"data": "d", "model": {"name": "m"}, "train": {"lr": 1e-3}})
     assert run_id == run_id_for({"train": {"lr": 1e-3}, "model": {"name": "m"}, "data": "d"})
     assert run_id != run_id_for({"data": "other", "model": {"name": "m"}, "train": {"lr": 1e-3}})
-    assert is_run_id(run_id) and len(parse_run_id(run_id)) == 12
-    with pytest.raises(ValueError, match="not a run id"):
-        parse_run_id("20260102-030405-abcdef12")
+    assert is_run_id(run_id) and len(run_id) == len("run-") + 12
 
 
 def test_the_run_ids_of_a_checkpoints_directory_are_its_run_folders(tmp_path):
@@ -46,7 +36,8 @@ def test_the_run_ids_of_a_checkpoints_directory_are_its_run_folders(tmp_path):
     assert run_ids_in(tmp_path / "missing") == []
 
 
-def test_a_run_record_names_its_launch_under_launch_id_or_as_older_records_did():
+def test_a_run_record_names_its_launch_under_launch_id_only():
+    """`run_id` is the training run's: a record's launch is its `launch_id`, never that."""
     assert launch_id_of({"launch_id": "20260102-030405-abcdef12"}) == "20260102-030405-abcdef12"
-    assert launch_id_of({"run_id": "20250102-030405-abcdef12"}) == "20250102-030405-abcdef12"
+    assert launch_id_of({"run_id": "run-0123456789ab"}) is None
     assert launch_id_of({}) is None

@@ -29,7 +29,7 @@ from clipforge.model.names import model_tokenizer, resolve_model_name
 from clipforge.pipeline.recipe import recipe_params
 from clipforge.recipes import RECIPES
 from clipforge.train.config import BatchPlan
-from clipforge.train.data import MicroBatches, split_files, stored_tokens, uint8_transform
+from clipforge.train.loader import MicroBatches, split_files, stored_tokens, uint8_transform
 from tests.conftest import write_params
 
 # Smaller than the shared small data: three shards of train, one of val.

@@ -1,4 +1,4 @@
-"""The code a moved run ships: the commit of its launch, which need not be the local HEAD any more
+"""The code a moved run ships: the commit of its launch, which need not be the local HEAD
 (clipforge.launcher.source, with real git)."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from clipforge.train.config import BatchPlan
-from clipforge.train.data import (
+from clipforge.train.loader import (
     CHUNK_SAMPLES,
     DeviceBatches,
     EpochOrder,

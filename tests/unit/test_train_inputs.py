@@ -24,7 +24,8 @@ print(code, "torch" in sys.modules)
 def test_a_global_batch_larger_than_the_data_is_refused_before_torch_is_imported(
     tmp_path, small_data
 ):
-    """It used to be refused only after ~20 s of building the model."""
+    """Refused by the stage shell from the manifest's counts, not after seconds of building the
+    model."""
     params = write_params(tmp_path / "params.yaml")
     result = subprocess.run(
         [

@@ -282,10 +282,6 @@ class AlertMonitor:
             self._events.clear()
         return drained
 
-    @property
-    def num_dropped_messages(self) -> int:
-        return self._dispatcher.num_dropped if self._dispatcher else 0
-
     # -- internals ---------------------------------------------------------------------------
 
     def _step_seen(self, step: int, verdict: StepVerdict) -> None:

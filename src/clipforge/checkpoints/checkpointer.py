@@ -13,7 +13,7 @@ interrupted run, while `dvc exp run -S train.lr=...` starts a run of its own.
 `latest` is replaced atomically only after every rank has finished writing and rank 0 has written
 the checkpoint's manifest (sizes and sha256 of its files, clipforge.checkpoints.manifest), so a
 run killed mid-save resumes from the previous checkpoint, and a start can tell an intact
-checkpoint from a damaged one (clipforge.checkpoints.recovery). A checkpoint the run store still
+checkpoint from a damaged one (clipforge.checkpoints.resume). A checkpoint the run store still
 needs is not pruned.
 
 Before each save, the free space is compared with the size of the previous checkpoint (the first
@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from clipforge.checkpoints import storage
+from clipforge.checkpoints import places
 from clipforge.checkpoints.disk import (
     CHECKPOINT_BYTES_PER_PARAMETER,
     DiskSpace,
@@ -62,7 +62,7 @@ from clipforge.checkpoints.layout import (
 from clipforge.checkpoints.manifest import write_manifest
 from clipforge.errors import StageError
 
-log = logging.getLogger("clipforge.train")
+log = logging.getLogger(__name__)
 
 
 class Checkpointer:
@@ -70,24 +70,24 @@ class Checkpointer:
         self.run_dir = run_dir
         self.keep = keep
         self.is_main = is_main
-        self.storage = storage.LocalStorage(run_dir)
+        self.storage = places.LocalStorage(run_dir)
         # A tag the run store has not taken yet is kept beyond `keep` (set by the store's sync).
         self.needed_elsewhere: Callable[[str], bool] = lambda tag: False
 
     def latest_tag(self) -> str | None:
         """What `latest` holds (set by the start of the run to a checkpoint that verifies)."""
-        text = storage.marker(self.storage)
+        text = places.marker(self.storage)
         return None if text is None else text.strip()
 
     def tags(self) -> list[str]:
-        return [t for t in storage.tags(self.storage) if (self.run_dir / t).is_dir()]
+        return [t for t in places.tags(self.storage) if (self.run_dir / t).is_dir()]
 
     def publish(self, tag: str) -> None:
-        storage.publish(self.storage, tag)
+        places.publish(self.storage, tag)
 
     def set_aside(self, name: str) -> Path:
         """Rename a damaged checkpoint (or marker) out of the way, kept for inspection."""
-        return Path(storage.set_aside(self.storage, name))
+        return Path(places.set_aside(self.storage, name))
 
     def save(self, engine, step: int, client_state: dict, config_yaml: str) -> DiskSpace:
         """Every rank calls this; DeepSpeed writes its shards, rank 0 then publishes the tag.

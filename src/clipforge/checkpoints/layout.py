@@ -88,10 +88,6 @@ def damaged_name(name: str, when: float | None = None, attempt: int = 0) -> str:
     return f"{_DAMAGED}{name}-{stamp}" + (f"-{attempt}" if attempt else "")
 
 
-def is_set_aside(name: str) -> bool:
-    return name.startswith(_DAMAGED)
-
-
 def download_name(tag: str) -> str:
     return f"{_DOWNLOAD}{tag}"
 

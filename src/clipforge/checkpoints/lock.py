@@ -24,7 +24,7 @@ from pathlib import Path
 from clipforge.checkpoints.layout import WRITER_LOCK
 from clipforge.errors import StageError
 
-log = logging.getLogger("clipforge.train")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

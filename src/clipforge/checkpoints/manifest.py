@@ -54,7 +54,7 @@ def problem(directory: Path) -> str | None:
         return "its folder is missing"
     manifest = read_manifest(directory)
     if manifest is None:
-        return f"it has no readable {CHECKPOINT_MANIFEST} (a save cut short, or a checkpoint from before manifests)"
+        return f"it has no readable {CHECKPOINT_MANIFEST} (a save cut short)"
     sizes = {name: (directory / name).stat().st_size for name in checkpoint_files(directory)}
     found = size_problem(manifest, sizes)
     if found:

@@ -1,6 +1,5 @@
-"""The trained model in other libraries' layouts, beside open_clip's own (clipforge.train.export):
-
-- hf: a Hugging Face transformers folder (`CLIPModel` + `CLIPProcessor`, or `ChineseCLIPModel` +
-  `ChineseCLIPProcessor`), and the reverse for Chinese-CLIP's own checkpoints, which eval reads;
-- card: the model card (README.md) written into the exports.
+"""The trained model as files others load: open_clip's `local-dir:` layout with the train stage's
+export (local_dir), a Hugging Face transformers folder (`CLIPModel` + `CLIPProcessor`, or
+`ChineseCLIPModel` + `ChineseCLIPProcessor`) and the reverse for Chinese-CLIP's own checkpoints,
+which eval reads (hf), and the model card written into both (card).
 """

@@ -31,7 +31,7 @@ class LaunchBackend(ABC):
 
     @abstractmethod
     def resume(self, launch_id: str, store: str | None) -> None:
-        """`fab train --resume RUN`: start launch `launch_id` again where it is (after `fab
+        """`fab train --resume ID`: start launch `launch_id` again where it is (after `fab
         stop`, a lost supervisor, a spent budget), or `move` it here when it is not."""
 
     @abstractmethod

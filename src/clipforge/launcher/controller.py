@@ -6,7 +6,7 @@ moves the run to a spare when one is gone, with no one at the keyboard.
 
 The rule that says a host is gone, and the record of what was done, are the pure core
 (clipforge.launcher.recovery); this is the shell around it: SSH probes, the clock, the files.
-The move itself is `fab train --resume RUN`'s (clipforge.launcher.launch.move): the launch as the
+The move itself is `fab train --resume ID`'s (clipforge.launcher.launch.move): the launch as the
 run store keeps it, started again on the spare under the same id, resuming from the store's
 newest checkpoint. The controller runs that from a clone of the run's commit in its own
 directory, `~/clipforge-controllers/<launch id>/` on its host (not under the run root: the run's

@@ -4,7 +4,7 @@ themselves are clipforge.launcher.kubernetes_objects' (pure); here are what read
 outputs, builds a launch's inputs (its record, plans and shipped commit) and runs kubectl.
 
 Once Kubernetes' budget is spent (`--max-moves` replacements), `fab train --kubernetes --resume
-RUN` (`resubmit`) submits the launch the run store keeps again, under the same id, with a fresh
+ID` (`resubmit`) submits the launch the run store keeps again, under the same id, with a fresh
 budget. On a stack of `runMode: jobs` (no SSH workers), `fab train` without -H comes here without
 the flag.
 """
@@ -245,7 +245,7 @@ def _submit(
     say(
         f"started run {launch_id} on the cluster; watch it: `kubectl -n {cluster.namespace} get "
         f"{kind.lower()}s,pods {selector}`, `kubectl -n {cluster.namespace} logs -f {selector}`"
-        + (f", `fab status --from-store --run {launch_id}`" if prepared.store else "")
+        + (f", `fab status --from-store --launch {launch_id}`" if prepared.store else "")
     )
 
 
@@ -259,8 +259,8 @@ def resubmit(
     say: Callable[[str], None],
     environ: Mapping[str, str],
 ) -> None:
-    """`fab train --kubernetes --resume RUN`: the run's launch as the run store keeps it
-    (launches/RUN.json, as `fab -H HOST train --resume RUN` reads it), submitted again under the
+    """`fab train --kubernetes --resume ID`: the run's launch as the run store keeps it
+    (launches/ID.json, as `fab -H HOST train --resume ID` reads it), submitted again under the
     same launch id with a fresh budget (`--max-moves`). Its pods find the run's directory on the
     checkpoints volume, and the train stage resumes the same training run (its id follows from
     the same commit and params) from the newest checkpoint there or in the store.

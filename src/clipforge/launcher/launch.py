@@ -463,8 +463,8 @@ def move(
     stack: StackOutputs | None,
     say: Callable[[str], None],
 ) -> None:
-    """`fab train --resume RUN` on hosts that never saw the run: its launch as the run store
-    keeps it (launches/RUN.json), started again there under the same id, from the same commit
+    """`fab train --resume ID` on hosts that never saw the run: its launch as the run store
+    keeps it (launches/ID.json), started again there under the same id, from the same commit
     and options. The train stage finds no local checkpoint and resumes from the store's."""
     say(f"run {launch_id} is not on {', '.join(h.label for h in hosts)}: looking in the run store")
     record = StoredRun.open(remote, launch_id).record()

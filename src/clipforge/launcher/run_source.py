@@ -1,6 +1,6 @@
 """Where a run lives, for `fab status`, `fab fetch` and `fab tensorboard`: on the hosts it was
 launched on, read over SSH (HostRun), or in its run store (storage.remote), which outlives them
-(StoredRun: `--run RUN` without a host, `--from-store`). Those three tasks are written once, over
+(StoredRun: `--launch ID` without a host, `--from-store`). Those three tasks are written once, over
 RunSource (clipforge.launcher.watch, clipforge.launcher.fetch); this module knows how each place
 answers them.
 
@@ -383,7 +383,7 @@ class StoredRun(RunSource):
         """Launch `launch_id` in the store `remote`, by its record there (its run.json as the
         train stage copied it, clipforge.launcher.host.record's reader)."""
         if not launch_id:
-            raise LauncherError("--run RUN: which run to read from the run store")
+            raise LauncherError("--launch ID: which launch to read from the run store")
         if not remote:
             raise LauncherError(
                 "no run store to read from: pass --store URL, or set storage.remote in params.yaml"

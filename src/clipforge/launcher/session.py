@@ -176,12 +176,12 @@ def open_hosts(
 
 
 def launch_id_on(host: Host, requested: str | None) -> str:
-    """--run (a launch id) when given, else the newest launch on this host."""
+    """--launch (a launch id) when given, else the newest launch on this host."""
     if requested:
         if not probe(host.cxn, f"test -d {q(posixpath.join(host.root, 'runs', requested))}").ok:
             raise LauncherError(
                 f"{host.label}: no run {requested} under {host.root}/runs "
-                f"(`fab status` lists the newest; runs are named by --run)"
+                f"(`fab status` lists the newest; a launch is named by --launch)"
             )
         return requested
     result = probe(host.cxn, f"cat {q(current_marker(host.root))}")

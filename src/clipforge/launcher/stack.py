@@ -23,18 +23,18 @@ LAUNCH_LABEL = "clipforge/launch-id"  # on every object (and pod) of a run on th
 
 
 def runs_jobs(raw: Any) -> bool:
-    """Whether stack outputs say runs are Kubernetes Jobs (runMode jobs): an older stack's,
-    without the key, had workers."""
+    """Whether stack outputs say runs are Kubernetes Jobs (runMode jobs); outputs without the
+    key have workers."""
     return isinstance(raw, dict) and raw.get("run_mode") == RUN_MODE_JOBS
 
 
 def jobs_stack_hint(namespace: str, launch_id: str | None = None) -> str:
     """What to use instead of the SSH workers on a jobs stack, in one line."""
-    run = launch_id or "RUN"
+    run = launch_id or "ID"
     where = f"kubectl -n {namespace or '<namespace>'}"
     return (
         f"the stack runs each run as a Kubernetes Job (runMode: jobs) and has no SSH workers: "
-        f"read a run with `fab status --run {run}` (or `fab fetch`, `fab tensorboard`; from the "
+        f"read a run with `fab status --launch {run}` (or `fab fetch`, `fab tensorboard`; from the "
         f"run store: storage.remote, or --store URL), its output with "
         f"`{where} logs -l {LAUNCH_LABEL}={run}`, stop it with "
         f"`{where} delete job -l {LAUNCH_LABEL}={run}` (several nodes: `delete jobset`; it "

@@ -167,7 +167,7 @@ def clean(host: Host, settings: Settings, launch_ids: list[str], say: Say) -> No
                 ).ok
             ):
                 raise LauncherError(
-                    f"{host.label}: run {launch_id} is running; `fab stop --run {launch_id}` first"
+                    f"{host.label}: run {launch_id} is running; `fab stop --launch {launch_id}` first"
                 )
         probe(
             host.cxn,

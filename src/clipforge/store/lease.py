@@ -19,7 +19,7 @@ from clipforge.checkpoints.lock import Holder
 from clipforge.errors import StageError
 from clipforge.store.remote import RunStore
 
-log = logging.getLogger("clipforge.train")
+log = logging.getLogger(__name__)
 
 LEASE_HEARTBEAT_SECONDS = 60.0  # how often the uploader refreshes the store's lease
 

@@ -16,7 +16,7 @@ follows the marker, or takes only checkpoints with a manifest, never sees a torn
 killed mid-upload). Before a checkpoint is uploaded again (a rerun of the same steps, a copy
 found not whole), its old manifest is removed first, for the same reason. A checkpoint counts as
 held only when it is whole: its manifest there and every file it lists with its size
-(clipforge.checkpoints.storage.not_whole); the marker is a hint. What is downloaded is verified
+(clipforge.checkpoints.places.not_whole); the marker is a hint. What is downloaded is verified
 against its manifest before it is used. The names are clipforge.checkpoints.layout's.
 
 fsspec and the protocol's library (s3fs for s3://) are imported when a store is opened, not
@@ -30,7 +30,7 @@ import posixpath
 from collections.abc import Callable
 from pathlib import Path
 
-from clipforge.checkpoints import storage
+from clipforge.checkpoints import places
 from clipforge.checkpoints.layout import (
     CHECKPOINT_MANIFEST,
     STORE_CHECKPOINTS,
@@ -81,7 +81,7 @@ class RunStore:
         self.fs, root = filesystem or open_filesystem(remote)
         self.root = posixpath.join(root, run_id)
         self.url = f"{self.remote}/{run_id}"
-        self.checkpoints = storage.FsspecStorage(
+        self.checkpoints = places.FsspecStorage(
             self.fs, self.path(STORE_CHECKPOINTS), f"{self.url}/{STORE_CHECKPOINTS}"
         )
 
@@ -94,9 +94,9 @@ class RunStore:
         files, and every file it lists with its size), oldest first."""
         return [
             step_of(tag)
-            for tag in storage.tags(self.checkpoints)
-            if storage.has_manifest(self.checkpoints, tag)
-            and storage.not_whole(self.checkpoints, tag) is None
+            for tag in places.tags(self.checkpoints)
+            if places.has_manifest(self.checkpoints, tag)
+            and places.not_whole(self.checkpoints, tag) is None
         ]
 
     def upload_checkpoint(
@@ -115,7 +115,7 @@ class RunStore:
                 after_first_file()
 
     def publish(self, tag: str) -> None:
-        storage.publish(self.checkpoints, tag)
+        places.publish(self.checkpoints, tag)
 
     def prune(self, keep: int) -> list[str]:
         """Keep the `keep` newest complete checkpoints; remove older checkpoint folders (complete
@@ -123,7 +123,7 @@ class RunStore:
         kept = self.complete_steps()[-keep:]
         if not kept:
             return []
-        removed = [tag for tag in storage.tags(self.checkpoints) if step_of(tag) < kept[0]]
+        removed = [tag for tag in places.tags(self.checkpoints) if step_of(tag) < kept[0]]
         for tag in removed:
             self.checkpoints.remove(tag)
         return removed
@@ -171,8 +171,8 @@ def missing_from_store(remote: str, run_id: str, tag: str) -> str | None:
         return f"is not in the run store {remote} yet"
     try:
         store = RunStore(remote, run_id)
-        if storage.has_manifest(store.checkpoints, tag):
-            problem = storage.not_whole(store.checkpoints, tag)
+        if places.has_manifest(store.checkpoints, tag):
+            problem = places.not_whole(store.checkpoints, tag)
             if problem is None:
                 return None
             return f"is not whole in the run store {remote} ({problem})"

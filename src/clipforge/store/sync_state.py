@@ -3,7 +3,7 @@
 The uploader (clipforge.store.uploader) writes it beside the run's checkpoints
 (checkpoints/run-<id>/sync.json) and into the store (<remote>/<run id>/status.json). It crosses
 processes and machines: `fab status` reads it on the host and shows it on the laptop, `fab status
---run RUN` reads the store's copy from the laptop. So it is a frozen dataclass with a `SyncPhase`
+--launch ID` reads the store's copy from the laptop. So it is a frozen dataclass with a `SyncPhase`
 enum rather than a dict read by key, and `sync_state_from_dict` is the one reader: a damaged file
 is an error naming the file and the field at fault. Standard library only: the host side reads it
 (clipforge.launcher.host.status), where nothing but the checkout may be importable.

@@ -19,7 +19,7 @@ waiting longer than `storage.max_lag_seconds`: `store_sync_lag`; all caught up a
 rest of the sync's state to `sync.json` beside the checkpoints, which `fab status` and `make
 down`'s guard read.
 
-What the store holds is what it holds whole (clipforge.checkpoints.storage.not_whole), learnt
+What the store holds is what it holds whole (clipforge.checkpoints.places.not_whole), learnt
 when the uploader starts and again after a failed pass: a checkpoint the start of the run found
 not whole there (and set aside) is uploaded again from the local copy. The uploader also keeps
 the run's lease in the store (clipforge.store.lease): refreshed every minute, checked before
@@ -60,7 +60,7 @@ from clipforge.store.remote import RUN_RECORD_ENV, RunStore
 from clipforge.store.sync_state import STORE_STATUS_FILE, SYNC_STATE_FILE, SyncPhase, SyncState
 from clipforge.util import backoff_seconds, exception_summary
 
-log = logging.getLogger("clipforge.train")
+log = logging.getLogger(__name__)
 
 _WAKE_QUEUE_SIZE = 8  # a request is a wake-up: more than a few pending say nothing more
 _POLL_SECONDS = 1.0  # how often an idle uploader looks at the clock (logs due, lag)

@@ -96,7 +96,7 @@ class LoopParts:
     loss_fn: Callable
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
     to_device: Callable
-    monitor: object | None  # None on ranks other than 0
+    report: object | None  # TensorBoard and the metrics TSVs (train.reporting); None off rank 0
     alerts: AlertMonitor  # every rank has one; it knows which rules its rank watches
     save: Callable[[int, dict], None]  # save(step, scalars): checkpoint after `step` steps
     validate: Callable[[int], float | None]  # validate(step) -> val loss (None: no val split)
@@ -195,9 +195,9 @@ def train_clip(
             checks.finish()
         if logged:
             last.update(parts.perf.interval())
-            if parts.monitor:
-                parts.monitor.step(done, last)
-                parts.monitor.texts(alerts.drain_events())
+            if parts.report:
+                parts.report.step(done, last)
+                parts.report.texts(alerts.drain_events())
         if validation_due(done, steps_per_epoch, total_steps, train.val_every_steps):
             last["val_loss"] = parts.validate(done)
             alerts.heartbeat(done)

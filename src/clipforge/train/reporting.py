@@ -162,7 +162,7 @@ def peak_memory_gb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
 
 
-class TrainMonitor:
+class TrainReport:
     def __init__(
         self,
         log_dir: Path,

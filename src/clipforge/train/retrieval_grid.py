@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from clipforge.train import data as train_data
+from clipforge.train import loader as train_loader
 
 GALLERY_SIZE = 64
 NUM_QUERIES = 4
@@ -73,7 +73,7 @@ class SampleGallery:
 def load_gallery(data_dir: Path, transform, tokenizer) -> SampleGallery | None:
     """The first GALLERY_SIZE validation pairs, their pixels by `transform` (uint8, as the loaders
     give them: the run's to_device normalises them); None without a validation split of two pairs."""
-    files = train_data.split_files(data_dir, "val")
+    files = train_loader.split_files(data_dir, "val")
     positions = [
         (shard, index) for shard, count in enumerate(files.counts) for index in range(count)
     ][:GALLERY_SIZE]

@@ -22,11 +22,12 @@ import torch
 from clipforge import util
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.alerts.progress import collective_timeout_seconds
-from clipforge.checkpoints import recovery
+from clipforge.checkpoints import resume
 from clipforge.checkpoints.checkpointer import Checkpointer
 from clipforge.checkpoints.lock import Holder, RunLock, lock_run_dir
 from clipforge.errors import StageError
 from clipforge.export.card import CardFacts
+from clipforge.export.local_dir import export_model
 from clipforge.fsutil import atomic_write_text, sha256_file
 from clipforge.ids import launch_id_of
 from clipforge.model.factory import ClipBundle, build_model
@@ -37,7 +38,7 @@ from clipforge.store.uploader import (
     start_store_sync,
     take_store_lease,
 )
-from clipforge.train import data as train_data
+from clipforge.train import loader as train_loader
 from clipforge.train import retrieval_grid
 from clipforge.train.config import (
     BatchPlan,
@@ -60,14 +61,13 @@ from clipforge.train.engine import (
     fp32_state_dict,
     replicas_in_sync,
 )
-from clipforge.train.export import export_model
 from clipforge.train.faults import faults_from_env
 from clipforge.train.flops import flops_per_sample, peak_flops
 from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip
 from clipforge.train.loss import make_clip_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
 from clipforge.train.optim import WarmupCosine
-from clipforge.train.reporting import PerfMeter, TrainMonitor, run_label
+from clipforge.train.reporting import PerfMeter, TrainReport, run_label
 from clipforge.train.validation import validation_metrics
 
 log = logging.getLogger("clipforge.train")
@@ -92,7 +92,7 @@ class TrainingRun:
     to_device: Callable
     loader: object  # micro-batches from the resume position on
     val_loader: Callable  # a fresh loader over the validation batches
-    monitor: TrainMonitor | None  # rank 0 only
+    report: TrainReport | None  # TensorBoard and the metrics TSVs; rank 0 only
     alerts: AlertMonitor
     sync: StoreSync | None = None  # rank 0, with storage.remote set
     gallery: retrieval_grid.SampleGallery | None = None  # retrieval samples (None: no val split)
@@ -127,14 +127,14 @@ class TrainingRun:
             },
             self.config.to_yaml(),
         )
-        for reason, count in self.loader.skipped.counts.items() if self.monitor else ():
-            self.monitor.writer.add_scalar(f"data/skipped_{reason}", count, step)  # at read time
+        for reason, count in self.loader.skipped.counts.items() if self.report else ():
+            self.report.writer.add_scalar(f"data/skipped_{reason}", count, step)  # at read time
         if space.low:
             self.alerts.disk_space_low(str(space.path), space.free, space.need)
         if self.sync:
             lag = self.sync.checkpoint_saved(step)
-            if self.monitor:
-                self.monitor.store_lag(step, lag.steps, lag.seconds)
+            if self.report:
+                self.report.store_lag(step, lag.steps, lag.seconds)
 
     def validate(self, step: int) -> float | None:
         metrics = validation_metrics(
@@ -146,15 +146,15 @@ class TrainingRun:
             self.config.train.val_retrieval_samples,
             self.autocast,
         )
-        if self.monitor and metrics:
-            self.monitor.validation(step, metrics)
+        if self.report and metrics:
+            self.report.validation(step, metrics)
         self.alerts.check_validation(step, metrics.get("mean_recall"))
         if self.gallery is not None:  # every rank encodes it; rank 0 draws
             found = retrieval_grid.rankings(
                 self.engine, self.gallery, self.to_device, self.autocast
             )
-            if self.monitor:
-                self.monitor.retrieval_samples(step, *retrieval_grid.render(self.gallery, *found))
+            if self.report:
+                self.report.retrieval_samples(step, *retrieval_grid.render(self.gallery, *found))
         return metrics.get("loss")
 
 
@@ -177,9 +177,9 @@ def run_training(config: TrainParams, paths: dict[str, Path], manifest: bytes) -
         outcome = "stopped"
         raise
     finally:
-        if run.monitor:
-            run.monitor.texts(run.alerts.drain_events())
-            run.monitor.close()
+        if run.report:
+            run.report.texts(run.alerts.drain_events())
+            run.report.close()
         if run.sync:  # the last checkpoint and the logs, up to storage.flush_timeout_seconds
             run.sync.finish(outcome, _final_outputs(paths) if outcome == "finished" else [])
         if run.lock:
@@ -190,7 +190,7 @@ def run_training(config: TrainParams, paths: dict[str, Path], manifest: bytes) -
 def set_up(
     config: TrainParams, paths: dict[str, Path], manifest: bytes, device: str, stop: StopFlag
 ) -> TrainingRun:
-    """Process group, model, engine (resumed from the latest checkpoint), data and monitors."""
+    """Process group, model, engine (resumed from the latest checkpoint), data, report, alerts."""
     # A collective waiting longer than the stall timeout waits on a dead or cut-off peer: it fails
     # then (and the supervisor restarts or gives up) instead of hanging on for torch's default;
     # under the supervisor's hang watchdog, which acts first, at twice that (alerts/progress.py).
@@ -235,7 +235,7 @@ def _set_up_locked(
     if train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
     plan = _batch_plan(train, dist, bundle, run_dir, precision)
-    files = train_data.split_files(paths["data"], "train")
+    files = train_loader.split_files(paths["data"], "train")
     steps_per_epoch = util.steps_per_epoch(files.num_samples, plan.global_batch_size)
     total_steps = util.total_steps(train.max_steps, train.epochs, steps_per_epoch)
     store = open_store(config.storage, identity) if dist.is_main else None
@@ -250,7 +250,7 @@ def _set_up_locked(
         total_steps,
         dist.is_main,
     )
-    recovery.agree_on_start(
+    resume.agree_on_start(
         checkpointer, store.checkpoints if store else None, alerts.checkpoint_damaged
     )
     state = checkpointer.load(engine)
@@ -273,12 +273,12 @@ def _set_up_locked(
         train.zero_stage,
     )
     if train.decode_on_device:
-        train_data.check_decode_on_device(device)
-        transform, mean, std = train_data.device_decode_transform(bundle.preprocess_train)
+        train_loader.check_decode_on_device(device)
+        transform, mean, std = train_loader.device_decode_transform(bundle.preprocess_train)
     else:
-        transform, mean, std = train_data.uint8_transform(bundle.preprocess_train)
-    tokens = train_data.stored_tokens(paths["data"], files, bundle.tokenizer, config.model)
-    dataset = train_data.MicroBatches(
+        transform, mean, std = train_loader.uint8_transform(bundle.preprocess_train)
+    tokens = train_loader.stored_tokens(paths["data"], files, bundle.tokenizer, config.model)
+    dataset = train_loader.MicroBatches(
         files,
         plan,
         dist.rank,
@@ -324,7 +324,7 @@ def _set_up_locked(
         checkpointer=checkpointer,
         state=state,
         to_device=_device_batches(mean, std, device, precision, dist.local_rank, transform),
-        loader=train_data.micro_batch_loader(
+        loader=train_loader.micro_batch_loader(
             dataset,
             start_step * plan.grad_accum_steps,
             train.num_workers,
@@ -332,13 +332,13 @@ def _set_up_locked(
             prefetch_factor=prefetch,
         ),
         val_loader=_validation_loader(paths["data"], plan, dist, train, bundle, prefetch, tokens),
-        monitor=_monitor(config, plan, paths, label, identity, start_step, total_steps)
+        report=_report(config, plan, paths, label, identity, start_step, total_steps)
         if dist.is_main
         else None,
         alerts=alerts,
         sync=sync,
         gallery=retrieval_grid.load_gallery(
-            paths["data"], train_data.uint8_transform(bundle.preprocess_val)[0], bundle.tokenizer
+            paths["data"], train_loader.uint8_transform(bundle.preprocess_val)[0], bundle.tokenizer
         ),
         lock=lock,
     )
@@ -351,7 +351,7 @@ def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
         loss_fn=make_clip_loss(run.dist.rank, run.dist.world_size),
         batches=iter(run.loader),
         to_device=run.to_device,
-        monitor=run.monitor,
+        report=run.report,
         alerts=run.alerts,
         save=run.save,
         validate=run.validate,
@@ -479,7 +479,7 @@ def _engine_and_checkpointer(
     is_main: bool,
 ) -> tuple[object, Checkpointer]:
     """The DeepSpeed engine and the run's checkpointer (its DeepSpeed config written beside the
-    checkpoints, for inspection; what to resume from is recovery's to decide)."""
+    checkpoints, for inspection; what to resume from is clipforge.checkpoints.resume's to decide)."""
     ds_config = deepspeed_config(train, plan, device, precision)
     engine = create_engine(
         bundle.model,
@@ -497,23 +497,23 @@ def _engine_and_checkpointer(
 
 def _device_batches(
     mean, std, device: str, precision: str, local_rank: int, transform=None
-) -> train_data.DeviceBatches:
+) -> train_loader.DeviceBatches:
     """uint8 chunks -> normalised micro-batches on the device, in the weights' dtype (bf16 where
     DeepSpeed keeps bf16 weights; fp32 weights under autocast get fp32 inputs)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     target = torch.device(device, local_rank) if device == "cuda" else torch.device("cpu")
-    decode = transform if isinstance(transform, train_data.DeviceCrop) else None
-    return train_data.DeviceBatches(mean, std, target, dtype, decode)
+    decode = transform if isinstance(transform, train_loader.DeviceCrop) else None
+    return train_loader.DeviceBatches(mean, std, target, dtype, decode)
 
 
 def _prefetch_factor(train: TrainConfig, bundle: ClipBundle) -> int:
     """Chunks per loader worker held in /dev/shm, checked against its free space before any
     worker starts: a clear error instead of a bus error mid-run."""
-    chunk = train_data.chunk_bytes(
+    chunk = train_loader.chunk_bytes(
         bundle.model_cfg["vision_cfg"]["image_size"],
         bundle.model_cfg["text_cfg"].get("context_length", 77),
     )
-    return train_data.prefetch_factor(
+    return train_loader.prefetch_factor(
         chunk, train.num_workers, train.ranks_per_node, shutil.disk_usage("/dev/shm").free
     )
 
@@ -525,11 +525,11 @@ def _validation_loader(
     train: TrainConfig,
     bundle: ClipBundle,
     prefetch: int,
-    tokens: train_data.TokenFormat | None,
+    tokens: train_loader.TokenFormat | None,
 ) -> Callable:
     """A factory of loaders over fixed validation batches, an equal number per rank (ZeRO-3
     needs the same number of forward passes on every rank)."""
-    files = train_data.split_files(data_dir, "val")
+    files = train_loader.split_files(data_dir, "val")
     if files.num_samples == 0:
         log.info("no validation split in %s: validation loss is not computed", data_dir)
         return lambda: []
@@ -539,8 +539,8 @@ def _validation_loader(
     if steps == 0:  # a tiny val split: one smaller batch per rank rather than none
         micro = max(1, files.num_samples // plan.world_size)
         val_plan, steps = BatchPlan(micro * plan.world_size, micro, 1, plan.world_size), 1
-    transform = train_data.uint8_transform(bundle.preprocess_val)[0]
-    dataset = train_data.MicroBatches(
+    transform = train_loader.uint8_transform(bundle.preprocess_val)[0]
+    dataset = train_loader.MicroBatches(
         files,
         val_plan,
         dist.rank,
@@ -551,12 +551,12 @@ def _validation_loader(
         train.shuffle_window_shards,
         tokens,
     )
-    return lambda: train_data.micro_batch_loader(
+    return lambda: train_loader.micro_batch_loader(
         dataset, 0, train.num_workers, dist.device == "cuda", prefetch
     )
 
 
-def _monitor(
+def _report(
     config: TrainParams,
     plan: BatchPlan,
     paths: dict[str, Path],
@@ -564,15 +564,13 @@ def _monitor(
     identity: str,
     start_step: int,
     total_steps: int,
-) -> TrainMonitor:
+) -> TrainReport:
     """TensorBoard under a name that says what the run is (`label`); its hyperparameters in the
     hparams table (once, when the run starts: a resumed run keeps them)."""
     train = config.train
-    monitor = TrainMonitor(
-        paths["logs"] / label, paths["metrics"], identity, start_step, total_steps
-    )
+    report = TrainReport(paths["logs"] / label, paths["metrics"], identity, start_step, total_steps)
     if not start_step:
-        monitor.hparams(
+        report.hparams(
             {
                 "model": config.model.name,
                 "text_tower": config.model.text_tower or "",
@@ -589,7 +587,7 @@ def _monitor(
                 "seed": train.seed,
             }
         )
-    return monitor
+    return report
 
 
 def _alert_monitor(config: TrainParams, identity: str, dist: DistInfo) -> AlertMonitor:

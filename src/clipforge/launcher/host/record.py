@@ -54,7 +54,7 @@ class RunRecord:
     runtime: str
     image: str
     container_user: str | None = None
-    """The docker runtime's uid:gid in the container (None: the host runtime, or older code)."""
+    """The docker runtime's uid:gid in the container (None: the host runtime)."""
     data: str
     smoke: bool
     executor: str
@@ -129,12 +129,9 @@ _OPTIONAL = {
 
 def record_from_dict(raw: object, source: str = "run.json") -> RunRecord:
     """The one reader: a dict (parsed JSON) to a RunRecord, or RunRecordError naming the source
-    and the field at fault. Unknown keys (a newer launcher's) are ignored; a record written
-    before the two ids had their own names keeps the launch id under `run_id`."""
+    and the field at fault. Unknown keys (a newer launcher's) are ignored."""
     if not isinstance(raw, dict):
         raise RunRecordError(f"{source}: not a JSON object but {type(raw).__name__}")
-    if "launch_id" not in raw and "run_id" in raw:
-        raw = {**raw, "launch_id": raw["run_id"]}
     missing = [key for key in _TYPES if key not in raw and key not in _OPTIONAL]
     if missing:
         raise RunRecordError(f"{source}: not a run record, missing {', '.join(missing)}")

@@ -131,8 +131,6 @@ def _own_recall(layout: NodeLayout, started: float | None) -> dict | None:
     except FileNotFoundError:
         return None
     metrics = read_json(path) or {}
-    if "mean_recall" in metrics:  # one test set, written before eval.suites
-        metrics = {"test": metrics}
     keys = (*RECALL_KEYS, *ACCURACY_KEYS)
     suites = {
         name: {k: value[k] for k in keys if k in value}
@@ -211,7 +209,6 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
     rows = [
         (
             "launch",
-            # launch_id_of: the host's status of a run launched by older code says `run_id`
             f"{launch_id_of(record)} (commit {str(record.get('commit'))[:10]}, "
             f"{record.get('runtime')} runtime, {_gpus_text(record)})"
             if record

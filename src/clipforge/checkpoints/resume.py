@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from clipforge.checkpoints import manifest, storage
+from clipforge.checkpoints import manifest, places
 from clipforge.checkpoints.checkpointer import Checkpointer
 from clipforge.checkpoints.layout import (
     LATEST,
@@ -43,13 +43,13 @@ from clipforge.checkpoints.layout import (
 from clipforge.errors import StageError
 from clipforge.util import exception_summary
 
-log = logging.getLogger("clipforge.train")
+log = logging.getLogger(__name__)
 
 Report = Callable[[str], None]  # one line about a damaged checkpoint (the alert logs it)
 
 
 def agree_on_start(
-    checkpointer: Checkpointer, stored: storage.CheckpointStorage | None, report: Report
+    checkpointer: Checkpointer, stored: places.CheckpointStorage | None, report: Report
 ) -> None:
     """Rank 0 prepares `latest` (prepare_start) while the others wait; a stage with no intact
     checkpoint then stops on every rank, with rank 0's line."""
@@ -68,7 +68,7 @@ def agree_on_start(
 
 
 def prepare_start(
-    checkpointer: Checkpointer, stored: storage.CheckpointStorage | None, report: Report
+    checkpointer: Checkpointer, stored: places.CheckpointStorage | None, report: Report
 ) -> str | None:
     """Leave `latest` naming the newest checkpoint that verifies (fetched from `stored`, the run
     store's checkpoints, if that is where it is) and return its tag; None: start from step 0.
@@ -84,7 +84,7 @@ def prepare_start(
     for name in local.names():  # a download cut short: never verified, never used
         if is_download(name):
             local.remove(name)
-    hint_text = storage.marker(local)
+    hint_text = places.marker(local)
     hint = marker_tag(hint_text) if hint_text is not None else None
     reported = hint_text is not None and hint is None  # the marker's trouble: said once
     if reported:
@@ -128,7 +128,7 @@ def _local_finished(checkpointer: Checkpointer, hint_step: int, found_damaged) -
     removed. One with none below a finished one lost its manifest: set aside."""
     run_dir, local = checkpointer.run_dir, checkpointer.storage
     tags = checkpointer.tags()
-    finished = {step_of(t) for t in tags if storage.has_manifest(local, t)}
+    finished = {step_of(t) for t in tags if places.has_manifest(local, t)}
     newest = max(finished | {hint_step}, default=-1)
     for tag in tags:
         step = step_of(tag)
@@ -143,7 +143,7 @@ def _local_finished(checkpointer: Checkpointer, hint_step: int, found_damaged) -
     return finished
 
 
-def _store_whole_steps(stored: storage.CheckpointStorage | None, found_damaged) -> set[int]:
+def _store_whole_steps(stored: places.CheckpointStorage | None, found_damaged) -> set[int]:
     """Steps of the store's whole checkpoints. One with a manifest that is not whole (an object
     missing or of another size) is set aside there; one without a manifest is an upload under
     way or cut short, which the uploader replaces."""
@@ -151,14 +151,14 @@ def _store_whole_steps(stored: storage.CheckpointStorage | None, found_damaged) 
         return set()
     try:
         whole: set[int] = set()
-        for tag in storage.tags(stored):
-            if not storage.has_manifest(stored, tag):
+        for tag in places.tags(stored):
+            if not places.has_manifest(stored, tag):
                 continue
-            problem = storage.not_whole(stored, tag)
+            problem = places.not_whole(stored, tag)
             if problem is None:
                 whole.add(step_of(tag))
             else:
-                found_damaged(f"{stored.where}/{tag}", problem, storage.set_aside(stored, tag))
+                found_damaged(f"{stored.where}/{tag}", problem, places.set_aside(stored, tag))
         return whole
     except Exception as exc:  # an unreachable store must not stop the run: what is here will do
         log.warning(
@@ -169,19 +169,19 @@ def _store_whole_steps(stored: storage.CheckpointStorage | None, found_damaged) 
         return set()
 
 
-def _fetch(stored: storage.CheckpointStorage, tag: str, run_dir: Path, found_damaged) -> bool:
+def _fetch(stored: places.CheckpointStorage, tag: str, run_dir: Path, found_damaged) -> bool:
     """Download the store's `tag` into the run directory and verify it; False when it is damaged
     (set aside in the store) or could not be downloaded."""
     staging = run_dir / download_name(tag)
     shutil.rmtree(staging, ignore_errors=True)
     try:
         log.info("fetching %s from the run store %s", tag, stored.where)
-        storage.fetch(stored, tag, staging)
+        places.fetch(stored, tag, staging)
         problem = manifest.problem(staging)
         if problem is None:
             staging.rename(run_dir / tag)
             return True
-        found_damaged(f"{stored.where}/{tag}", problem, storage.set_aside(stored, tag))
+        found_damaged(f"{stored.where}/{tag}", problem, places.set_aside(stored, tag))
     except Exception as exc:  # a store gone mid-download: try an older one, or what is here
         log.warning(
             "could not fetch %s from the run store %s: %s",

@@ -21,7 +21,7 @@ from clipforge.model.files import CONFIG_FILE, WEIGHTS_FILES
 
 WEIGHTS_FILE = WEIGHTS_FILES[0]
 
-log = logging.getLogger("clipforge.train")
+log = logging.getLogger(__name__)
 
 
 def export_model(
