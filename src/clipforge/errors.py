@@ -1,4 +1,6 @@
-"""The user-error type: a problem the user can fix (a bad param, a missing input, an unreachable
+"""The user-error type: a problem the user can fix, said in one line.
+
+A problem the user can fix (a bad param, a missing input, an unreachable
 host), raised where it is found, with a message that says what is wrong and what to do.
 
 Every command line (the stages' `cli.run_stage`, the Fabric tasks) prints a UserError as one line

@@ -1,6 +1,7 @@
-"""Small helpers with one home each: retry back-off, an exception's first line, waiting for a
-server to answer, durations, a run's step counts, the ranks a node runs now, and reading the typed
-records' JSON files.
+"""Small helpers with one home each.
+
+Retry back-off, an exception's first line, waiting for a server to answer, durations, a run's
+step counts, the ranks a node runs now, and reading the typed records' JSON files.
 
 Standard library only, and cheap to import: the GPU host side (clipforge.launcher.host) uses it
 under the host's own python3, and every stage imports it.

@@ -1,4 +1,6 @@
-"""The YAML files users hand the project (params.yaml, Pulumi stack files, fabric.yaml): one loader,
+"""The one loader of the YAML files users hand the project.
+
+The YAML files users hand the project (params.yaml, Pulumi stack files, fabric.yaml): one loader,
 so a broken file is one line `FILE:LINE:COLUMN: reason` wherever it is read.
 
 The loader reads `1e-4` as a float, as YAML 1.2 (and DVC's ruamel) do, not as a string. It refuses a

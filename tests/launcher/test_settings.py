@@ -15,40 +15,17 @@ from clipforge.launcher.options import make_options
 from clipforge.launcher.recovery import RecoveryRule
 from clipforge.launcher.session import Settings, defaults, settings_from, settings_table
 from tests.conftest import REPO
+from tests.support.doc_tables import table_in_order, table_problems
 
 DOC = REPO / "docs" / "launcher.md"
-
-
-def table_problems(text: str) -> list[str]:
-    """One line per way the table under `## Settings` differs from the declarations: a key
-    missing, a key not declared, a row whose default or meaning is not the declaration's."""
-    lines = text.split("\n## Settings\n", 1)[1].splitlines()
-    start = lines.index(settings_table()[0]) + 2  # past the header and its rule
-    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    documented = {_key(row): row for row in lines[start:end]}
-    declared = {_key(row): row for row in settings_table()[2:]}
-    problems = [
-        f"{k}: declared in Settings, not in the table" for k in declared.keys() - documented.keys()
-    ]
-    problems += [f"{k}: in the table, not a setting" for k in documented.keys() - declared.keys()]
-    problems += [
-        f"{k}: the row is not the declaration's, which is: {declared[k]}"
-        for k in declared.keys() & documented.keys()
-        if documented[k] != declared[k]
-    ]
-    return sorted(problems)
-
-
-def _key(row: str) -> str:
-    return row.split("|")[1].strip().strip("`")
 
 
 def test_the_settings_table_is_the_declarations():
     """docs/launcher.md's table is `settings_table()`: every key, its default and its doc, in
     the declarations' order."""
     text = DOC.read_text(encoding="utf-8")
-    assert table_problems(text) == []
-    assert "\n".join(settings_table()) in text
+    assert table_problems(text, "## Settings", settings_table()) == []
+    assert table_in_order(text, settings_table())
 
 
 @pytest.mark.parametrize(
@@ -63,7 +40,9 @@ def test_the_settings_table_is_the_declarations():
 def test_a_deleted_or_drifted_row_is_named(old, new, problem):
     text = DOC.read_text(encoding="utf-8")
     assert old in text
-    assert table_problems(text.replace(old, new))[0].startswith(problem)
+    assert table_problems(text.replace(old, new), "## Settings", settings_table())[0].startswith(
+        problem
+    )
 
 
 def test_the_launcher_error_is_a_user_error():

@@ -1,4 +1,6 @@
-"""Training-health rules: what a run's numbers say that its process does not. Pure: numbers in,
+"""Training-health rules: what a run's numbers say that its process does not.
+
+What a run's numbers say that its process does not. Pure: numbers in,
 findings out; no I/O, no clock, no torch.
 
 A launcher sees a process that runs; these rules see a model that has stopped learning:

@@ -1,4 +1,6 @@
-"""Stall watchdog: a run that hangs (stuck collective, dead GPU) raises no exception, so a
+"""Stall watchdog: a thread that notices a run no longer completing steps.
+
+A run that hangs (stuck collective, dead GPU) raises no exception, so a
 separate thread watches the time since the last completed step.
 
 It fires once per stall and re-arms when a step completes again (reported as a recovery).

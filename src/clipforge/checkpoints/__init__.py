@@ -1,4 +1,6 @@
-"""A training run's checkpoints: their names (layout, the only module that knows them), the places
+"""A training run's checkpoints: their names, places, manifests, writer and resume point.
+
+Their names (layout, the only module that knows them), the places
 they are kept (places: a local directory or an fsspec URL, behind one CheckpointStorage seam),
 their manifests, the checkpointer, where a run resumes from (resume: this disk or the run store's
 checkpoints, given as a CheckpointStorage), its one writer on this disk (lock) and the disk's room

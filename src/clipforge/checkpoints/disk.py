@@ -1,4 +1,6 @@
-"""Disk faults where the train stage writes: permission and free space, checked before writing and
+"""Disk faults where the train stage writes: permission and free space.
+
+Permission and free space, checked before writing and
 named after a failed write (torch reports a full disk as `enforce fail at inline_container.cc`
 and a read-only directory as a missing parent). Standard library only: the stage shell checks
 its output folders with it before importing torch.

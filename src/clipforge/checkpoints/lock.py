@@ -1,4 +1,6 @@
-"""One run, one writer: an advisory lock on the run directory (the run store's lease, its
+"""One run, one writer: an advisory lock on the run directory.
+
+An advisory lock on the run directory (the run store's lease, its
 counterpart there, is clipforge.store.lease).
 
 The lock is `flock` on `<run dir>/writer.lock`, which holds who has it (host, pid, start time).

@@ -1,4 +1,6 @@
-"""What every source does with a candidate pair: clean the caption, decode and check the image,
+"""What every source does with a candidate pair: clean, decode, check, or skip.
+
+Clean the caption, decode and check the image,
 and log a skip with its reason when either is unusable (never a crash)."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Train, val and test splits: which split an image lands in, and the data/ layout written from a
+"""Train, val and test splits, and the data/ layout written from a stream of pairs.
+
+Train, val and test splits: which split an image lands in, and the data/ layout written from a
 stream of pairs too large to hold in memory.
 
 The split is a hash of what identifies an image (its path, URL or shard key), so every caption

@@ -1,4 +1,6 @@
-"""Test sets: retrieval sets in Chinese-CLIP's layout, the format Flickr30K-CN, COCO-CN and MUGE
+"""Test sets: retrieval sets in Chinese-CLIP's layout, and zero-shot classification sets.
+
+Retrieval sets in Chinese-CLIP's layout, the format Flickr30K-CN, COCO-CN and MUGE
 ship in, and zero-shot classification sets (below: labelled images).
 
   test_imgs.tsv     one image per line: `<image_id>\t<base64 of the image file>`

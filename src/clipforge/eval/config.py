@@ -1,4 +1,6 @@
-"""The eval stage's params: the `eval:` section (EvalConfig) and its test sets (SuiteConfig), the
+"""The eval stage's params: the `eval:` section (EvalConfig) and its test sets.
+
+The `eval:` section (EvalConfig) and its test sets (SuiteConfig), the
 only section it reads.
 
 `python -m clipforge.eval.config` writes resolved/eval.yaml (clipforge.resolve): the `params-eval`

@@ -1,4 +1,6 @@
-"""A model to evaluate: through plain open_clip as a user would load it, or a Chinese-CLIP model
+"""A model to evaluate: plain open_clip, or a Chinese-CLIP model as Chinese-CLIP loads it.
+
+Through plain open_clip as a user would load it, or a Chinese-CLIP model
 (its original checkpoint or its transformers form) as Chinese-CLIP evaluates it."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""eval.suites read and checked: every suite's files loaded before any model is, a missing
+"""eval.suites read and checked, every suite's files before any model is loaded.
+
+eval.suites read and checked: every suite's files loaded before any model is, a missing
 optional suite skipped with one line, a missing required one (or a broken one of either kind)
 refused with every problem named.
 

@@ -1,4 +1,6 @@
-"""The model card (README.md) of an export: what the model is, what it was trained on, what it
+"""The model card (README.md) of an export, written from the run's facts.
+
+The model card (README.md) of an export: what the model is, what it was trained on, what it
 scored, and how to load it with open_clip and with transformers. Pure: the facts in, text out."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The trained model in open_clip's `local-dir:` layout, loadable without clipforge:
+"""The trained model in open_clip's `local-dir:` layout, loadable without clipforge.
+
+It loads so:
 
 model, _, preprocess = open_clip.create_model_and_transforms("local-dir:models/clip")
 tokenizer = open_clip.get_tokenizer("local-dir:models/clip")

@@ -1,4 +1,6 @@
-"""One seam for where a launch runs: SSH hosts (clipforge.launcher.ssh_hosts.SshHosts: -H, or
+"""One seam for where a launch runs: SSH hosts or Kubernetes Jobs, behind one interface.
+
+SSH hosts (clipforge.launcher.ssh_hosts.SshHosts: -H, or
 the stack's workers) or the stack's cluster as Kubernetes Jobs and JobSets
 (clipforge.launcher.kubernetes.KubernetesJobs).
 

@@ -1,4 +1,6 @@
-"""Which hosts a task acts on, SSH connections to them with host keys verified, and commands run
+"""Which hosts a task acts on, and verified SSH connections to run commands on them.
+
+Which hosts a task acts on, SSH connections to them with host keys verified, and commands run
 over those connections: quiet, never reading the local terminal, failures made clear.
 
 Hosts come from Fabric's `-H user@host:port[,...]` (with `-i key`), or else from the stack

@@ -1,4 +1,6 @@
-"""The recovery controller: watches a run's hosts from a machine that is not one of them, and
+"""The recovery controller: moves a run off a lost host onto a spare, unattended.
+
+Watches a run's hosts from a machine that is not one of them, and
 moves the run to a spare when one is gone, with no one at the keyboard.
 
   fab -H a train --spare c [--controller d] ...       (laptop side: `open_recovery`, `start`)

@@ -1,4 +1,6 @@
-"""`fab fetch`: bring a run's results home, from where it lives (clipforge.launcher.run_source),
+"""`fab fetch`: bring a run's results home, or push them to the DVC remote.
+
+Bring a run's results home, from where it lives (clipforge.launcher.run_source),
 or push them to the DVC remote from the host.
 
 Home: runs/<run id>/ under the project (gitignored) with metrics/ (the eval stage's eval.json and

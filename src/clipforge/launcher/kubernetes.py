@@ -1,4 +1,6 @@
-"""`fab train --kubernetes`: the Kubernetes backend (KubernetesJobs), a run on the stack's cluster
+"""`fab train --kubernetes`: the Kubernetes backend (KubernetesJobs), driving kubectl.
+
+The Kubernetes backend (KubernetesJobs), a run on the stack's cluster
 as a Job (one node) or a JobSet (several), applied with `kubectl` from PATH. The objects
 themselves are clipforge.launcher.kubernetes_objects' (pure); here are what reads the stack's
 outputs, builds a launch's inputs (its record, plans and shipped commit) and runs kubectl.

@@ -1,4 +1,6 @@
-"""The objects of a run on the stack's cluster, as Kubernetes' own workload: a batch/v1 Job (one
+"""The Kubernetes objects of a run (a Job or a JobSet), rendered from typed inputs.
+
+The objects of a run on the stack's cluster, as Kubernetes' own workload: a batch/v1 Job (one
 node) or a JobSet (several), whose pods run the supervisor over the launch's plan. Pure: objects
 from typed inputs (the cluster, the run, the budget), no I/O, standard library + yaml; the backend
 that builds the inputs and applies the objects with kubectl is clipforge.launcher.kubernetes.

@@ -1,4 +1,6 @@
-"""Multi-node networking, checked on the nodes before anything starts: where node 0 is reached,
+"""Multi-node networking, checked on the nodes before anything starts.
+
+Multi-node networking, checked on the nodes before anything starts: where node 0 is reached,
 which interface each node's ranks talk on, and whether every node reaches the master's port.
 
 torch.distributed's gloo (and NCCL) take a node's address from its hostname unless told an

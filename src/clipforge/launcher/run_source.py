@@ -1,4 +1,6 @@
-"""Where a run lives, for `fab status`, `fab fetch` and `fab tensorboard`: on the hosts it was
+"""Where a run lives for `fab status`, `fetch` and `tensorboard`: its hosts or its store.
+
+Where a run lives, for `fab status`, `fab fetch` and `fab tensorboard`: on the hosts it was
 launched on, read over SSH (HostRun), or in its run store (storage.remote), which outlives them
 (StoredRun: `--launch ID` without a host, `--from-store`). Those three tasks are written once, over
 RunSource (clipforge.launcher.watch, clipforge.launcher.fetch); this module knows how each place

@@ -1,4 +1,6 @@
-"""The launcher's settings, and the hosts of one `fab` invocation, connected, each with its run
+"""The launcher's settings, and the connected hosts of one `fab` invocation.
+
+The launcher's settings, and the hosts of one `fab` invocation, connected, each with its run
 root resolved.
 
 Settings are Fabric config under `clipforge` (fabric.yaml, or FABRIC_CLIPFORGE_* env). Each is

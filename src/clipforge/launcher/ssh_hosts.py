@@ -1,4 +1,6 @@
-"""The SSH backend (SshHosts): a launch on hosts reached over SSH, the -H hosts or the stack's
+"""The SSH backend (SshHosts): a launch on hosts reached over SSH, one supervisor per node.
+
+A launch on hosts reached over SSH, the -H hosts or the stack's
 workers, one supervisor per node (clipforge.launcher.launch), with a recovery controller on a
 spare host when `--spare` is given (clipforge.launcher.controller)."""
 

@@ -1,4 +1,6 @@
-"""The `model:` section of params.yaml: which open_clip model is trained, from which weights, with
+"""The `model:` section of params.yaml: which open_clip model, weights and text tower.
+
+Which open_clip model is trained, from which weights, with
 which text tower. The train stage reads it; the data stage builds a tokenizer spec of it for
 data.pretokenize_model.
 """

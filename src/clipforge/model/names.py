@@ -1,4 +1,6 @@
-"""What a model's name alone decides, without its weights or code: the open_clip config it
+"""What a model's name alone decides: its open_clip config and tokenizer.
+
+What a model's name alone decides, without its weights or code: the open_clip config it
 resolves to, and so its tokenizer and that tokenizer's fingerprint.
 
 A home of its own so that the data stage can tokenise captions at data-prep time

@@ -1,4 +1,6 @@
-"""Every section of params.yaml, each from the stage that owns it: what `fab train` checks whole
+"""Every section of params.yaml, each from the stage that owns it.
+
+Every section of params.yaml, each from the stage that owns it: what `fab train` checks whole
 before it ships a run, records in the run's record, and what params.yaml documents."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The run store: a run's checkpoints, logs, metrics and model kept in object storage (or any
+"""The run store: a run kept in object storage while it trains, so it outlives its host.
+
+A run's checkpoints, logs, metrics and model kept in object storage (or any
 fsspec place) while it trains, so that it outlives its host (see docs/launcher.md).
 
 Its settings (config: the `storage:` section), one run's place there (remote), the uploader that

@@ -1,4 +1,6 @@
-"""One run, one writer in the run store: the lease `<remote>/<run id>/lease.json`, its holder and
+"""One run, one writer in the run store: the lease and its heartbeat.
+
+The lease `<remote>/<run id>/lease.json`, its holder and
 a heartbeat the uploader refreshes (the run directory's lock, its counterpart on the disk, is
 clipforge.checkpoints.lock).
 

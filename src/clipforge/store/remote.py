@@ -1,4 +1,6 @@
-"""One training run in the run store (`storage.remote`), through fsspec: any URL it knows (s3://,
+"""One training run in the run store (`storage.remote`), through fsspec.
+
+One training run in the run store (`storage.remote`), through fsspec: any URL it knows (s3://,
 gs://, oss://, az://...) or a local path.
 
   <remote>/<run id>/checkpoints/step-NNNNNNNN/   a checkpoint's files; its manifest.json last

@@ -1,4 +1,6 @@
-"""The train stage's params: the `train:` section (TrainConfig) and the batch arithmetic it
+"""The train stage's params: the `train:` section (TrainConfig) and its batch plan.
+
+The `train:` section (TrainConfig) and the batch arithmetic it
 implies (BatchPlan), with the other sections the stage reads (`model`, `alerts`, `storage`) in
 TrainParams, and the run id that fingerprints them.
 

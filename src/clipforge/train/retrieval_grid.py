@@ -1,4 +1,6 @@
-"""Retrieval samples at every validation: what the model finds for a few fixed validation queries,
+"""Retrieval samples at every validation, drawn for TensorBoard.
+
+Retrieval samples at every validation: what the model finds for a few fixed validation queries,
 for TensorBoard (people would rather look than read numbers).
 
 The gallery is the first GALLERY_SIZE pairs of the validation split in shard order, the same at

@@ -1,4 +1,6 @@
-"""One training run on this rank: set up from a validated config, train to the end (or resume
+"""One training run on this rank: set up, train (or resume) to the end, check, export.
+
+Set up from a validated config, train to the end (or resume
 there), check the replicas agree, export. The train stage (stage.py) is the shell around it.
 
 The run id fingerprints data, model and training params (checkpoint.run_id): rerunning with the

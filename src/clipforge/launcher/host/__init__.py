@@ -1,4 +1,6 @@
-"""What runs on the GPU host: the plan, the run's directories, the supervisor, status, smoke check,
+"""What runs on the GPU host: plan, run directories, supervisor, status, smoke check.
+
+The plan, the run's directories, the supervisor, status, smoke check,
 and the list of stored checkpoints that `make down` checks.
 
 Standard library only (tests/launcher/test_host_imports.py holds it to that): on a docker-runtime

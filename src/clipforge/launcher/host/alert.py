@@ -1,5 +1,7 @@
-"""The supervisor's own alerts: when it gives up on a run (the stage, which sends every other
-alert, is not running then), and when its watchdog finds the run hung. Same webhooks (CLIPFORGE_ALERT_WEBHOOKS, in the supervisor's
+"""The supervisor's own alerts: a run given up on, or found hung.
+
+When it gives up on a run (the stage, which sends every other alert, is not running then), and when
+its watchdog finds the run hung. Same webhooks (CLIPFORGE_ALERT_WEBHOOKS, in the supervisor's
 environment only), same delivery and formats as the stage's (clipforge.alerts, standard library).
 """
 
