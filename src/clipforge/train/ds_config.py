@@ -6,6 +6,7 @@ and the device, and the result lands in checkpoints/<run>/deepspeed_config.json.
 
 from __future__ import annotations
 
+from clipforge.errors import StageError
 from clipforge.config import BatchPlan, TrainConfig
 
 # Never let DeepSpeed print its own per-step lines; clipforge logs progress itself.
@@ -13,14 +14,34 @@ _QUIET_STEPS = 10**9
 
 
 def resolve_precision(requested: str, device: str, bf16_supported: bool) -> str:
+    """`auto`: bf16 on GPUs that have it, fp32 on CPUs (the demo's numbers, and fp32 is faster
+    there without bf16 matrix instructions); `bf16` is honoured on any device that has it."""
     if requested == "auto":
         return "bf16" if device == "cuda" and bf16_supported else "fp32"
     if requested == "bf16" and not bf16_supported:
-        raise ValueError(
-            "train.precision: bf16 requested but this device does not support it "
-            "(use fp32, or auto)"
+        raise StageError(
+            f"train.precision: bf16 requested but this {'GPU' if device == 'cuda' else device} "
+            "has no bf16 arithmetic (NVIDIA GPUs have it from Ampere, compute capability 8.0, "
+            "on): set train.precision: fp32, or auto"
         )
     return requested
+
+
+def device_has_bf16(device: str) -> bool:
+    """Whether `device` computes in bf16 natively. Every CPU does for torch (with or without
+    bf16 instructions) and for DeepSpeed's CPU accelerator; a GPU from Ampere on. torch's
+    `is_bf16_supported` also says yes for older GPUs that only emulate it (slowly), so that
+    emulation is left out where torch tells the two apart."""
+    import inspect
+
+    import torch
+
+    if device == "cpu":
+        return True
+    check = torch.cuda.is_bf16_supported
+    if "including_emulation" in inspect.signature(check).parameters:
+        return check(including_emulation=False)
+    return check()
 
 
 def use_torch_adam(optimizer: str, device: str) -> bool:
@@ -49,11 +70,12 @@ def deepspeed_bf16(precision: str, zero_stage: int) -> bool:
     """bf16 weights in DeepSpeed's own bf16 mode, where it accumulates gradients in fp32.
 
     With `data_types.grad_accum_dtype: fp32` DeepSpeed (0.14.5 to 0.19 at least) keeps bf16
-    weights, accumulates and reduces gradients in fp32 and steps fp32 master weights, but only
-    below ZeRO-2: its ZeRO-2 and ZeRO-3 optimizers accumulate in the weights' dtype whatever the
-    config says. There the weights stay fp32 and the forward runs under bf16 autocast
-    (`uses_autocast`), which gives the same fp32 accumulation at every stage."""
-    return precision == "bf16" and zero_stage < 2
+    weights, accumulates and reduces gradients in fp32 and steps fp32 master weights, but only at
+    ZeRO-1 (its BF16_Optimizer): its ZeRO-2 and ZeRO-3 optimizers accumulate in the weights' dtype
+    whatever the config says, and without ZeRO it refuses bf16 weights with fp32 accumulation.
+    There the weights stay fp32 and the forward runs under bf16 autocast (`uses_autocast`), which
+    gives the same fp32 accumulation at every stage."""
+    return precision == "bf16" and zero_stage == 1
 
 
 def uses_autocast(precision: str, zero_stage: int) -> bool:

@@ -37,6 +37,7 @@ from clipforge.train.dist import DistInfo, init_distributed, resolve_device
 from clipforge.train.ds_config import (
     deepspeed_bf16,
     deepspeed_config,
+    device_has_bf16,
     resolve_precision,
     uses_autocast,
 )
@@ -220,9 +221,7 @@ def _set_up_locked(
 ) -> TrainingRun:
     train = config.train
     run_dir = paths["checkpoints"] / identity
-    precision = resolve_precision(
-        train.precision, device, device == "cuda" and torch.cuda.is_bf16_supported()
-    )
+    precision = resolve_precision(train.precision, device, device_has_bf16(device))
     torch.manual_seed(train.seed)
     bundle = build_model(config.model)
     if train.grad_checkpointing:
