@@ -92,6 +92,30 @@ def init_distributed(
     )
 
 
+def device_has_bf16(device: str) -> bool:
+    """Whether a run can train in bf16 here (after `init_distributed`; every rank calls it).
+    A GPU from Ampere on: torch's `is_bf16_supported` also says yes for older GPUs that only
+    emulate bf16 (slowly), so emulation is left out where torch tells the two apart. A CPU
+    computes bf16 (torch, and DeepSpeed's CPU accelerator), but DeepSpeed also broadcasts and
+    gathers the bf16 weights through the process group: gloo carries bf16 in recent torch, while
+    torch 2.1's refuses it ("Invalid scalar type"); one tiny broadcast tells."""
+    import inspect
+
+    import torch
+    import torch.distributed as dist
+
+    if device == "cuda":
+        check = torch.cuda.is_bf16_supported
+        if "including_emulation" in inspect.signature(check).parameters:
+            return check(including_emulation=False)
+        return check()
+    try:
+        dist.broadcast(torch.zeros(1, dtype=torch.bfloat16), src=0)
+    except RuntimeError:
+        return False
+    return True
+
+
 def use_list_collectives_where_gloo_lacks_tensor_ones() -> None:
     """DeepSpeed picks `all_gather_into_tensor` / `reduce_scatter_tensor` when torch has the
     functions, not when the backend implements them: torch 2.1's gloo (the image's pinned stack)

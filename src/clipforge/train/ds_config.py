@@ -6,11 +6,18 @@ and the device, and the result lands in checkpoints/<run>/deepspeed_config.json.
 
 from __future__ import annotations
 
-from clipforge.errors import StageError
 from clipforge.config import BatchPlan, TrainConfig
+from clipforge.errors import StageError
 
 # Never let DeepSpeed print its own per-step lines; clipforge logs progress itself.
 _QUIET_STEPS = 10**9
+
+
+# Why a device cannot train in bf16 (clipforge.train.dist.device_has_bf16 decides).
+_NO_BF16 = {
+    "cuda": "NVIDIA GPUs compute bf16 from Ampere, compute capability 8.0, on",
+    "cpu": "this torch's gloo backend carries no bf16 tensors, as torch 2.1's, the image's",
+}
 
 
 def resolve_precision(requested: str, device: str, bf16_supported: bool) -> str:
@@ -20,28 +27,10 @@ def resolve_precision(requested: str, device: str, bf16_supported: bool) -> str:
         return "bf16" if device == "cuda" and bf16_supported else "fp32"
     if requested == "bf16" and not bf16_supported:
         raise StageError(
-            f"train.precision: bf16 requested but this {'GPU' if device == 'cuda' else device} "
-            "has no bf16 arithmetic (NVIDIA GPUs have it from Ampere, compute capability 8.0, "
-            "on): set train.precision: fp32, or auto"
+            f"train.precision: bf16 requested but this {'GPU' if device == 'cuda' else 'CPU'} "
+            f"cannot train in bf16 ({_NO_BF16[device]}): set train.precision: fp32, or auto"
         )
     return requested
-
-
-def device_has_bf16(device: str) -> bool:
-    """Whether `device` computes in bf16 natively. Every CPU does for torch (with or without
-    bf16 instructions) and for DeepSpeed's CPU accelerator; a GPU from Ampere on. torch's
-    `is_bf16_supported` also says yes for older GPUs that only emulate it (slowly), so that
-    emulation is left out where torch tells the two apart."""
-    import inspect
-
-    import torch
-
-    if device == "cpu":
-        return True
-    check = torch.cuda.is_bf16_supported
-    if "including_emulation" in inspect.signature(check).parameters:
-        return check(including_emulation=False)
-    return check()
 
 
 def use_torch_adam(optimizer: str, device: str) -> bool:

@@ -33,11 +33,10 @@ from clipforge.ids import launch_id_of
 from clipforge.model import ClipBundle, build_model
 from clipforge.train import data as train_data
 from clipforge.train import retrieval_grid
-from clipforge.train.dist import DistInfo, init_distributed, resolve_device
+from clipforge.train.dist import DistInfo, device_has_bf16, init_distributed, resolve_device
 from clipforge.train.ds_config import (
     deepspeed_bf16,
     deepspeed_config,
-    device_has_bf16,
     resolve_precision,
     uses_autocast,
 )
