@@ -28,8 +28,9 @@ DeepSpeed is imported only by the rows that use it: when it cannot be imported (
 group cannot start), those rows record why and the plain-PyTorch, open_clip_train and loader
 rows still run.
 
-The dry run executes every section's code at tiny sizes (torch.compile with the `eager` backend:
-no C++ toolchain needed), so an import or API error cannot hide behind the GPU.
+The dry run executes every section's code at tiny sizes (torch.compile with the `aot_eager`
+backend: dynamo's graphs and AOTAutograd's backward, no code generated, no C++ toolchain needed),
+so an import or API error cannot hide behind the GPU.
 Rates are timed over windows much longer than what can be in flight (loader chunks, prefetched
 steps), so prefetching cannot inflate them.
 """
@@ -146,7 +147,7 @@ DRY = Profile(
     zero1_micro_batches=(16, 8),
     zero23_micro_batch=16,
     compile_micro_batch=16,
-    compile_backend="eager",
+    compile_backend="aot_eager",
     warmup_steps=1,
     timed_steps=2,
     worker_counts=(0, 1),

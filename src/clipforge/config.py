@@ -284,7 +284,8 @@ class TrainConfig(Section):
 
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "`auto`: CUDA when available, else CPU.")
     precision: Literal["auto", "bf16", "fp32"] = knob(
-        "auto", "`auto`: bf16 on GPUs that support it, fp32 on CPU."
+        "auto",
+        "`auto`: bf16 on GPUs that have it, fp32 on CPU; `bf16` runs on CPU too (slower there).",
     )
     zero_stage: int = knob(
         1,
