@@ -416,6 +416,7 @@ def environment(profile: Profile) -> dict:
         "dev_shm_gb": round(shm.total / 1e9, 1) if shm else None,
         "dev_shm_free_gb": round(shm.free / 1e9, 1) if shm else None,
         "nvidia_smi": nvidia_smi(),  # on CPU too: its absence is a fact, and the path runs
+        "clipforge_gpu_reads": clipforge_gpu_reads(),
         "flops_per_sample": flops_per_sample(_model_cfg(profile)),
         "datasheet_part": part[0] if part else None,
         "datasheet_peak_flops": part[1] if part else None,
@@ -450,6 +451,30 @@ def versions() -> dict:
         except Exception as exc:  # noqa: BLE001 - a broken install is a fact to record
             found[key] = f"does not import: {first_line(exc)}"
     return found
+
+
+def clipforge_gpu_reads() -> dict:
+    """The GPU facts clipforge's own code reads on a GPU host, read by that code: the run's
+    alerts' NVML readings (clipforge.alerts.gpu) and the GPUs the host supervisor counts
+    (clipforge.launcher.host.gpus); on a CPU each says why there is nothing to read."""
+    from clipforge.alerts.gpu import open_nvml
+    from clipforge.launcher.host.gpus import read_inventory
+
+    try:
+        reader = open_nvml()
+        if isinstance(reader, str):
+            nvml: object = reader
+        else:
+            try:
+                nvml = [dataclasses.asdict(r) for r in reader.read()]
+            finally:
+                reader.close()
+        with tempfile.TemporaryDirectory() as node_dir:
+            inventory = read_inventory(node_dir, planned=1)
+    except Exception as exc:  # noqa: BLE001 - a failed read is this row's result
+        return {"error": first_line(exc)}
+    counted = dataclasses.asdict(inventory) if inventory else "nothing can tell: no nvidia-smi"
+    return {"nvml": nvml, "supervisor_inventory": counted}
 
 
 def nvidia_smi() -> str:
@@ -1087,6 +1112,9 @@ def real_run(profile: Profile, workdir: Path) -> dict:
     return {
         "precision": ran_as.group(1) if ran_as else None,  # as resolved (auto: bf16 on a GPU)
         "zero_stage": int(ran_as.group(2)) if ran_as else None,
+        # on a GPU the micro batch is probed at the run's first start (train.micro_batch_size:
+        # auto), and kept in the run directory for its resumes
+        "batch_plan": _batch_plan(workdir / "checkpoints"),
         "stopped_exit_code": stopped_code,
         "resumed_from_step": summary["resumed_from_step"],
         "steps": summary["steps"],
@@ -1102,6 +1130,13 @@ def real_run(profile: Profile, workdir: Path) -> dict:
 
 # the train stage's start line: "... batch B = M micro x A accum x R ranks, cuda bf16 ZeRO-1"
 _RUN_AS = re.compile(r" (bf16|fp32) ZeRO-(\d)\b")
+
+
+def _batch_plan(checkpoints: Path) -> dict | None:
+    from clipforge.train.microbatch import PLAN_FILE
+
+    found = sorted(checkpoints.glob(f"run-*/{PLAN_FILE}"))
+    return json.loads(found[0].read_text()) if found else None
 
 
 def _steps(tsv: Path) -> list[int]:

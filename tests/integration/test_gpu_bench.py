@@ -75,6 +75,8 @@ def check_dry_run(out) -> None:
     assert run["loss_falls"] is True and run["export_loads_in_open_clip"] is True
     assert run["mfu"] is None
     assert run["precision"] == "bf16"  # the GPU default's numeric path, on the CPU
+    assert run["batch_plan"]["chosen_by"] == "the rank's share of the global batch"  # no probe
+    assert set(env["clipforge_gpu_reads"]) == {"nvml", "supervisor_inventory"}
     table = (out / "gpu-bench.md").read_text()
     for heading in ("## zero1", "## reference", "## end_to_end", "## loader", "## zero23",
                     "## compile", "## ratios", "## train_run"):  # fmt: skip

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from clipforge.config import batch_plan, load_config
 from clipforge.errors import StageError
+from clipforge.train.dist import resolve_device
 from clipforge.train.ds_config import (
     deepspeed_bf16,
     deepspeed_config,
@@ -91,3 +93,12 @@ def test_bf16_above_zero1_keeps_fp32_weights_for_autocast():
     assert config["bf16"] == {"enabled": False}
     assert uses_autocast("bf16", 3) and uses_autocast("bf16", 2)
     assert not uses_autocast("bf16", 1) and not uses_autocast("fp32", 3)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_a_visible_gpu_is_one_line_and_auto_is_the_cpu():
+    """`train.device: auto` takes the CPU where no GPU is visible; `cuda` there is the stage's
+    one line naming the settings that train on the CPU."""
+    assert resolve_device("auto") == "cpu"
+    with pytest.raises(StageError, match="train.device: cuda requested but no GPU is visible"):
+        resolve_device("cuda")
