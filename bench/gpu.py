@@ -91,6 +91,9 @@ class Profile:
     run_precision: str  # the GPU default's (auto: bf16); the dry run asks for bf16 on the CPU
     total_seconds: float  # everything; the device tool's limit is 470 s, wheels included
     section_seconds: dict = field(default_factory=dict)  # caps; train_run gets what is left
+    # DeepSpeed's import and process group, and the model's build (each): seconds on a GPU; on a
+    # CPU the first start builds DeepSpeed's CPU comm op (minutes on a busy machine)
+    setup_seconds: float = 60.0
     train_run_min_seconds: float = 0.0  # below this much time left, train_run is not started
 
 
@@ -163,6 +166,7 @@ DRY = Profile(
     run_images=160,
     run_precision="bf16",
     total_seconds=1800,
+    setup_seconds=900,
     section_seconds={s: 600 for s in SECTIONS if s != "train_run"},
 )
 SHARD_SAMPLES = 1024
@@ -1174,8 +1178,8 @@ def run_all(profile: Profile, dry_run: bool, out: Path, skip: set[str]) -> None:
     env = attempt(budget("env"), environment, profile)
     report.add("env", env)
     # Each guarded: without DeepSpeed (or its process group) the rows that need none still run.
-    deepspeed = attempt(min(60, clock.left()), _deepspeed_ready, profile)
-    bundle = attempt(min(60, clock.left()), _bundle, profile)
+    deepspeed = attempt(min(profile.setup_seconds, clock.left()), _deepspeed_ready, profile)
+    bundle = attempt(min(profile.setup_seconds, clock.left()), _bundle, profile)
     broken = {
         "deepspeed": {"error": f"DeepSpeed: {deepspeed['error']}"}
         if "error" in deepspeed

@@ -80,7 +80,9 @@ def test_a_bf16_run_exports_what_plain_open_clip_loads_with_evals_recall(
     _assert_plain_recall_is_evals(bf16_run / "models" / "clip", small_data / "test", tmp_path)
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+# ZeRO-3's run in make test-tier2 (~25 s more); make test keeps its layout read at one rank
+# (test_the_export_reads_the_engines_own_fp32_weights_from_every_kind_of_checkpoint).
+@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.tier2)])
 def test_the_bf16_run_above_zero1_exports_too(tmp_path, small_data, stage):
     """The same run at ZeRO-2 and ZeRO-3 (fp32 weights under bf16 autocast, ZeRO's own shards),
     3 steps, in a fresh interpreter (a ZeRO-3 engine patches torch for its whole process)."""
@@ -114,11 +116,33 @@ def _weights_worker(tmp_path: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
+def _assert_the_engines_weights(compared: dict) -> None:
+    """Each checkpoint compared: every parameter, the same names, bit for bit."""
+    for name, one in compared.items():
+        assert one["only_engine"] == one["only_checkpoint"] == [], name
+        assert one["num_params"] > 50, name
+        assert one["max_diff"] == 0.0, name
+
+
 def test_the_export_reads_the_engines_own_fp32_weights_from_every_kind_of_checkpoint(tmp_path):
     """Every optimizer layout the train stage writes (ZeRO-0's model states, ZeRO-1's shards and
-    DeepSpeed's bf16 mode, ZeRO-2's and ZeRO-3's shards), saved by 2 ranks, then resumed on 1
-    through DeepSpeed's universal checkpoint and saved again: what the export reads from each
+    DeepSpeed's bf16 mode, ZeRO-2's and ZeRO-3's shards): what the export reads from each
     checkpoint is, bit for bit, the engine's own fp32 master weights, every parameter of them."""
+    saved = _weights_worker(tmp_path, "--world", "1")
+    assert list(saved) == [f"zero{stage}-{precision}-step-00000002" for stage, precision in CASES]
+    assert saved["zero1-bf16-step-00000002"]["dtypes"] == ["torch.bfloat16"]  # the bf16 mode
+    _assert_the_engines_weights(saved)
+
+
+# Two more interpreters, 2 ranks then 1, four universal conversions (~1 min): in make
+# test-tier2. make test keeps each layout at one rank (above) and a bf16 run of 2 ranks going on
+# with 1 through the universal form (test_multirank.py).
+@pytest.mark.tier2
+def test_the_same_on_two_ranks_and_after_a_universal_resume_on_one(tmp_path):
+    """The same layouts saved by 2 ranks, then each resumed on 1 through DeepSpeed's universal
+    checkpoint, as the train stage goes on with fewer GPUs, and saved again: the export reads the
+    engine's own fp32 master weights from the 2 ranks' checkpoint (what was loaded) and from the
+    one saved after."""
     saved = _weights_worker(tmp_path, "--world", "2")
     resumed = _weights_worker(tmp_path, "--world", "1", "--resume")
     cases = [f"zero{stage}-{precision}" for stage, precision in CASES]
@@ -126,11 +150,7 @@ def test_the_export_reads_the_engines_own_fp32_weights_from_every_kind_of_checkp
     assert list(resumed) == [
         f"{case}-{step}" for case in cases for step in ("step-00000002-loaded", "step-00000003")
     ]
-    assert saved["zero1-bf16-step-00000002"]["dtypes"] == ["torch.bfloat16"]  # the bf16 mode
-    for name, compared in {**saved, **resumed}.items():
-        assert compared["only_engine"] == compared["only_checkpoint"] == [], name
-        assert compared["num_params"] > 50, name
-        assert compared["max_diff"] == 0.0, name
+    _assert_the_engines_weights({**saved, **resumed})
 
 
 def test_eval_stage_writes_metrics_with_the_documented_keys(
