@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from tests.integration.gradient_worker import _engine, _rank_micro_batches
+from tests.support.workers import on_ranks
 
 # (ZeRO stage, precision): DeepSpeed's stage-0 model states, ZeRO-1's shards, its bf16 mode
 # (BF16_Optimizer), ZeRO-2's and ZeRO-3's shards (fp32 weights under bf16 autocast). ZeRO-3 last:
@@ -121,15 +122,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
-    if args.world == 1:
-        run(0, 1, args)
-        return
-    import torch.multiprocessing as mp
-
-    from clipforge.train.dist import free_port
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    mp.spawn(run, args=(args.world, args), nprocs=args.world, join=True)
+    on_ranks(run, args.world, args)
 
 
 if __name__ == "__main__":

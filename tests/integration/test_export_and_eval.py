@@ -20,7 +20,6 @@ from clipforge.export.card import NOT_EVALUATED
 from clipforge.metrics.retrieval import METRIC_KEYS
 from tests.conftest import (
     BF16_SETS,
-    REPO,
     eval_argv,
     set_args,
     subprocess_env,
@@ -29,6 +28,7 @@ from tests.conftest import (
 )
 from tests.integration.checkpoint_weights_worker import CASES
 from tests.support.plain_open_clip import plain_open_clip
+from tests.support.workers import json_from
 
 pytestmark = pytest.mark.slow
 
@@ -103,17 +103,8 @@ def test_the_bf16_run_above_zero1_exports_too(tmp_path, small_data, stage):
 
 def _weights_worker(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / f"weights-{len(list(tmp_path.glob('weights-*')))}.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.integration.checkpoint_weights_worker", str(out)]
-        + [str(tmp_path / "runs"), *args],
-        cwd=REPO,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    worker = ["-m", "tests.integration.checkpoint_weights_worker", str(out)]
+    return json_from([*worker, str(tmp_path / "runs"), *args], out)
 
 
 def _assert_the_engines_weights(compared: dict) -> None:

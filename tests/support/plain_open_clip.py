@@ -4,12 +4,9 @@ and its retrieval recall computed from scratch (plain torch, not clipforge.metri
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import subprocess_env
+from tests.support.workers import json_from
 
 _SCRIPT = r"""
 import base64, io, json, sys
@@ -52,12 +49,4 @@ json.dump({"dtypes": sorted({str(w.dtype) for w in weights.values()}),
 def plain_open_clip(model_dir: Path, test_dir: Path, out: Path) -> dict:
     """The weights' dtypes, the embeddings of the test set's images and texts (in file order) and
     its recall, as open_clip alone gives them for `model_dir`; `out` holds them too."""
-    result = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(model_dir), str(test_dir), str(out)],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return json_from(["-c", _SCRIPT, str(model_dir), str(test_dir), str(out)], out, timeout=300)
