@@ -153,13 +153,14 @@ def test_a_run_that_loses_a_rank_ends_on_one_where_two_end(smoke):
     assert_same_run(reference, lost, steps=6, exact_through=3)
 
 
-@pytest.mark.parametrize("stage", [0, 3])
-def test_the_export_reads_the_checkpoints_of_zero0_and_zero3_on_deepspeed_0_14_5(
+@pytest.mark.parametrize("stage", [0, 2])
+def test_the_export_reads_the_checkpoints_of_zero0_and_zero2_on_deepspeed_0_14_5(
     smoke, tmp_path, stage
 ):
-    """The export's one reader of fp32 weights on the pinned DeepSpeed, for the layouts the
-    smoke's ZeRO-1 run does not write (ZeRO-0's model states, ZeRO-3's shards): the export loads
-    strictly in plain open_clip, in fp32."""
+    """The export's one reader of fp32 weights on the pinned DeepSpeed, for layouts the smoke's
+    ZeRO-1 run does not write (ZeRO-0's model states, ZeRO-2's shards): the export loads strictly
+    in plain open_clip, in fp32. (ZeRO-3 and DeepSpeed's bf16 mode cannot train on this CPU
+    stack: torch 2.1's gloo has neither reduce_scatter nor bf16 tensors; a GPU uses NCCL.)"""
     from tests.support.plain_open_clip import plain_open_clip
 
     _, project = smoke
