@@ -29,6 +29,7 @@ from fabric import Config, Connection, task
 from invoke import Collection, Exit, Task
 
 from clipforge.errors import UserError
+from clipforge.ids import checked_launch_id
 from clipforge.launcher import LauncherError, preflight, session, watch
 from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
@@ -226,6 +227,8 @@ def train(
     kubernetes=False,
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
+    if resume:
+        resume = checked_launch_id(resume, "--resume")  # it names folders on hosts and the store
     # A stack of runMode jobs has no SSH workers: without -H, a run is a Job there.
     kubernetes = kubernetes or _jobs_stack(c)
     if kubernetes:

@@ -4,6 +4,9 @@ What is written gets the mode any tool would give it: 0666 / 0777 less the umask
 mkstemp and mkdtemp make private files, unreadable to teammates on shared storage), or the mode
 of the file it replaces.
 
+Names from outside (a host, a run store, an archive) become local paths through one checked join,
+`join_inside`: a name that would land outside its folder is refused before anything is written.
+
 Standard library only: the launcher's host side (clipforge.launcher.host) writes through it, under
 a host's own python3.
 """
@@ -20,7 +23,53 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from clipforge.errors import UserError, shown
+
 log = logging.getLogger("clipforge.fsutil")
+
+MAX_NAME_BYTES = 255  # one path component, as Linux file systems take it
+
+
+class UnsafeNameError(UserError, ValueError):
+    """A name from outside that would not stay inside its folder, or that no folder should hold
+    (a control character, an over-long component); the message names it and where it came from."""
+
+
+def join_inside(folder: str | Path, name: str, source: str) -> Path:
+    """`folder/name` for a relative `name` that came from outside (`source` says whose: a host, a
+    run store, an archive), once it is certain to stay inside `folder`: no absolute path, no
+    empty, `.` or `..` component, no control character, no component over 255 bytes, and no
+    symbolic link below `folder` on the way (a write would follow it elsewhere). UnsafeNameError
+    naming it otherwise. Nothing is created here: callers check every name before writing any."""
+    problem = _name_problem(name)
+    path = Path(folder)
+    if problem is None:
+        for part in name.split("/"):
+            path = path / part
+            if path.is_symlink():
+                problem = f"{path} is a symbolic link"
+                break
+    if problem:
+        raise UnsafeNameError(
+            f"{source} names {shown(name)}, which would not stay inside {folder} ({problem}); "
+            "nothing was written"
+        )
+    return path
+
+
+def _name_problem(name: object) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "not a file name"
+    if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in name):
+        return "a control character or undecodable byte"
+    if name.startswith("/"):
+        return "an absolute path"
+    for part in name.split("/"):
+        if part in ("", ".", ".."):
+            return f"a {part!r} component" if part else "an empty component"
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            return f"a component over {MAX_NAME_BYTES} bytes"
+    return None
 
 
 class AtomicFile:

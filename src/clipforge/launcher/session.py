@@ -21,6 +21,7 @@ from typing import Any
 from fabric import Connection
 
 from clipforge.fields import knob
+from clipforge.ids import checked_launch_id
 from clipforge.launcher import LauncherError, connection
 from clipforge.launcher.commands import DockerSpec, run_container
 from clipforge.launcher.connection import HostSpec, join, probe, q, run
@@ -175,18 +176,21 @@ def open_hosts(
 
 
 def launch_id_on(host: Host, requested: str | None) -> str:
-    """--run (a launch id) when given, else the newest launch on this host."""
+    """--run (a launch id) when given, else the newest launch on this host, as its `current`
+    marker names it: a launch id, or an IdError naming the marker (it names a folder here)."""
     if requested:
+        requested = checked_launch_id(requested, "--run")
         if not probe(host.cxn, f"test -d {q(posixpath.join(host.root, 'runs', requested))}").ok:
             raise LauncherError(
                 f"{host.label}: no run {requested} under {host.root}/runs "
                 f"(`fab status` lists the newest; runs are named by --run)"
             )
         return requested
-    result = probe(host.cxn, f"cat {q(current_marker(host.root))}")
+    marker = current_marker(host.root)
+    result = probe(host.cxn, f"cat {q(marker)}")
     if not result.ok or not result.stdout.strip():
         raise LauncherError(f"{host.label}: no run launched under {host.root} yet (`fab train`)")
-    return result.stdout.strip()
+    return checked_launch_id(result.stdout.strip(), f"{host.label}:{marker}")
 
 
 def node_layout(host: Host, index: int, requested_run: str | None) -> NodeLayout:
