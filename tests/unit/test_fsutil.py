@@ -12,8 +12,10 @@ from clipforge.fsutil import (
     UnsafeNameError,
     atomic_file,
     atomic_write_text,
+    give_default_modes,
     join_inside,
     replace_dir_atomically,
+    restrict_umask,
 )
 
 
@@ -110,3 +112,42 @@ def test_a_name_through_a_symbolic_link_below_its_folder_is_refused(tmp_path):
         join_inside(folder, "file", "host")
     (tmp_path / "runs").symlink_to(folder)
     assert join_inside(tmp_path / "runs", "other/x", "host") == tmp_path / "runs" / "other" / "x"
+
+
+@pytest.mark.parametrize("umask, restricted", [(0o022, 0o027), (0o002, 0o027), (0o077, 0o077)])
+def test_a_run_writes_group_readable_at_most_and_a_stricter_umask_stays(
+    tmp_path, umask, restricted
+):
+    """restrict_umask (every stage, the host's supervisor): the group may read, not write; others
+    get nothing; a user's stricter umask is kept. It returns the umask it replaced."""
+    previous = os.umask(umask)
+    try:
+        assert restrict_umask() == umask
+        atomic_write_text(tmp_path / "metrics" / "eval.json", "{}\n")
+        assert os.umask(0o022) == restricted
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "metrics" / "eval.json").stat().st_mode & 0o777 == 0o666 & ~restricted
+    assert (tmp_path / "metrics").stat().st_mode & 0o777 == 0o777 & ~restricted
+
+
+def test_files_a_library_wrote_with_its_own_mode_get_the_umasks(tmp_path):
+    """give_default_modes: safetensors writes 0600, the config 0644; afterwards every file of the
+    folder has the one mode a new file gets, every folder a new folder's."""
+    (tmp_path / "transformers").mkdir(mode=0o700)
+    (tmp_path / "open_clip_model.safetensors").write_bytes(b"w")
+    (tmp_path / "open_clip_model.safetensors").chmod(0o600)
+    (tmp_path / "transformers" / "config.json").write_text("{}")
+    (tmp_path / "transformers" / "config.json").chmod(0o664)
+    previous = os.umask(0o027)
+    try:
+        give_default_modes(tmp_path)
+    finally:
+        os.umask(previous)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [tmp_path, *tmp_path.rglob("*")]}
+    assert modes == {
+        tmp_path.name: 0o750,
+        "transformers": 0o750,
+        "open_clip_model.safetensors": 0o640,
+        "config.json": 0o640,
+    }
