@@ -186,6 +186,8 @@ def check(
         "max_restarts": "restarts after crashes before giving up",
         "min_gpus": "after losing GPUs, go on with at least this many per node (default: half)",
         "master_port": "node 0's rendezvous port (multi-node)",
+        "allow_public_master": "multi-node: let node 0's rendezvous listen on a public address "
+        "(firewall --master-port to the nodes first; docs/launcher.md)",
         "resume": "start the supervisors of an existing run again (after fab stop); on hosts "
         "that never saw it, move it there from the run store; with --kubernetes, submit it "
         "again as a new Job (JobSet) from the run store, with a fresh --max-moves",
@@ -217,6 +219,7 @@ def train(
     max_restarts=TrainOptions.max_restarts,
     min_gpus=None,
     master_port=TrainOptions.master_port,
+    allow_public_master=False,
     resume=None,
     store=None,
     accept_new_host_key=False,
@@ -267,6 +270,7 @@ def train(
         max_restarts=parse_count(max_restarts, "--max-restarts"),
         min_gpus=parse_count(min_gpus, "--min-gpus") if min_gpus is not None else None,
         master_port=parse_count(master_port, "--master-port"),
+        allow_public_master=allow_public_master,
     )
     prepared = launch_mod.prepare(source, options, c.settings)
     if kubernetes:

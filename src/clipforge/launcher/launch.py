@@ -164,7 +164,7 @@ def launch(
     ]
     master_addr, interfaces = "", [None] * len(hosts)
     if options.nodes > 1:
-        master_addr = network.master_address(hosts[0], stack)
+        master_addr = network.master_address(hosts[0], stack, settings, options.allow_public_master)
         rows, interfaces = network.check_nodes(hosts, master_addr, options.master_port, settings)
         results = [own + more for own, more in zip(results, rows)]
     for host, rows in zip(hosts, results):
@@ -370,6 +370,7 @@ def run_record(
         params=prepared.params,
         checkpoints_dir=checkpoints_dir,
         master=master,
+        allow_public_master=options.allow_public_master,
         socket_interfaces=interfaces,
         max_restarts=options.max_restarts,
         min_gpus=options.min_gpus,
@@ -456,6 +457,7 @@ def stored_options(record: RunRecord) -> TrainOptions:
         max_restarts=record.max_restarts,
         min_gpus=record.min_gpus,
         image=record.image,
+        allow_public_master=record.allow_public_master,
     )
 
 

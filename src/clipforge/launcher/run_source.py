@@ -351,14 +351,12 @@ def _copy_home(host: Host, picks: list[tuple[str, str]], into: Path) -> None:
             host.cxn.get(remote_tar, str(local_tar))
             with tarfile.open(local_tar) as archive:
                 members = _checked_members(archive, into, f"{host.label}: the run's results")
-                archive.extractall(into, members=members, **_EXTRACTION_FILTER)
+                if hasattr(tarfile, "data_filter"):  # the standard library's checks on top
+                    archive.extractall(into, members=members, filter="data")
+                else:  # a Python before 3.10.12 / 3.11.4
+                    archive.extractall(into, members=members)
     finally:
         probe(host.cxn, f"rm -f {q(remote_tar)}")
-
-
-# The standard library's own checks on top (file modes without setuid or write for others),
-# where this Python has them (3.10.12+, 3.11.4+).
-_EXTRACTION_FILTER = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
 
 
 def _checked_members(archive: tarfile.TarFile, into: Path, source: str) -> list[tarfile.TarInfo]:
@@ -423,7 +421,7 @@ class StoredRun(RunSource):
                 "nothing was read from it"
             )
         try:
-            store = RunStore(remote, training_run)
+            store = RunStore(remote, str(training_run))
         except Exception as exc:  # as above
             raise LauncherError(f"run store {remote}: {exc}") from None
         return cls(store, record, downloads)
