@@ -15,6 +15,7 @@ the host name resolves to (a public one, on some boxes).
 from __future__ import annotations
 
 import datetime
+import errno
 import ipaddress
 import os
 import socket
@@ -122,32 +123,33 @@ def rendezvous_store(
 
 
 def _listener_on(address: str, port: int, seconds: float) -> socket.socket:
-    """A TCP socket listening on `address`:`port`. A name that does not resolve yet (a pod's own
-    DNS name, published as it starts) is asked again for up to `seconds`."""
+    """A TCP socket listening on `address`:`port`. A name that does not resolve yet, or still to
+    another address (a pod's own DNS name, published as the pod starts), is tried again for up to
+    `seconds`."""
     deadline = time.monotonic() + seconds
     while True:
         try:
-            family, kind, proto, _, where = socket.getaddrinfo(
-                address, port, type=socket.SOCK_STREAM
-            )[0]
-            break
-        except socket.gaierror:
-            if time.monotonic() > deadline:
+            return _listening(address, port)
+        except OSError as exc:
+            not_yet = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+            if not not_yet or time.monotonic() > deadline:
                 raise StageError(
-                    f"MASTER_ADDR {address} does not resolve here, on rank 0's host"
+                    f"the rendezvous cannot listen on MASTER_ADDR {address} port {port} on rank "
+                    f"0's host ({exc.strerror}): it must be an address of this host, the port free"
                 ) from None
             time.sleep(1)
+
+
+def _listening(address: str, port: int) -> socket.socket:
+    family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
     listener = socket.socket(family, kind, proto)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(where)
-    except OSError as exc:
+        listener.listen()
+    except OSError:
         listener.close()
-        raise StageError(
-            f"the rendezvous cannot listen on MASTER_ADDR {address} port {port} on rank 0's host "
-            f"({exc.strerror}): it must be an address of this host and the port free"
-        ) from None
-    listener.listen()
+        raise
     return listener
 
 
