@@ -155,26 +155,36 @@ def _plant_run(root: Path) -> None:
     ["../../victim", "/tmp", "20261201-120000-01234567/../../../victim", "２０２６１２０１-120000-ab",
      f"20261201-120000-{LONG}", "a\x1b[2Jb"],
 )  # fmt: skip
-@pytest.mark.parametrize("task", ["fetch", "status", "tensorboard", "logs"])
-def test_a_host_marker_that_is_no_launch_id_is_refused_and_nothing_is_written(host, marker, task):
-    """The host's `current` marker names a folder here (`runs/<launch id>`) and there: a marker
-    that is no launch id (`..`, an absolute path, digits of another script, an over-long or
-    escape-laden name) is refused in one line naming the marker file, before any copy."""
+def test_a_host_marker_that_is_no_launch_id_is_refused_and_nothing_is_written(host, marker):
+    """The host's `current` marker names a folder here (`runs/<launch id>`) and there: `fab fetch`
+    refuses a marker that is no launch id (`..`, an absolute path, digits of another script, an
+    over-long or escape-laden name) in one line naming the marker file, before any copy."""
     root, machine, fab = host
     _plant_run(root)
     (root / "current").write_text(marker + "\n")
-    result = fab(task)
+    result = fab("fetch")
     refused(result, f"{root}/current", "not a launch id")
     assert "\x1b" not in result.stderr  # shown escaped: it cannot rewrite the user's terminal
     machine.assert_untouched()
 
 
-@pytest.mark.parametrize("task", ["fetch", "status", "tensorboard", "logs", "stop", "clean"])
-def test_a_run_argument_that_is_no_launch_id_is_refused_and_nothing_is_written(host, task):
-    """`--run ../../victim`: refused as the user typed it, before the host is asked anything."""
+def test_every_task_reading_a_host_refuses_its_marker_alike(host):
+    """`fab status`, `fab tensorboard` and `fab logs` read the marker through the same check."""
     root, machine, fab = host
     _plant_run(root)
-    refused(fab(task, "--run", "../../victim"), "--run", "not a launch id: '../../victim'")
+    (root / "current").write_text("../../victim\n")
+    for task in ("status", "tensorboard", "logs"):
+        refused(fab(task), f"{root}/current", "not a launch id: '../../victim'")
+    machine.assert_untouched()
+
+
+def test_a_run_argument_that_is_no_launch_id_is_refused_and_nothing_is_written(host):
+    """`--run ../../victim`: every task refuses it as the user typed it, before the host is asked
+    anything; the run on the host is untouched (`fab stop` and `fab clean` act on hosts)."""
+    root, machine, fab = host
+    _plant_run(root)
+    for task in ("fetch", "status", "tensorboard", "logs", "stop", "clean"):
+        refused(fab(task, "--run", "../../victim"), "--run", "not a launch id: '../../victim'")
     machine.assert_untouched()
     assert (root / "runs" / LAUNCH_ID / "run.json").is_file()
 
@@ -280,18 +290,23 @@ def store(project, tmp_path, s3_server):
     ],
     ids=["dotdot", "deep-dotdot", "absolute", "long", "escape"],
 )
-@pytest.mark.parametrize("task", ["fetch", "tensorboard", "status"])
-def test_store_keys_that_escape_are_refused_and_nothing_is_written(store, task, key, named):
+def test_store_keys_that_escape_are_refused_and_nothing_is_written(store, key, named):
     """A store whose listing names a file outside the folder it is downloaded into: `fab fetch`
-    and `fab tensorboard` refuse in one line naming the key, before downloading anything;
-    `fab status` downloads nothing and writes nothing either."""
+    refuses in one line naming the key, before downloading anything."""
     put, _, machine, fab = store
     put(f"{RUN_ID}/{key}", "evil")
-    result = fab(task)
-    if task == "status":
-        assert result.returncode == 0, result.stdout + result.stderr
-    else:
-        refused(result, "the run store", named, "nothing was written")
+    refused(fab("fetch"), "the run store", named, "nothing was written")
+    machine.assert_untouched()
+
+
+def test_tensorboard_refuses_the_keys_fetch_refuses_and_status_writes_nothing(store):
+    """`fab tensorboard --from-store` downloads the logs through the same check; `fab status`
+    downloads nothing and writes nothing."""
+    put, _, machine, fab = store
+    put(f"{RUN_ID}/logs/../../../{EVIL}.txt", "evil")
+    refused(fab("tensorboard"), "the run store", f"'../../../{EVIL}.txt'", "nothing was written")
+    status = fab("status")
+    assert status.returncode == 0, status.stdout + status.stderr
     machine.assert_untouched()
 
 
@@ -305,22 +320,29 @@ def test_store_keys_that_escape_are_refused_and_nothing_is_written(store, task, 
     ],
     ids=["launch-dotdot", "launch-other", "run-dotdot", "run-suffix"],
 )
-@pytest.mark.parametrize("task", ["fetch", "tensorboard", "status"])
 def test_a_store_record_naming_another_folder_is_refused_and_nothing_is_written(
-    store, task, changes, named
+    store, changes, named
 ):
     """The store's launch record names the launch (a folder here) and the training run (a folder
-    there): one that is not the launch asked for, or no run id, is refused in one line."""
+    there): `fab fetch` refuses one that is not the launch asked for, or no run id, in one line."""
     _, launch, machine, fab = store
     launch(**changes)
-    refused(fab(task), f"launches/{LAUNCH_ID}.json", named)
+    refused(fab("fetch"), f"launches/{LAUNCH_ID}.json", named)
     machine.assert_untouched()
 
 
-@pytest.mark.parametrize("task", ["fetch", "tensorboard", "status"])
-def test_a_run_argument_that_is_no_launch_id_is_refused_before_the_store_is_asked(store, task):
+def test_tensorboard_and_status_read_a_store_record_through_the_same_check(store):
+    _, launch, machine, fab = store
+    launch(launch_id="../../victim")
+    for task in ("tensorboard", "status"):
+        refused(fab(task), f"launches/{LAUNCH_ID}.json", "names the launch '../../victim'")
+    machine.assert_untouched()
+
+
+def test_a_run_argument_that_is_no_launch_id_is_refused_before_the_store_is_asked(store):
     _, _, machine, fab = store
-    refused(fab(task, "--run", "../../victim"), "--run", "not a launch id: '../../victim'")
+    for task in ("fetch", "tensorboard", "status"):
+        refused(fab(task, "--run", "../../victim"), "--run", "not a launch id: '../../victim'")
     machine.assert_untouched()
 
 

@@ -94,12 +94,13 @@ def init_distributed(
         torch.cuda.set_device(local_rank)
     timeout = datetime.timedelta(seconds=timeout_seconds)
     backend = "gloo" if device == "cpu" else "nccl"
-    store = rendezvous_store(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world_size, timeout
-    )
-    torch_dist.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, timeout=timeout
-    )
+    if not torch_dist.is_initialized():  # (a stage run again in one process keeps its group)
+        store = rendezvous_store(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world_size, timeout
+        )
+        torch_dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)  # adopts the group
     if device == "cpu":
         use_list_collectives_where_gloo_lacks_tensor_ones()
