@@ -29,6 +29,7 @@ from fabric import Config, Connection, task
 from invoke import Collection, Exit, Task
 
 from clipforge.errors import UserError
+from clipforge.ids import checked_launch_id
 from clipforge.launcher import LauncherError, preflight, session, watch
 from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
@@ -185,6 +186,8 @@ def check(
         "max_restarts": "restarts after crashes before giving up",
         "min_gpus": "after losing GPUs, go on with at least this many per node (default: half)",
         "master_port": "node 0's rendezvous port (multi-node)",
+        "allow_public_master": "multi-node: let node 0's rendezvous listen on a public address "
+        "(firewall --master-port to the nodes first; docs/launcher.md)",
         "resume": "start the supervisors of an existing run again (after fab stop); on hosts "
         "that never saw it, move it there from the run store; with --kubernetes, submit it "
         "again as a new Job (JobSet) from the run store, with a fresh --max-moves",
@@ -216,6 +219,7 @@ def train(
     max_restarts=TrainOptions.max_restarts,
     min_gpus=None,
     master_port=TrainOptions.master_port,
+    allow_public_master=False,
     resume=None,
     store=None,
     accept_new_host_key=False,
@@ -226,6 +230,8 @@ def train(
     kubernetes=False,
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
+    if resume:
+        resume = checked_launch_id(resume, "--resume")  # it names folders on hosts and the store
     # A stack of runMode jobs has no SSH workers: without -H, a run is a Job there.
     kubernetes = kubernetes or _jobs_stack(c)
     if kubernetes:
@@ -264,6 +270,7 @@ def train(
         max_restarts=parse_count(max_restarts, "--max-restarts"),
         min_gpus=parse_count(min_gpus, "--min-gpus") if min_gpus is not None else None,
         master_port=parse_count(master_port, "--master-port"),
+        allow_public_master=allow_public_master,
     )
     prepared = launch_mod.prepare(source, options, c.settings)
     if kubernetes:

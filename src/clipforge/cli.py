@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from clipforge.config import Config, load_config
 from clipforge.errors import StageError, UserError
+from clipforge.fsutil import restrict_umask
 
 __all__ = ["EXIT_USAGE", "StageError", "UserError", "run_stage", "stage_parser"]
 
@@ -58,6 +60,7 @@ def run_stage(
     --print-config shows)."""
     args = parser.parse_args(argv)
     configure_logging()
+    umask = restrict_umask()  # what the stage writes is group-readable at most (clipforge.fsutil)
     try:
         if args.print_config:
             print(load_stage_config(args, sections).to_yaml(), end="")
@@ -67,6 +70,8 @@ def run_stage(
         for line in str(exc).splitlines():
             print(f"{prog}: error: {line}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        os.umask(umask)  # a caller's own (a test calling main in its process)
     return 0
 
 

@@ -14,3 +14,10 @@ class UserError(Exception):
 
 class StageError(UserError, RuntimeError):
     """A problem with the inputs of a pipeline stage (data, train, eval)."""
+
+
+def shown(value: object, max_chars: int = 100) -> str:
+    """`value` as an error message quotes what came from outside (a host, a store, a file): its
+    repr, so a newline or an escape sequence cannot forge another line, cut to `max_chars`."""
+    text = repr(value)
+    return text if len(text) <= max_chars else f"{text[:max_chars]}… ({len(text)} characters)"

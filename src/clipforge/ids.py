@@ -9,7 +9,10 @@
   or relaunched run keeps it, so several launches can share one run id.
 
 Both go into every alert, run record and status line that knows them, each under its own name
-(docs/alerts.md). Standard library only: the GPU host side uses it.
+(docs/alerts.md). Both name folders, so an id that comes from outside (a `--run` argument, a
+host's `current` marker, a run store's record) is parsed where it enters: `../../victim` is no
+launch id, and the one-line error says where it came from (IdError). Standard library only: the
+GPU host side uses it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,16 @@ import time
 from collections.abc import Mapping
 from typing import NamedTuple
 
-LAUNCH_ID = re.compile(r"(?P<started>\d{8}-\d{6})-(?P<commit>[0-9a-f]{1,40})")
+from clipforge.errors import UserError, shown
+
+# ASCII digits: `\d` would take any script's digits.
+LAUNCH_ID = re.compile(r"(?P<started>[0-9]{8}-[0-9]{6})-(?P<commit>[0-9a-f]{1,40})")
 RUN_ID = re.compile(r"run-(?P<digest>[0-9a-f]{12})")
+
+
+class IdError(UserError, ValueError):
+    """Text that should be a launch id or a run id and is not; the message says where it came
+    from and what an id looks like."""
 
 
 class LaunchId(NamedTuple):
@@ -37,12 +48,20 @@ def new_launch_id(commit: str, now: float | None = None) -> str:
     return f"{started}-{commit[:8]}"
 
 
-def parse_launch_id(text: str) -> LaunchId:
-    """The parts of a launch id; ValueError naming the expected form otherwise."""
-    match = LAUNCH_ID.fullmatch(text)
+def parse_launch_id(text: object, source: str | None = None) -> LaunchId:
+    """The parts of a launch id; IdError naming `source` (where the text came from) and the
+    expected form otherwise."""
+    match = LAUNCH_ID.fullmatch(text) if isinstance(text, str) else None
     if not match:
-        raise ValueError(f"not a launch id: {text!r} (expected YYYYMMDD-HHMMSS-<commit>)")
+        where = f"{source}: " if source else ""
+        raise IdError(f"{where}not a launch id: {shown(text)} (expected YYYYMMDD-HHMMSS-<commit>)")
     return LaunchId(match["started"], match["commit"])
+
+
+def checked_launch_id(text: object, source: str) -> str:
+    """`text`, once it is a launch id (parse_launch_id); for ids from outside."""
+    parse_launch_id(text, source)
+    return str(text)
 
 
 def run_id_for(fingerprint: Mapping) -> str:
@@ -51,11 +70,12 @@ def run_id_for(fingerprint: Mapping) -> str:
     return f"run-{digest[:12]}"
 
 
-def parse_run_id(text: str) -> str:
-    """The digest part of a run id; ValueError naming the expected form otherwise."""
-    match = RUN_ID.fullmatch(text)
+def parse_run_id(text: object, source: str | None = None) -> str:
+    """The digest part of a run id; IdError naming `source` and the expected form otherwise."""
+    match = RUN_ID.fullmatch(text) if isinstance(text, str) else None
     if not match:
-        raise ValueError(f"not a run id: {text!r} (expected run-<12 hex digits>)")
+        where = f"{source}: " if source else ""
+        raise IdError(f"{where}not a run id: {shown(text)} (expected run-<12 hex digits>)")
     return match["digest"]
 
 

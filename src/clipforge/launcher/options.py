@@ -74,6 +74,9 @@ class TrainOptions(RestartLimits):
         check=_data_mode,
     )
     master_port: int = knob(29500, "node 0's rendezvous port", ge=1, le=65535)
+    allow_public_master: bool = knob(
+        False, "node 0's rendezvous may listen on a public address (its port firewalled)"
+    )
     image: str | None = knob(None, "image reference (None: docker/image.env, with $REGISTRY)")
     user_overrides: tuple[str, ...] = knob((), "the user's --set key=value", check=_user_sets)
 
