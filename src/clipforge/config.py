@@ -116,8 +116,18 @@ class DataConfig(Section):
         "(protects against decompression bombs).",
         ge=1,
     )
+    max_image_bytes: int = knob(
+        64 * 2**20,
+        "Image files larger than this many bytes are skipped as `too_large` without being read "
+        "(a tar member, a local file; 64 MiB: three times a 50-megapixel camera JPEG), so a "
+        "shard declaring a 4 GiB member costs nothing.",
+        ge=1,
+    )
     max_caption_chars: int = knob(
-        512, "Captions longer than this are skipped as `caption_too_long`.", ge=1
+        512,
+        "Captions longer than this are skipped as `caption_too_long`; a caption file or tar "
+        "member of more than 4 bytes a character (UTF-8's most) is skipped so without being read.",
+        ge=1,
     )
     # the tokenizer named here, not read from the model section: a new model.* then leaves data/
     # (hours to rebuild at the reference size) as it is, and the loader checks the ids it finds

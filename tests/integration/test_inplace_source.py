@@ -23,7 +23,13 @@ from clipforge.data.shards import ShardChangedError
 from clipforge.data.stage import main
 from clipforge.train.data import split_files
 from tests.imageserver import jpeg_for
-from tests.integration.test_webdataset_source import _tar, make_shards
+from tests.integration.test_webdataset_source import (
+    MEMORY_BOUND,
+    _tar,
+    make_bomb_inputs,
+    make_shards,
+    run_data_stage_measured,
+)
 
 
 def textured_jpeg(seed: int, size=(160, 120), quality: int = 92) -> bytes:
@@ -290,3 +296,22 @@ def test_shards_behind_an_fsspec_url_are_read_and_checked_by_listing(tmp_path):
     victim.write_bytes(victim.read_bytes() + b"\0" * 1024)
     with pytest.raises(ShardChangedError, match="shard-0000.tar: its size was"):
         split_files(tmp_path / "data", "train")
+
+
+def test_members_declaring_gigabytes_are_skipped_unread_in_place(tmp_path):
+    """In place, as copied: the hollow shard's 4 GiB image and 1 GiB caption (read whole before:
+    2.1 GB) are skipped by their header sizes, counted as too_large, in under 1 GB; the sparse
+    member is no regular file to a shard read in place (its sample has no image)."""
+    bomb_shards = make_bomb_inputs(tmp_path / "inputs")
+    data = {
+        "source": "webdataset",
+        "paths": [str(bomb_shards["sparse"]), str(bomb_shards["hollow"])],
+        "in_place": True,
+        "verify": "all",
+        "val_fraction": 0.0,
+        "test_dir": str(bomb_shards["flickr"]),
+    }
+    manifest, peak = run_data_stage_measured(tmp_path, data)
+    assert peak < MEMORY_BOUND, f"peak resident set {peak / 2**20:.0f} MiB"
+    assert manifest["skipped"]["counts"] == {"too_large": 1, "missing_image": 1}
+    assert [(s["samples"], s["kept"]) for s in manifest["source"]["shards"]] == [(3, 2)] * 2

@@ -3,8 +3,10 @@ that is not a tar), read through an fsspec URL with a `{..}` range, re-written i
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
+import sys
 import tarfile
 from pathlib import Path
 
@@ -16,7 +18,9 @@ from clipforge.data import testset
 from clipforge.data.shards import ShardReader
 from clipforge.data.stage import main
 from clipforge.train.data import split_files
+from tests.conftest import subprocess_env
 from tests.imageserver import jpeg_for
+from tests.support.memory import run_measured
 
 
 def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
@@ -149,3 +153,104 @@ def test_missing_shard_is_a_clear_error(tmp_path, capsys):
     assert main(["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "data")]) == 2
     assert f"data.paths: {tmp_path}/nope-*.tar matches no file" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+
+
+# -- inputs that declare more than they hold: bounded memory -------------------------------------
+GIB = 1 << 30
+MEMORY_BOUND = GIB  # the data stage's own footprint is ~650 MB (python, torch, PIL)
+
+
+def _header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, kind
+    return info.tobuf(format=tarfile.GNU_FORMAT)
+
+
+def _padded(size: int) -> int:
+    return (size + 511) // 512 * 512
+
+
+def make_bomb_shards(directory: Path) -> dict[str, Path]:
+    """Three shards of a few KB to 1 MB on disk that declare gigabytes, each after two good
+    samples: `sparse`, a GNU sparse member declaring a 4 GiB image (10 KB, as GNU tar --sparse
+    writes a file of holes); `hollow`, a plain tar whose 1 GiB caption and 4 GiB image are holes
+    in a sparse file; `gzip`, a 1 GiB caption of zeros compressed to 1 MB."""
+    directory.mkdir()
+    good = [m for i in range(2) for m in _sample(f"good-{i}", f"好图片 {i}")]
+    with tarfile.open(directory / "good.tar", "w") as tar:  # the good samples, as a prefix
+        for name, payload in good:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    prefix = (directory / "good.tar").read_bytes().rstrip(b"\0")
+    prefix += bytes(-len(prefix) % 512)
+    sparse = bytearray(_header("s.jpg", 0, tarfile.GNUTYPE_SPARSE))
+    sparse[386:398] = b"%011o\0" % (4 * GIB)  # the map's one entry: data at 4 GiB, 0 bytes
+    sparse[398:410] = b"%011o\0" % 0
+    sparse[483:495] = b"%011o\0" % (4 * GIB)  # the member's size once its holes are filled
+    sparse[148:156] = b" " * 8
+    sparse[148:156] = b"%06o\0 " % sum(sparse)
+    caption = _header("s.txt", 9) + "稀疏的图片".encode()[:9].ljust(512, b"\0")
+    (directory / "sparse.tar").write_bytes(prefix + bytes(sparse) + caption + bytes(1024))
+    with open(directory / "hollow.tar", "wb") as f:
+        f.write(prefix)
+        for name, size in (("h.jpg", 4 * GIB), ("h.txt", GIB)):
+            f.write(_header(name, size))
+            f.seek(_padded(size), 1)  # a hole: nothing written, nothing on disk
+        f.write(bytes(1024))
+    with gzip.open(directory / "gzip.tar.gz", "wb") as f:
+        f.write(prefix + _header("g.jpg", len(jpeg_for("g"))))
+        f.write(jpeg_for("g").ljust(_padded(len(jpeg_for("g"))), b"\0"))
+        f.write(_header("g.txt", GIB))
+        zeros = bytes(1 << 20)
+        for _ in range(GIB // len(zeros)):
+            f.write(zeros)
+        f.write(bytes(1024))
+    (directory / "good.tar").unlink()
+    return {
+        name: directory / file
+        for name, file in (
+            ("sparse", "sparse.tar"),
+            ("hollow", "hollow.tar"),
+            ("gzip", "gzip.tar.gz"),
+        )
+    }
+
+
+def make_bomb_inputs(root: Path) -> dict[str, Path]:
+    """make_bomb_shards' shards, and a test set to give as data.test_dir (`flickr`)."""
+    root.mkdir()
+    shards = make_bomb_shards(root / "shards")
+    tests = [(i, jpeg_for(f"t{i}"), [f"测试{i}"]) for i in range(3)]
+    testset.write_test_set(root / "flickr", tests)
+    return {**shards, "flickr": root / "flickr"}
+
+
+def run_data_stage_measured(root: Path, data: dict) -> tuple[dict, int]:
+    """The data stage as a process of its own on these data params: (its manifest, its peak
+    resident set size in bytes)."""
+    (root / "params.yaml").write_text(yaml.safe_dump({"data": data}), encoding="utf-8")
+    argv = [sys.executable, "-m", "clipforge.data", "--params", str(root / "params.yaml")]
+    result, peak = run_measured([*argv, "--out", str(root / "data")], env=subprocess_env())
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((root / "data" / "manifest.json").read_text(encoding="utf-8"))
+    return manifest, peak
+
+
+def test_members_declaring_gigabytes_are_skipped_unread_in_bounded_memory(tmp_path):
+    """The three shards (4 GiB and 1 GiB members in 10 KB to 1 MB; the copy read them whole: 4.7
+    GB and 2.7 GB) are copied in under 1 GB: each oversized member is skipped by its size,
+    counted as too_large or caption_too_long, and the good samples before it are kept."""
+    bomb_shards = make_bomb_inputs(tmp_path / "inputs")
+    shards = [str(bomb_shards[name]) for name in ("sparse", "hollow", "gzip")]
+    data = {
+        "source": "webdataset",
+        "paths": shards,
+        "in_place": False,
+        "val_fraction": 0.0,
+        "test_dir": str(bomb_shards["flickr"]),
+    }
+    manifest, peak = run_data_stage_measured(tmp_path, data)
+    assert peak < MEMORY_BOUND, f"peak resident set {peak / 2**20:.0f} MiB"
+    assert manifest["skipped"]["counts"] == {"too_large": 2, "caption_too_long": 1}
+    assert [(s["samples"], s["kept"]) for s in manifest["source"]["shards"]] == [(3, 2)] * 3

@@ -126,8 +126,13 @@ def test_local_source_keeps_all_captions_of_a_test_image_together(tmp_path, mess
     """Splits are decided per image, so both captions of good0.jpg land on one test image."""
     from clipforge.data.local import split_of
 
-    image = messy_folder.parent / "good0.jpg"
-    seed = next(s for s in range(1000) if split_of(image, s, 0.0, 0.3) == "test")
+    images = [messy_folder.parent / f"good{i}.jpg" for i in range(12)]
+
+    def tested(seed: int) -> list[bool]:
+        return [split_of(image, seed, 0.0, 0.3) == "test" for image in images]
+
+    # good0 among at least two test images (the split is a hash of the path: tmp_path moves it)
+    seed = next(s for s in range(1000) if tested(s)[0] and sum(tested(s)) >= 2)
     params = write_params(
         tmp_path / "params.yaml",
         {
@@ -496,8 +501,9 @@ def test_a_stopped_or_killed_data_stage_leaves_no_partial_folder_for_long(tmp_pa
 
 
 # -- no silent wrong number (issue: a 1-image test set scored 100, copies leaked into test) ----
-def _given_test_set(directory: Path, num_images: int) -> Path:
-    """A Chinese-CLIP test set of `num_images` distinct images, one caption each."""
+def _given_test_set(directory: Path, num_images: int, described: int | None = None) -> Path:
+    """A Chinese-CLIP test set of `num_images` distinct images, one caption each, describing the
+    first `described` images only (all by default; the others get another's caption)."""
     directory.mkdir()
     with (
         open(directory / "test_imgs.tsv", "w") as imgs,
@@ -506,21 +512,35 @@ def _given_test_set(directory: Path, num_images: int) -> Path:
         for i in range(num_images):
             payload = base64.b64encode(_jpeg(colour=(30 * i % 256, 10, 10))).decode()
             imgs.write(f"{i}\t{payload}\n")
-            texts.write(json.dumps({"text_id": i, "text": f"图{i}", "image_ids": [i]}) + "\n")
+            image = i % (described or num_images)
+            texts.write(json.dumps({"text_id": i, "text": f"图{i}", "image_ids": [image]}) + "\n")
     return directory
 
 
 def test_a_given_test_set_of_one_image_is_refused_before_anything_is_written(tmp_path, capsys):
-    """data.test_dir with one image and one text: exit 2, one line each for images and texts,
-    no data/ written (it would report 100.0 for every recall)."""
+    """data.test_dir with one image and one text: exit 2, one line for each direction, no data/
+    written (it would report 100.0 for every recall)."""
     given = _given_test_set(tmp_path / "given", 1)
     params = write_params(tmp_path / "params.yaml", {"data": {"test_dir": str(given)}})
     assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 2
     assert capsys.readouterr().err == (
-        "clipforge.data: error: data.test_dir: the test set has 1 image: too few to measure "
-        "anything (recall over one is 100%)\n"
-        "clipforge.data: error: data.test_dir: the test set has 1 text: too few to measure "
-        "anything (recall over one is 100%)\n"
+        "clipforge.data: error: data.test_dir: text->image has 1 query (captions): a recall over "
+        "fewer than 2 is 0 or 100 whatever the model\n"
+        "clipforge.data: error: data.test_dir: image->text has 1 query (images some caption "
+        "describes): a recall over fewer than 2 is 0 or 100 whatever the model\n"
+    )
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_given_test_set_whose_captions_all_describe_one_image_is_refused(tmp_path, capsys):
+    """Twelve images, twelve captions, all of one image: image->text is one query (R@1/5/10 =
+    100 over it), refused by the eval stage's rule for a retrieval suite."""
+    given = _given_test_set(tmp_path / "given", 12, described=1)
+    params = write_params(tmp_path / "params.yaml", {"data": {"test_dir": str(given)}})
+    assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 2
+    assert capsys.readouterr().err == (
+        "clipforge.data: error: data.test_dir: image->text has 1 query (images some caption "
+        "describes): a recall over fewer than 2 is 0 or 100 whatever the model\n"
     )
     assert not (tmp_path / "data").exists()
 
@@ -531,9 +551,9 @@ def test_a_given_test_set_under_ten_images_is_a_warning(tmp_path, caplog):
     assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == [
-        f"data.test_dir: the test set has 5 {unit}: recall@10 over fewer than 10 is 100% "
+        f"data.test_dir: {direction} ranks 5 {unit}: recall@10 over fewer than 10 is 100 "
         f"whatever the model"
-        for unit in ("images", "texts")
+        for direction, unit in (("text->image", "images"), ("image->text", "captions"))
     ]
 
 

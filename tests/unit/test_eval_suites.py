@@ -286,7 +286,9 @@ def test_a_retrieval_suite_of_one_image_measures_nothing_either_way(tmp_path):
         f"eval.suites mine ({tmp_path / 'set'}): image->text has 1 query (images some caption "
         f"describes): a recall over fewer than 2 is 0 or 100 whatever the model",
     ]
-    assert problems[2].endswith("give it more images and captions (test_imgs.tsv, test_texts.jsonl)")
+    assert problems[2].endswith(
+        "give it more images and captions (test_imgs.tsv, test_texts.jsonl)"
+    )
 
 
 def test_a_direction_of_few_queries_is_flagged_and_said(tmp_path):

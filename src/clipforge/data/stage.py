@@ -33,7 +33,7 @@ from clipforge.config import STAGE_SECTIONS, Config, ConfigError, DataConfig, Mo
 from clipforge.data import builtin, decontam, inplace, laion, testset, wds_source
 from clipforge.data.inputs import expand_paths
 from clipforge.data.local import load_image, read_records, split_of
-from clipforge.data.samples import SkipLog, clean_caption, shorter_side_at_most
+from clipforge.data.samples import SizeLimits, SkipLog, clean_caption, shorter_side_at_most
 from clipforge.data.shards import CaptionTokenizer, TokenFormat, Tokenize, write_shards
 from clipforge.data.splits import SeenPairs, check_given_test_set, check_held_out_sizes
 from clipforge.data.splits import shard_summary as _shard_summary
@@ -188,7 +188,7 @@ def _local_splits(
     test_images: dict[Path, tuple[bytes, list[str]]] = {}
     images = set()
     seen = SeenPairs()
-    records = read_records(path, skips, data.allow_paths_outside_source)
+    records = read_records(path, skips, SizeLimits.of(data), data.allow_paths_outside_source)
     for record, jpeg, caption in _valid_pairs(records, data, skips):
         if not seen.first_time(jpeg, caption):
             skips.add("duplicate_pair", record.origin)
@@ -224,7 +224,10 @@ def _valid_pairs(records, data: DataConfig, skips: SkipLog) -> Iterator[tuple]:
             skips.add(reason, record.origin)
             continue
         if record.image != last[0]:  # consecutive captions of one image decode it once
-            last = (record.image, *load_image(record.image, data.max_image_pixels))
+            last = (
+                record.image,
+                *load_image(record.image, data.max_image_pixels, SizeLimits.of(data)),
+            )
         _, jpeg, reason = last
         if reason:
             skips.add(reason, str(record.image))
