@@ -33,15 +33,19 @@ MAX_EXPANDED_VALUES = 100_000
 
 class _Loader(yaml.SafeLoader):
     def construct_document(self, node):
-        expanded = expanded_values(node)
-        if expanded is None or expanded > max(MAX_EXPANDED_VALUES, _written_values(node)):
-            what = "into themselves" if expanded is None else f"to {expanded:,} values"
+        sizes: dict[int, int] = {}
+        cycle = _expand(node, sizes)
+        written = _written_values(node)
+        if cycle is not None or sizes[id(node)] > max(MAX_EXPANDED_VALUES, written):
+            where = cycle or _where_it_grows(node, sizes)
+            problem = (
+                "an alias (*name) inside its own anchor expands without end"
+                if cycle
+                else f"aliases (*name) expand to {sizes[id(where)]:,} values, over the "
+                f"{MAX_EXPANDED_VALUES:,} read"
+            )
             raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"aliases (*name) expand {what}; at most {MAX_EXPANDED_VALUES:,} are read: "
-                f"write the values out",
-                node.start_mark,
+                None, None, f"{problem}: write the values out", where.start_mark
             )
         return super().construct_document(node)
 
@@ -75,10 +79,9 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-def expanded_values(root: yaml.Node) -> int | None:
-    """The values a composed document holds once every alias is expanded, counted without
-    expanding (each node once); None when an alias sits inside its own anchor (no end)."""
-    sizes: dict[int, int] = {}
+def _expand(root: yaml.Node, sizes: dict[int, int]) -> yaml.Node | None:
+    """Fill `sizes` (id of a node -> the values it holds once every alias is expanded), counted
+    without expanding, each node once; the node an alias inside itself names (no end), or None."""
     open_nodes: set[int] = set()  # on the path from the root: meeting one again is a cycle
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
@@ -87,12 +90,21 @@ def expanded_values(root: yaml.Node) -> int | None:
             open_nodes.discard(id(node))
             sizes[id(node)] = 1 + sum(sizes[id(child)] for child in _children(node))
         elif id(node) in open_nodes:
-            return None
+            return node
         elif id(node) not in sizes:
             open_nodes.add(id(node))
             stack.append((node, True))
             stack.extend((child, False) for child in _children(node))
-    return sizes[id(root)]
+    return None
+
+
+def _where_it_grows(node: yaml.Node, sizes: dict[int, int]) -> yaml.Node:
+    """The innermost node still over the budget: where the aliases that blow up are."""
+    while True:
+        over = [c for c in _children(node) if sizes[id(c)] > MAX_EXPANDED_VALUES]
+        if not over:
+            return node
+        node = over[0]
 
 
 def _written_values(root: yaml.Node) -> int:

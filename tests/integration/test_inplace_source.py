@@ -300,12 +300,13 @@ def test_shards_behind_an_fsspec_url_are_read_and_checked_by_listing(tmp_path):
 
 def test_members_declaring_gigabytes_are_skipped_unread_in_place(tmp_path):
     """In place, as copied: the hollow shard's 4 GiB image and 1 GiB caption (read whole before:
-    2.1 GB) are skipped by their header sizes, counted as too_large, in under 1 GB; the sparse
-    member is no regular file to a shard read in place (its sample has no image)."""
+    2.1 GB) are skipped by their header sizes, counted as too_large, and the 1 GiB PAX header
+    ends its shard as corrupt_shard, in under 1 GB; the sparse member is no regular file to a
+    shard read in place (its sample has no image)."""
     bomb_shards = make_bomb_inputs(tmp_path / "inputs")
     data = {
         "source": "webdataset",
-        "paths": [str(bomb_shards["sparse"]), str(bomb_shards["hollow"])],
+        "paths": [str(bomb_shards[name]) for name in ("sparse", "hollow", "pax")],
         "in_place": True,
         "verify": "all",
         "val_fraction": 0.0,
@@ -313,5 +314,7 @@ def test_members_declaring_gigabytes_are_skipped_unread_in_place(tmp_path):
     }
     manifest, peak = run_data_stage_measured(tmp_path, data)
     assert peak < MEMORY_BOUND, f"peak resident set {peak / 2**20:.0f} MiB"
-    assert manifest["skipped"]["counts"] == {"too_large": 1, "missing_image": 1}
-    assert [(s["samples"], s["kept"]) for s in manifest["source"]["shards"]] == [(3, 2)] * 2
+    counts = {"too_large": 1, "missing_image": 1, "corrupt_shard": 1}
+    assert manifest["skipped"]["counts"] == counts
+    read_kept = [(s["samples"], s["kept"]) for s in manifest["source"]["shards"]]
+    assert read_kept == [(3, 2), (3, 2), (1, 1)]  # the sample the header may belong to: cut

@@ -170,51 +170,49 @@ def _padded(size: int) -> int:
     return (size + 511) // 512 * 512
 
 
+def _member(name: str, payload: bytes) -> bytes:
+    return _header(name, len(payload)) + payload.ljust(_padded(len(payload)), b"\0")
+
+
 def make_bomb_shards(directory: Path) -> dict[str, Path]:
-    """Three shards of a few KB to 1 MB on disk that declare gigabytes, each after two good
-    samples: `sparse`, a GNU sparse member declaring a 4 GiB image (10 KB, as GNU tar --sparse
-    writes a file of holes); `hollow`, a plain tar whose 1 GiB caption and 4 GiB image are holes
-    in a sparse file; `gzip`, a 1 GiB caption of zeros compressed to 1 MB."""
+    """Shards of a few KB to 1 MB on disk that declare gigabytes, each after two good samples:
+    `sparse`, a GNU sparse member declaring a 4 GiB image (10 KB, as GNU tar --sparse writes a
+    file of holes); `hollow`, a plain tar whose 4 GiB image and 1 GiB caption are holes in a
+    sparse file; `gzip`, a 1 GiB caption of zeros compressed to 1 MB; `pax`, a 1 GiB PAX header
+    (a hole) before an image."""
     directory.mkdir()
-    good = [m for i in range(2) for m in _sample(f"good-{i}", f"好图片 {i}")]
-    with tarfile.open(directory / "good.tar", "w") as tar:  # the good samples, as a prefix
-        for name, payload in good:
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-    prefix = (directory / "good.tar").read_bytes().rstrip(b"\0")
-    prefix += bytes(-len(prefix) % 512)
+    prefix = b"".join(
+        _member(name, payload)
+        for i in range(2)
+        for name, payload in _sample(f"good-{i}", f"好 {i}")
+    )
+    end = bytes(1024)
     sparse = bytearray(_header("s.jpg", 0, tarfile.GNUTYPE_SPARSE))
     sparse[386:398] = b"%011o\0" % (4 * GIB)  # the map's one entry: data at 4 GiB, 0 bytes
     sparse[398:410] = b"%011o\0" % 0
     sparse[483:495] = b"%011o\0" % (4 * GIB)  # the member's size once its holes are filled
     sparse[148:156] = b" " * 8
     sparse[148:156] = b"%06o\0 " % sum(sparse)
-    caption = _header("s.txt", 9) + "稀疏的图片".encode()[:9].ljust(512, b"\0")
-    (directory / "sparse.tar").write_bytes(prefix + bytes(sparse) + caption + bytes(1024))
+    caption = _member("s.txt", "稀疏".encode())
+    (directory / "sparse.tar").write_bytes(prefix + bytes(sparse) + caption + end)
     with open(directory / "hollow.tar", "wb") as f:
         f.write(prefix)
         for name, size in (("h.jpg", 4 * GIB), ("h.txt", GIB)):
             f.write(_header(name, size))
             f.seek(_padded(size), 1)  # a hole: nothing written, nothing on disk
-        f.write(bytes(1024))
+        f.write(end)
+    with open(directory / "pax.tar", "wb") as f:
+        f.write(prefix + _header("p.jpg", GIB, tarfile.XHDTYPE))
+        f.seek(GIB, 1)
+        f.write(_member("p.jpg", jpeg_for("p")) + _member("p.txt", "扩展".encode()) + end)
     with gzip.open(directory / "gzip.tar.gz", "wb") as f:
-        f.write(prefix + _header("g.jpg", len(jpeg_for("g"))))
-        f.write(jpeg_for("g").ljust(_padded(len(jpeg_for("g"))), b"\0"))
-        f.write(_header("g.txt", GIB))
+        f.write(prefix + _member("g.jpg", jpeg_for("g")) + _header("g.txt", GIB))
         zeros = bytes(1 << 20)
         for _ in range(GIB // len(zeros)):
             f.write(zeros)
-        f.write(bytes(1024))
-    (directory / "good.tar").unlink()
-    return {
-        name: directory / file
-        for name, file in (
-            ("sparse", "sparse.tar"),
-            ("hollow", "hollow.tar"),
-            ("gzip", "gzip.tar.gz"),
-        )
-    }
+        f.write(end)
+    names = {"sparse": "sparse.tar", "hollow": "hollow.tar", "pax": "pax.tar"}
+    return {name: directory / file for name, file in {**names, "gzip": "gzip.tar.gz"}.items()}
 
 
 def make_bomb_inputs(root: Path) -> dict[str, Path]:
@@ -238,11 +236,12 @@ def run_data_stage_measured(root: Path, data: dict) -> tuple[dict, int]:
 
 
 def test_members_declaring_gigabytes_are_skipped_unread_in_bounded_memory(tmp_path):
-    """The three shards (4 GiB and 1 GiB members in 10 KB to 1 MB; the copy read them whole: 4.7
-    GB and 2.7 GB) are copied in under 1 GB: each oversized member is skipped by its size,
-    counted as too_large or caption_too_long, and the good samples before it are kept."""
+    """The four shards (4 GiB and 1 GiB members in 10 KB to 1 MB; the copy read them whole: 4.6,
+    8.8 and 2.6 GB) are copied in under 1 GB: each oversized member is skipped by its size,
+    counted as too_large or caption_too_long, and the good samples before them are kept; the
+    PAX header ends its shard as corrupt_shard, as any damage does."""
     bomb_shards = make_bomb_inputs(tmp_path / "inputs")
-    shards = [str(bomb_shards[name]) for name in ("sparse", "hollow", "gzip")]
+    shards = [str(bomb_shards[name]) for name in ("sparse", "hollow", "gzip", "pax")]
     data = {
         "source": "webdataset",
         "paths": shards,
@@ -252,5 +251,7 @@ def test_members_declaring_gigabytes_are_skipped_unread_in_bounded_memory(tmp_pa
     }
     manifest, peak = run_data_stage_measured(tmp_path, data)
     assert peak < MEMORY_BOUND, f"peak resident set {peak / 2**20:.0f} MiB"
-    assert manifest["skipped"]["counts"] == {"too_large": 2, "caption_too_long": 1}
-    assert [(s["samples"], s["kept"]) for s in manifest["source"]["shards"]] == [(3, 2)] * 3
+    counts = {"too_large": 2, "caption_too_long": 1, "corrupt_shard": 1}
+    assert manifest["skipped"]["counts"] == counts
+    read_kept = [(s["samples"], s["kept"]) for s in manifest["source"]["shards"]]
+    assert read_kept == [(3, 2)] * 3 + [(1, 1)]  # the sample the header may belong to: cut

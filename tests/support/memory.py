@@ -14,20 +14,27 @@ from pathlib import Path
 
 _MEASURE = (
     "import resource, subprocess, sys\n"
-    "code = subprocess.call(sys.argv[2:])\n"
+    "limit = int(sys.argv[2])\n"
+    "if limit:\n"
+    "    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+    "code = subprocess.call(sys.argv[3:])\n"
     "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
     "open(sys.argv[1], 'w').write(str(peak))\n"
     "sys.exit(code)\n"
 )
 
 
-def run_measured(argv: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, int]:
+def run_measured(
+    argv: list[str], max_address_space: int = 0, **kwargs
+) -> tuple[subprocess.CompletedProcess, int]:
     """(the finished command, with its output captured as text; its peak resident set size in
-    bytes). kwargs go to subprocess.run (env, cwd, timeout)."""
+    bytes). max_address_space: a limit the command cannot pass (RLIMIT_AS, bytes; 0: none), for
+    a command that would otherwise take the machine's memory when the test fails. kwargs go to
+    subprocess.run (env, cwd, timeout)."""
     with tempfile.TemporaryDirectory(prefix="peak-rss-") as directory:
         report = Path(directory) / "peak"
         result = subprocess.run(
-            [sys.executable, "-c", _MEASURE, str(report), *argv],
+            [sys.executable, "-c", _MEASURE, str(report), str(max_address_space), *argv],
             capture_output=True,
             text=True,
             **kwargs,
