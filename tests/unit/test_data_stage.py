@@ -122,6 +122,54 @@ def test_local_source_skips_every_kind_of_bad_item_by_reason(tmp_path, messy_fol
     assert kept == 13  # 12 good images, one of them with a second caption
 
 
+def _local_run(tmp_path, path: Path, **data) -> dict:
+    """The data stage on a local source, nothing held out; its manifest's skip counts."""
+    local = {"source": "local", "path": str(path), "val_fraction": 0.0, "test_fraction": 0.0}
+    params = write_params(tmp_path / "params.yaml", {"data": {**local, **data}})
+    assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 0
+    return json.loads((tmp_path / "data" / "manifest.json").read_text())["skipped"]["counts"]
+
+
+def test_local_files_over_the_limits_are_skipped_by_their_size(tmp_path):
+    """A folder source's image over data.max_image_bytes and caption file over 4 bytes a
+    character of data.max_caption_chars are skipped by their size, before being read."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(4):
+        (root / f"{i}.jpg").write_bytes(_jpeg(colour=(40 * i, 10, 10)))
+        (root / f"{i}.txt").write_text(f"第{i}张", "utf-8")
+    (root / "big.jpg").write_bytes(_jpeg(size=(400, 400)))  # ~3 KB of JPEG
+    (root / "big.txt").write_text("大图", "utf-8")
+    (root / "long.jpg").write_bytes(_jpeg(colour=(1, 2, 3)))
+    (root / "long.txt").write_text("长" * 30, "utf-8")  # 90 bytes: over 4 x 20
+    counts = _local_run(tmp_path, root, max_image_bytes=2000, max_caption_chars=20)
+    assert counts == {"too_large": 1, "caption_too_long": 1}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_pairs_line_too_long_to_be_a_pair_is_read_past_as_a_bad_record(tmp_path, suffix):
+    """A .jsonl or .csv line longer than a caption and a path can be (4 bytes a character of
+    data.max_caption_chars, plus 64 KiB) is skipped in chunks, never held; the lines after it
+    are read as usual (in a .csv, a field over csv's limit raised before)."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(3):
+        (root / f"{i}.jpg").write_bytes(_jpeg(colour=(40 * i, 10, 10)))
+    huge = "长" * 200_000  # 600 KB
+    if suffix == ".jsonl":
+        lines = [
+            json.dumps({"image": f"{i}.jpg", "caption": c}, ensure_ascii=False)
+            for i, c in ((0, "第一"), (1, huge), (2, "第三"))
+        ]
+        text = "\n".join(lines) + "\n"
+    else:
+        text = f"image,caption\n0.jpg,第一\n1.jpg,{huge}\n2.jpg,第三\n"
+    (root / f"pairs{suffix}").write_text(text, "utf-8")
+    assert _local_run(tmp_path, root / f"pairs{suffix}") == {"bad_record": 1}
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["count"] == 2
+
+
 def test_local_source_keeps_all_captions_of_a_test_image_together(tmp_path, messy_folder):
     """Splits are decided per image, so both captions of good0.jpg land on one test image."""
     from clipforge.data.local import split_of
