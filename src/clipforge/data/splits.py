@@ -23,12 +23,12 @@ from clipforge.data import decontam, testset
 from clipforge.data.samples import shorter_side_at_most
 from clipforge.data.shards import ShardInfo, ShardReader, ShardWriter, Tokenize, rewrite_shard
 from clipforge.fsutil import sha256_file
-from clipforge.metrics.retrieval import FEW_QUERIES, MIN_QUERIES, DirectionSize
+from clipforge.metrics.sizes import FEW_QUERIES, MIN_QUERIES, DirectionSize
 
 _PENDING_TEST = ".test-pending"
 # A held-out split smaller than MIN_QUERIES measures nothing: the contrastive loss of one pair is
 # 0 and the recall over one image 100%. Below FEW_QUERIES, recall@10 is 100% whatever the model.
-# The eval stage holds its suites to the same numbers (clipforge.metrics.retrieval).
+# The eval stage holds its suites to the same numbers (clipforge.metrics.sizes).
 MIN_HELD_OUT, FEW_HELD_OUT = MIN_QUERIES, FEW_QUERIES
 
 

@@ -27,8 +27,7 @@ from pathlib import Path
 from PIL import Image
 
 from clipforge.errors import UserError
-from clipforge.metrics.classification import MIN_CLASSES
-from clipforge.metrics.retrieval import DirectionSize, direction_sizes
+from clipforge.metrics.sizes import MIN_CLASSES, DirectionSize, direction_sizes
 from clipforge.util import first_line, short_repr
 
 IMAGES_FILE = "test_imgs.tsv"
@@ -55,7 +54,7 @@ class TestSet:
         return {"images": len(self.image_ids), "texts": len(self.texts)}
 
     def direction_sizes(self, directions: str = "both") -> list[DirectionSize]:
-        """Queries and candidates of each direction scored (clipforge.metrics.retrieval)."""
+        """Queries and candidates of each direction scored (clipforge.metrics.sizes)."""
         described = {i for text in self.texts for i in text.image_ids}
         return direction_sizes(len(self.image_ids), len(self.texts), len(described), directions)
 

@@ -9,8 +9,8 @@ metrics/eval.json holds what compares models, and nothing else (`dvc metrics sho
 key): each suite's metrics under its name (recall: clipforge.metrics.retrieval; accuracy:
 clipforge.metrics.classification), with the counts of a direction too small to trust fully as
 flags (Suite.flags), `mean_over_suites` (the mean of each suite's headline number: mean_recall,
-or top1), and with eval.baseline_model the baseline's, in the same layout, and the deltas. What was scored, on how many images, and which suites were skipped goes beside it
-(eval.info.json).
+or top1), and with eval.baseline_model the baseline's, in the same layout, and the deltas. What
+was scored, on how many images, and which suites were skipped goes beside it (eval.info.json).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from clipforge.config import SuiteConfig
 from clipforge.data import testset
-from clipforge.metrics.retrieval import DirectionSize
+from clipforge.metrics.sizes import DirectionSize
 
 DEFAULT_TEMPLATES = Path(__file__).with_name("templates_zh.txt")
 

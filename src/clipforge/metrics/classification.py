@@ -11,8 +11,6 @@ from collections.abc import Sequence
 
 KS = (1, 5)
 METRIC_KEYS = tuple(f"top{k}" for k in KS)
-# Over one class, top-1 is 100% whatever the model: a suite needs at least this many.
-MIN_CLASSES = 2
 
 
 def class_embeddings(prompt_features, num_templates: int):

@@ -22,7 +22,8 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 import torch.distributed as dist
 
-from clipforge.metrics.retrieval import MIN_QUERIES, retrieval_metrics
+from clipforge.metrics.retrieval import retrieval_metrics
+from clipforge.metrics.sizes import MIN_QUERIES
 
 
 def validation_due(
