@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clipforge.errors import UserError
+from clipforge.util import short_repr
 
 ENV_WEBHOOKS = "CLIPFORGE_ALERT_WEBHOOKS"
 ENV_WEBHOOKS_FILE = "CLIPFORGE_ALERT_WEBHOOKS_FILE"
@@ -54,7 +55,7 @@ class WebhookTarget:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise WebhookError(f"webhook kind must be one of {KINDS}, got {self.kind!r}")
+            raise WebhookError(f"webhook kind must be one of {KINDS}, got {short_repr(self.kind)}")
         if self.secret and self.kind not in SIGNED_KINDS:
             raise WebhookError(f"a {self.kind} webhook takes no signing secret")
 
@@ -83,7 +84,7 @@ def load_targets(environ: Mapping[str, str] = os.environ) -> list[WebhookTarget]
             text = Path(path).read_text(encoding="utf-8")
         except OSError as error:
             raise WebhookError(
-                f"{ENV_WEBHOOKS_FILE} names {path!r}, which cannot be read ({error.strerror}); "
+                f"{ENV_WEBHOOKS_FILE} names {short_repr(path)}, which cannot be read ({error.strerror}); "
                 f"fix the path or unset {ENV_WEBHOOKS_FILE}"
             ) from None
         entries = [
