@@ -464,7 +464,8 @@ class SuiteConfig(Entry):
     def check(self, key: str) -> None:
         if not _SUITE_NAME.fullmatch(self.name) or self.name in RESERVED_SUITE_NAMES:
             raise ConfigError(
-                f"{key}.name: got {util.short_repr(self.name)}; must be letters, digits, `-` and `_`, and none "
+                f"{key}.name: got {util.short_repr(self.name)}; must be letters, digits, `-` and "
+                f"`_`, and none "
                 f"of {', '.join(RESERVED_SUITE_NAMES)}"
             )
         if self.kind == "retrieval":
@@ -546,7 +547,8 @@ class EvalConfig(Section):
         ):
             raise ConfigError(
                 f"eval.baseline_pretrained: required with eval.baseline_model "
-                f"{util.short_repr(self.baseline_model)}, an open_clip architecture whose weights would "
+                f"{util.short_repr(self.baseline_model)}, an open_clip architecture whose "
+                f"weights would "
                 f"otherwise be random (a tag such as openai, or a weights file)"
             )
 
@@ -635,7 +637,8 @@ def resolve(
     recipe = forced.get("recipe", raw.get("recipe", "default"))
     if not isinstance(recipe, str):
         raise ConfigError(
-            f"recipe: got {util.short_repr(recipe)}; must be the name of a recipe: {sorted(RECIPES)}"
+            f"recipe: got {util.short_repr(recipe)}; must be the name of a recipe: "
+            f"{sorted(RECIPES)}"
         )
     if recipe not in RECIPES:
         raise ConfigError(
@@ -731,7 +734,8 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     section, name = parts
     if section not in SECTIONS:
         raise ConfigError(
-            f"--set {key}: unknown section {util.short_repr(section)}; sections: {', '.join(SECTIONS)}"
+            f"--set {key}: unknown section {util.short_repr(section)}; sections: "
+            f"{', '.join(SECTIONS)}"
         )
     raw.setdefault(section, {})
     if raw[section] is None:

@@ -57,7 +57,8 @@ class _Loader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     None,
                     None,
-                    f"key {short_repr(key)} appears twice in one mapping (first on line {seen[key] + 1})",
+                    f"key {short_repr(key)} appears twice in one mapping (first on line "
+                    f"{seen[key] + 1})",
                     key_node.start_mark,
                 )
             seen[key] = key_node.start_mark.line

@@ -23,13 +23,7 @@ from clipforge.data.shards import ShardChangedError
 from clipforge.data.stage import main
 from clipforge.train.data import split_files
 from tests.imageserver import jpeg_for
-from tests.integration.test_webdataset_source import (
-    MEMORY_BOUND,
-    _tar,
-    make_bomb_inputs,
-    make_shards,
-    run_data_stage_measured,
-)
+from tests.integration.test_webdataset_source import _tar, data_stage_on_bombs, make_shards
 
 
 def textured_jpeg(seed: int, size=(160, 120), quality: int = 92) -> bytes:
@@ -303,18 +297,7 @@ def test_members_declaring_gigabytes_are_skipped_unread_in_place(tmp_path):
     2.1 GB) are skipped by their header sizes, counted as too_large, and the 1 GiB PAX header
     ends its shard as corrupt_shard, in under 1 GB; the sparse member is no regular file to a
     shard read in place (its sample has no image)."""
-    bomb_shards = make_bomb_inputs(tmp_path / "inputs")
-    data = {
-        "source": "webdataset",
-        "paths": [str(bomb_shards[name]) for name in ("sparse", "hollow", "pax")],
-        "in_place": True,
-        "verify": "all",
-        "val_fraction": 0.0,
-        "test_dir": str(bomb_shards["flickr"]),
-    }
-    manifest, peak = run_data_stage_measured(tmp_path, data)
-    assert peak < MEMORY_BOUND, f"peak resident set {peak / 2**20:.0f} MiB"
-    counts = {"too_large": 1, "missing_image": 1, "corrupt_shard": 1}
-    assert manifest["skipped"]["counts"] == counts
-    read_kept = [(s["samples"], s["kept"]) for s in manifest["source"]["shards"]]
+    shards = ["sparse", "hollow", "pax"]
+    counts, read_kept = data_stage_on_bombs(tmp_path, shards, in_place=True, verify="all")
+    assert counts == {"too_large": 1, "missing_image": 1, "corrupt_shard": 1}
     assert read_kept == [(3, 2), (3, 2), (1, 1)]  # the sample the header may belong to: cut

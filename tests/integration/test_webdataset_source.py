@@ -224,15 +224,21 @@ def make_bomb_inputs(root: Path) -> dict[str, Path]:
     return {**shards, "flickr": root / "flickr"}
 
 
-def run_data_stage_measured(root: Path, data: dict) -> tuple[dict, int]:
-    """The data stage as a process of its own on these data params: (its manifest, its peak
-    resident set size in bytes)."""
-    (root / "params.yaml").write_text(yaml.safe_dump({"data": data}), encoding="utf-8")
-    argv = [sys.executable, "-m", "clipforge.data", "--params", str(root / "params.yaml")]
-    result, peak = run_measured([*argv, "--out", str(root / "data")], env=subprocess_env())
+def data_stage_on_bombs(tmp_path: Path, shards: list[str], **data) -> tuple[dict, list]:
+    """The data stage, as a process of its own, on these of make_bomb_shards' shards with these
+    data params (nothing held out but the given test set): its skip counts and, per shard,
+    (samples read, kept), once its peak memory is known to be under MEMORY_BOUND."""
+    inputs = make_bomb_inputs(tmp_path / "inputs")
+    params = {"source": "webdataset", "val_fraction": 0.0, "test_dir": str(inputs["flickr"])}
+    params["paths"] = [str(inputs[name]) for name in shards]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"data": {**params, **data}}), "utf-8")
+    argv = [sys.executable, "-m", "clipforge.data", "--params", str(tmp_path / "params.yaml")]
+    result, peak = run_measured([*argv, "--out", str(tmp_path / "data")], env=subprocess_env())
     assert result.returncode == 0, result.stderr
-    manifest = json.loads((root / "data" / "manifest.json").read_text(encoding="utf-8"))
-    return manifest, peak
+    assert peak < MEMORY_BOUND, f"peak resident set {peak / 2**20:.0f} MiB"
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text(encoding="utf-8"))
+    read_kept = [(s["samples"], s["kept"]) for s in manifest["source"]["shards"]]
+    return manifest["skipped"]["counts"], read_kept
 
 
 def test_members_declaring_gigabytes_are_skipped_unread_in_bounded_memory(tmp_path):
@@ -240,18 +246,7 @@ def test_members_declaring_gigabytes_are_skipped_unread_in_bounded_memory(tmp_pa
     8.8 and 2.6 GB) are copied in under 1 GB: each oversized member is skipped by its size,
     counted as too_large or caption_too_long, and the good samples before them are kept; the
     PAX header ends its shard as corrupt_shard, as any damage does."""
-    bomb_shards = make_bomb_inputs(tmp_path / "inputs")
-    shards = [str(bomb_shards[name]) for name in ("sparse", "hollow", "gzip", "pax")]
-    data = {
-        "source": "webdataset",
-        "paths": shards,
-        "in_place": False,
-        "val_fraction": 0.0,
-        "test_dir": str(bomb_shards["flickr"]),
-    }
-    manifest, peak = run_data_stage_measured(tmp_path, data)
-    assert peak < MEMORY_BOUND, f"peak resident set {peak / 2**20:.0f} MiB"
-    counts = {"too_large": 2, "caption_too_long": 1, "corrupt_shard": 1}
-    assert manifest["skipped"]["counts"] == counts
-    read_kept = [(s["samples"], s["kept"]) for s in manifest["source"]["shards"]]
+    shards = ["sparse", "hollow", "gzip", "pax"]
+    counts, read_kept = data_stage_on_bombs(tmp_path, shards, in_place=False)
+    assert counts == {"too_large": 2, "caption_too_long": 1, "corrupt_shard": 1}
     assert read_kept == [(3, 2)] * 3 + [(1, 1)]  # the sample the header may belong to: cut

@@ -376,7 +376,8 @@ _IMPORTED = "import sys; print(sorted(m for m in ('torch', 'deepspeed') if m in 
 def _train_stage_until_refused(argv: list[str]) -> subprocess.CompletedProcess:
     """The train stage in a process of its own; stdout: which of torch and DeepSpeed it had
     imported when it returned."""
-    program = f"from clipforge.train.stage import main; code = main({argv!r}); {_IMPORTED}; sys.exit(code)"
+    program = f"from clipforge.train.stage import main; code = main({argv!r}); {_IMPORTED}"
+    program += "; sys.exit(code)"
     return subprocess.run(
         [sys.executable, "-c", program],
         capture_output=True,

@@ -84,7 +84,8 @@ def load_targets(environ: Mapping[str, str] = os.environ) -> list[WebhookTarget]
             text = Path(path).read_text(encoding="utf-8")
         except OSError as error:
             raise WebhookError(
-                f"{ENV_WEBHOOKS_FILE} names {short_repr(path)}, which cannot be read ({error.strerror}); "
+                f"{ENV_WEBHOOKS_FILE} names {short_repr(path)}, which cannot be read "
+                f"({error.strerror}); "
                 f"fix the path or unset {ENV_WEBHOOKS_FILE}"
             ) from None
         entries = [

@@ -9,8 +9,9 @@ too_large, empty_caption, caption_not_utf8, caption_too_long; a shard that is no
 tar, or ends early, counts once as corrupt_shard, keeping the complete samples before the
 damage. Memory stays bounded whatever a shard declares: a member over data.max_image_bytes (an
 image) or 4 bytes a character of data.max_caption_chars (a caption) is skipped unread, as are
-members of other extensions, and tar's own extended headers are held to MAX_EXTENDED_HEADER_BYTES
-(clipforge.data.shards.open_tar). The manifest lists, per input shard, how many samples were read and kept.
+members of other extensions, and tar's own extended headers are held to 1 MiB
+(clipforge.data.shards.open_tar). The manifest lists, per input shard, how many samples were
+read and kept.
 
 This copies: JPEGs pass through unchanged (other formats are converted), data.resize_to applies,
 and the cost is one sequential copy in one process, about 1,000 pairs per CPU-second. The copy is

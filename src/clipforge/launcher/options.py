@@ -36,7 +36,8 @@ DATA_MODES = ("pull", "build")
 def _data_mode(key: str, value: str) -> str:
     if value not in DATA_MODES and not value.startswith("/"):
         raise LauncherError(
-            f"{key}: `auto`, `pull`, `build` or an absolute path on the host, got {short_repr(value)}"
+            f"{key}: `auto`, `pull`, `build` or an absolute path on the host, got "
+            f"{short_repr(value)}"
         )
     return value
 
