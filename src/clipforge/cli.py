@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from clipforge.config import Config, load_config
 from clipforge.errors import StageError, UserError
 from clipforge.fsutil import restrict_umask
+from clipforge.fields import path_problem
 
 __all__ = ["EXIT_USAGE", "StageError", "UserError", "run_stage", "stage_parser"]
 
@@ -28,7 +29,10 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
     example = SET_EXAMPLES.get(prog.rsplit(".", 1)[-1], "train.lr=1e-4")
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument(
-        "--params", default="params.yaml", help="params file (default: params.yaml)"
+        "--params",
+        default="params.yaml",
+        type=path_argument,
+        help="params file (default: params.yaml)",
     )
     parser.add_argument(
         "--set",
@@ -46,6 +50,15 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
         "checked, as YAML; then exit",
     )
     return parser
+
+
+def path_argument(text: str) -> str:
+    """The type of a stage's path options: the rule of the params' paths (fields.path_problem),
+    so a name the OS refuses is argparse's one line, not a traceback at its first use."""
+    problem = path_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def run_stage(

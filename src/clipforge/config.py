@@ -30,9 +30,15 @@ import yaml
 from clipforge import util
 from clipforge.alerts.config import AlertsConfig
 from clipforge.fields import REQUIRED, ConfigError, Entry, Section, knob
+from clipforge.model_names import check_model_name
 from clipforge.recipes import RECIPES_DOC
 from clipforge.store.config import StorageConfig
 from clipforge.yamlfile import YamlFileError, load_yaml, read_yaml_file
+
+# The largest seed: torch.manual_seed takes 0..2**64-1 (a larger one failed after the whole
+# start-up); numpy's generators, seeded with [seed, ...] lists, take any size. One range for every
+# seed knob.
+MAX_SEED = 2**64 - 1
 
 
 @dataclass(kw_only=True)
@@ -50,6 +56,7 @@ class DataConfig(Section):
         None,
         "Input for the `local` source: a folder of images with "
         "same-named .txt captions, a .csv (columns image,caption) or a .jsonl.",
+        path=True,
     )
     allow_paths_outside_source: bool = knob(
         False,
@@ -61,20 +68,23 @@ class DataConfig(Section):
         "Inputs of the `laion-parquet` source (metadata .parquet files) or "
         "of the `webdataset` source (.tar shards): local paths, globs, "
         "`{000..099}` ranges or fsspec URLs such as s3://bucket/laion-zh/*.parquet.",
+        path=True,
     )
     test_dir: str | None = knob(
         None,
         "A test set already in Chinese-CLIP layout (test_imgs.tsv + "
         "test_texts.jsonl), e.g. Flickr30K-CN; copied to data/test instead of "
         "splitting one off the source.",
+        path=True,
     )
-    seed: int = knob(0, "Seed of the generator and of the split.", ge=0)
+    seed: int = knob(0, "Seed of the generator and of the split.", ge=0, le=MAX_SEED)
     num_train: int = knob(12000, "builtin: number of training pairs.", ge=1)
     num_val: int = knob(256, "builtin: number of validation pairs.", ge=1)
     num_test_images: int = knob(
         300,
         "builtin: number of test images (two captions each), and of images in each of the "
-        "demo's generated eval suites (data/suites/).",
+        "demo's generated eval suites (data/suites/; the classification one: at least one per "
+        "class, 24).",
         ge=10,
     )
     image_size: int = knob(64, "builtin: rendered image size in pixels.", ge=32, le=1024)
@@ -106,8 +116,18 @@ class DataConfig(Section):
         "(protects against decompression bombs).",
         ge=1,
     )
+    max_image_bytes: int = knob(
+        64 * 2**20,
+        "Image files larger than this many bytes are skipped as `too_large` without being read "
+        "(a tar member, a local file; 64 MiB: three times a 50-megapixel camera JPEG), so a "
+        "shard declaring a 4 GiB member costs nothing.",
+        ge=1,
+    )
     max_caption_chars: int = knob(
-        512, "Captions longer than this are skipped as `caption_too_long`.", ge=1
+        512,
+        "Captions longer than this are skipped as `caption_too_long`; a caption file or tar "
+        "member of more than 4 bytes a character (UTF-8's most) is skipped so without being read.",
+        ge=1,
     )
     # the tokenizer named here, not read from the model section: a new model.* then leaves data/
     # (hours to rebuild at the reference size) as it is, and the loader checks the ids it finds
@@ -122,12 +142,14 @@ class DataConfig(Section):
         "otherwise, saying why. Saves the workers 55-140 µs a caption (2-7% of their time at "
         "224 px; BENCHMARKS.md, loader); the production recipes set their own model.",
         nonempty=True,
+        check=check_model_name,
     )
     pretokenize_text_tower: str | None = knob(
         None,
         "With data.pretokenize_model: the Hugging Face text tower whose tokenizer makes the ids "
         "(as model.text_tower; null: the model's own).",
         nonempty=True,
+        path=True,
     )
     # webdataset, laion-parquet: shards used where they are (clipforge.data.inplace)
     in_place: bool | Literal["auto"] = knob(
@@ -202,6 +224,7 @@ class DataConfig(Section):
         "img2dataset's shards are kept between runs, so a rerun continues an "
         "interrupted download (outside data/, which is replaced whole).",
         nonempty=True,
+        path=True,
     )
     download_image_size: int = knob(
         256, "laion-parquet: img2dataset resizes images to this size.", ge=16, le=4096
@@ -252,18 +275,21 @@ class ModelConfig(Section):
         "open_clip model name (`ViT-B-32`, any open_clip config, or a "
         "bundled clipforge config such as `clipforge-tiny`).",
         nonempty=True,
+        check=check_model_name,
     )
     pretrained: str | None = knob(
         None,
         "Initial weights: an open_clip checkpoint file "
         "(.safetensors, or a .pt/.bin loaded with weights_only) or "
         "`local-dir:PATH` of an exported model.",
+        path=True,
     )
     text_tower: str | None = knob(
         None,
         "Replace the text tower with a Hugging Face model (hub id or "
         "local folder), e.g. `hfl/chinese-roberta-wwm-ext`; its tokenizer "
         "is used too.",
+        path=True,
     )
     image_size: int | None = knob(
         None, "Override the model's input image size (null: the model's own).", ge=16, le=1024
@@ -337,7 +363,7 @@ class TrainConfig(Section):
         "AdamW implementation: DeepSpeed's fused kernel (`fused`, GPU), torch's (`torch`), "
         "`auto`: fused on GPU, torch on CPU.",
     )
-    seed: int = knob(0, "Seed for initialisation, data order and augmentation.", ge=0)
+    seed: int = knob(0, "Seed for initialisation, data order and augmentation.", ge=0, le=MAX_SEED)
     num_workers: int = knob(1, "Data-loading processes per rank.", ge=0)
     decode_on_device: bool = knob(
         False,
@@ -413,6 +439,7 @@ class SuiteConfig(Entry):
         "classification: a folder with a folder of images per class, or a .tsv of "
         "`image<TAB>label` lines (image paths relative to the .tsv)",
         nonempty=True,
+        path=True,
     )
     required: bool = knob(
         True, "a missing path stops the stage before any model loads; false: skipped, one line"
@@ -425,18 +452,21 @@ class SuiteConfig(Entry):
         "classification: a file of class names, one per line; labels (folder names or the "
         ".tsv's) are then 0-based line numbers, as in Chinese-CLIP's `000/` folders and "
         "label_cn.txt; null: the labels are the class names",
+        path=True,
     )
     templates: str | None = knob(
         None,
         "classification: a file of prompt templates, one per line, each with one `{}` for the "
         "class name (`#` lines are comments); null: clipforge's Chinese set "
         "(clipforge/eval/templates_zh.txt)",
+        path=True,
     )
 
     def check(self, key: str) -> None:
         if not _SUITE_NAME.fullmatch(self.name) or self.name in RESERVED_SUITE_NAMES:
             raise ConfigError(
-                f"{key}.name: got {self.name!r}; must be letters, digits, `-` and `_`, and none "
+                f"{key}.name: got {util.short_repr(self.name)}; must be letters, digits, `-` and "
+                f"`_`, and none "
                 f"of {', '.join(RESERVED_SUITE_NAMES)}"
             )
         if self.kind == "retrieval":
@@ -491,9 +521,10 @@ class EvalConfig(Section):
         "Also evaluate this model for comparison: `local-dir:PATH`, `hf-hub:ORG/REPO`, "
         "`chinese-clip:PATH` (a Chinese-CLIP .pt or ChineseCLIPModel folder) or an open_clip "
         "name (with baseline_pretrained).",
+        path=True,
     )
     baseline_pretrained: str | None = knob(
-        None, "open_clip pretrained tag or file for baseline_model."
+        None, "open_clip pretrained tag or file for baseline_model.", path=True
     )
 
     def __post_init__(self) -> None:
@@ -503,7 +534,9 @@ class EvalConfig(Section):
         names = [suite.name for suite in self.suites]
         again = next((n for i, n in enumerate(names) if n in names[:i]), None)
         if again:
-            raise ConfigError(f"eval.suites: two suites are named {again!r}; names must be unique")
+            raise ConfigError(
+                f"eval.suites: two suites are named {util.short_repr(again)}; names must be unique"
+            )
         if self.baseline_pretrained and not self.baseline_model:
             raise ConfigError(
                 "eval.baseline_pretrained: set only together with eval.baseline_model"
@@ -515,7 +548,8 @@ class EvalConfig(Section):
         ):
             raise ConfigError(
                 f"eval.baseline_pretrained: required with eval.baseline_model "
-                f"{self.baseline_model!r}, an open_clip architecture whose weights would "
+                f"{util.short_repr(self.baseline_model)}, an open_clip architecture whose "
+                f"weights would "
                 f"otherwise be random (a tag such as openai, or a weights file)"
             )
 
@@ -598,14 +632,19 @@ def resolve(
         _check_names(name, mapping)
         unknown = sorted(set(mapping) - known)
         if unknown:
-            raise ConfigError(f"unknown top-level key {unknown[0]!r}: allowed are {sorted(known)}")
+            raise ConfigError(
+                f"unknown top-level key {util.short_repr(unknown[0])}: allowed are {sorted(known)}"
+            )
     recipe = forced.get("recipe", raw.get("recipe", "default"))
     if not isinstance(recipe, str):
         raise ConfigError(
-            f"recipe: got {recipe!r}; must be the name of a recipe: {sorted(RECIPES)}"
+            f"recipe: got {util.short_repr(recipe)}; must be the name of a recipe: "
+            f"{sorted(RECIPES)}"
         )
     if recipe not in RECIPES:
-        raise ConfigError(f"recipe: unknown recipe {recipe!r}: allowed are {sorted(RECIPES)}")
+        raise ConfigError(
+            f"recipe: unknown recipe {util.short_repr(recipe)}: allowed are {sorted(RECIPES)}"
+        )
 
     embedded = Config().to_dict()
     merged = copy.deepcopy(embedded)
@@ -645,7 +684,9 @@ def _check_names(where: str, mapping: dict) -> None:
     """Keys are names: a YAML key like `1:` or `true:` would otherwise fail far from here."""
     for key in mapping:
         if not isinstance(key, str):
-            raise ConfigError(f"{where}: key {key!r} is not a name; keys are words like `train`")
+            raise ConfigError(
+                f"{where}: key {util.short_repr(key)} is not a name; keys are words like `train`"
+            )
 
 
 def _section_items(mapping: dict, section: str, embedded: dict) -> list[tuple[str, Any]]:
@@ -653,7 +694,7 @@ def _section_items(mapping: dict, section: str, embedded: dict) -> list[tuple[st
     if values is None:  # `train:` with nothing under it: an empty section
         values = {}
     if not isinstance(values, dict):
-        raise ConfigError(f"{section}: must be a mapping of keys, got {values!r}")
+        raise ConfigError(f"{section}: must be a mapping of keys, got {util.short_repr(values)}")
     _check_names(section, values)
     for key in values:
         if key not in embedded[section]:
@@ -667,12 +708,21 @@ def parse_override(item: str) -> tuple[str, Any]:
     """`train.lr=1e-4` -> ("train.lr", 0.0001). The value is YAML, as with `dvc exp run -S`."""
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.lr=1e-4")
+        raise ConfigError(
+            f"--set {util.short_repr(item)}: expected section.key=value, e.g. train.lr=1e-4"
+        )
     try:
         value = load_yaml(text) if text.strip() else None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {item!r}: value is not valid YAML ({exc.problem})") from None
+        raise ConfigError(
+            f"--set {util.short_repr(item)}: value is not valid YAML ({_yaml_problem(exc)})"
+        ) from None
     return key.strip(), value
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What a parser error says, without its position (a --set value is one short line)."""
+    return getattr(exc, "problem", None) or util.first_line(exc)
 
 
 def _set_dotted(raw: dict, key: str, value: Any) -> None:
@@ -685,7 +735,8 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     section, name = parts
     if section not in SECTIONS:
         raise ConfigError(
-            f"--set {key}: unknown section {section!r}; sections: {', '.join(SECTIONS)}"
+            f"--set {key}: unknown section {util.short_repr(section)}; sections: "
+            f"{', '.join(SECTIONS)}"
         )
     raw.setdefault(section, {})
     if raw[section] is None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clipforge.errors import UserError
+from clipforge.util import short_repr
 
 ENV_WEBHOOKS = "CLIPFORGE_ALERT_WEBHOOKS"
 ENV_WEBHOOKS_FILE = "CLIPFORGE_ALERT_WEBHOOKS_FILE"
@@ -60,7 +61,7 @@ class WebhookTarget:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise WebhookError(f"webhook kind must be one of {KINDS}, got {self.kind!r}")
+            raise WebhookError(f"webhook kind must be one of {KINDS}, got {short_repr(self.kind)}")
         if self.secret and self.kind not in SIGNED_KINDS:
             raise WebhookError(f"a {self.kind} webhook takes no signing secret")
 
@@ -90,7 +91,8 @@ def load_targets(environ: Mapping[str, str] = os.environ) -> list[WebhookTarget]
             mode = stat.S_IMODE(os.stat(path).st_mode)
         except OSError as error:
             raise WebhookError(
-                f"{ENV_WEBHOOKS_FILE} names {path!r}, which cannot be read ({error.strerror}); "
+                f"{ENV_WEBHOOKS_FILE} names {short_repr(path)}, which cannot be read "
+                f"({error.strerror}); "
                 f"fix the path or unset {ENV_WEBHOOKS_FILE}"
             ) from None
         if mode & SECRET_FILE_FORBIDDEN_MODE:

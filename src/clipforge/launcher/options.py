@@ -16,6 +16,7 @@ from clipforge.config import Config, ConfigError, load_config, parse_override
 from clipforge.fields import REQUIRED, knob
 from clipforge.launcher import LauncherError
 from clipforge.launcher.host.plan import RestartLimits
+from clipforge.util import short_repr
 
 # A few steps with a checkpoint every two, and a warm-up shorter than the run. User --set win.
 SMOKE_OVERRIDES = (
@@ -35,7 +36,8 @@ DATA_MODES = ("pull", "build")
 def _data_mode(key: str, value: str) -> str:
     if value not in DATA_MODES and not value.startswith("/"):
         raise LauncherError(
-            f"{key}: `auto`, `pull`, `build` or an absolute path on the host, got {value!r}"
+            f"{key}: `auto`, `pull`, `build` or an absolute path on the host, got "
+            f"{short_repr(value)}"
         )
     return value
 
@@ -165,4 +167,4 @@ def parse_count(value, flag: str) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise LauncherError(f"{flag}: expected a whole number, got {value!r}") from None
+        raise LauncherError(f"{flag}: expected a whole number, got {short_repr(value)}") from None

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from clipforge import util
 from clipforge.alerts.rules import NonFiniteTrainingError
-from clipforge.cli import StageError, load_stage_config, run_stage, stage_parser
+from clipforge.cli import StageError, load_stage_config, path_argument, run_stage, stage_parser
 from clipforge.config import STAGE_SECTIONS, Config, steps_per_epoch
 from clipforge.model_files import weights_file
+from clipforge.model_names import check_text_tower
 from clipforge.store.remote import open_filesystem
 from clipforge.train.disk import not_writable_message
 from clipforge.train.dist import free_port, resolve_device, under_launcher
@@ -44,7 +45,8 @@ def _paths(args) -> dict[str, Path]:
 
 def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
     """Everything that needs no model, checked before the training stack is imported: the data
-    stage's output, the batch against the data, initial weights, writable output folders."""
+    stage's output, the batch against the data, the model's text tower, initial weights, writable
+    output folders."""
     manifest = paths["data"] / "manifest.json"
     if not manifest.is_file():
         raise StageError(
@@ -60,6 +62,7 @@ def _check_inputs(config: Config, paths: dict[str, Path]) -> bytes:
     num_train = _checked_shards(manifest, raw)
     per_epoch = steps_per_epoch(num_train, config.train.global_batch_size)
     _check_warmup(config, util.total_steps(config.train.max_steps, config.train.epochs, per_epoch))
+    check_text_tower(config.model)
     if config.model.pretrained:
         weights_file(config.model.pretrained, "model.pretrained")
     for key in ("checkpoints", "logs", "metrics", "model"):
@@ -167,13 +170,24 @@ def _run(args) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("clipforge.train", "Train CLIP with DeepSpeed on the shards in data/.")
-    parser.add_argument("--data", default="data", help="data stage output (default: data)")
-    parser.add_argument("--checkpoints", default="checkpoints", help="default: checkpoints")
     parser.add_argument(
-        "--model-out", default="models/clip", help="export dir (default: models/clip)"
+        "--data", type=path_argument, default="data", help="data stage output (default: data)"
     )
-    parser.add_argument("--logs", default="logs", help="TensorBoard root (default: logs)")
-    parser.add_argument("--metrics", default="metrics", help="metrics dir (default: metrics)")
+    parser.add_argument(
+        "--checkpoints", type=path_argument, default="checkpoints", help="default: checkpoints"
+    )
+    parser.add_argument(
+        "--model-out",
+        type=path_argument,
+        default="models/clip",
+        help="export dir (default: models/clip)",
+    )
+    parser.add_argument(
+        "--logs", type=path_argument, default="logs", help="TensorBoard root (default: logs)"
+    )
+    parser.add_argument(
+        "--metrics", type=path_argument, default="metrics", help="metrics dir (default: metrics)"
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     parser.set_defaults(argv=argv)
     return run_stage("clipforge.train", _run, argv, parser, PARAM_SECTIONS)
