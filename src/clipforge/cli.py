@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from clipforge.config import Config, load_config
 from clipforge.errors import StageError, UserError
-from clipforge.fsutil import restrict_umask
 from clipforge.fields import path_problem
+from clipforge.fsutil import restrict_umask
 
 __all__ = ["EXIT_USAGE", "StageError", "UserError", "run_stage", "stage_parser"]
 
