@@ -30,6 +30,7 @@ from fabric import Config, Connection, task
 from invoke import Collection, Exit, Task
 
 from clipforge.errors import LauncherError, UserError
+from clipforge.ids import checked_launch_id
 from clipforge.launcher import fetch as fetch_mod
 from clipforge.launcher import kubernetes as kubernetes_mod
 from clipforge.launcher import launch as launch_mod
@@ -216,6 +217,8 @@ def check(
         "max_restarts": "restarts after crashes before giving up",
         "min_gpus": "after losing GPUs, go on with at least this many per node (default: half)",
         "master_port": "node 0's rendezvous port (multi-node)",
+        "allow_public_master": "multi-node: let node 0's rendezvous listen on a public address "
+        "(firewall --master-port to the nodes first; docs/launcher.md)",
         "resume": "start the supervisors of an existing run again (after fab stop); on hosts "
         "that never saw it, move it there from the run store; with --kubernetes, submit it "
         "again as a new Job (JobSet) from the run store, with a fresh --max-moves",
@@ -247,6 +250,7 @@ def train(
     max_restarts=TrainOptions.max_restarts,
     min_gpus=None,
     master_port=TrainOptions.master_port,
+    allow_public_master=False,
     resume=None,
     store=None,
     accept_new_host_key=False,
@@ -257,6 +261,8 @@ def train(
     kubernetes=False,
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
+    if resume:
+        resume = checked_launch_id(resume, "--resume")  # it names folders on hosts and the store
     backend = _backend(
         c,
         kubernetes,
@@ -287,6 +293,7 @@ def train(
         max_restarts=parse_count(max_restarts, "--max-restarts"),
         min_gpus=parse_count(min_gpus, "--min-gpus") if min_gpus is not None else None,
         master_port=parse_count(master_port, "--master-port"),
+        allow_public_master=allow_public_master,
     )
     backend.launch(launch_mod.prepare(source, options, c.settings), options)
 

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # The one command for the project's device tool on a lent GPU machine, from the repository root:
 #
-#   bash bench/device-run.sh [--dry-run]        (carry: bench/wheels)
+#   bash bench/device-run.sh                     (carry: bench/wheels; timeout_s 500)
+#   bash bench/device-run.sh --total-seconds 150 --skip zero23 compile loader train_run
+#                                                (the fallback, <= 200 s: env, the ZeRO-1 step
+#                                                rows, both references, end to end)
+#   bash bench/device-run.sh --dry-run           (the same code on the box's CPU)
 #
 # Runs bench/gpu-run.sh under an 8-minute limit and leaves gpu-bench.json, gpu-bench.md and the
 # log in $OUT, whatever happens: the benchmark rewrites its results after every row, and budgets
-# its own sections to end before the limit (bench/gpu.py: FULL.total_seconds). The machine's
-# facts go to the log first, so even a run that cannot start Python says what it ran on.
+# its own sections to end before the limit (bench/gpu.py: FULL.total_seconds, 430 s; with the
+# machine's start about 10 of a task's 15 device minutes, leaving room for the fallback). The
+# machine's facts go to the log first, so even a run that cannot start Python says what it ran
+# on.
 set -uo pipefail
 
 out="${OUT:?bench/device-run.sh: OUT (the folder whose files come back) is not set}"

@@ -8,22 +8,29 @@ value per second of device time, each under a time budget, each row guarded: a f
 recorded with its first error line and the rest runs. DIR/gpu-bench.json and gpu-bench.md are
 rewritten after every row, so a run cut short still leaves everything it measured.
   env         nproc, /dev/shm, driver, clocks, versions; the datasheet part and peak, a measured
-              bf16 matmul rate, model FLOPs per sample
+              bf16 matmul rate (warmed 0.5 s, timed over 0.2 s at least), model FLOPs per sample
   zero1       clipforge's step (ZeRO-1, eager) on in-memory batches by micro batch, and with
               gradient checkpointing
   reference   the same model, batches and precision: (1) a plain-PyTorch step (open_clip model,
               ClipLoss, bf16 autocast, fused AdamW, no DeepSpeed); (2) open_clip_train's own
-              loop, `--dataset-type synthetic`, in a process of its own
+              loop, `--dataset-type synthetic`, in a process of its own (end to end only: its
+              per-step times are not synchronised with the GPU, see open_clip_train_row)
   end_to_end  clipforge's best ZeRO-1 row fed by the real loader
+  zero23      one ZeRO-2 and one ZeRO-3 row, each in a fresh process (ZeRO-3 patches torch's
+              linear for the whole process it runs in)
+  compile     one ZeRO-1 row with torch.compile at micro = global batch (one graph, one cold
+              compile), in a fresh process
   loader      the loader alone by worker count, and batched decode_jpeg on the device
-  zero23      ZeRO-2 and ZeRO-3 rows, each in a fresh process (ZeRO-3 patches torch's linear for
-              the whole process it runs in)
-  compile     ZeRO-1 with torch.compile, accumulation included, each row in a fresh process
   train_run   `python -m clipforge.train` for real: stopped by SIGTERM mid-run, resumed,
               finished; the loss falls and the export loads in plain open_clip
 
-The dry run executes every section's code at tiny sizes (torch.compile with the `eager` backend:
-no C++ toolchain needed), so an import or API error cannot hide behind the GPU.
+DeepSpeed is imported only by the rows that use it: when it cannot be imported (or its process
+group cannot start), those rows record why and the plain-PyTorch, open_clip_train and loader
+rows still run.
+
+The dry run executes every section's code at tiny sizes (torch.compile with the `aot_eager`
+backend: dynamo's graphs and AOTAutograd's backward, no code generated, no C++ toolchain needed),
+so an import or API error cannot hide behind the GPU.
 Rates are timed over windows much longer than what can be in flight (loader chunks, prefetched
 steps), so prefetching cannot inflate them.
 """
@@ -33,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import gc
 import json
 import os
@@ -51,7 +59,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-SECTIONS = ("env", "zero1", "reference", "end_to_end", "loader", "zero23", "compile", "train_run")
+SECTIONS = ("env", "zero1", "reference", "end_to_end", "zero23", "compile", "loader", "train_run")
+# The sections whose rows run DeepSpeed's engine (the train stage's included).
+DEEPSPEED_SECTIONS = ("zero1", "end_to_end", "zero23", "compile", "train_run")
 
 
 @dataclass(frozen=True)
@@ -62,8 +72,8 @@ class Profile:
     num_images: int
     global_batch: int
     zero1_micro_batches: tuple[int, ...]
-    zero23_micro_batches: tuple[int, ...]
-    compile_micro_batches: tuple[int, ...]  # micro < global: the accumulation path compiled too
+    zero23_micro_batch: int  # one row per stage
+    compile_micro_batch: int  # one row: the global batch, so one graph is compiled
     compile_backend: str
     warmup_steps: int
     timed_steps: int
@@ -78,8 +88,12 @@ class Profile:
     run_save_every: int
     run_batch: int
     run_images: int
+    run_precision: str  # the GPU default's (auto: bf16); the dry run asks for bf16 on the CPU
     total_seconds: float  # everything; the device tool's limit is 470 s, wheels included
     section_seconds: dict = field(default_factory=dict)  # caps; train_run gets what is left
+    # DeepSpeed's import and process group, and the model's build (each): seconds on a GPU; on a
+    # CPU the first start builds DeepSpeed's CPU comm op (minutes on a busy machine)
+    setup_seconds: float = 60.0
     train_run_min_seconds: float = 0.0  # below this much time left, train_run is not started
 
 
@@ -94,8 +108,8 @@ FULL = Profile(
     num_images=8192,
     global_batch=1024,
     zero1_micro_batches=(1024, 512, 256),
-    zero23_micro_batches=(1024, 512),
-    compile_micro_batches=(1024, 512),
+    zero23_micro_batch=1024,
+    compile_micro_batch=1024,
     compile_backend="inductor",
     warmup_steps=4,
     timed_steps=20,
@@ -105,23 +119,27 @@ FULL = Profile(
     end_to_end_steps=24,  # 24 x 16 chunks: 6x the 60 that 15 workers can hold in flight
     open_clip_workers=_WORKERS,
     open_clip_steps=24,
-    run_steps=20,
-    run_hold_step=12,
-    run_save_every=6,  # a ViT-B/32 checkpoint is about 2 GB
+    run_steps=16,
+    run_hold_step=10,
+    run_save_every=8,  # a ViT-B/32 checkpoint is about 2 GB: saves at 8, 10 (the stop), 16
     run_batch=256,
     run_images=4096,
+    run_precision="auto",
     total_seconds=430,
-    # Estimates on an H200 are a third to a half of these; a cap only bites on a hang.
+    # Caps, in the order the sections run; they sum to the total less the train run's least.
+    # Estimates on an H200 are about half of each (one cold inductor compile of ViT-B/32 about
+    # 60 s); a cap bites only on a hang or a slow compile, and then the sections after it still
+    # get theirs. end_to_end's cap includes making its shards.
     section_seconds={
-        "env": 30,
-        "zero1": 80,
-        "reference": 90,
+        "env": 25,
+        "zero1": 60,
+        "reference": 55,
         "end_to_end": 45,
-        "loader": 40,
-        "zero23": 80,
-        "compile": 120,
+        "zero23": 55,
+        "compile": 100,
+        "loader": 30,
     },
-    train_run_min_seconds=90,
+    train_run_min_seconds=60,
 )
 DRY = Profile(
     device="cpu",
@@ -130,9 +148,9 @@ DRY = Profile(
     num_images=96,
     global_batch=16,
     zero1_micro_batches=(16, 8),
-    zero23_micro_batches=(16,),
-    compile_micro_batches=(8,),
-    compile_backend="eager",
+    zero23_micro_batch=16,
+    compile_micro_batch=16,
+    compile_backend="aot_eager",
     warmup_steps=1,
     timed_steps=2,
     worker_counts=(0, 1),
@@ -146,7 +164,9 @@ DRY = Profile(
     run_save_every=4,
     run_batch=16,
     run_images=160,
+    run_precision="bf16",
     total_seconds=1800,
+    setup_seconds=900,
     section_seconds={s: 600 for s in SECTIONS if s != "train_run"},
 )
 SHARD_SAMPLES = 1024
@@ -220,10 +240,13 @@ class Report:
         print(f"[bench] {section} row: {json.dumps(row)[:400]}", flush=True)
 
     def _write(self) -> None:
+        """Each file replaced whole (a run killed mid-write leaves the previous one)."""
+        from clipforge.fsutil import atomic_write_text
+
         self.data["ratios"] = ratios(self.data)
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "gpu-bench.json").write_text(json.dumps(self.data, indent=2) + "\n")
-        (self.out / "gpu-bench.md").write_text(markdown(self.data))
+        atomic_write_text(self.out / "gpu-bench.json", json.dumps(self.data, indent=2) + "\n")
+        atomic_write_text(self.out / "gpu-bench.md", markdown(self.data))
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -254,7 +277,8 @@ def ratios(data: dict) -> dict:
 
     return {
         "step_over_plain_pytorch": over(step, plain),
-        "step_over_open_clip_train_step": over(step, oc.get("step_samples_per_s")),
+        # no step-only ratio to open_clip_train: its per-step times are not synchronised with
+        # the GPU (open_clip_train_row), so its step alone cannot be told from its data wait
         "end_to_end_over_open_clip_train": over(e2e, oc.get("samples_per_s")),
         "end_to_end_over_plain_pytorch": over(e2e, plain),
         "loader_over_end_to_end": over(loader_rate, e2e),
@@ -310,13 +334,12 @@ def markdown(data: dict) -> str:
         lines += [
             "## reference: the same model, batches and precision without clipforge",
             "",
-            "| reference | samples/s | step-only samples/s | MFU | note |",
-            "|---|---:|---:|---:|---|",
+            "| reference | samples/s | MFU | note |",
+            "|---|---:|---:|---|",
         ]
         for r in data["reference"]:
             lines.append(
-                f"| {r.get('name')} | {_num(r.get('samples_per_s'))} |"
-                f" {_num(r.get('step_samples_per_s'))} | {_pct(r.get('mfu'))} |"
+                f"| {r.get('name')} | {_num(r.get('samples_per_s'))} | {_pct(r.get('mfu'))} |"
                 f" {r.get('error', r.get('note', ''))} |"
             )
         lines.append("")
@@ -341,8 +364,7 @@ def markdown(data: dict) -> str:
         ]
         lines.append("")
     if "ratios" in data:
-        lines += ["## ratios (targets: step >= 0.9x plain PyTorch, >= 1.5x open_clip_train;"]
-        lines[-1] += " loader >= 1.2x end to end)"
+        lines += ["## ratios (targets: step >= 0.9x plain PyTorch, loader >= 1.2x end to end)"]
         lines += ["", *[f"- {k}: {_num(v, 2)}" for k, v in data["ratios"].items()], ""]
     if "train_run" in data:
         lines += ["## train_run: python -m clipforge.train with a resume", ""]
@@ -398,31 +420,65 @@ def environment(profile: Profile) -> dict:
         "dev_shm_gb": round(shm.total / 1e9, 1) if shm else None,
         "dev_shm_free_gb": round(shm.free / 1e9, 1) if shm else None,
         "nvidia_smi": nvidia_smi(),  # on CPU too: its absence is a fact, and the path runs
+        "clipforge_gpu_reads": clipforge_gpu_reads(),
         "flops_per_sample": flops_per_sample(_model_cfg(profile)),
         "datasheet_part": part[0] if part else None,
         "datasheet_peak_flops": part[1] if part else None,
-        "measured_peak_flops": measured_matmul_flops(profile.device, 8192 if cuda else 512),
+        **_measured_peak(measured_matmul_flops(profile.device, 8192 if cuda else 512)),
+    }
+
+
+def _measured_peak(matmul: dict) -> dict:
+    return {
+        "measured_peak_flops": matmul["flops"],
+        "measured_peak_timing": {k: v for k, v in matmul.items() if k != "flops"},
     }
 
 
 def versions() -> dict:
-    import deepspeed
-    import numpy
-    import open_clip
-    import PIL
-    import torch
-    import torchvision
+    """Each package's version, or why it does not import (DeepSpeed's rows then say so too)."""
+    import importlib
 
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "torchvision": torchvision.__version__,
-        "deepspeed": deepspeed.__version__,
-        "open_clip": open_clip.__version__,
-        "numpy": numpy.__version__,
-        "pillow": PIL.__version__,
-    }
+    import torch
+
+    found = {"python": platform.python_version(), "torch": torch.__version__}
+    found["cuda"] = torch.version.cuda
+    for key, module in (
+        ("torchvision", "torchvision"),
+        ("deepspeed", "deepspeed"),
+        ("open_clip", "open_clip"),
+        ("numpy", "numpy"),
+        ("pillow", "PIL"),
+    ):
+        try:
+            found[key] = importlib.import_module(module).__version__
+        except Exception as exc:  # noqa: BLE001 - a broken install is a fact to record
+            found[key] = f"does not import: {first_line(exc)}"
+    return found
+
+
+def clipforge_gpu_reads() -> dict:
+    """The GPU facts clipforge's own code reads on a GPU host, read by that code: the run's
+    alerts' NVML readings (clipforge.alerts.gpu) and the GPUs the host supervisor counts
+    (clipforge.launcher.host.gpus); on a CPU each says why there is nothing to read."""
+    from clipforge.alerts.gpu import open_nvml
+    from clipforge.launcher.host.gpus import read_inventory
+
+    try:
+        reader = open_nvml()
+        if isinstance(reader, str):
+            nvml: object = reader
+        else:
+            try:
+                nvml = [dataclasses.asdict(r) for r in reader.read()]
+            finally:
+                reader.close()
+        with tempfile.TemporaryDirectory() as node_dir:
+            inventory = read_inventory(node_dir, planned=1)
+    except Exception as exc:  # noqa: BLE001 - a failed read is this row's result
+        return {"error": first_line(exc)}
+    counted = dataclasses.asdict(inventory) if inventory else "nothing can tell: no nvidia-smi"
+    return {"nvml": nvml, "supervisor_inventory": counted}
 
 
 def nvidia_smi() -> str:
@@ -439,22 +495,43 @@ def nvidia_smi() -> str:
     return f"nvidia-smi ({query}): {result.stdout.strip() or result.stderr.strip()}"
 
 
-def measured_matmul_flops(device: str, size: int, repeats: int = 10) -> float:
+MATMUL_WARM_SECONDS = 0.5  # clocks up from idle before timing
+MATMUL_TIMED_SECONDS = 0.2  # timed over at least this: an 8192^3 bf16 product is ~1.4 ms
+
+
+def measured_matmul_flops(device: str, size: int) -> dict:
     """The matrix-product rate of this device in the profile's training precision (bf16 on a
-    GPU: an 8192^3 product; fp32 on CPU), timed here: the MFU table's second column."""
+    GPU: 8192^3 products; fp32 on CPU), timed here: the MFU table's second column. Products run
+    for MATMUL_WARM_SECONDS first (a GPU idles at low clocks), then are timed in rounds that
+    double until a round lasts MATMUL_TIMED_SECONDS."""
     import torch
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    _sync(device)
-    began = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    _sync(device)
-    return 2 * size**3 * repeats / (time.perf_counter() - began)
+
+    def products(count: int) -> float:
+        _sync(device)
+        began = time.perf_counter()
+        for _ in range(count):
+            a @ b
+        _sync(device)
+        return time.perf_counter() - began
+
+    warm, repeats = 0.0, 1
+    while warm < MATMUL_WARM_SECONDS:
+        warm += products(repeats)
+        repeats *= 2
+    seconds = products(repeats)
+    while seconds < MATMUL_TIMED_SECONDS:
+        repeats *= 2
+        seconds = products(repeats)
+    return {
+        "flops": 2 * size**3 * repeats / seconds,
+        "warm_seconds": warm,
+        "timed_seconds": seconds,
+        "products": repeats,
+    }
 
 
 def _model_cfg(profile: Profile) -> dict:
@@ -756,10 +833,22 @@ def measure_references(profile, bundle, env, report, clock, budget, work: Path) 
 
 
 # Reference (2): open_clip_train's own main(), in a process of its own, on its synthetic data.
-_OC_LINE = re.compile(r"Data \(t\): ([0-9.]+) Batch \(t\): ([0-9.]+),")
+_OC_LINE = re.compile(r"Batch \(t\): ([0-9.]+),")
+# open_clip_train's DataLoader keeps its default prefetch of 2 batches per worker in /dev/shm,
+# each of fp32 images (its synthetic data, like its decoded data, is a float tensor).
+OC_PREFETCH = 2
+SHM_SHARE = 0.8  # of the free /dev/shm its workers may fill
 
 
-def open_clip_train_argv(profile: Profile, logs: Path) -> list[str]:
+def open_clip_train_workers(profile: Profile, shm_free_bytes: int) -> int:
+    """profile.open_clip_workers, fewer where /dev/shm cannot hold their batches (15 workers of
+    1024 224-px batches need about 18 GB there; a worker short of it dies with a bus error)."""
+    batch_bytes = profile.global_batch * 3 * profile.image_size**2 * 4
+    fits = int(SHM_SHARE * shm_free_bytes) // (OC_PREFETCH * batch_bytes)
+    return max(0, min(profile.open_clip_workers, fits))
+
+
+def open_clip_train_argv(profile: Profile, logs: Path, workers: int) -> list[str]:
     argv = [
         "--dataset-type", "synthetic",
         "--train-num-samples", str(profile.open_clip_steps * profile.global_batch),
@@ -767,7 +856,7 @@ def open_clip_train_argv(profile: Profile, logs: Path) -> list[str]:
         "--model", profile.model,
         "--force-image-size", str(profile.image_size),
         "--precision", "amp_bf16" if profile.device == "cuda" else "fp32",
-        "--workers", str(profile.open_clip_workers),
+        "--workers", str(workers),
         "--epochs", "1",
         "--lr", "5e-4", "--wd", "0.2", "--warmup", "1", "--grad-clip-norm", "1.0",
         "--local-loss", "--gather-with-grad",
@@ -780,24 +869,27 @@ def open_clip_train_argv(profile: Profile, logs: Path) -> list[str]:
 
 
 def open_clip_train_row(profile: Profile, logs: Path) -> dict:
-    """samples/s of open_clip_train's loop: per-step `Batch (t)` end to end, and without its
-    `Data (t)` wait (its step alone), over the steps after warm-up."""
+    """samples/s of open_clip_train's loop end to end: its per-step `Batch (t)` over the steps
+    after warm-up. Only end to end: its loop (open_clip_train 3.3, train.py) takes the step's end
+    time before the `loss.item()` of its log line, the one host sync, so each step's GPU work
+    drains into the next step's `Data (t)`; summed over steps `Batch (t)` is the wall clock,
+    while `Batch (t) - Data (t)` would overstate its step alone."""
+    shm_free = shutil.disk_usage("/dev/shm").free if Path("/dev/shm").is_dir() else 0
+    workers = open_clip_train_workers(profile, shm_free)
     command = [sys.executable, str(Path(__file__).resolve()), "--open-clip-train", "--"]
-    command += open_clip_train_argv(profile, logs)
+    command += open_clip_train_argv(profile, logs, workers)
     result = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=3600)
     log = logs / "bench" / "out.log"
     text = log.read_text() if log.is_file() else ""
-    times = [(float(d), float(b)) for d, b in _OC_LINE.findall(text)][profile.warmup_steps :]
+    times = [float(b) for b in _OC_LINE.findall(text)][profile.warmup_steps :]
     if result.returncode or not times:
         raise RuntimeError(f"open_clip_train exited {result.returncode}: {_last_error(result)}")
-    batch = sum(b for _, b in times) / len(times)
-    data = sum(d for d, _ in times) / len(times)
     return {
-        "samples_per_s": profile.global_batch / batch,
-        "step_samples_per_s": profile.global_batch / (batch - data),
+        "samples_per_s": profile.global_batch / (sum(times) / len(times)),
         "timed_steps": len(times),
-        "note": f"{profile.open_clip_workers} workers, synthetic data; step-only = without its"
-        " data wait",
+        "workers": workers,
+        "note": f"{workers} workers (/dev/shm {shm_free / 1e9:.1f} GB free), synthetic data;"
+        " end to end only (its step times are not synchronised with the GPU)",
     }
 
 
@@ -982,6 +1074,7 @@ def real_run(profile: Profile, workdir: Path) -> dict:
         f"train.save_every_steps={profile.run_save_every}",
         "train.log_every_steps=2",
         "train.optimizer=torch",
+        f"train.precision={profile.run_precision}",
         f"train.num_workers={min(8, _CPUS) if profile.device == 'cuda' else 0}",
     ]
     args = ["--params", str(REPO / "params.yaml"), *sum((["--set", s] for s in sets), [])]
@@ -1020,7 +1113,13 @@ def real_run(profile: Profile, workdir: Path) -> dict:
         raise RuntimeError(f"the resumed run failed: {_last_error(resumed)}")
     summary = json.loads((workdir / "metrics" / "train.info.json").read_text())
     losses = _losses(tsv)
+    ran_as = _RUN_AS.search(resumed.stderr)
     return {
+        "precision": ran_as.group(1) if ran_as else None,  # as resolved (auto: bf16 on a GPU)
+        "zero_stage": int(ran_as.group(2)) if ran_as else None,
+        # on a GPU the micro batch is probed at the run's first start (train.micro_batch_size:
+        # auto), and kept in the run directory for its resumes
+        "batch_plan": _batch_plan(workdir / "checkpoints"),
         "stopped_exit_code": stopped_code,
         "resumed_from_step": summary["resumed_from_step"],
         "steps": summary["steps"],
@@ -1032,6 +1131,17 @@ def real_run(profile: Profile, workdir: Path) -> dict:
         "mfu": summary.get("mfu"),
         "export_loads_in_open_clip": export_loads(workdir / "models" / "clip"),
     }
+
+
+# the train stage's start line: "... batch B = M micro x A accum x R ranks, cuda bf16 ZeRO-1"
+_RUN_AS = re.compile(r" (bf16|fp32) ZeRO-(\d)\b")
+
+
+def _batch_plan(checkpoints: Path) -> dict | None:
+    from clipforge.train.microbatch import PLAN_FILE
+
+    found = sorted(checkpoints.glob(f"run-*/{PLAN_FILE}"))
+    return json.loads(found[0].read_text()) if found else None
 
 
 def _steps(tsv: Path) -> list[int]:
@@ -1060,8 +1170,6 @@ def export_loads(model_dir: Path) -> bool:
 
 
 def run_all(profile: Profile, dry_run: bool, out: Path, skip: set[str]) -> None:
-    from clipforge.train.dist import init_distributed
-
     clock = Clock(profile.total_seconds)
     report = Report(out, profile, dry_run)
 
@@ -1070,52 +1178,92 @@ def run_all(profile: Profile, dry_run: bool, out: Path, skip: set[str]) -> None:
 
     env = attempt(budget("env"), environment, profile)
     report.add("env", env)
-    init_distributed(profile.device)
-    bundle = _bundle(profile)
+    # Each guarded: without DeepSpeed (or its process group) the rows that need none still run.
+    deepspeed = attempt(min(profile.setup_seconds, clock.left()), _deepspeed_ready, profile)
+    bundle = attempt(min(profile.setup_seconds, clock.left()), _bundle, profile)
+    broken = {
+        "deepspeed": {"error": f"DeepSpeed: {deepspeed['error']}"}
+        if "error" in deepspeed
+        else None,
+        "model": {"error": f"the model: {bundle['error']}"} if isinstance(bundle, dict) else None,
+    }
+
+    def cannot_run(section: str) -> dict | None:
+        """Why `section` cannot run at all (its rows say so), or None."""
+        needs = ["model"] * (section != "train_run")
+        needs += ["deepspeed"] * (section in DEEPSPEED_SECTIONS)
+        return next((broken[n] for n in needs if broken[n]), None)
+
     with tempfile.TemporaryDirectory(prefix="clipforge-gpu-bench-") as tmp:
         work = Path(tmp)
         if "zero1" not in skip:
-            measure_zero1(profile, bundle, env, report, clock, budget("zero1"))
+            if why := cannot_run("zero1"):
+                report.row("zero1", {**_row_key(1, profile.zero1_micro_batches[0], False, False,
+                                                profile.global_batch), **why})  # fmt: skip
+            else:
+                measure_zero1(profile, bundle, env, report, clock, budget("zero1"))
         if "reference" not in skip:
-            measure_references(profile, bundle, env, report, clock, budget("reference"), work)
-        files = None
-        if {"end_to_end", "loader"} - skip:
-            files = attempt(min(90, clock.left()), make_shards, work / "shards", profile.num_images)
+            if why := cannot_run("reference"):
+                report.row("reference", {"name": "plain_pytorch", **why})
+            else:
+                measure_references(profile, bundle, env, report, clock, budget("reference"), work)
+        # the shards both need, made within end_to_end's cap
+        began, files = time.monotonic(), None
+        if {"end_to_end", "loader"} - skip and not cannot_run("loader"):
+            shards_cap = budget("end_to_end") if "end_to_end" not in skip else 60
+            files = attempt(shards_cap, make_shards, work / "shards", profile.num_images)
         no_shards = {"error": f"no shards: {files['error']}"} if isinstance(files, dict) else None
         if "end_to_end" not in skip:
-            row = no_shards
+            row = cannot_run("end_to_end") or no_shards
             if row is None:
-                rows = [
-                    r
-                    for r in report.data.get("zero1", [])
-                    if not r["grad_checkpointing"] and "note" not in r
-                ]
-                ok = [r for r in rows if r.get("samples_per_s")]
-                micro = max(ok, key=_rate)["micro"] if ok else profile.zero1_micro_batches[-1]
-                row = attempt(budget("end_to_end"), end_to_end, profile, files, bundle, micro)
+                left = budget("end_to_end") - (time.monotonic() - began)
+                row = attempt(
+                    left, end_to_end, profile, files, bundle, _best_micro(report, profile)
+                )
             report.add("end_to_end", _with_mfu(row, env))
+        for section, configs in (
+            ("zero23", [(2, profile.zero23_micro_batch, False), (3, profile.zero23_micro_batch, False)]),
+            ("compile", [(1, profile.compile_micro_batch, True)]),
+        ):  # fmt: skip
+            if section in skip:
+                continue
+            if why := cannot_run(section):
+                for zero, micro, compiled in configs:
+                    key = _row_key(zero, micro, compiled, False, profile.global_batch)
+                    report.row(section, {**key, **why})
+                continue
+            measure_fresh(profile, dry_run, env, report, clock, budget(section), section, configs)
         if "loader" not in skip:
-            if no_shards:
-                report.row("loader", {"decode": "-", **no_shards})
+            if why := cannot_run("loader") or no_shards:
+                report.row("loader", {"decode": "-", **why})
             else:
                 measure_loader(profile, files, bundle, report, clock, budget("loader"))
         _free(bundle)
-        if "zero23" not in skip:
-            configs = [(z, m, False) for z in (2, 3) for m in profile.zero23_micro_batches]
-            measure_fresh(profile, dry_run, env, report, clock, budget("zero23"), "zero23", configs)
-        if "compile" not in skip:
-            configs = [(1, m, True) for m in profile.compile_micro_batches]
-            measure_fresh(
-                profile, dry_run, env, report, clock, budget("compile"), "compile", configs
-            )
         if "train_run" not in skip:
             left = clock.left()
-            if left < profile.train_run_min_seconds:
+            if why := cannot_run("train_run"):
+                result = why
+            elif left < profile.train_run_min_seconds:
                 result = {"error": f"not started: {left:.0f} s left of the run's budget"}
             else:
                 (work / "run").mkdir()
                 result = attempt(left, real_run, profile, work / "run")
             report.add("train_run", result)
+
+
+def _deepspeed_ready(profile: Profile) -> dict:
+    """DeepSpeed imported and its process group up (a world of one), as the train stage sets it."""
+    from clipforge.train.dist import init_distributed
+
+    init_distributed(profile.device)
+    return {}
+
+
+def _best_micro(report: Report, profile: Profile) -> int:
+    """The micro batch of the fastest ZeRO-1 row (plain, checked), the smallest when none ran."""
+    rows = [r for r in report.data.get("zero1", []) if not r["grad_checkpointing"]]
+    ok = [r for r in rows if r.get("samples_per_s") and "note" not in r]
+    return max(ok, key=_rate)["micro"] if ok else profile.zero1_micro_batches[-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1128,9 +1276,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=[s for s in SECTIONS if s != "env"]
     )
+    parser.add_argument(
+        "--total-seconds",
+        type=float,
+        help="start no row after this many seconds (default: the profile's, 430 on a GPU)",
+    )
     parser.add_argument("--row", help=argparse.SUPPRESS)  # a child measuring one step row
     args = parser.parse_args(argv)
     profile = DRY if args.dry_run else FULL
+    if args.total_seconds:
+        profile = dataclasses.replace(profile, total_seconds=args.total_seconds)
     if profile.device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if args.row:

@@ -126,6 +126,9 @@ env_from_stdin() {
 }
 
 [ $# -gt 0 ] || die "no command given (the image's default is bash)"
+# What the command writes is group-readable at most, as in every process of a run
+# (clipforge.fsutil.RUN_UMASK: 027 added to the umask; a stricter one stays).
+umask "$(printf %o $(( 0$(umask) | 027 )))"
 report >&2
 if [ "${CLIPFORGE_SSHD:-0}" = 1 ]; then
   start_sshd

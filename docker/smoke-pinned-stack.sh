@@ -106,7 +106,7 @@ run() {
 started=$SECONDS
 run "$repo/docker/check_stack.py" "${stack_args[@]}"
 # The locked libraries the stages import only for some params (HF text towers, LAION shards).
-run -c "import transformers, open_clip.hf_model, webdataset, clipforge.text_towers"
+run -c "import transformers, open_clip.hf_model, webdataset, clipforge.model.text_towers"
 run -m clipforge.data "${overrides[@]}"
 run -m clipforge.train "${overrides[@]}"
 run -m clipforge.eval "${overrides[@]}"

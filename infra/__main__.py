@@ -7,6 +7,7 @@ is read here and only here; defaults live in Pulumi.yaml.
 import pulumi
 import pulumi_kubernetes as k8s
 
+from clipforge_infra.components.network_policies import NetworkPolicies, NetworkPoliciesArgs
 from clipforge_infra.components.secrets import SecretsArgs, StackSecrets
 from clipforge_infra.components.tensorboard import TensorBoard, TensorBoardArgs
 from clipforge_infra.components.volumes import RetainedStorage, StorageArgs
@@ -74,6 +75,9 @@ if not settings.released:
             on_cluster, pulumi.ResourceOptions(depends_on=[storage.claims["logs"]])
         ),
     )
+
+# Who may connect to the stack's pods: each kind only from its own kind, TensorBoard from none.
+NetworkPolicies("network", NetworkPoliciesArgs(namespace=storage.namespace), on_cluster)
 
 for name, value in describe_stack(settings, storage.namespace, secrets.host_public_key).items():
     pulumi.export(name, value)

@@ -37,6 +37,9 @@ TENSORBOARD_PORT = 6006
 RUN_MODE_WORKERS = "workers"
 RUN_MODE_JOBS = "jobs"
 RUN_MODES = (RUN_MODE_WORKERS, RUN_MODE_JOBS)
+# The app.kubernetes.io/component label of the pods the launcher makes for a run (runMode jobs):
+# the stack's NetworkPolicy for them selects it.
+RUN_COMPONENT = "run"
 
 # Kubernetes object names inside the stack's namespace. Fixed (no Pulumi auto-naming) so that worker
 # host names are known before the stack exists: <WORKER_STATEFULSET>-<i>.<WORKER_SERVICE>.<ns>.

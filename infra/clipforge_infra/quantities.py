@@ -10,6 +10,7 @@ import re
 from decimal import Decimal
 
 from clipforge.errors import UserError
+from clipforge.util import short_repr
 
 _UNIT_FACTORS = {
     None: 1,
@@ -40,12 +41,12 @@ def parse_bytes(text: str) -> int:
     match = _BYTES_RE.match(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise QuantityError(
-            f"{text!r} is not a size: write a positive number with an optional unit "
+            f"{short_repr(text)} is not a size: write a positive number with an optional unit "
             "(Ki, Mi, Gi, Ti or k, M, G, T), e.g. 64Gi"
         )
     value = int(Decimal(match.group("number")) * _UNIT_FACTORS[match.group("suffix")])
     if value <= 0:
-        raise QuantityError(f"{text!r} is not a positive size")
+        raise QuantityError(f"{short_repr(text)} is not a positive size")
     return value
 
 
@@ -54,10 +55,10 @@ def parse_cpu_millicores(text: str) -> int:
     match = _CPU_RE.match(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise QuantityError(
-            f"{text!r} is not a CPU amount: write cores (8, 0.5) or millicores (500m)"
+            f"{short_repr(text)} is not a CPU amount: write cores (8, 0.5) or millicores (500m)"
         )
     number = Decimal(match.group("number"))
     millicores = int(number if match.group("milli") else number * 1000)
     if millicores <= 0:
-        raise QuantityError(f"{text!r} is not a positive CPU amount")
+        raise QuantityError(f"{short_repr(text)} is not a positive CPU amount")
     return millicores

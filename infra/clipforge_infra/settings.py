@@ -33,6 +33,7 @@ import yaml
 
 from clipforge.alerts.targets import WebhookError, parse_targets
 from clipforge.fields import REQUIRED, ConfigError, Section, knob
+from clipforge.util import short_repr
 
 from .contract import PROJECT, RUN_MODE_WORKERS, VOLUMES
 from .quantities import QuantityError, parse_bytes, parse_cpu_millicores
@@ -93,7 +94,7 @@ def _dns_label(key: str, text: str) -> str:
     if len(text) > 63 or not _DNS_LABEL_RE.match(text):
         raise _problem(
             key,
-            f"{text!r} is not a Kubernetes name (lower-case letters, digits, '-'; "
+            f"{short_repr(text)} is not a Kubernetes name (lower-case letters, digits, '-'; "
             "at most 63 characters)",
         )
     return text
@@ -101,7 +102,7 @@ def _dns_label(key: str, text: str) -> str:
 
 def _storage_class(key: str, text: str) -> str:
     if text and (len(text) > 253 or not _DNS_SUBDOMAIN_RE.match(text)):
-        raise _problem(key, f"{text!r} is not a StorageClass name")
+        raise _problem(key, f"{short_repr(text)} is not a StorageClass name")
     return text
 
 
@@ -111,7 +112,7 @@ def _image(key: str, text: str) -> str:
     if not _IMAGE_RE.match(text) or text.endswith(":latest"):
         raise _problem(
             key,
-            f"{text!r} is not a pinned image reference: use REPOSITORY:TAG "
+            f"{short_repr(text)} is not a pinned image reference: use REPOSITORY:TAG "
             "(not :latest) or REPOSITORY@sha256:DIGEST",
         )
     return text
@@ -137,15 +138,19 @@ def _price(key: str, text: str) -> str:
     try:
         price = Decimal(text)
     except InvalidOperation:
-        raise _problem(key, f"{text!r} is not a number (price per GPU-hour, e.g. 2.50)") from None
+        raise _problem(
+            key, f"{short_repr(text)} is not a number (price per GPU-hour, e.g. 2.50)"
+        ) from None
     if not price.is_finite() or price < 0:
-        raise _problem(key, f"{text!r} must be a number >= 0")
+        raise _problem(key, f"{short_repr(text)} must be a number >= 0")
     return text
 
 
 def _currency(key: str, text: str) -> str:
     if not _CURRENCY_RE.match(text):
-        raise _problem(key, f"{text!r} is not a three-letter currency code such as USD or CNY")
+        raise _problem(
+            key, f"{short_repr(text)} is not a three-letter currency code such as USD or CNY"
+        )
     return text
 
 
@@ -156,12 +161,12 @@ def _gpu_resource_name(key: str, text: str) -> str:
     if vendor in KNOWN_UNSUPPORTED_GPU_VENDORS:
         raise _problem(
             key,
-            f"{text!r}: vendor {vendor} is not supported, the training image is "
+            f"{short_repr(text)}: vendor {vendor} is not supported, the training image is "
             "built for CUDA; use nvidia.com/gpu (or nvidia.com/mig-<profile>)",
         )
     raise _problem(
         key,
-        f"{text!r}: unknown GPU vendor or resource; use nvidia.com/gpu "
+        f"{short_repr(text)}: unknown GPU vendor or resource; use nvidia.com/gpu "
         "(or nvidia.com/mig-<profile>)",
     )
 
@@ -177,7 +182,9 @@ def node_selector(key: str, items: list[str]) -> dict[str, str]:
             or len(value) > 63
             or not _LABEL_VALUE_RE.match(value)
         ):
-            raise _problem(key, f"{item!r} is not LABEL=VALUE (e.g. nvidia.com/gpu.present=true)")
+            raise _problem(
+                key, f"{short_repr(item)} is not LABEL=VALUE (e.g. nvidia.com/gpu.present=true)"
+            )
         selector[label] = value
     return selector
 
@@ -190,10 +197,13 @@ def tolerations(key: str, items: list[str]) -> tuple[Toleration, ...]:
         label, sep, value = taint.partition("=")
         if not _label_key_ok(label) or (sep and not _LABEL_VALUE_RE.match(value)):
             raise _problem(
-                key, f"{item!r} is not KEY[=VALUE][:EFFECT] (e.g. nvidia.com/gpu:NoSchedule)"
+                key,
+                f"{short_repr(item)} is not KEY[=VALUE][:EFFECT] (e.g. nvidia.com/gpu:NoSchedule)",
             )
         if effect and effect not in TAINT_EFFECTS:
-            raise _problem(key, f"{item!r}: effect must be one of {', '.join(TAINT_EFFECTS)}")
+            raise _problem(
+                key, f"{short_repr(item)}: effect must be one of {', '.join(TAINT_EFFECTS)}"
+            )
         found.append(Toleration(key=label, value=value if sep else None, effect=effect or None))
     return tuple(found)
 

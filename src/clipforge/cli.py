@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -13,6 +14,8 @@ from typing import TypeVar
 
 from clipforge.config import Params, load_params
 from clipforge.errors import UserError
+from clipforge.fields import path_problem
+from clipforge.fsutil import restrict_umask
 
 EXIT_USAGE = 2
 
@@ -27,7 +30,10 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
     example = SET_EXAMPLES.get(prog.rsplit(".", 1)[-1], "train.lr=1e-4")
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument(
-        "--params", default="params.yaml", help="params file (default: params.yaml)"
+        "--params",
+        default="params.yaml",
+        type=path_argument,
+        help="params file (default: params.yaml)",
     )
     parser.add_argument(
         "--set",
@@ -47,6 +53,15 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def path_argument(text: str) -> str:
+    """The type of a stage's path options: the rule of the params' paths (fields.path_problem),
+    so a name the OS refuses is argparse's one line, not a traceback at its first use."""
+    problem = path_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def run_stage(
     prog: str,
     body: Callable[[argparse.Namespace], None],
@@ -59,6 +74,7 @@ def run_stage(
     `params`: what the stage reads of params.yaml (what --print-config shows)."""
     args = parser.parse_args(argv)
     configure_logging()
+    umask = restrict_umask()  # what the stage writes is group-readable at most (clipforge.fsutil)
     try:
         if args.print_config:
             print(load_stage_config(args, params).to_yaml(), end="")
@@ -68,6 +84,8 @@ def run_stage(
         for line in str(exc).splitlines():
             print(f"{prog}: error: {line}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        os.umask(umask)  # a caller's own (a test calling main in its process)
     return 0
 
 

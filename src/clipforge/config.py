@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from clipforge import util
 from clipforge.fields import ConfigError, Section
 from clipforge.recipes import RECIPES
 from clipforge.yamlfile import YamlFileError, load_yaml, read_yaml_file
@@ -81,7 +82,8 @@ def resolve(params: type[P], raw: dict, forced: dict | None = None) -> P:
         unknown = sorted(set(mapping) - set(SECTION_NAMES))
         if unknown:
             raise ConfigError(
-                f"unknown top-level key {unknown[0]!r}: allowed are {sorted(SECTION_NAMES)}"
+                f"unknown top-level key {util.short_repr(unknown[0])}: allowed are "
+                f"{sorted(SECTION_NAMES)}"
             )
     for name in SECTION_NAMES:  # a section given as something else than a mapping, in any
         _section_values(raw, name)
@@ -105,7 +107,7 @@ def _recipe_refusal(params: type[Params], raw: dict, forced: dict) -> str:
     name = forced["recipe"] if "recipe" in forced else raw["recipe"]
     if not isinstance(name, str) or name not in RECIPES:
         return (
-            f"recipe: {where} is {name!r}, but params.yaml is what runs and nothing is laid "
+            f"recipe: {where} is {util.short_repr(name)}, but params.yaml is what runs and nothing is laid "
             f"over it: write a recipe into params.yaml with `{RECIPE_COMMAND} NAME` (NAME: "
             f"{', '.join(RECIPES)}) and remove the key"
         )
@@ -114,7 +116,10 @@ def _recipe_refusal(params: type[Params], raw: dict, forced: dict) -> str:
         given = {**_section_values(raw, section), **_section_values(forced, section)}
         current = {**cls().to_dict(), **given}
         conflicts += [
-            (key not in given, f"{section}.{key}: {current.get(key)!r} here, {value!r} in {name}")
+            (
+                key not in given,
+                f"{section}.{key}: {util.short_repr(current.get(key))} here, {value!r} in {name}",
+            )
             for key, value in RECIPES[name].get(section, {}).items()
             if current.get(key) != value
         ]
@@ -137,7 +142,9 @@ def _check_names(where: str, mapping: dict) -> None:
     """Keys are names: a YAML key like `1:` or `true:` would otherwise fail far from here."""
     for key in mapping:
         if not isinstance(key, str):
-            raise ConfigError(f"{where}: key {key!r} is not a name; keys are words like `train`")
+            raise ConfigError(
+                f"{where}: key {util.short_repr(key)} is not a name; keys are words like `train`"
+            )
 
 
 def _section_values(mapping: dict, section: str) -> dict:
@@ -145,7 +152,7 @@ def _section_values(mapping: dict, section: str) -> dict:
     if values is None:  # `train:` with nothing under it: an empty section
         return {}
     if not isinstance(values, dict):
-        raise ConfigError(f"{section}: must be a mapping of keys, got {values!r}")
+        raise ConfigError(f"{section}: must be a mapping of keys, got {util.short_repr(values)}")
     _check_names(section, values)
     return values
 
@@ -162,12 +169,21 @@ def parse_override(item: str) -> tuple[str, Any]:
     """`train.lr=1e-4` -> ("train.lr", 0.0001). The value is YAML, as with `dvc exp run -S`."""
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.lr=1e-4")
+        raise ConfigError(
+            f"--set {util.short_repr(item)}: expected section.key=value, e.g. train.lr=1e-4"
+        )
     try:
         value = load_yaml(text) if text.strip() else None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {item!r}: value is not valid YAML ({exc.problem})") from None
+        raise ConfigError(
+            f"--set {util.short_repr(item)}: value is not valid YAML ({_yaml_problem(exc)})"
+        ) from None
     return key.strip(), value
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What a parser error says, without its position (a --set value is one short line)."""
+    return getattr(exc, "problem", None) or util.first_line(exc)
 
 
 def _set_dotted(raw: dict, key: str, value: Any) -> None:
@@ -182,7 +198,7 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     section, name = parts
     if section not in SECTION_NAMES:
         raise ConfigError(
-            f"--set {key}: unknown section {section!r}; sections: {', '.join(SECTION_NAMES)}"
+            f"--set {key}: unknown section {util.short_repr(section)}; sections: {', '.join(SECTION_NAMES)}"
         )
     raw.setdefault(section, {})
     if raw[section] is None:

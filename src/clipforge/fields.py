@@ -24,6 +24,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Union
 
 from clipforge.errors import UserError
+from clipforge.util import short_repr
+
+# The largest seed: torch.manual_seed takes 0..2**64-1 (a larger one failed after the whole
+# start-up); numpy's generators, seeded with [seed, ...] lists, take any size. One range for every
+# seed knob.
+MAX_SEED = 2**64 - 1
 
 
 class ConfigError(UserError, ValueError):
@@ -32,6 +38,7 @@ class ConfigError(UserError, ValueError):
 
 def knob(default: Any, doc: str, **limits: Any) -> Any:
     """A documented config field. limits: ge, gt, le, lt (numbers), nonempty (strings/lists);
+    path: True for a path (or list of paths) the OS is handed, checked by `check_path`;
     check: `fn(key, value) -> value`, run after the type and range checks, raising the section's
     ERROR naming `key` (it may normalise the value); secret: True keeps the value out of the
     section's repr (the infra's SSH key, webhooks). Other keywords are kept in the metadata.
@@ -89,7 +96,9 @@ class Entry:
             return value
         fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: got {value!r}; must be a mapping of {', '.join(fields)}")
+            raise ConfigError(
+                f"{key}: got {short_repr(value)}; must be a mapping of {', '.join(fields)}"
+            )
         unknown = [name for name in value if name not in fields]
         if unknown:
             raise ConfigError(f"{key}.{unknown[0]}: unknown key; allowed: {', '.join(fields)}")
@@ -122,6 +131,8 @@ class Entry:
 
 def _field_value(key: str, value: Any, hint: Any, limits: Any, error: type[UserError]) -> Any:
     value = _check_value(key, value, hint, limits, error)
+    if limits.get("path"):
+        check_path(key, value, error)
     if "check" in limits:
         value = limits["check"](key, value)
     return value
@@ -142,45 +153,47 @@ def _check_value(key: str, value: Any, hint: Any, limits: Any, error: type[UserE
                 return _check_value(key, value, option, limits, error)
             except error as exc:
                 errors.append(str(exc).split("; ", 1)[-1])
-        raise error(f"{key}: got {value!r}; " + "; or ".join(errors))
+        raise error(f"{key}: got {short_repr(value)}; " + "; or ".join(errors))
     if origin is list:
         if not isinstance(value, list):
-            raise error(f"{key}: got {value!r}; must be a list, e.g. [a, b]")
+            raise error(f"{key}: got {short_repr(value)}; must be a list, e.g. [a, b]")
         return [
             _check_value(f"{key}[{i}]", item, args[0], {}, error) for i, item in enumerate(value)
         ]
     if origin is tuple and args[1:] == (Ellipsis,):  # tuple[X, ...]: a frozen section's list
         if not isinstance(value, (list, tuple)):
-            raise error(f"{key}: got {value!r}; must be a list, e.g. [a, b]")
+            raise error(f"{key}: got {short_repr(value)}; must be a list, e.g. [a, b]")
         return tuple(
             _check_value(f"{key}[{i}]", item, args[0], {}, error) for i, item in enumerate(value)
         )
     if origin is Literal:
         if value not in args:
-            raise error(f"{key}: got {value!r}; allowed: {', '.join(map(str, args))}")
+            raise error(f"{key}: got {short_repr(value)}; allowed: {', '.join(map(str, args))}")
         return value
     if hint is bool:
         if not isinstance(value, bool):
-            raise error(f"{key}: got {value!r}; must be true or false")
+            raise error(f"{key}: got {short_repr(value)}; must be true or false")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise error(f"{key}: got {value!r}; must be an integer{_range_text(limits)}")
+            raise error(f"{key}: got {short_repr(value)}; must be an integer{_range_text(limits)}")
     elif hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise error(f"{key}: got {value!r}; must be a number{_range_text(limits)}")
+            raise error(f"{key}: got {short_repr(value)}; must be a number{_range_text(limits)}")
         value = float(value)
         if not math.isfinite(value):
-            raise error(f"{key}: got {value!r}; must be a finite number{_range_text(limits)}")
+            raise error(
+                f"{key}: got {short_repr(value)}; must be a finite number{_range_text(limits)}"
+            )
     elif hint is str:
         if not isinstance(value, str):
-            raise error(f"{key}: got {value!r}; must be a string")
+            raise error(f"{key}: got {short_repr(value)}; must be a string")
         if limits.get("nonempty") and not value.strip():
             raise error(f"{key}: must not be empty")
         return value
     elif hint is Path:
         if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-            raise error(f"{key}: got {value!r}; must be a path")
+            raise error(f"{key}: got {short_repr(value)}; must be a path")
         return Path(value)
     else:  # pragma: no cover - a field type this loader does not know is a programming error
         raise TypeError(f"{key}: unsupported field type {hint}")
@@ -196,10 +209,54 @@ def _check_range(key: str, value: float, limits: Any, error: type[UserError]) ->
         or ("lt" in limits and value >= limits["lt"])
     )
     if bad:
-        raise error(f"{key}: got {value!r}; must be{_range_text(limits)}")
+        raise error(f"{key}: got {short_repr(value)}; must be{_range_text(limits)}")
 
 
 def _range_text(limits: Any) -> str:
     words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
     parts = [f"{words[k]} {limits[k]}" for k in words if k in limits]
     return (" " + " and ".join(parts)) if parts else ""
+
+
+# The longest name (a part of a path between slashes) Linux's file systems take (NAME_MAX of ext4,
+# xfs, btrfs, tmpfs), and the longest path the kernel takes (PATH_MAX, less its NUL).
+NAME_MAX_BYTES = 255
+PATH_MAX_BYTES = 4095
+# What a path knob's value may start with before its path: a model spec (`local-dir:PATH`).
+PATH_PREFIXES = ("local-dir:", "chinese-clip:", "hf-hub:")
+
+
+def path_problem(path: str) -> str | None:
+    """Why the OS would refuse `path` at its first use (a name over NAME_MAX_BYTES, the whole over
+    PATH_MAX_BYTES, a NUL byte: a traceback from deep inside a stage), or None. An fsspec URL
+    (`s3://...`) is its store's to judge."""
+    if "://" in path:
+        return None
+    for prefix in PATH_PREFIXES:
+        path = path.removeprefix(prefix)
+    shown = short_repr(path, 60)
+    if "\0" in path:
+        return f"{shown} holds a NUL byte"
+    raw = path.encode("utf-8", "surrogateescape")
+    if len(raw) > PATH_MAX_BYTES:
+        return f"{shown} is {len(raw)} bytes long; the OS takes paths of at most {PATH_MAX_BYTES}"
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX_BYTES:
+        name = short_repr(longest.decode("utf-8", "replace"), 60)
+        return (
+            f"the name {name} in it is {len(longest)} bytes long; file systems take names of at "
+            f"most {NAME_MAX_BYTES} bytes"
+        )
+    return None
+
+
+def check_path(key: str, value: Any, error: type[UserError] = ConfigError) -> Any:
+    """`value` (a path, a list of paths, or None) when the OS can take each path; `error` naming
+    `key` and the path otherwise. The one rule for every path a user names: path knobs, and the
+    stages' path options."""
+    for path in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(path, (str, os.PathLike)):
+            problem = path_problem(str(path))
+            if problem:
+                raise error(f"{key}: {problem}")
+    return value

@@ -2,7 +2,15 @@
 
 What is written gets the mode any tool would give it: 0666 / 0777 less the umask (tempfile's
 mkstemp and mkdtemp make private files, unreadable to teammates on shared storage), or the mode
-of the file it replaces.
+of the file it replaces. A run's processes (each stage, the host's supervisor, the image's
+entry point, the launcher's commands that make a run's folders) first add RUN_UMASK to theirs
+(`restrict_umask`): on a shared host what a run writes is group-readable at most (files 0640,
+folders 0750 under the usual umask 022), never readable by every user of the box, and a stricter
+umask (077) stays. What a library writes with a mode of its own (safetensors makes 0600 files)
+gets the same mode as the rest (`give_default_modes`): one mode for every file of an export.
+
+Names from outside (a host, a run store, an archive) become local paths through one checked join,
+`join_inside`: a name that would land outside its folder is refused before anything is written.
 
 Standard library only: the launcher's host side (clipforge.launcher.host) writes through it, under
 a host's own python3.
@@ -20,7 +28,75 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from clipforge.errors import UserError
+from clipforge.util import short_repr
+
 log = logging.getLogger("clipforge.fsutil")
+
+MAX_NAME_BYTES = 255  # one path component, as Linux file systems take it
+RUN_UMASK = 0o027  # no write for the group, nothing for others
+
+
+def restrict_umask() -> int:
+    """Add RUN_UMASK to this process's umask (and its children's), keeping what it takes away
+    already; returns the umask it had (for a caller in someone else's process to put back)."""
+    previous = os.umask(0o077)
+    os.umask(previous | RUN_UMASK)
+    return previous
+
+
+def give_default_modes(folder: str | Path) -> None:
+    """Every file and folder under `folder` (itself too) to the mode a new one gets here:
+    0666 / 0777 less the umask, whatever mode the library that wrote it chose."""
+    umask = os.umask(0o077)
+    os.umask(umask)
+    folder = Path(folder)
+    os.chmod(folder, 0o777 & ~umask)
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+class UnsafeNameError(UserError, ValueError):
+    """A name from outside that would not stay inside its folder, or that no folder should hold
+    (a control character, an over-long component); the message names it and where it came from."""
+
+
+def join_inside(folder: str | Path, name: str, source: str) -> Path:
+    """`folder/name` for a relative `name` that came from outside (`source` says whose: a host, a
+    run store, an archive), once it is certain to stay inside `folder`: no absolute path, no
+    empty, `.` or `..` component, no control character, no component over 255 bytes, and no
+    symbolic link below `folder` on the way (a write would follow it elsewhere). UnsafeNameError
+    naming it otherwise. Nothing is created here: callers check every name before writing any."""
+    problem = _name_problem(name)
+    path = Path(folder)
+    if problem is None:
+        for part in name.split("/"):
+            path = path / part
+            if path.is_symlink():
+                problem = f"{path} is a symbolic link"
+                break
+    if problem:
+        raise UnsafeNameError(
+            f"{source} names {short_repr(name)}, which would not stay inside {folder} ({problem}); "
+            "nothing was written"
+        )
+    return path
+
+
+def _name_problem(name: object) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "not a file name"
+    if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in name):
+        return "a control character or undecodable byte"
+    if name.startswith("/"):
+        return "an absolute path"
+    for part in name.split("/"):
+        if part in ("", ".", ".."):
+            return f"a {part!r} component" if part else "an empty component"
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            return f"a component over {MAX_NAME_BYTES} bytes"
+    return None
 
 
 class AtomicFile:

@@ -9,7 +9,10 @@
   or relaunched run keeps it, so several launches can share one run id.
 
 Both go into every alert, run record and status line that knows them, each under its own name
-(docs/alerts.md). Standard library only: the GPU host side uses it.
+(docs/alerts.md). Both name folders, so an id that comes from outside (a `--launch` argument, a
+host's `current` marker, a run store's record) is parsed where it enters: `../../victim` is no
+launch id, and the one-line error says where it came from (IdError). Standard library only: the
+GPU host side uses it.
 """
 
 from __future__ import annotations
@@ -20,8 +23,24 @@ import os
 import re
 import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
-RUN_ID = re.compile(r"run-[0-9a-f]{12}")
+from clipforge.errors import UserError
+from clipforge.util import short_repr
+
+# ASCII digits: `\d` would take any script's digits.
+LAUNCH_ID = re.compile(r"(?P<started>[0-9]{8}-[0-9]{6})-(?P<commit>[0-9a-f]{1,40})")
+RUN_ID = re.compile(r"run-(?P<digest>[0-9a-f]{12})")
+
+
+class IdError(UserError, ValueError):
+    """Text that should be a launch id or a run id and is not; the message says where it came
+    from and what an id looks like."""
+
+
+class LaunchId(NamedTuple):
+    started: str  # YYYYMMDD-HHMMSS, UTC
+    commit: str  # the first 8 hex digits of the commit the launch shipped
 
 
 def new_launch_id(commit: str, now: float | None = None) -> str:
@@ -30,10 +49,41 @@ def new_launch_id(commit: str, now: float | None = None) -> str:
     return f"{started}-{commit[:8]}"
 
 
+def parse_launch_id(text: object, source: str | None = None) -> LaunchId:
+    """The parts of a launch id; IdError naming `source` (where the text came from) and the
+    expected form otherwise."""
+    match = LAUNCH_ID.fullmatch(text) if isinstance(text, str) else None
+    if not match:
+        where = f"{source}: " if source else ""
+        raise IdError(
+            f"{where}not a launch id: {short_repr(text)} (expected YYYYMMDD-HHMMSS-<commit>)"
+        )
+    return LaunchId(match["started"], match["commit"])
+
+
+def checked_launch_id(text: object, source: str) -> str:
+    """`text`, once it is a launch id (parse_launch_id); for ids from outside."""
+    parse_launch_id(text, source)
+    return str(text)
+
+
 def run_id_for(fingerprint: Mapping) -> str:
     """The run id of a training run whose result `fingerprint` (JSON-able) determines."""
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     return f"run-{digest[:12]}"
+
+
+def parse_run_id(text: object, source: str | None = None) -> str:
+    """The digest part of a run id; IdError naming `source` and the expected form otherwise."""
+    match = RUN_ID.fullmatch(text) if isinstance(text, str) else None
+    if not match:
+        where = f"{source}: " if source else ""
+        raise IdError(f"{where}not a run id: {short_repr(text)} (expected run-<12 hex digits>)")
+    return match["digest"]
+
+
+def is_launch_id(text: str) -> bool:
+    return LAUNCH_ID.fullmatch(text) is not None
 
 
 def is_run_id(text: str) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.errors import UserError
+from clipforge.util import short_repr
 
 ORIGIN = "docker/image.env"
 REQUIRED = ("IMAGE_REPOSITORY", "IMAGE_TAG")
@@ -55,7 +56,7 @@ def parse_image_env(text: str, origin: str = ORIGIN) -> ImageEnv:
         match = _ASSIGNMENT.fullmatch(line)
         if not match:
             raise ImageEnvError(
-                f"{origin}:{number}: {line!r}: {_problem(line)}; {_FORM} "
+                f"{origin}:{number}: {short_repr(line)}: {_problem(line)}; {_FORM} "
                 f"(make, the shell and Python must read the same value)"
             )
         name, value = match.groups()
@@ -81,7 +82,7 @@ def _problem(line: str) -> str:
         return "not an assignment"
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         return (
-            f"{name.strip()!r} is not a variable name"
+            f"{short_repr(name.strip())} is not a variable name"
             if name.strip() == name
             else "spaces around the name"
         )

@@ -1,7 +1,8 @@
 """Small helpers with one home each.
 
-Retry back-off, an exception's first line, waiting for a server to answer, durations, a run's
-step counts, the ranks a node runs now, and reading the typed records' JSON files.
+Retry back-off, an exception's first line, a value as an error message quotes it, waiting for a
+server to answer, durations, a run's step counts, the ranks a node runs now, and reading the typed
+records' JSON files.
 
 Standard library only, and cheap to import: the GPU host side (clipforge.launcher.host) uses it
 under the host's own python3, and every stage imports it.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -38,6 +40,36 @@ def first_line(exc: BaseException) -> str:
     if len(lines) > 1 and lines[0].endswith(":"):
         return lines[1]
     return lines[0] if lines else type(exc).__name__
+
+
+# The most of a value an error message quotes: a message is one line a person reads, whatever the
+# value (a 10 MB string, a YAML alias bomb whose full repr would not fit in memory).
+MAX_SHOWN_CHARS = 200
+
+
+class _ShortRepr(reprlib.Repr):
+    """reprlib cuts containers and strings as it goes, so the cost is bounded by its limits, not
+    by the value."""
+
+    def __init__(self) -> None:
+        super().__init__()  # its limits set one by one: Repr() takes none before Python 3.12
+        self.maxlevel, self.maxstring, self.maxother = 4, MAX_SHOWN_CHARS, MAX_SHOWN_CHARS
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = 20
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 600:  # repr() refuses ints over 4300 digits; none needs showing whole
+            return f"<an integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_SHORT = _ShortRepr()
+
+
+def short_repr(value: object, max_chars: int = MAX_SHOWN_CHARS) -> str:
+    """repr(value) for an error message: at most `max_chars` characters, ending in `...` where
+    cut, computed without building the whole repr."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
 
 def exception_summary(exc: BaseException, max_chars: int = 300) -> str:

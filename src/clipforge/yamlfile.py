@@ -5,7 +5,11 @@ so a broken file is one line `FILE:LINE:COLUMN: reason` wherever it is read.
 
 The loader reads `1e-4` as a float, as YAML 1.2 (and DVC's ruamel) do, not as a string. It refuses a
 key given twice in one mapping: PyYAML would silently keep the last one, so a second `train:`
-section would replace the first without a word (Pulumi's own YAML reader refuses them too).
+section would replace the first without a word (Pulumi's own YAML reader refuses them too). It
+refuses aliases that expand a document past MAX_EXPANDED_VALUES values, or into itself: PyYAML
+shares an aliased value rather than copying it, but every reader that walks the value (a check, a
+repr, a JSON dump) expands it, and nine nested lists of nine aliases (300 characters on `--set`)
+expand to 387 million.
 """
 
 from __future__ import annotations
@@ -17,13 +21,36 @@ from typing import Any
 import yaml
 
 from clipforge.errors import UserError
+from clipforge.util import short_repr
 
 
 class YamlFileError(UserError, ValueError):
     """A YAML file that cannot be read or parsed; the message names the file (and line)."""
 
 
+# Values (scalars, lists, mappings) a document may reach once its aliases are expanded, when that
+# is more than it has written out: params.yaml has a few hundred.
+MAX_EXPANDED_VALUES = 100_000
+
+
 class _Loader(yaml.SafeLoader):
+    def construct_document(self, node):
+        sizes: dict[int, int] = {}
+        cycle = _expand(node, sizes)
+        written = _written_values(node)
+        if cycle is not None or sizes[id(node)] > max(MAX_EXPANDED_VALUES, written):
+            where = cycle or _where_it_grows(node, sizes)
+            problem = (
+                "an alias (*name) inside its own anchor expands without end"
+                if cycle
+                else f"aliases (*name) expand to {sizes[id(where)]:,} values, over the "
+                f"{MAX_EXPANDED_VALUES:,} read"
+            )
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{problem}: write the values out", where.start_mark
+            )
+        return super().construct_document(node)
+
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
@@ -32,7 +59,8 @@ class _Loader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     None,
                     None,
-                    f"key {key!r} appears twice in one mapping (first on line {seen[key] + 1})",
+                    f"key {short_repr(key)} appears twice in one mapping (first on line "
+                    f"{seen[key] + 1})",
                     key_node.start_mark,
                 )
             seen[key] = key_node.start_mark.line
@@ -44,6 +72,54 @@ _Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _expand(root: yaml.Node, sizes: dict[int, int]) -> yaml.Node | None:
+    """Fill `sizes` (id of a node -> the values it holds once every alias is expanded), counted
+    without expanding, each node once; the node an alias inside itself names (no end), or None."""
+    open_nodes: set[int] = set()  # on the path from the root: meeting one again is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in _children(node))
+        elif id(node) in open_nodes:
+            return node
+        elif id(node) not in sizes:
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node))
+    return None
+
+
+def _where_it_grows(node: yaml.Node, sizes: dict[int, int]) -> yaml.Node:
+    """The innermost node still over the budget: where the aliases that blow up are."""
+    while True:
+        over = [c for c in _children(node) if sizes[id(c)] > MAX_EXPANDED_VALUES]
+        if not over:
+            return node
+        node = over[0]
+
+
+def _written_values(root: yaml.Node) -> int:
+    """The distinct nodes of a document: what its text writes out, aliases counted once."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(_children(node))
+    return len(seen)
 
 
 def load_yaml(text: str) -> Any:

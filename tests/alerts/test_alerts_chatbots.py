@@ -124,6 +124,7 @@ def test_secret_in_an_entry_is_kept_apart_and_redacted(tmp_path):
     url = f"https://oapi.dingtalk.com/robot/send?access_token={SECRET}"
     path = tmp_path / "hooks"
     path.write_text(f"dingtalk:{url};secret={SIGNING_SECRET}\n")
+    path.chmod(0o600)
     (target,) = load_targets({"CLIPFORGE_ALERT_WEBHOOKS_FILE": str(path)})
     assert (target.kind, target.url, target.secret) == ("dingtalk", url, SIGNING_SECRET)
     assert target.label.startswith("signed dingtalk:https://oapi.dingtalk.com/")

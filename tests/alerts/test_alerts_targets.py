@@ -8,6 +8,7 @@ from alerts_helpers import SECRET
 from clipforge.alerts.targets import (
     ENV_WEBHOOKS,
     ENV_WEBHOOKS_FILE,
+    WebhookError,
     WebhookTarget,
     load_targets,
     redact,
@@ -40,6 +41,7 @@ def test_secret_file_lines_commas_and_comments(tmp_path):
     variable, and drops a URL given twice."""
     path = tmp_path / "webhooks"
     path.write_text(f"# team chat\nfeishu:{FEISHU}\n\nslack:{SLACK}, {GENERIC}  # relay\n")
+    path.chmod(0o600)
     env = {ENV_WEBHOOKS: f"feishu:{FEISHU}", ENV_WEBHOOKS_FILE: str(path)}
     assert [t.kind for t in load_targets(env)] == ["feishu", "slack", "generic"]
 
@@ -50,6 +52,29 @@ def test_unreadable_secret_file_names_variable_and_path(tmp_path):
     with pytest.raises(ValueError, match=ENV_WEBHOOKS_FILE) as error:
         load_targets({ENV_WEBHOOKS_FILE: str(missing)})
     assert str(missing) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "mode, allowed", [(0o600, True), (0o400, True), (0o640, True), (0o440, True), (0o644, False),
+                      (0o604, False), (0o660, False), (0o602, False), (0o666, False)],
+)  # fmt: skip
+def test_a_secret_file_others_can_read_is_refused_as_ssh_refuses_a_key(tmp_path, mode, allowed):
+    """Other users may not read the webhooks file, nor anyone but its owner change it: the
+    error names the variable, the file, its mode and `chmod 600`; the group may read it (a
+    Kubernetes Secret mounted with an fsGroup is 0440)."""
+    path = tmp_path / "webhooks"
+    path.write_text(f"feishu:{FEISHU};secret={SECRET}\n")
+    path.chmod(mode)
+    env = {ENV_WEBHOOKS_FILE: str(path)}
+    if allowed:
+        assert [t.kind for t in load_targets(env)] == ["feishu"]
+        return
+    with pytest.raises(WebhookError) as error:
+        load_targets(env)
+    message = str(error.value)
+    assert f"{ENV_WEBHOOKS_FILE} names '{path}', whose mode {mode:04o}" in message
+    assert f"chmod 600 {path}" in message and SECRET not in message
+    assert "read" in message if mode & 0o004 else "change" in message
 
 
 @pytest.mark.parametrize("entry", [f"teams:{FEISHU}", f"ftp://x.org/{SECRET}", f"slack:{SECRET}"])

@@ -92,6 +92,21 @@ def test_command_replaces_the_entrypoint_and_keeps_its_exit_code(tmp_path):
     assert int(out.strip()) == proc.pid
 
 
+@pytest.mark.parametrize("umask, expected", [("022", "0027"), ("002", "0027"), ("077", "0077")])
+def test_the_command_writes_group_readable_at_most(tmp_path, umask, expected):
+    """The container's command runs with 027 added to the umask (clipforge.fsutil.RUN_UMASK), a
+    stricter one kept: what a run writes in the image is never readable by every user."""
+    result = subprocess.run(
+        ["sh", "-c", f'umask {umask}; exec "$0" sh -c umask', ENTRYPOINT],
+        env=base_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
+
+
 def test_environment_from_stdin_reaches_the_command_and_nothing_else(tmp_path):
     """CLIPFORGE_ENV_FROM_STDIN=A,B: one line per name on stdin; an empty line leaves its name
     unset; the command then reads an empty stdin and does not see the variable list."""

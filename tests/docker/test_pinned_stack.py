@@ -91,29 +91,13 @@ def test_evaluation_wrote_retrieval_recall(smoke):
     assert 0.0 <= metrics["mean_over_suites"] <= 100.0
 
 
-def test_a_hugging_face_text_tower_trains_on_the_pinned_stack(smoke, tmp_path):
-    """The locked transformers works with torch 2.1.2: a tiny Chinese BERT tower (built here by
-    the local stack, in the hub's layout) trains two steps on the smoke's data and is exported."""
-    from tests.integration.test_hf_text_tower import make_tiny_chinese_tower
-
-    _, project = smoke
-    tower = make_tiny_chinese_tower(tmp_path / "tower")
+def _pinned_train(project: Path, out: Path, *sets: str) -> subprocess.CompletedProcess:
+    """The train stage on the pinned stack, on the smoke's data, 2 steps, writing under `out`."""
     venv = Path(os.environ.get("PINNED_VENV", REPO / ".venv-pinned")).resolve()
-    command = [
-        str(venv / "bin" / "python"),
-        "-m",
-        "clipforge.train",
-        "--data",
-        "data",
-        "--checkpoints",
-        str(tmp_path / "checkpoints"),
-        "--model-out",
-        str(tmp_path / "clip"),
-        "--logs",
-        str(tmp_path / "logs"),
-        "--metrics",
-        str(tmp_path / "metrics"),
-    ]
+    command = [str(venv / "bin" / "python"), "-m", "clipforge.train", "--data", "data"]
+    for flag, name in (("--checkpoints", "checkpoints"), ("--model-out", "clip")):
+        command += [flag, str(out / name)]
+    command += ["--logs", str(out / "logs"), "--metrics", str(out / "metrics")]
     for override in (
         *SMOKE_DATA,
         "model.image_size=32",
@@ -123,10 +107,10 @@ def test_a_hugging_face_text_tower_trains_on_the_pinned_stack(smoke, tmp_path):
         "train.max_steps=2",
         "train.warmup_steps=1",
         "train.num_workers=0",
-        f"model.text_tower={tower}",
+        *sets,
     ):
         command += ["--set", override]
-    result = subprocess.run(
+    return subprocess.run(
         command,
         cwd=project,
         capture_output=True,
@@ -134,6 +118,16 @@ def test_a_hugging_face_text_tower_trains_on_the_pinned_stack(smoke, tmp_path):
         timeout=600,
         env={**os.environ, "PYTHONPATH": str(REPO / "src"), "DS_ACCELERATOR": "cpu"},
     )
+
+
+def test_a_hugging_face_text_tower_trains_on_the_pinned_stack(smoke, tmp_path):
+    """The locked transformers works with torch 2.1.2: a tiny Chinese BERT tower (built here by
+    the local stack, in the hub's layout) trains two steps on the smoke's data and is exported."""
+    from tests.integration.test_hf_text_tower import make_tiny_chinese_tower
+
+    _, project = smoke
+    tower = make_tiny_chinese_tower(tmp_path / "tower")
+    result = _pinned_train(project, tmp_path, f"model.text_tower={tower}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "metrics" / "train.info.json").read_text())["steps"] == 2
     exported = json.loads((tmp_path / "clip" / "open_clip_config.json").read_text())
@@ -157,3 +151,32 @@ def test_a_run_that_loses_a_rank_ends_on_one_where_two_end(smoke):
     assert (run_dir / "step-00000003" / "universal").is_dir()
 
     assert_same_run(reference, lost, steps=6, exact_through=3)
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_the_export_reads_the_checkpoints_of_zero0_and_zero2_on_deepspeed_0_14_5(
+    smoke, tmp_path, stage
+):
+    """The export's one reader of fp32 weights on the pinned DeepSpeed, for layouts the smoke's
+    ZeRO-1 run does not write (ZeRO-0's model states, ZeRO-2's shards): the export loads strictly
+    in plain open_clip, in fp32. (ZeRO-3 and DeepSpeed's bf16 mode cannot train on this CPU
+    stack: torch 2.1's gloo has neither reduce_scatter nor bf16 tensors; a GPU uses NCCL.)"""
+    from tests.support.plain_open_clip import plain_open_clip
+
+    _, project = smoke
+    result = _pinned_train(project, tmp_path, f"train.zero_stage={stage}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    plain = plain_open_clip(tmp_path / "clip", project / "data" / "test", tmp_path / "p.json")
+    assert plain["dtypes"] == ["torch.float32"]
+
+
+def test_bf16_on_the_pinned_cpu_stack_is_one_line(smoke, tmp_path):
+    """torch 2.1's gloo carries no bf16 tensors, which DeepSpeed broadcasts and gathers: on the
+    image's stack a CPU cannot train in bf16, and the stage says so in one line, exit 2, nothing
+    trained (a GPU uses NCCL, which does)."""
+    _, project = smoke
+    result = _pinned_train(project, tmp_path, "train.precision=bf16")
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [ln for ln in result.stderr.splitlines() if "clipforge.train: error:" in ln]
+    assert "this CPU cannot train in bf16" in line and "torch 2.1" in line
+    assert not (tmp_path / "clip").exists()

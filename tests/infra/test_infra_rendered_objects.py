@@ -102,3 +102,63 @@ def test_no_pod_uses_host_paths_or_host_namespaces(objects):
         assert not any("hostPath" in volume for volume in spec.get("volumes", []))
         for field in ("hostNetwork", "hostPID", "hostIPC"):
             assert spec.get(field) is not True
+
+
+def network_policies(objects) -> list[dict]:
+    return [obj for obj in objects if obj["kind"] == "NetworkPolicy"]
+
+
+def matches(match_labels: dict, pod_labels: dict) -> bool:
+    return all(pod_labels.get(key) == value for key, value in match_labels.items())
+
+
+def guarding(objects, pod_labels: dict) -> list[dict]:
+    """The NetworkPolicies that select a pod of these labels."""
+    return [
+        p
+        for p in network_policies(objects)
+        if matches(p["spec"]["podSelector"].get("matchLabels", {}), pod_labels)
+    ]
+
+
+def admitted(policy: dict) -> list[dict]:
+    """The pod labels its ingress rules admit (every rule here names pods, not addresses)."""
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    return [
+        peer["podSelector"]["matchLabels"]
+        for rule in policy["spec"].get("ingress", [])
+        for peer in rule["from"]
+    ]
+
+
+def test_every_pod_of_the_stack_is_reachable_only_from_its_own_kind(objects):
+    """Each pod template the stack runs is selected by an ingress NetworkPolicy; TensorBoard's
+    admits nothing (kubectl port-forward enters through the pod's loopback, where policies do not
+    apply), the workers' only workers: no other pod of the cluster reads the run's logs or joins
+    a worker's sshd or rendezvous."""
+    templates = [
+        obj["spec"]["template"]["metadata"]["labels"]
+        for obj in objects
+        if obj["kind"] in ("StatefulSet", "Deployment")
+    ]
+    assert templates
+    for pod_labels in templates:
+        (policy,) = guarding(objects, pod_labels)
+        sources = admitted(policy)
+        if pod_labels["app.kubernetes.io/component"] == "tensorboard":
+            assert sources == []
+        else:
+            assert sources and all(matches(source, pod_labels) for source in sources)
+
+
+def test_a_runs_pods_made_by_the_launcher_admit_only_run_pods(objects):
+    """runMode jobs: the launcher's Job and JobSet pods (their labels, as the launcher writes
+    them) are selected by a policy that admits run pods alone."""
+    from clipforge.launcher.kubernetes_objects import labels as run_pod_labels
+
+    pod_labels = run_pod_labels("20260101-000000-abcdef12")
+    (policy,) = guarding(objects, pod_labels)
+    sources = admitted(policy)
+    assert sources and all(matches(source, pod_labels) for source in sources)
+    worker = {**pod_labels, "app.kubernetes.io/component": "worker"}
+    assert not any(matches(source, worker) for source in sources)

@@ -20,6 +20,8 @@ import math
 import os
 import sys
 
+from tests.support.workers import on_ranks
+
 GLOBAL = 16
 IMAGE_SIZE = 32
 LR = 1e-3
@@ -204,15 +206,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rtol", type=float, default=1e-5)
     parser.add_argument("--clamp", action="store_true")
     args = parser.parse_args(argv)
-    if args.world == 1:
-        run(0, 1, args)
-        return
-    import torch.multiprocessing as mp
-
-    from clipforge.train.dist import free_port
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    mp.spawn(run, args=(args.world, args), nprocs=args.world, join=True)
+    on_ranks(run, args.world, args)
 
 
 if __name__ == "__main__":

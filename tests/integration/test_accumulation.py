@@ -13,10 +13,7 @@ numerics of every later in-process run.
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,7 +21,7 @@ import torch
 from clipforge.model.config import ModelConfig
 from clipforge.model.factory import build_model
 from clipforge.train.loss import make_clip_loss
-from tests.conftest import REPO, subprocess_env
+from tests.support.workers import json_from
 
 # Fresh DeepSpeed engines per ZeRO stage, k and world size (~75 s): in make test-tier2. make test
 # keeps a two-rank run equal to the one-rank run (test_multirank.py) and each micro-batch's
@@ -37,16 +34,7 @@ FP32_RTOL = 1e-5  # largest |accumulated - big batch| / max |big batch| allowed 
 
 def _worker(tmp_path, *args: str) -> dict:
     out = tmp_path / "result.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.integration.gradient_worker", str(out), *args],
-        cwd=REPO,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return json_from(["-m", "tests.integration.gradient_worker", str(out), *args], out)
 
 
 @pytest.mark.parametrize("world", [1, 2])

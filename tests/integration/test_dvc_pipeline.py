@@ -96,7 +96,7 @@ def test_second_repro_runs_nothing(pipeline_repo):
 def test_metrics_show_compares_models_only_with_recall_in_order(pipeline_repo):
     """`dvc metrics show`: every suite's recall or accuracy under its name, the mean over
     suites and the final losses, no bookkeeping; DVC sorts the columns, and the names make that
-    R@1, R@5, R@10."""
+    R@1, R@5, R@10. With 12 test images, t2i-distractors has 6 captions: its flag shows too."""
     table = _dvc(pipeline_repo, "metrics", "show").stdout
     header = table.splitlines()[0].split()
     assert header == [
@@ -107,6 +107,7 @@ def test_metrics_show_compares_models_only_with_recall_in_order(pipeline_repo):
         "loss",
         "mean_over_suites",
         "t2i-distractors.mean_recall",
+        "t2i-distractors.t2i_few_queries",
         "t2i-distractors.t2i_r01",
         "t2i-distractors.t2i_r05",
         "t2i-distractors.t2i_r10",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import shutil
 from pathlib import Path
 
 import open_clip
@@ -15,6 +16,7 @@ import torch
 from PIL import Image
 
 from clipforge.eval.stage import main as eval_main
+from clipforge.export.card import NOT_EVALUATED
 from clipforge.export.local_dir import export_model
 from clipforge.model.config import ModelConfig
 from clipforge.model.factory import build_model
@@ -179,10 +181,8 @@ def test_a_missing_optional_suite_is_one_line_and_a_missing_required_one_stops_t
         "suite coco-cn skipped (optional): datasets/COCO-CN not found"
     ]
     metrics = json.loads(Path("metrics/eval.json").read_text())
-    assert list(metrics) == ["mine", "mean_over_suites"] and set(metrics["mine"]) == {
-        "top1",
-        "top5",
-    }
+    assert list(metrics) == ["mine", "mean_over_suites"]
+    assert set(metrics["mine"]) == {"top1"}  # top-5 of 2 classes would be 100: left out
     info = json.loads(Path("metrics/eval.info.json").read_text())
     assert info["skipped"] == {"coco-cn": "datasets/COCO-CN not found"}
     assert (
@@ -227,3 +227,94 @@ def test_each_image_is_encoded_once_per_suite_in_batches(workdir, model_dir):
     )
     assert set(score_suite(model, preprocess, tokenizer, suite, 10, "cpu")) == {"top1", "top5"}
     assert batches == [10, 10, 4]
+
+
+# -- inputs that gave a trivial or shifted number with exit 0 --------------------------------------
+COLOUR_SHAPE = Path("data/suites/colour-shape")
+
+
+def _one_class(root: Path) -> None:
+    """label_cn.txt of one class, and its folder only (top-1 was 100.00)."""
+    names = (root / "label_cn.txt").read_text("utf-8").splitlines()
+    (root / "label_cn.txt").write_text(names[0] + "\n", "utf-8")
+    for folder in sorted((root / "test").iterdir())[1:]:
+        shutil.rmtree(folder)
+
+
+def _four_empty_folders(root: Path) -> None:
+    """4 of the 24 class folders emptied (scored as a 20-way task: top-1 10.00, not 5.00)."""
+    for folder in sorted((root / "test").iterdir())[3:7]:
+        for image in folder.iterdir():
+            image.unlink()
+
+
+def _blank_line(root: Path) -> None:
+    """A blank line before line 3: folder 003 (红色的十字形) was scored as 橙色的圆形."""
+    names = (root / "label_cn.txt").read_text("utf-8").splitlines()
+    (root / "label_cn.txt").write_text("\n".join([*names[:2], "", *names[2:]]) + "\n", "utf-8")
+
+
+def _one_image_described(root: Path) -> None:
+    """Every caption of the test set on one image: image->text was R@1/5/10 = 100 over one
+    query, and mean_recall 72.50 against 22.92."""
+    lines = (root / "test_texts.jsonl").read_text("utf-8").splitlines()
+    first = json.loads(lines[0])["image_ids"]
+    captions = [{**json.loads(line), "image_ids": first} for line in lines]
+    text = "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in captions)
+    (root / "test_texts.jsonl").write_text(text, "utf-8")
+
+
+@pytest.mark.parametrize(
+    "damage, where, said",
+    [
+        (_one_class, COLOUR_SHAPE / "label_cn.txt", "only 1 class: a zero-shot classification"),
+        (_four_empty_folders, COLOUR_SHAPE / "test" / "003", "an empty class folder"),
+        (_blank_line, COLOUR_SHAPE / "label_cn.txt", "3: a blank line: class 2 has no name"),
+        (_one_image_described, "eval.suites test (data/test)", "image->text has 1 query"),
+    ],
+)
+def test_a_suite_that_would_score_a_trivial_or_shifted_number_stops_the_stage(
+    workdir, model_dir, capsys, damage, where, said
+):
+    """Each is refused before any model loads, naming the file, the line or the folder, with
+    exit 2 and no eval.json: none is scored 100 (or another task's number) with exit 0."""
+    damage(Path("data/test") if damage is _one_image_described else COLOUR_SHAPE)
+    assert eval_main(["--params", "params.yaml", "--model", model_dir]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert any(
+        line.startswith(f"clipforge.eval: error: {where}") and said in line for line in errors
+    )
+    assert not Path("metrics").exists()
+
+
+def test_a_direction_of_few_queries_is_flagged_in_eval_json_and_the_card(
+    workdir, untrained_model_dir, tmp_path, caplog
+):
+    """Seven images, each with a caption: scored, with a warning and its counts beside its
+    recalls in eval.json and the model card (t2i over 7 images: R@10 is 100 for any model)."""
+    from clipforge.data.testset import load_test_set, write_test_set
+
+    test = load_test_set(Path("data/test"))
+    seven = [(i, test.images[i], [f"第{i}张图"]) for i in range(7)]
+    write_test_set(Path("seven"), seven)
+    shutil.copytree(untrained_model_dir, tmp_path / "clip")
+    (tmp_path / "clip" / "README.md").write_text(f"## Metrics\n{NOT_EVALUATED}\n", "utf-8")
+    suite = {"name": "seven", "kind": "retrieval", "path": "seven"}
+    write_params(Path("params.yaml"), {"eval": {"suites": [suite]}})
+    assert eval_main(["--params", "params.yaml", "--model", f"local-dir:{tmp_path / 'clip'}"]) == 0
+    metrics = json.loads(Path("metrics/eval.json").read_text())["seven"]
+    flags = {
+        "t2i_few_queries": 7,
+        "t2i_few_candidates": 7,
+        "i2t_few_queries": 7,
+        "i2t_few_candidates": 7,
+    }
+    assert {k: metrics[k] for k in flags} == flags
+    assert metrics["t2i_r10"] == 100.0  # why it is flagged
+    card = Path("metrics/model-card.md").read_text("utf-8")
+    assert "t2i_few_candidates 7" in card and "i2t_few_queries 7" in card
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert (
+        "suite seven (seven): text->image ranks 7 images: recall@10 over fewer than 10 is 100 "
+        "whatever the model (flagged in metrics/eval.json)" in warnings
+    )

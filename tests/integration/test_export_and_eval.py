@@ -1,10 +1,13 @@
-"""The exported model works in plain open_clip, and the eval stage measures it."""
+"""The exported model works in plain open_clip, and the eval stage measures it: for the fp32 run,
+the bf16 runs (DeepSpeed's bf16 mode at ZeRO-1, autocast at ZeRO-2/3), and the fp32 weights read
+from every kind of checkpoint."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,52 +18,33 @@ from clipforge.eval.loading import load_open_clip
 from clipforge.eval.stage import main as eval_main
 from clipforge.export.card import NOT_EVALUATED
 from clipforge.metrics.retrieval import METRIC_KEYS
-from tests.conftest import eval_argv, subprocess_env, write_params
+from tests.conftest import (
+    BF16_SETS,
+    eval_argv,
+    set_args,
+    subprocess_env,
+    train_argv,
+    write_params,
+)
+from tests.integration.checkpoint_weights_worker import CASES
+from tests.support.plain_open_clip import plain_open_clip
+from tests.support.workers import json_from
 
 pytestmark = pytest.mark.slow
-
-# Runs in a separate interpreter where importing clipforge is impossible: what a user without
-# clipforge installed gets from open_clip alone.
-PLAIN_OPEN_CLIP = r"""
-import sys, io, json, base64
-sys.modules["clipforge"] = None  # any `import clipforge...` now raises ImportError
-import open_clip, torch
-from PIL import Image
-model_dir, test_dir, out = sys.argv[1:4]
-model, _, preprocess = open_clip.create_model_and_transforms("local-dir:" + model_dir)
-tokenizer = open_clip.get_tokenizer("local-dir:" + model_dir)
-model.eval()
-lines = open(test_dir + "/test_imgs.tsv").read().splitlines()[:8]
-images = torch.stack([preprocess(Image.open(io.BytesIO(base64.b64decode(l.split("\t")[1]))).convert("RGB"))
-                      for l in lines])
-texts = [json.loads(l)["text"] for l in open(test_dir + "/test_texts.jsonl").read().splitlines()[:8]]
-with torch.no_grad():
-    result = {"image": model.encode_image(images, normalize=True).tolist(),
-              "text": model.encode_text(tokenizer(texts), normalize=True).tolist()}
-json.dump(result, open(out, "w"))
-"""
 
 
 def test_export_loads_in_plain_open_clip_with_the_embeddings_eval_uses(
     reference_run, small_data, tmp_path
 ):
     model_dir = reference_run / "models" / "clip"
-    out = tmp_path / "plain.json"
-    result = subprocess.run(
-        [sys.executable, "-c", PLAIN_OPEN_CLIP, str(model_dir), str(small_data / "test"), str(out)],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    plain = json.loads(out.read_text())
+    plain = plain_open_clip(model_dir, small_data / "test", tmp_path / "plain.json")
+    assert plain["dtypes"] == ["torch.float32"]
 
     model, preprocess, tokenizer = load_open_clip(f"local-dir:{model_dir}", None, "cpu")
     test_set = testset.load_test_set(small_data / "test")
-    images, texts = test_set.images[:8], [t.text for t in test_set.texts][:8]
+    texts = [t.text for t in test_set.texts]
     torch.testing.assert_close(
-        encode_images(model, preprocess, images, 4, "cpu"),
+        encode_images(model, preprocess, test_set.images, 4, "cpu"),
         torch.tensor(plain["image"]),
         rtol=1e-5,
         atol=1e-6,
@@ -71,6 +55,93 @@ def test_export_loads_in_plain_open_clip_with_the_embeddings_eval_uses(
         rtol=1e-5,
         atol=1e-6,
     )
+
+
+def _assert_plain_recall_is_evals(model_dir: Path, test_dir: Path, tmp_path: Path) -> None:
+    """The export loads strictly in plain open_clip, in fp32, and the recall computed there from
+    scratch is the one the eval stage writes in eval.json."""
+    plain = plain_open_clip(model_dir, test_dir, tmp_path / "plain.json")
+    assert plain["dtypes"] == ["torch.float32"]
+    params = write_params(tmp_path / "params.yaml")
+    out = tmp_path / "eval.json"
+    assert eval_main(eval_argv(params, f"local-dir:{model_dir}", test_dir, out)) == 0
+    reported = json.loads(out.read_text())["test"]
+    assert reported.keys() == plain["recall"].keys()
+    for key, value in plain["recall"].items():
+        # one hit more or less moves a recall by 100/48 points: this is equality of the hits
+        assert reported[key] == pytest.approx(value, abs=1e-4), key
+
+
+def test_a_bf16_run_exports_what_plain_open_clip_loads_with_evals_recall(
+    bf16_run, small_data, tmp_path
+):
+    """The production numeric path end to end (data -> train -> export -> eval): bf16 at ZeRO-1,
+    DeepSpeed's own bf16 mode, exports its fp32 master weights."""
+    _assert_plain_recall_is_evals(bf16_run / "models" / "clip", small_data / "test", tmp_path)
+
+
+# ZeRO-3's run in make test-tier2 (~25 s more); make test keeps its layout read at one rank
+# (test_the_export_reads_the_engines_own_fp32_weights_from_every_kind_of_checkpoint).
+@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.tier2)])
+def test_the_bf16_run_above_zero1_exports_too(tmp_path, small_data, stage):
+    """The same run at ZeRO-2 and ZeRO-3 (fp32 weights under bf16 autocast, ZeRO's own shards),
+    3 steps, in a fresh interpreter (a ZeRO-3 engine patches torch for its whole process)."""
+    params = write_params(tmp_path / "params.yaml")
+    sets = (*BF16_SETS, "train.max_steps=3", f"train.zero_stage={stage}")
+    result = subprocess.run(
+        [sys.executable, "-m", "clipforge.train", *train_argv(tmp_path, small_data, params)]
+        + set_args(sets),
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"bf16 ZeRO-{stage}" in result.stderr
+    _assert_plain_recall_is_evals(tmp_path / "models" / "clip", small_data / "test", tmp_path)
+
+
+def _weights_worker(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / f"weights-{len(list(tmp_path.glob('weights-*')))}.json"
+    worker = ["-m", "tests.integration.checkpoint_weights_worker", str(out)]
+    return json_from([*worker, str(tmp_path / "runs"), *args], out)
+
+
+def _assert_the_engines_weights(compared: dict) -> None:
+    """Each checkpoint compared: every parameter, the same names, bit for bit."""
+    for name, one in compared.items():
+        assert one["only_engine"] == one["only_checkpoint"] == [], name
+        assert one["num_params"] > 50, name
+        assert one["max_diff"] == 0.0, name
+
+
+def test_the_export_reads_the_engines_own_fp32_weights_from_every_kind_of_checkpoint(tmp_path):
+    """Every optimizer layout the train stage writes (ZeRO-0's model states, ZeRO-1's shards and
+    DeepSpeed's bf16 mode, ZeRO-2's and ZeRO-3's shards): what the export reads from each
+    checkpoint is, bit for bit, the engine's own fp32 master weights, every parameter of them."""
+    saved = _weights_worker(tmp_path, "--world", "1")
+    assert list(saved) == [f"zero{stage}-{precision}-step-00000002" for stage, precision in CASES]
+    assert saved["zero1-bf16-step-00000002"]["dtypes"] == ["torch.bfloat16"]  # the bf16 mode
+    _assert_the_engines_weights(saved)
+
+
+# Two more interpreters, 2 ranks then 1, four universal conversions (~1 min): in make
+# test-tier2. make test keeps each layout at one rank (above) and a bf16 run of 2 ranks going on
+# with 1 through the universal form (test_multirank.py).
+@pytest.mark.tier2
+def test_the_same_on_two_ranks_and_after_a_universal_resume_on_one(tmp_path):
+    """The same layouts saved by 2 ranks, then each resumed on 1 through DeepSpeed's universal
+    checkpoint, as the train stage goes on with fewer GPUs, and saved again: the export reads the
+    engine's own fp32 master weights from the 2 ranks' checkpoint (what was loaded) and from the
+    one saved after."""
+    saved = _weights_worker(tmp_path, "--world", "2")
+    resumed = _weights_worker(tmp_path, "--world", "1", "--resume")
+    cases = [f"zero{stage}-{precision}" for stage, precision in CASES]
+    assert list(saved) == [f"{case}-step-00000002" for case in cases]
+    assert list(resumed) == [
+        f"{case}-{step}" for case in cases for step in ("step-00000002-loaded", "step-00000003")
+    ]
+    _assert_the_engines_weights({**saved, **resumed})
 
 
 def test_eval_stage_writes_metrics_with_the_documented_keys(

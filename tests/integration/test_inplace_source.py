@@ -23,7 +23,7 @@ from clipforge.data.shards import ShardChangedError
 from clipforge.data.stage import main
 from clipforge.train.loader import split_files
 from tests.imageserver import jpeg_for
-from tests.integration.test_webdataset_source import _tar, make_shards
+from tests.integration.test_webdataset_source import _tar, data_stage_on_bombs, make_shards
 
 
 def textured_jpeg(seed: int, size=(160, 120), quality: int = 92) -> bytes:
@@ -290,3 +290,14 @@ def test_shards_behind_an_fsspec_url_are_read_and_checked_by_listing(tmp_path):
     victim.write_bytes(victim.read_bytes() + b"\0" * 1024)
     with pytest.raises(ShardChangedError, match="shard-0000.tar: its size was"):
         split_files(tmp_path / "data", "train")
+
+
+def test_members_declaring_gigabytes_are_skipped_unread_in_place(tmp_path):
+    """In place, as copied: the hollow shard's 4 GiB image and 1 GiB caption (read whole before:
+    2.1 GB) are skipped by their header sizes, counted as too_large, and the 1 GiB PAX header
+    ends its shard as corrupt_shard, in under 1 GB; the sparse member is no regular file to a
+    shard read in place (its sample has no image)."""
+    shards = ["sparse", "hollow", "pax"]
+    counts, read_kept = data_stage_on_bombs(tmp_path, shards, in_place=True, verify="all")
+    assert counts == {"too_large": 1, "missing_image": 1, "corrupt_shard": 1}
+    assert read_kept == [(3, 2), (3, 2), (1, 1)]  # the sample the header may belong to: cut

@@ -110,9 +110,18 @@ def build_scenario(server: ImageServer, root: Path) -> dict:
         row.setdefault("punsafe", 0.01)
         row.setdefault("pwatermark", 0.1)
     rows_b = [_row(u, captions[u]) for u in in_b] + [r for _, r in removed_b]
+    # a TEXT column of bytes, one row not UTF-8 (pyarrow.lib.ArrowInvalid once): skipped, counted
+    not_utf8 = _row(server.url("img", "y3"), "不是")
+    rows_b.append(not_utf8)
+    removed_b.append(("caption_not_utf8", not_utf8))
+    table_b = pa.Table.from_pylist(rows_b)
+    texts = [r["TEXT"].encode() for r in rows_b[:-1]] + ["不是".encode() + b"\xff\xfe UTF-8"]
+    table_b = table_b.set_column(
+        table_b.schema.get_field_index("TEXT"), "TEXT", pa.array(texts, pa.binary())
+    )
     (root / "meta").mkdir()
     pq.write_table(pa.Table.from_pylist(rows_a), root / "meta" / "part-00000.parquet")
-    pq.write_table(pa.Table.from_pylist(rows_b), root / "meta" / "part-00001.parquet")
+    pq.write_table(table_b, root / "meta" / "part-00001.parquet")
     expected_removed = {}
     for name, _ in removed_a + removed_b:
         expected_removed[name] = expected_removed.get(name, 0) + 1

@@ -1,23 +1,27 @@
-"""Exact resume: a run killed with SIGKILL and rerun ends with the weights of an uninterrupted run."""
+"""Exact resume: a run killed with SIGKILL and rerun ends with the weights of an uninterrupted run,
+in fp32 (the CPU default) and in bf16 (the GPU default: DeepSpeed's bf16 mode)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import subprocess_env, train_argv, write_params
+from clipforge.checkpoints.layout import tag_for
+from tests.conftest import BF16_SETS, set_args, subprocess_env, train_argv, write_params
 from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def _stage_command(root: Path, data: Path) -> list[str]:
-    return [sys.executable, "-m", "clipforge.train", *train_argv(root, data, root / "params.yaml")]
+def _stage_command(root: Path, data: Path, sets: tuple[str, ...]) -> list[str]:
+    argv = train_argv(root, data, root / "params.yaml")
+    return [sys.executable, "-m", "clipforge.train", *argv, *set_args(sets)]
 
 
 def _logged_steps(root: Path) -> list[int]:
@@ -27,27 +31,47 @@ def _logged_steps(root: Path) -> list[int]:
     return [int(line.split("\t")[0]) for line in tsv.read_text().splitlines()[1:]]
 
 
+@dataclass(frozen=True)
+class Case:
+    """A run to kill and rerun: its uninterrupted twin (a fixture), its params (`--set`), the step
+    held (so the kill lands after the checkpoint `resumed_from` and after the step before the
+    held one was taken and logged, however fast this machine trains: work that the resumed run
+    must redo identically), and the steps its metrics table logs."""
+
+    reference: str
+    sets: tuple[str, ...]
+    held: int
+    resumed_from: int
+    logged: list[int]
+
+
+CASES = {
+    # the CPU default, fp32 (12 steps, a checkpoint every 4, every other step logged)
+    "fp32": Case("reference_run", (), held=7, resumed_from=4, logged=[2, 4, 6, 8, 10, 12]),
+    # the GPU default, bf16: DeepSpeed's bf16 mode at ZeRO-1 (6 steps, a checkpoint every 3)
+    "bf16": Case("bf16_run", BF16_SETS, held=5, resumed_from=3, logged=[1, 2, 3, 4, 5, 6]),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
-    tmp_path, small_data, reference_run
+    tmp_path, small_data, request, case
 ):
-    reference = reference_run
+    reference = request.getfixturevalue(case.reference)
     killed = tmp_path / "killed"
     killed.mkdir()
     write_params(killed / "params.yaml")
-    # Step 7 is held until a stop that never comes, so the kill lands after the step-4 checkpoint
-    # and after steps 5 and 6 have been taken (and logged), however fast this machine trains:
-    # work that the resumed run must redo identically.
-    env = {**subprocess_env(), "CLIPFORGE_FAULTS": "hold@7"}
+    env = {**subprocess_env(), "CLIPFORGE_FAULTS": f"hold@{case.held}"}
     process = subprocess.Popen(
-        _stage_command(killed, small_data),
+        _stage_command(killed, small_data, case.sets),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
     try:
         wait_for(
-            lambda: 6 in _logged_steps(killed),
-            what="the run reaching step 6",
+            lambda: case.held - 1 in _logged_steps(killed),
+            what=f"the run reaching step {case.held - 1}",
             check=still_running(process, lambda: process.stderr.read().decode()[-2000:]),
             interval=0.5,
         )
@@ -55,11 +79,11 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
         process.kill()  # SIGKILL
         process.wait()
     (run_dir,) = (killed / "checkpoints").iterdir()
-    assert (run_dir / "latest").read_text().strip() == "step-00000004"
+    assert (run_dir / "latest").read_text().strip() == tag_for(case.resumed_from)
     assert not (killed / "models").exists()
 
     resumed = subprocess.run(
-        _stage_command(killed, small_data),
+        _stage_command(killed, small_data, case.sets),
         env=subprocess_env(),
         capture_output=True,
         text=True,
@@ -67,9 +91,8 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads((killed / "metrics" / "train.json").read_text())
-    assert (
-        json.loads((killed / "metrics" / "train.info.json").read_text())["resumed_from_step"] == 4
-    )
+    info = json.loads((killed / "metrics" / "train.info.json").read_text())
+    assert info["resumed_from_step"] == case.resumed_from
 
     expected = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
     got = load_file(str(killed / "models" / "clip" / "open_clip_model.safetensors"))
@@ -80,4 +103,4 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     assert summary["loss"] == reference_summary["loss"]
     assert summary["val_loss"] == reference_summary["val_loss"]
     # the metrics table has each step once: rows after the checkpoint were replaced, not doubled
-    assert _logged_steps(killed) == [2, 4, 6, 8, 10, 12]
+    assert _logged_steps(killed) == case.logged

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import run_train
+from tests.conftest import run_train, subprocess_env, train_argv, write_params
+from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -180,3 +185,41 @@ def test_an_auto_micro_batch_is_kept_with_the_run_and_reused_on_resume(
     ds_config = json.loads((run_dir / "deepspeed_config.json").read_text())
     assert ds_config["train_micro_batch_size_per_gpu"] == 8
     assert ds_config["gradient_accumulation_steps"] == 4
+
+
+def test_a_stop_during_the_set_up_ends_it_there_in_one_line(tmp_path, small_data):
+    """SIGTERM while the stage sets up (held by the fault hook once the process group is up, so
+    the stop cannot come later): the set-up ends at its next point with exit 143 and one line
+    saying where, nothing trained or saved; it used to build the model and the engine and train a
+    first step before stopping (minutes on a loaded box)."""
+    from clipforge.train.stage import EXIT_STOPPED
+
+    params = write_params(tmp_path / "params.yaml")
+    stage = subprocess.Popen(
+        [sys.executable, "-m", "clipforge.train", *train_argv(tmp_path, small_data, params)],
+        env=subprocess_env() | {"CLIPFORGE_FAULTS": "hold_setup"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(stage.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(
+            lambda: any("holding the set-up" in line for line in lines),
+            what="the set-up held",
+            check=still_running(stage, lambda: "".join(lines)),
+        )
+        stage.send_signal(signal.SIGTERM)
+        stage.wait(timeout=300)
+    finally:
+        if stage.poll() is None:
+            stage.kill()
+    reader.join(timeout=60)
+    log = "".join(lines)
+    assert stage.returncode == EXIT_STOPPED, log[-3000:]
+    stopped = [line for line in lines if "stopped on request" in line]
+    assert len(stopped) == 1 and "during the set-up, after the process group" in stopped[0], log
+    assert "Traceback" not in log and " step 1/" not in log, log[-3000:]
+    assert not list(tmp_path.glob("checkpoints/run-*/step-*")), log[-3000:]

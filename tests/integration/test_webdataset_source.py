@@ -3,8 +3,10 @@ that is not a tar), read through an fsspec URL with a `{..}` range, re-written i
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
+import sys
 import tarfile
 from pathlib import Path
 
@@ -16,7 +18,9 @@ from clipforge.data import testset
 from clipforge.data.shards import ShardReader
 from clipforge.data.stage import main
 from clipforge.train.loader import split_files
+from tests.conftest import subprocess_env
 from tests.imageserver import jpeg_for
+from tests.support.memory import run_measured
 
 
 def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
@@ -149,3 +153,100 @@ def test_missing_shard_is_a_clear_error(tmp_path, capsys):
     assert main(["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "data")]) == 2
     assert f"data.paths: {tmp_path}/nope-*.tar matches no file" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+
+
+# -- inputs that declare more than they hold: bounded memory -------------------------------------
+GIB = 1 << 30
+MEMORY_BOUND = GIB  # the data stage's own footprint is ~650 MB (python, torch, PIL)
+
+
+def _header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, kind
+    return info.tobuf(format=tarfile.GNU_FORMAT)
+
+
+def _padded(size: int) -> int:
+    return (size + 511) // 512 * 512
+
+
+def _member(name: str, payload: bytes) -> bytes:
+    return _header(name, len(payload)) + payload.ljust(_padded(len(payload)), b"\0")
+
+
+def make_bomb_shards(directory: Path) -> dict[str, Path]:
+    """Shards of a few KB to 1 MB on disk that declare gigabytes, each after two good samples:
+    `sparse`, a GNU sparse member declaring a 4 GiB image (10 KB, as GNU tar --sparse writes a
+    file of holes); `hollow`, a plain tar whose 4 GiB image and 1 GiB caption are holes in a
+    sparse file; `gzip`, a 1 GiB caption of zeros compressed to 1 MB; `pax`, a 1 GiB PAX header
+    (a hole) before an image."""
+    directory.mkdir()
+    prefix = b"".join(
+        _member(name, payload)
+        for i in range(2)
+        for name, payload in _sample(f"good-{i}", f"好 {i}")
+    )
+    end = bytes(1024)
+    sparse = bytearray(_header("s.jpg", 0, tarfile.GNUTYPE_SPARSE))
+    sparse[386:398] = b"%011o\0" % (4 * GIB)  # the map's one entry: data at 4 GiB, 0 bytes
+    sparse[398:410] = b"%011o\0" % 0
+    sparse[483:495] = b"%011o\0" % (4 * GIB)  # the member's size once its holes are filled
+    sparse[148:156] = b" " * 8
+    sparse[148:156] = b"%06o\0 " % sum(sparse)
+    caption = _member("s.txt", "稀疏".encode())
+    (directory / "sparse.tar").write_bytes(prefix + bytes(sparse) + caption + end)
+    with open(directory / "hollow.tar", "wb") as f:
+        f.write(prefix)
+        for name, size in (("h.jpg", 4 * GIB), ("h.txt", GIB)):
+            f.write(_header(name, size))
+            f.seek(_padded(size), 1)  # a hole: nothing written, nothing on disk
+        f.write(end)
+    with open(directory / "pax.tar", "wb") as f:
+        f.write(prefix + _header("p.jpg", GIB, tarfile.XHDTYPE))
+        f.seek(GIB, 1)
+        f.write(_member("p.jpg", jpeg_for("p")) + _member("p.txt", "扩展".encode()) + end)
+    with gzip.open(directory / "gzip.tar.gz", "wb") as f:
+        f.write(prefix + _member("g.jpg", jpeg_for("g")) + _header("g.txt", GIB))
+        zeros = bytes(1 << 20)
+        for _ in range(GIB // len(zeros)):
+            f.write(zeros)
+        f.write(end)
+    names = {"sparse": "sparse.tar", "hollow": "hollow.tar", "pax": "pax.tar"}
+    return {name: directory / file for name, file in {**names, "gzip": "gzip.tar.gz"}.items()}
+
+
+def make_bomb_inputs(root: Path) -> dict[str, Path]:
+    """make_bomb_shards' shards, and a test set to give as data.test_dir (`flickr`)."""
+    root.mkdir()
+    shards = make_bomb_shards(root / "shards")
+    tests = [(i, jpeg_for(f"t{i}"), [f"测试{i}"]) for i in range(3)]
+    testset.write_test_set(root / "flickr", tests)
+    return {**shards, "flickr": root / "flickr"}
+
+
+def data_stage_on_bombs(tmp_path: Path, shards: list[str], **data) -> tuple[dict, list]:
+    """The data stage, as a process of its own, on these of make_bomb_shards' shards with these
+    data params (nothing held out but the given test set): its skip counts and, per shard,
+    (samples read, kept), once its peak memory is known to be under MEMORY_BOUND."""
+    inputs = make_bomb_inputs(tmp_path / "inputs")
+    params = {"source": "webdataset", "val_fraction": 0.0, "test_dir": str(inputs["flickr"])}
+    params["paths"] = [str(inputs[name]) for name in shards]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"data": {**params, **data}}), "utf-8")
+    argv = [sys.executable, "-m", "clipforge.data", "--params", str(tmp_path / "params.yaml")]
+    result, peak = run_measured([*argv, "--out", str(tmp_path / "data")], env=subprocess_env())
+    assert result.returncode == 0, result.stderr
+    assert peak < MEMORY_BOUND, f"peak resident set {peak / 2**20:.0f} MiB"
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text(encoding="utf-8"))
+    read_kept = [(s["samples"], s["kept"]) for s in manifest["source"]["shards"]]
+    return manifest["skipped"]["counts"], read_kept
+
+
+def test_members_declaring_gigabytes_are_skipped_unread_in_bounded_memory(tmp_path):
+    """The four shards (4 GiB and 1 GiB members in 10 KB to 1 MB; the copy read them whole: 4.6,
+    8.8 and 2.6 GB) are copied in under 1 GB: each oversized member is skipped by its size,
+    counted as too_large or caption_too_long, and the good samples before them are kept; the
+    PAX header ends its shard as corrupt_shard, as any damage does."""
+    shards = ["sparse", "hollow", "gzip", "pax"]
+    counts, read_kept = data_stage_on_bombs(tmp_path, shards, in_place=False)
+    assert counts == {"too_large": 2, "caption_too_long": 1, "corrupt_shard": 1}
+    assert read_kept == [(3, 2)] * 3 + [(1, 1)]  # the sample the header may belong to: cut

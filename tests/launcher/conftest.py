@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.alerts.alerts_helpers import WebhookServer
-from tests.conftest import SMALL_PARAMS
+from tests.conftest import SMALL_PARAMS, set_args
 from tests.launcher.netns import NetnsUnavailable, test_network
 from tests.launcher.sshd import FabRunner, start_sshd
 from tests.support.wait import wait_for
@@ -50,10 +50,6 @@ RUN_SETS = [
     # a run alerting to a dead webhook waits this long at its end (default 30 s)
     "alerts.flush_timeout_seconds=1",
 ]
-
-
-def set_args(sets: list[str]) -> list[str]:
-    return [arg for item in sets for arg in ("--set", item)]
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,21 @@
 """Other machines on this one: network namespaces joined by a switch, each host with its own sshd.
 
     with test_network(tmp_path, hosts=("a", "b")) as net:    # or the fixture `netns_hosts`
-        a, b = net.hosts                  # a.address "198.51.100.11", a.sshd (user, key, port)
+        a, b = net.hosts                  # a.address "10.213.0.11", a.sshd (user, key, port)
         fab = FabRunner(..., prefix=net.on_laptop)   # the client runs in a namespace of its own
         net.set_link(b, up=False)         # pull node b's cable
 
 Topology: a namespace holding a bridge (the switch), a "laptop" namespace where the client runs,
 and one namespace per host, each joined to the switch by a veth pair whose host end is `eth0`.
-Addresses come from 198.51.100.0/24 (TEST-NET-2, documentation only) and exist only inside these
-namespaces. Every host runs its own sshd on port 22 with a throwaway host key; one client key is
-authorized on all. Hosts share the filesystem, so a directory is "shared storage" between them.
+The switch is the nodes' private network: addresses from 10.213.0.0/24, which exist only inside
+these namespaces. Every host runs its own sshd on port 22 with a throwaway host key; one client
+key is authorized on all. Hosts share the filesystem, so a directory is "shared storage" between
+them.
+
+`test_network(..., public=("a",))` adds the internet: a second switch, an `outside` namespace on
+it (OUTSIDE_ADDRESS) and, on each host named, an interface `wan0` with a public address from
+198.51.100.0/24 (TEST-NET-2), made before `eth0` so that it comes first among the host's
+interfaces, as on a rented box whose public address `hostname -I` lists first.
 
 Inside each host's namespace the machine's hostname resolves to 127.0.1.1 (an /etc/netns/<ns>/hosts
 that `ip netns exec` mounts over /etc/hosts, as Debian's default /etc/hosts has it): a program that
@@ -36,8 +42,10 @@ from pathlib import Path
 
 from tests.launcher.sshd import SshServer, keygen, start_sshd
 
-SUBNET = "198.51.100"
+SUBNET = "10.213.0"
 LAPTOP_ADDRESS = f"{SUBNET}.1"
+PUBLIC_SUBNET = "198.51.100"
+OUTSIDE_ADDRESS = f"{PUBLIC_SUBNET}.99"
 SSH_PORT = 22
 CLONE_NEWNET = 0x40000000
 
@@ -52,6 +60,7 @@ class NetHost:
     netns: str
     address: str
     sshd: SshServer | None = None
+    public_address: str | None = None  # on wan0 (test_network's `public`)
 
     @property
     def ssh_target(self) -> str:
@@ -65,6 +74,7 @@ class TestNetwork:
     laptop: str  # namespace of the client
     hosts: list[NetHost] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
+    outside: str | None = None  # namespace on the public switch (test_network's `public`)
 
     __test__ = False  # a helper, not a pytest test class
 
@@ -114,17 +124,29 @@ class TestNetwork:
 
 
 @contextlib.contextmanager
-def test_network(directory: Path, hosts: tuple[str, ...] = ("a", "b")) -> Iterator[TestNetwork]:
-    prefix = f"cf{os.getpid()}"
+def test_network(
+    directory: Path, hosts: tuple[str, ...] = ("a", "b"), public: tuple[str, ...] = ()
+) -> Iterator[TestNetwork]:
+    prefix = f"cf{os.getpid()}{'p' if public else ''}"
     net = TestNetwork(prefix=prefix, switch=f"{prefix}-sw", laptop=f"{prefix}-laptop")
     try:
         _add_namespace(net, net.switch)
-        _ip("-n", net.switch, "link", "add", "sw0", "type", "bridge")
-        _ip("-n", net.switch, "link", "set", "sw0", "up")
+        for bridge in ("sw0", "sw1") if public else ("sw0",):
+            _ip("-n", net.switch, "link", "add", bridge, "type", "bridge")
+            _ip("-n", net.switch, "link", "set", bridge, "up")
+        _add_namespace(net, net.laptop)
         _plug(net, net.laptop, "laptop", LAPTOP_ADDRESS)
+        if public:
+            net.outside = f"{prefix}-out"
+            _add_namespace(net, net.outside)
+            _plug(net, net.outside, "outside", OUTSIDE_ADDRESS, "wan0", "sw1")
         client_key = keygen(directory / "client_key")
         for index, name in enumerate(hosts):
             host = NetHost(name=name, netns=f"{prefix}-{name}", address=f"{SUBNET}.{11 + index}")
+            _add_namespace(net, host.netns)
+            if name in public:
+                host.public_address = f"{PUBLIC_SUBNET}.{11 + index}"
+                _plug(net, host.netns, f"{name}-wan", host.public_address, "wan0", "sw1")
             _plug(net, host.netns, name, host.address)
             _resolve_hostname_to_loopback(host.netns)
             host.sshd = start_sshd(
@@ -174,9 +196,15 @@ def _add_namespace(net: TestNetwork, netns: str) -> None:
     _ip("-n", netns, "link", "set", "lo", "up")
 
 
-def _plug(net: TestNetwork, netns: str, name: str, address: str) -> None:
-    """A namespace with one interface, eth0, at `address`, cabled to the switch."""
-    _add_namespace(net, netns)
+def _plug(
+    net: TestNetwork,
+    netns: str,
+    name: str,
+    address: str,
+    interface: str = "eth0",
+    bridge: str = "sw0",
+) -> None:
+    """An interface of namespace `netns` at `address`, cabled to the switch's `bridge`."""
     port = f"p-{name}"[:15]
     _ip(
         "-n",
@@ -188,13 +216,13 @@ def _plug(net: TestNetwork, netns: str, name: str, address: str) -> None:
         "veth",
         "peer",
         "name",
-        "eth0",
+        interface,
         "netns",
         netns,
     )
-    _ip("-n", net.switch, "link", "set", port, "master", "sw0", "up")
-    _ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
-    _ip("-n", netns, "link", "set", "eth0", "up")
+    _ip("-n", net.switch, "link", "set", port, "master", bridge, "up")
+    _ip("-n", netns, "addr", "add", f"{address}/24", "dev", interface)
+    _ip("-n", netns, "link", "set", interface, "up")
 
 
 def _resolve_hostname_to_loopback(netns: str) -> None:

@@ -18,6 +18,16 @@ def test_hints_repeat_the_hosts_and_key_the_user_typed():
 
 
 def test_the_newest_experiment_skips_dvcs_bookkeeping_refs():
-    refs = "refs/exps/exec/EXEC_BASELINE\nrefs/exps/ab/cdef/juicy-yarn\nrefs/exps/ab/cdef/old\n"
-    assert newest_experiment(refs) == "refs/exps/ab/cdef/juicy-yarn"
+    baseline = "refs/exps/ab/" + "cd" * 19
+    refs = f"refs/exps/exec/EXEC_BASELINE\n{baseline}/juicy-yarn\n{baseline}/old\n"
+    assert newest_experiment(refs) == f"{baseline}/juicy-yarn"
     assert newest_experiment("refs/exps/celery/x\n") is None and newest_experiment("") is None
+
+
+def test_a_ref_that_is_no_dvc_experiment_is_never_fetched():
+    """The host lists the refs that `fab fetch` writes into the local repository: one that is not
+    DVC's experiment form (a branch, a refspec with `:`, a `..`) is no experiment."""
+    baseline = "refs/exps/ab/" + "cd" * 19
+    for ref in ("refs/heads/main", f"{baseline}/x:refs/heads/main", f"{baseline}/../../heads/main",
+                "refs/exps/../heads/main", f"{baseline}/-rf"):  # fmt: skip
+        assert newest_experiment(ref + "\n") is None, ref

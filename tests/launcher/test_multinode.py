@@ -9,6 +9,7 @@ process group spans the two hosts over their veth link.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,7 +24,12 @@ from safetensors.torch import load_file
 from tests.alerts.alerts_helpers import WebhookServer
 from tests.conftest import git, subprocess_env
 from tests.launcher.conftest import RUN_SETS, host_train_args, make_fab, set_args, wait_for_end
-from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace
+from tests.launcher.netns import (
+    LAPTOP_ADDRESS,
+    NetnsUnavailable,
+    made_in_namespace,
+    test_network,
+)
 from tests.launcher.sshd import keygen
 from tests.support.wait import wait_for
 
@@ -273,7 +279,7 @@ def test_an_interface_setting_that_a_node_lacks_is_refused_before_anything_start
     fab = net_fab(netns_hosts, project, base)
     result = train_two_nodes(netns_hosts, fab, env={"FABRIC_CLIPFORGE_SOCKET_IFNAME": "ib0"})
     assert result.returncode == 1 and "nothing was started" in result.stderr
-    assert "no interface ib0 with an IPv4 address here (found: eth0, lo)" in result.stdout
+    assert "no interface ib0 with an IPv4 address here (found: eth0, lo)" in result.stderr
     assert not (base / "remote" / "runs").exists()
 
 
@@ -290,6 +296,88 @@ def test_a_wrong_host_key_on_node_b_only_refuses_the_launch(netns_hosts, project
     assert result.returncode == 1 and "host key CHANGED" in result.stderr
     assert b.address in result.stderr
     assert not (base / "remote" / "runs").exists()
+
+
+@pytest.fixture(scope="module")
+def public_network(tmp_path_factory):
+    """Hosts a and b on their private network (eth0), a on a public one too (wan0, its first
+    interface), with an `outside` namespace on that public network (tests/launcher/netns.py)."""
+    stack = contextlib.ExitStack()
+    try:
+        net = stack.enter_context(
+            test_network(tmp_path_factory.mktemp("public-net"), public=("a",))
+        )
+    except NetnsUnavailable as exc:
+        pytest.skip(f"network namespaces unavailable: {exc}")
+    with stack:
+        yield net
+
+
+CONNECT = """import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()
+    print("connected")
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
+
+def connect_from(net, netns: str, address: str, port: str) -> str:
+    return net.run(netns, sys.executable, "-c", CONNECT, address, port).stdout.strip()
+
+
+def listening_addresses(net, netns: str) -> list[str]:
+    """host:port of every listening TCP socket in the namespace."""
+    rows = net.run(netns, "ss", "-ltnH").stdout.splitlines()
+    return [row.split()[3] for row in rows if row.strip()]
+
+
+def test_a_public_master_address_is_refused_unless_allowed(
+    public_network, project, tmp_path_factory
+):
+    """clipforge.socket_ifname names node a's public interface: the launch is refused in one line
+    naming the address and both ways out, before anything starts."""
+    net = public_network
+    base = tmp_path_factory.mktemp("public-master")
+    result = train_two_nodes(
+        net, net_fab(net, project, base), env={"FABRIC_CLIPFORGE_SOCKET_IFNAME": "wan0"}
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1, line
+    assert f"the public address {net.hosts[0].public_address}" in line
+    assert "clipforge.socket_ifname" in line and "--allow-public-master" in line
+    assert not (base / "remote" / "runs").exists()
+
+
+@pytest.mark.tier2  # make test keeps the refusal above and test_rendezvous_binding.py's binds
+def test_while_two_nodes_train_their_rendezvous_answers_on_the_private_network_alone(
+    public_network, project, tmp_path_factory
+):
+    """Node a lists its public address first, as rented boxes do: the master is its private
+    one. While the nodes train (held at step 3 until stopped), the outside namespace's connection
+    to a's public address on the master port is refused and node b's to the private one
+    accepted; nothing on node a listens on a public or wildcard address."""
+    net = public_network
+    a, b = net.hosts
+    run = start_two_node_run(
+        net, project, tmp_path_factory.mktemp("private-master"), env={"CLIPFORGE_FAULTS": "hold@3"}
+    )
+    try:
+        wait_until(lambda: " step 2/" in run.log(0), run, "step 2 trained")
+        record = json.loads((run.run_dir / "run.json").read_text())
+        assert record["master"] == f"{a.address}:{MASTER_PORT}"
+        assert connect_from(net, net.outside, a.public_address, MASTER_PORT) == (
+            "ConnectionRefusedError"
+        )
+        assert connect_from(net, b.netns, a.address, MASTER_PORT) == "connected"
+        listening = listening_addresses(net, a.netns)
+        assert f"{a.address}:{MASTER_PORT}" in listening
+        wide = [x for x in listening if x.startswith(("0.0.0.0:", "*:", "[::]:", a.public_address))]
+        assert not wide, listening
+    finally:
+        stop = run.fab_all("stop")
+    assert stop.returncode == 0, stop.stdout + stop.stderr
 
 
 def wait_until(predicate, run: TwoNodeRun, what: str, timeout: float = 900) -> None:

@@ -53,6 +53,40 @@ def test_the_run_record_names_commit_params_image_and_host(smoke_run, project, s
     assert resolved["train"] == record["params"]["train"]
 
 
+def test_what_the_run_writes_is_group_readable_at_most_and_its_export_has_one_mode(smoke_run):
+    """On a shared host (the SSH session's umask 022): no folder of the run, and no file the run
+    writes (record, plan, state, logs, checkpoints, metrics, curves, the export), lets other users
+    in or the group write; every file of the exported model has the same mode. (Files a library
+    chmods itself, DVC's read-only cache and the checkout DVC restores, sit in those folders.)"""
+    run_dir = smoke_run.root / "runs" / smoke_run.run_id
+    code = smoke_run.code
+    written = [
+        *run_dir.glob("*.*"),
+        *smoke_run.node_dir.glob("*.*"),
+        *[
+            p
+            for name in ("checkpoints", "logs", "metrics", "models")
+            for p in (code / name).rglob("*")
+        ],
+    ]
+    folders = [p for p in [run_dir, *run_dir.rglob("*")] if p.is_dir() and not p.is_symlink()]
+    too_open = {
+        str(p.relative_to(run_dir)): oct(p.stat().st_mode & 0o777)
+        for p in [*folders, *written]
+        if p.stat().st_mode & 0o027
+    }
+    assert not too_open, too_open
+    assert {p.name for p in written} >= {
+        "run.json",
+        "state.json",
+        "train.log",
+        "latest",
+        "eval.json",
+    }
+    model = code / "models" / "clip"
+    assert {p.stat().st_mode & 0o777 for p in model.rglob("*") if p.is_file()} == {0o640}
+
+
 def test_status_shows_the_finished_run(smoke_run):
     """`fab status`: run id, state, step/total, loss, restarts."""
     result = smoke_run.run_fab("status")

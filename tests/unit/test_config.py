@@ -22,6 +22,7 @@ from clipforge.recipes import RECIPES, RECIPES_DOC
 from clipforge.train.config import TrainParams, batch_plan
 from tests.conftest import REPO, subprocess_env, write_params
 from tests.support.checkout import committed_text
+from tests.support.memory import run_measured
 
 
 def _error(tmp_path, params: dict, overrides=()) -> str:
@@ -399,3 +400,174 @@ def test_a_warm_up_longer_than_the_run_says_the_peak_it_reaches(tmp_path, small_
     caplog.clear()
     _check_warmup(config, 100)
     assert caplog.records == []
+
+
+# -- values that gave tracebacks, memory blow-ups or a late refusal: one line, with the params ---
+def test_every_seed_is_checked_against_torchs_range_with_the_params(tmp_path, capsys):
+    """train.seed=2**64 failed in torch.manual_seed after the whole start-up: now the train stage
+    stops before reading anything else (its data folder here does not exist); 2**64 - 1 is
+    torch's largest and is taken, for data.seed too."""
+    from clipforge.train.stage import main
+
+    params = write_params(tmp_path / "params.yaml")
+    code = main(
+        ["--params", str(params), "--data", str(tmp_path / "none"), "--set", f"train.seed={2**64}"]
+    )
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "clipforge.train: error: train.seed: got 18446744073709551616; must be >= 0 and "
+        "<= 18446744073709551615\n"
+    )
+    assert load_pipeline_params(params, [f"train.seed={2**64 - 1}", f"data.seed={2**64 - 1}"])
+    with pytest.raises(ConfigError, match=r"^data\.seed: got 18446744073709551616; must be"):
+        load_pipeline_params(params, [f"data.seed={2**64}"])
+
+
+_IMPORTED = "import sys; print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))"
+
+
+def _train_stage_until_refused(argv: list[str]) -> subprocess.CompletedProcess:
+    """The train stage in a process of its own; stdout: which of torch and DeepSpeed it had
+    imported when it returned."""
+    program = f"from clipforge.train.stage import main; code = main({argv!r}); {_IMPORTED}"
+    program += "; sys.exit(code)"
+    return subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
+
+
+def test_a_typo_in_the_model_name_is_refused_with_the_params_naming_the_closest(tmp_path):
+    """model.name was checked after DeepSpeed's start-up (243 s): now with the params, before
+    torch is imported, against open_clip's config files and clipforge's bundled ones."""
+    params = write_params(tmp_path / "params.yaml")
+    argv = ["--params", str(params), "--set", "model.name=ViT-B-23", "--data", str(tmp_path)]
+    result = _train_stage_until_refused(argv)
+    assert result.returncode == 2 and result.stdout == "[]\n"
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        "clipforge.train: error: model.name: unknown model 'ViT-B-23'; did you mean ViT-B-32"
+    )
+    for typo, meant in (("clipforge-tni", "clipforge-tiny"), ("vit-b-32", "ViT-B-32")):
+        with pytest.raises(ConfigError, match=f"did you mean {meant}"):
+            load_pipeline_params(params, [f"model.name={typo}"])
+    with pytest.raises(ConfigError, match="^data.pretokenize_model: unknown model 'ViT-B32'"):
+        load_pipeline_params(params, ["data.pretokenize_model=ViT-B32"])
+
+
+def test_a_text_tower_that_is_not_there_is_refused_before_the_training_stack(tmp_path, small_data):
+    params = write_params(tmp_path / "params.yaml")
+    tower = tmp_path / "no-such-tower"
+    argv = [
+        "--params",
+        str(params),
+        "--data",
+        str(small_data),
+        "--set",
+        f"model.text_tower={tower}",
+    ]
+    result = _train_stage_until_refused(argv)
+    assert result.returncode == 2 and "deepspeed" not in result.stdout
+    assert result.stderr.splitlines() == [
+        f"clipforge.train: error: model.text_tower: folder {tower} not found"
+    ]
+
+
+LONG_NAME = "名" * 100  # 300 bytes of UTF-8: one more than a file system takes is enough
+
+
+@pytest.mark.parametrize(
+    "stage, argv, said",
+    [
+        ("data", ["--set", f"data.path=/tmp/{LONG_NAME}/pairs.csv"], "data.path: the name '名名"),
+        (
+            "eval",
+            ["--set", f"eval.suites=[{{name: a, kind: retrieval, path: data/{LONG_NAME}}}]"],
+            "eval.suites[0].path: the name '名名",
+        ),
+        ("eval", ["--set", f"eval.baseline_model=local-dir:{LONG_NAME}"], "eval.baseline_model"),
+        ("eval", ["--out", f"metrics/{LONG_NAME}.json"], "argument --out: the name '名名"),
+        ("train", ["--checkpoints", LONG_NAME], "argument --checkpoints: the name '名名"),
+    ],
+)
+def test_a_path_with_a_name_over_255_bytes_is_one_line_before_any_work(
+    tmp_path, capsys, stage, argv, said
+):
+    """`OSError: File name too long` came from deep inside a stage (eval/suites.py, data.path):
+    every path knob and path option is held to the file systems' 255 bytes a name, with the
+    params or by the argument parser, one line and exit 2."""
+    import importlib
+
+    main = importlib.import_module(f"clipforge.{stage}.stage").main
+    params = write_params(tmp_path / "params.yaml")
+    try:
+        code = main(["--params", str(params), *argv])
+    except SystemExit as exc:  # the argument parser's refusals end the process
+        code = exc.code
+    assert code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].startswith(f"clipforge.{stage}: error: {said}")
+    assert "bytes long; file systems take names of at most 255 bytes" in lines[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_an_alias_bomb_on_set_is_one_line_in_bounded_memory():
+    """Nine lists of nine aliases (300 characters) expand to 490 million values; PyYAML shares
+    them, but the error message's repr expanded them until MemoryError. Refused by the loader, in
+    the memory of any --print-config (the limit keeps a regression from taking the machine's)."""
+    bomb = "[&a [x,x,x,x,x,x,x,x,x]"
+    for this, alias in zip("bcdefghi", "abcdefgh"):
+        bomb += f", &{this} [" + ",".join([f"*{alias}"] * 9) + "]"
+    bomb += "]"
+    argv = [
+        sys.executable,
+        "-m",
+        "clipforge.data",
+        "--print-config",
+        "--set",
+        f"data.test_dir={bomb}",
+    ]
+    result, peak = run_measured(
+        argv, max_address_space=4 * 2**30, env=subprocess_env(), timeout=120
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("clipforge.data: error: --set 'data.test_dir=[&a [x,x,x,x,x,x,x,x,x], ")
+    assert line.endswith(
+        "value is not valid YAML (aliases (*name) expand to 597,871 values, over the 100,000 "
+        "read: write the values out)"
+    )
+    assert peak < 500 * 2**20, f"peak resident set {peak / 2**20:.0f} MiB"
+
+
+def test_aliases_in_the_params_file_are_expanded_within_the_budget(tmp_path):
+    """A params file may share a value with an alias; one that expands past 100,000 values, or
+    into itself, is its file, line and column."""
+    path = tmp_path / "params.yaml"
+    path.write_text("data:\n  paths: &p [a.tar, b.tar]\neval: {}\n")
+    assert load_pipeline_params(path).data.paths == ["a.tar", "b.tar"]
+    lists = "".join(f"  - &l{n} [" + ", ".join([f"*l{n - 1}"] * 10) + "]\n" for n in range(1, 6))
+    path.write_text("x:\n  - &l0 [a]\n" + lists)
+    with pytest.raises(
+        ConfigError, match=r"params\.yaml:8:5: aliases \(\*name\) expand to 211,111 "
+    ):
+        load_pipeline_params(path)
+    path.write_text("data:\n  paths: &p [*p]\n")
+    with pytest.raises(
+        ConfigError, match=r"params\.yaml:3:10: an alias \(\*name\) inside its own anchor"
+    ):
+        load_pipeline_params(path)
+
+
+def test_a_value_is_quoted_in_at_most_200_characters(tmp_path):
+    """A 10 MB string gave a 10 MB "one line"; a nested list, its whole repr."""
+    message = _error(tmp_path, {"data": {"source": "x" * 10_000_000}})
+    assert message.startswith("data.source: got 'xxx") and len(message) < 300
+    assert message.endswith("xxx'; allowed: builtin, local, laion-parquet, webdataset")
+    message = _error(
+        tmp_path, {"data": {"paths": [[[f"{i}-{j}" for j in range(40)] for i in range(40)]]}}
+    )
+    assert message.startswith("data.paths[0]: got [[") and len(message) < 300

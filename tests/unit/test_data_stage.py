@@ -122,12 +122,65 @@ def test_local_source_skips_every_kind_of_bad_item_by_reason(tmp_path, messy_fol
     assert kept == 13  # 12 good images, one of them with a second caption
 
 
+def _local_run(tmp_path, path: Path, **data) -> dict:
+    """The data stage on a local source, nothing held out; its manifest's skip counts."""
+    local = {"source": "local", "path": str(path), "val_fraction": 0.0, "test_fraction": 0.0}
+    params = write_params(tmp_path / "params.yaml", {"data": {**local, **data}})
+    assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 0
+    return json.loads((tmp_path / "data" / "manifest.json").read_text())["skipped"]["counts"]
+
+
+def test_local_files_over_the_limits_are_skipped_by_their_size(tmp_path):
+    """A folder source's image over data.max_image_bytes and caption file over 4 bytes a
+    character of data.max_caption_chars are skipped by their size, before being read."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(4):
+        (root / f"{i}.jpg").write_bytes(_jpeg(colour=(40 * i, 10, 10)))
+        (root / f"{i}.txt").write_text(f"第{i}张", "utf-8")
+    (root / "big.jpg").write_bytes(_jpeg(size=(400, 400)))  # ~3 KB of JPEG
+    (root / "big.txt").write_text("大图", "utf-8")
+    (root / "long.jpg").write_bytes(_jpeg(colour=(1, 2, 3)))
+    (root / "long.txt").write_text("长" * 30, "utf-8")  # 90 bytes: over 4 x 20
+    counts = _local_run(tmp_path, root, max_image_bytes=2000, max_caption_chars=20)
+    assert counts == {"too_large": 1, "caption_too_long": 1}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_pairs_line_too_long_to_be_a_pair_is_read_past_as_a_bad_record(tmp_path, suffix):
+    """A .jsonl or .csv line longer than a caption and a path can be (4 bytes a character of
+    data.max_caption_chars, plus 64 KiB) is skipped in chunks, never held; the lines after it
+    are read as usual (in a .csv, a field over csv's limit raised before)."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(3):
+        (root / f"{i}.jpg").write_bytes(_jpeg(colour=(40 * i, 10, 10)))
+    huge = "长" * 200_000  # 600 KB
+    if suffix == ".jsonl":
+        lines = [
+            json.dumps({"image": f"{i}.jpg", "caption": c}, ensure_ascii=False)
+            for i, c in ((0, "第一"), (1, huge), (2, "第三"))
+        ]
+        text = "\n".join(lines) + "\n"
+    else:
+        text = f"image,caption\n0.jpg,第一\n1.jpg,{huge}\n2.jpg,第三\n"
+    (root / f"pairs{suffix}").write_text(text, "utf-8")
+    assert _local_run(tmp_path, root / f"pairs{suffix}") == {"bad_record": 1}
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["count"] == 2
+
+
 def test_local_source_keeps_all_captions_of_a_test_image_together(tmp_path, messy_folder):
     """Splits are decided per image, so both captions of good0.jpg land on one test image."""
     from clipforge.data.local import split_of
 
-    image = messy_folder.parent / "good0.jpg"
-    seed = next(s for s in range(1000) if split_of(image, s, 0.0, 0.3) == "test")
+    images = [messy_folder.parent / f"good{i}.jpg" for i in range(12)]
+
+    def tested(seed: int) -> list[bool]:
+        return [split_of(image, seed, 0.0, 0.3) == "test" for image in images]
+
+    # good0 among at least two test images (the split is a hash of the path: tmp_path moves it)
+    seed = next(s for s in range(1000) if tested(s)[0] and sum(tested(s)) >= 2)
     params = write_params(
         tmp_path / "params.yaml",
         {
@@ -497,8 +550,9 @@ def test_a_stopped_or_killed_data_stage_leaves_no_partial_folder_for_long(tmp_pa
 
 
 # -- no silent wrong number (issue: a 1-image test set scored 100, copies leaked into test) ----
-def _given_test_set(directory: Path, num_images: int) -> Path:
-    """A Chinese-CLIP test set of `num_images` distinct images, one caption each."""
+def _given_test_set(directory: Path, num_images: int, described: int | None = None) -> Path:
+    """A Chinese-CLIP test set of `num_images` distinct images, one caption each, describing the
+    first `described` images only (all by default; the others get another's caption)."""
     directory.mkdir()
     with (
         open(directory / "test_imgs.tsv", "w") as imgs,
@@ -507,21 +561,35 @@ def _given_test_set(directory: Path, num_images: int) -> Path:
         for i in range(num_images):
             payload = base64.b64encode(_jpeg(colour=(30 * i % 256, 10, 10))).decode()
             imgs.write(f"{i}\t{payload}\n")
-            texts.write(json.dumps({"text_id": i, "text": f"图{i}", "image_ids": [i]}) + "\n")
+            image = i % (described or num_images)
+            texts.write(json.dumps({"text_id": i, "text": f"图{i}", "image_ids": [image]}) + "\n")
     return directory
 
 
 def test_a_given_test_set_of_one_image_is_refused_before_anything_is_written(tmp_path, capsys):
-    """data.test_dir with one image and one text: exit 2, one line each for images and texts,
-    no data/ written (it would report 100.0 for every recall)."""
+    """data.test_dir with one image and one text: exit 2, one line for each direction, no data/
+    written (it would report 100.0 for every recall)."""
     given = _given_test_set(tmp_path / "given", 1)
     params = write_params(tmp_path / "params.yaml", {"data": {"test_dir": str(given)}})
     assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 2
     assert capsys.readouterr().err == (
-        "clipforge.data: error: data.test_dir: the test set has 1 image: too few to measure "
-        "anything (recall over one is 100%)\n"
-        "clipforge.data: error: data.test_dir: the test set has 1 text: too few to measure "
-        "anything (recall over one is 100%)\n"
+        "clipforge.data: error: data.test_dir: text->image has 1 query (captions): a recall over "
+        "fewer than 2 is 0 or 100 whatever the model\n"
+        "clipforge.data: error: data.test_dir: image->text has 1 query (images some caption "
+        "describes): a recall over fewer than 2 is 0 or 100 whatever the model\n"
+    )
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_given_test_set_whose_captions_all_describe_one_image_is_refused(tmp_path, capsys):
+    """Twelve images, twelve captions, all of one image: image->text is one query (R@1/5/10 =
+    100 over it), refused by the eval stage's rule for a retrieval suite."""
+    given = _given_test_set(tmp_path / "given", 12, described=1)
+    params = write_params(tmp_path / "params.yaml", {"data": {"test_dir": str(given)}})
+    assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 2
+    assert capsys.readouterr().err == (
+        "clipforge.data: error: data.test_dir: image->text has 1 query (images some caption "
+        "describes): a recall over fewer than 2 is 0 or 100 whatever the model\n"
     )
     assert not (tmp_path / "data").exists()
 
@@ -532,9 +600,9 @@ def test_a_given_test_set_under_ten_images_is_a_warning(tmp_path, caplog):
     assert main(["--params", str(params), "--out", str(tmp_path / "data")]) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == [
-        f"data.test_dir: the test set has 5 {unit}: recall@10 over fewer than 10 is 100% "
+        f"data.test_dir: {direction} ranks 5 {unit}: recall@10 over fewer than 10 is 100 "
         f"whatever the model"
-        for unit in ("images", "texts")
+        for direction, unit in (("text->image", "images"), ("image->text", "captions"))
     ]
 
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import calendar
 
+import pytest
+
+from clipforge.errors import UserError
 from clipforge.ids import (
+    IdError,
+    checked_launch_id,
     is_run_id,
     launch_id_of,
     new_launch_id,
+    parse_launch_id,
+    parse_run_id,
     run_id_for,
     run_ids_in,
 )
@@ -41,3 +48,18 @@ def test_a_run_record_names_its_launch_under_launch_id_only():
     assert launch_id_of({"launch_id": "20260102-030405-abcdef12"}) == "20260102-030405-abcdef12"
     assert launch_id_of({"run_id": "run-0123456789ab"}) is None
     assert launch_id_of({}) is None
+
+
+def test_an_id_from_outside_is_refused_naming_where_it_came_from():
+    """Ids name folders: text that is not one (`..`, a path, digits of another script, a
+    trailing newline, an over-long commit) is a user error naming its source and shown escaped."""
+    for text in ("../../victim", "/tmp", "２０２６０１０２-030405-abcdef12", "20260102-030405-ab\n",
+                 "20260102-030405-" + "a" * 41, None, 7):  # fmt: skip
+        with pytest.raises(IdError, match=r"^host:/r/current: not a launch id: ") as error:
+            checked_launch_id(text, "host:/r/current")
+        assert "\n" not in str(error.value) and isinstance(error.value, UserError)
+    assert checked_launch_id("20260102-030405-abcdef12", "--launch") == "20260102-030405-abcdef12"
+    with pytest.raises(IdError, match=r"^store: training_run: not a run id: '\.\./x'"):
+        parse_run_id("../x", "store: training_run")
+    with pytest.raises(IdError, match=r"not a launch id: 'x+\.\.\.x+' \(expected"):
+        parse_launch_id("x" * 1000)

@@ -11,6 +11,7 @@ import pytest
 from clipforge.data import download
 from clipforge.data.config import DataConfig
 from clipforge.data.inputs import expand_paths
+from clipforge.data.laion import filter_into_work_dir
 from clipforge.data.laion_filter import FilterReport, filtered_tables, looks_chinese
 from clipforge.errors import StageError
 
@@ -57,6 +58,36 @@ def test_counts_add_up_to_the_rows_read(tmp_path):
     tables = list(filtered_tables([_write(tmp_path / "a.parquet", rows)], DataConfig(), report))
     assert report.rows_read == len(rows) == report.kept + sum(report.removed.values())
     assert sum(t.num_rows for t in tables) == report.kept == 5
+
+
+def _with_bytes_in(table: pa.Table, column: str, values: list[bytes], kind) -> pa.Table:
+    """`table` with `column` replaced by these bytes, typed `kind`: pyarrow checks UTF-8 when it
+    builds a string array from Python, not when it reads one from parquet, so a string column of
+    bad bytes is built from its buffers."""
+    array = pa.array(values, pa.binary())
+    if kind == pa.string():
+        array = pa.Array.from_buffers(pa.string(), len(array), array.buffers())
+    return table.set_column(table.schema.get_field_index(column), column, array)
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.binary()], ids=["string", "binary"])
+def test_rows_that_are_not_utf8_are_skipped_and_counted(tmp_path, kind):
+    """A caption or URL that is not UTF-8 (a string column pyarrow never checked, or a binary
+    one) is one row's problem in a 100M-row download: counted as caption_not_utf8 or bad_url,
+    never a pyarrow.lib.ArrowInvalid or UnicodeDecodeError; the other rows reach img2dataset's
+    input."""
+    rows = _rows(4)
+    table = pa.Table.from_pylist(rows)
+    captions = [r["TEXT"].encode() for r in rows]
+    table = _with_bytes_in(table, "TEXT", captions[:2] + [b"\xff\xfe cat"] + captions[3:], kind)
+    urls = [r["URL"].encode() for r in rows]
+    table = _with_bytes_in(table, "URL", urls[:3] + [b"https://example.org/\xc3(.jpg"], kind)
+    pq.write_table(table, tmp_path / "a.parquet")
+    report = FilterReport([])
+    work = filter_into_work_dir([str(tmp_path / "a.parquet")], DataConfig(), report, tmp_path)
+    assert (report.removed["caption_not_utf8"], report.removed["bad_url"], report.kept) == (1, 1, 2)
+    kept = pq.read_table(work / "input.parquet").to_pylist()
+    assert kept == [{"url": r["URL"], "caption": r["TEXT"]} for r in rows[:2]]
 
 
 def test_files_are_streamed_not_loaded_together(tmp_path):

@@ -14,6 +14,8 @@ from clipforge.data.stage import main as data_main
 from clipforge.data.testset import TestSetError
 from clipforge.errors import LauncherError, StageError, UserError
 from clipforge.fields import ConfigError
+from clipforge.fsutil import UnsafeNameError
+from clipforge.ids import IdError
 from clipforge.image_env import ImageEnvError
 from clipforge.launcher.host.gpus import GpuRecordError
 from clipforge.launcher.host.record import RunRecordError
@@ -32,7 +34,7 @@ def test_every_user_error_type_is_a_user_error():
     the builtin bases stay, for callers that catch those."""
     for error in (StageError, ConfigError, TestSetError, ModelFilesError, YamlFileError):
         assert issubclass(error, UserError), error
-    for error in (ImageEnvError, LauncherError, WebhookError):
+    for error in (ImageEnvError, LauncherError, WebhookError, IdError, UnsafeNameError):
         assert issubclass(error, UserError), error
     assert issubclass(ConfigError, ValueError) and issubclass(StageError, RuntimeError)
 

@@ -12,6 +12,7 @@ from clipforge.util import (
     exception_summary,
     first_line,
     format_duration,
+    short_repr,
     total_steps,
     wait_script,
     wait_until_answering,
@@ -82,3 +83,17 @@ def test_the_wait_script_runs_in_a_bare_python_as_on_a_host():
     assert answered.returncode == 0
     silent = subprocess.run([sys.executable, "-S", "-c", wait_script(url, 0)], env={}, timeout=60)
     assert silent.returncode == 1
+
+
+def test_a_value_is_shown_in_at_most_200_characters_without_its_whole_repr():
+    """What error messages quote: a short value as repr gives it; a 10 MB string, a list of
+    lists shared 9 levels deep (387 million strings once expanded, as a YAML alias bomb is) and
+    an integer repr() refuses are cut while they are written, never built whole."""
+    assert short_repr("abc") == "'abc'" and short_repr([1, "x"]) == "[1, 'x']"
+    assert len(short_repr("x" * 10_000_000)) <= 200
+    shared: list = ["lol"] * 9
+    for _ in range(8):
+        shared = [shared] * 9
+    assert short_repr(shared).startswith("[[[[") and len(short_repr(shared)) <= 200
+    assert short_repr(10**5000) == "<an integer of 16610 bits>"
+    assert short_repr("abcdef", max_chars=5) == "'a..."

@@ -2,7 +2,8 @@
 
 A webhook URL is a credential: whoever has it can post into the team's chat. It is read from
 `CLIPFORGE_ALERT_WEBHOOKS` (comma-separated) and/or the file named by
-`CLIPFORGE_ALERT_WEBHOOKS_FILE` (one entry per line or comma-separated, `#` starts a comment).
+`CLIPFORGE_ALERT_WEBHOOKS_FILE` (one entry per line or comma-separated, `#` starts a comment),
+which other users may not read (its mode is checked as ssh checks a private key's).
 Each entry is `feishu:URL`, `lark:URL` (same format as Feishu), `dingtalk:URL`, `wecom:URL`,
 `slack:URL`, or a bare URL (generic JSON). A Feishu/Lark or DingTalk bot with signature
 verification on takes its signing secret in the same entry, `feishu:URL;secret=SECRET`: it
@@ -16,15 +17,21 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
+import stat
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from clipforge.errors import UserError
+from clipforge.util import short_repr
 
 ENV_WEBHOOKS = "CLIPFORGE_ALERT_WEBHOOKS"
 ENV_WEBHOOKS_FILE = "CLIPFORGE_ALERT_WEBHOOKS_FILE"
+# What the secrets file's mode may not allow: anything for other users, writing for the group.
+# The group may read it: a Kubernetes Secret mounted with an fsGroup is 0440.
+SECRET_FILE_FORBIDDEN_MODE = 0o027
 
 KINDS = ("feishu", "dingtalk", "wecom", "slack", "generic")
 _PREFIXES = {
@@ -54,7 +61,7 @@ class WebhookTarget:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise WebhookError(f"webhook kind must be one of {KINDS}, got {self.kind!r}")
+            raise WebhookError(f"webhook kind must be one of {KINDS}, got {short_repr(self.kind)}")
         if self.secret and self.kind not in SIGNED_KINDS:
             raise WebhookError(f"a {self.kind} webhook takes no signing secret")
 
@@ -81,11 +88,19 @@ def load_targets(environ: Mapping[str, str] = os.environ) -> list[WebhookTarget]
     if path:
         try:
             text = Path(path).read_text(encoding="utf-8")
+            mode = stat.S_IMODE(os.stat(path).st_mode)
         except OSError as error:
             raise WebhookError(
-                f"{ENV_WEBHOOKS_FILE} names {path!r}, which cannot be read ({error.strerror}); "
+                f"{ENV_WEBHOOKS_FILE} names {short_repr(path)}, which cannot be read "
+                f"({error.strerror}); "
                 f"fix the path or unset {ENV_WEBHOOKS_FILE}"
             ) from None
+        if mode & SECRET_FILE_FORBIDDEN_MODE:
+            raise WebhookError(
+                f"{ENV_WEBHOOKS_FILE} names {path!r}, whose mode {mode:04o} lets other users "
+                f"{'read' if mode & 0o004 else 'change'} the webhooks in it; "
+                f"`chmod 600 {shlex.quote(path)}` (as ssh refuses such a private key)"
+            )
         entries = [
             entry for line in text.splitlines() for entry in line.split("#", 1)[0].split(",")
         ]

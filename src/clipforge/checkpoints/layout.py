@@ -37,7 +37,8 @@ _UNIVERSAL_PARTIAL = ".universal-partial"  # under a checkpoint: a conversion un
 _TAG = re.compile(r"^step-(\d{8})$")
 # DeepSpeed's ZeRO optimizer shards, one per data-parallel rank (stage 0 writes none: its one
 # file holds the whole optimizer and loads at any size); `bf16_` with its BF16 optimizer.
-_ZERO_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
+_BF16_PREFIX = "bf16_"
+_ZERO_SHARD = re.compile(rf"^(?:{_BF16_PREFIX})?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
 _DAMAGED = "damaged-"
 _DOWNLOAD = ".download-"
 
@@ -67,8 +68,20 @@ def universal_partial_name() -> str:
 def data_parallel_size(names: list[str]) -> int | None:
     """The data-parallel size a checkpoint was saved at, from the names of its files (DeepSpeed's
     ZeRO shards: one per rank); None when it has none (ZeRO stage 0), which loads at any size."""
-    ranks = {int(m.group(1)) for m in map(_ZERO_SHARD.match, names) if m}
-    return len(ranks) or None
+    return len(optimizer_shards(names)) or None
+
+
+def optimizer_shards(names: list[str]) -> list[str]:
+    """A checkpoint's optimizer shards among the names of its files, in rank order (empty at ZeRO
+    stage 0)."""
+    by_rank = {int(m.group(1)): m.group(0) for m in map(_ZERO_SHARD.match, names) if m}
+    return [by_rank[rank] for rank in sorted(by_rank)]
+
+
+def written_by_bf16_optimizer(shards: list[str]) -> bool:
+    """Whether DeepSpeed's bf16 mode (its BF16_Optimizer: bf16 weights, fp32 master weights, ZeRO-1
+    partitions) wrote these optimizer shards, rather than a ZeRO optimizer."""
+    return bool(shards) and all(name.startswith(_BF16_PREFIX) for name in shards)
 
 
 def marker_text(tag: str) -> str:

@@ -26,6 +26,7 @@ from clipforge.checkpoints.layout import (
     step_of,
     tag_step,
 )
+from clipforge.fsutil import join_inside
 
 
 class CheckpointStorage(Protocol):
@@ -192,8 +193,9 @@ def fetch(storage: CheckpointStorage, tag: str, into: Path) -> None:
     found = manifest(storage, tag)
     if found is None:
         raise FileNotFoundError(f"{storage.where}/{tag}/{CHECKPOINT_MANIFEST}")
-    for name in [*found["files"], CHECKPOINT_MANIFEST]:
-        local = into / name
+    source = f"{storage.where}/{tag}/{CHECKPOINT_MANIFEST}"  # whoever writes it names the files
+    picks = [(n, join_inside(into, n, source)) for n in [*found["files"], CHECKPOINT_MANIFEST]]
+    for name, local in picks:
         local.parent.mkdir(parents=True, exist_ok=True)
         storage.get(f"{tag}/{name}", local)
 

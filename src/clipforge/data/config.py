@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from clipforge.config import Params
-from clipforge.fields import ConfigError, Section, knob
+from clipforge.fields import MAX_SEED, ConfigError, Section, knob
+from clipforge.model.names import check_model_name
 
 
 @dataclass(kw_only=True)
@@ -29,6 +30,7 @@ class DataConfig(Section):
         None,
         "Input for the `local` source: a folder of images with "
         "same-named .txt captions, a .csv (columns image,caption) or a .jsonl.",
+        path=True,
     )
     allow_paths_outside_source: bool = knob(
         False,
@@ -40,20 +42,23 @@ class DataConfig(Section):
         "Inputs of the `laion-parquet` source (metadata .parquet files) or "
         "of the `webdataset` source (.tar shards): local paths, globs, "
         "`{000..099}` ranges or fsspec URLs such as s3://bucket/laion-zh/*.parquet.",
+        path=True,
     )
     test_dir: str | None = knob(
         None,
         "A test set already in Chinese-CLIP layout (test_imgs.tsv + "
         "test_texts.jsonl), e.g. Flickr30K-CN; copied to data/test instead of "
         "splitting one off the source.",
+        path=True,
     )
-    seed: int = knob(0, "Seed of the generator and of the split.", ge=0)
+    seed: int = knob(0, "Seed of the generator and of the split.", ge=0, le=MAX_SEED)
     num_train: int = knob(12000, "builtin: number of training pairs.", ge=1)
     num_val: int = knob(256, "builtin: number of validation pairs.", ge=1)
     num_test_images: int = knob(
         300,
         "builtin: number of test images (two captions each), and of images in each of the "
-        "demo's generated eval suites (data/suites/).",
+        "demo's generated eval suites (data/suites/; the classification one: at least one per "
+        "class, 24).",
         ge=10,
     )
     image_size: int = knob(64, "builtin: rendered image size in pixels.", ge=32, le=1024)
@@ -85,8 +90,18 @@ class DataConfig(Section):
         "(protects against decompression bombs).",
         ge=1,
     )
+    max_image_bytes: int = knob(
+        64 * 2**20,
+        "Image files larger than this many bytes are skipped as `too_large` without being read "
+        "(a tar member, a local file; 64 MiB: three times a 50-megapixel camera JPEG), so a "
+        "shard declaring a 4 GiB member costs nothing.",
+        ge=1,
+    )
     max_caption_chars: int = knob(
-        512, "Captions longer than this are skipped as `caption_too_long`.", ge=1
+        512,
+        "Captions longer than this are skipped as `caption_too_long`; a caption file or tar "
+        "member of more than 4 bytes a character (UTF-8's most) is skipped so without being read.",
+        ge=1,
     )
     # the tokenizer named here, not read from the model section: a new model.* then leaves data/
     # (hours to rebuild at the reference size) as it is, and the loader checks the ids it finds
@@ -101,12 +116,14 @@ class DataConfig(Section):
         "otherwise, saying why. Saves the workers 55-140 µs a caption (2-7% of their time at "
         "224 px; BENCHMARKS.md, loader); the production recipes set their own model.",
         nonempty=True,
+        check=check_model_name,
     )
     pretokenize_text_tower: str | None = knob(
         None,
         "With data.pretokenize_model: the Hugging Face text tower whose tokenizer makes the ids "
         "(as model.text_tower; null: the model's own).",
         nonempty=True,
+        path=True,
     )
     # webdataset, laion-parquet: shards used where they are (clipforge.data.inplace)
     in_place: bool | Literal["auto"] = knob(
@@ -181,6 +198,7 @@ class DataConfig(Section):
         "img2dataset's shards are kept between runs, so a rerun continues an "
         "interrupted download (outside data/, which is replaced whole).",
         nonempty=True,
+        path=True,
     )
     download_image_size: int = knob(
         256, "laion-parquet: img2dataset resizes images to this size.", ge=16, le=4096

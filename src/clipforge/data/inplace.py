@@ -39,7 +39,7 @@ import numpy as np
 from clipforge.data import decontam, testset
 from clipforge.data.config import DataConfig
 from clipforge.data.inputs import expand_paths
-from clipforge.data.samples import SkipLog, clean_caption, decode_image
+from clipforge.data.samples import SizeLimits, SkipLog, clean_caption, decode_image
 from clipforge.data.shards import (
     INDEX_TOKENS,
     TOKENIZE_BATCH,
@@ -47,6 +47,7 @@ from clipforge.data.shards import (
     decode_index,
     encode_index,
     open_shard,
+    open_tar,
     shard_identity,
 )
 from clipforge.data.splits import test_hashes
@@ -184,7 +185,7 @@ def _tarfile_samples(f: BinaryIO, size: int, first_header: int) -> Iterator[tupl
     key: bytes | None = None
     found: Found = {}
     f.seek(0)
-    with tarfile.open(fileobj=f, mode="r:") as archive:
+    with open_tar(f, "r:") as archive:
         for info in archive:
             if not info.isfile() or info.offset < first_header:
                 continue
@@ -238,7 +239,7 @@ class ScanOptions:
     test_fraction: float
     verify: str
     hash_images: bool
-    max_caption_chars: int
+    limits: SizeLimits  # members over these are skipped unread
     max_image_pixels: int
 
 
@@ -284,7 +285,11 @@ def scan_shard(
     val_bound = options.test_fraction + options.val_fraction
     sampled = options.verify == "sample"
     verify_all = options.verify == "all"
-    max_chars = options.max_caption_chars
+    max_chars = options.limits.max_caption_chars
+    max_caption_bytes, max_image_bytes = (
+        options.limits.max_caption_bytes,
+        options.limits.max_image_bytes,
+    )
     skips = SkipLog()
     rows: tuple[list[int], list[int], list[int]] = ([], [], [])  # flat locations per split code
     phashes: tuple[list[int], list[int]] = ([], [])
@@ -302,6 +307,12 @@ def scan_shard(
                 caption = found.get(b"txt")
                 if caption is None:
                     skips.add("missing_caption", f"{url}:{_text(key)}")
+                    continue
+                if image[1] > max_image_bytes or caption[1] > max_caption_bytes:  # never read
+                    too_large = image[1] > max_image_bytes  # as the copy, which meets it first
+                    skips.add(
+                        "too_large" if too_large else "caption_too_long", f"{url}:{_text(key)}"
+                    )
                     continue
                 if raw_caption is None:
                     raw_caption = _read(f, caption)
@@ -494,7 +505,7 @@ def build_splits(
         test_fraction=0.0 if data.test_dir else data.test_fraction,
         verify=data.verify,
         hash_images=data.decontaminate != "off",
-        max_caption_chars=data.max_caption_chars,
+        limits=SizeLimits.of(data),
         max_image_pixels=data.max_image_pixels,
     )
     scans = []

@@ -29,7 +29,7 @@ from clipforge.data import download, inplace
 from clipforge.data.config import DataConfig
 from clipforge.data.inputs import expand_paths
 from clipforge.data.laion_filter import FilterReport, filtered_tables
-from clipforge.data.samples import SkipLog
+from clipforge.data.samples import SizeLimits, SkipLog
 from clipforge.data.shards import CaptionTokenizer, index_shard
 from clipforge.data.splits import SplitWriter
 from clipforge.errors import StageError
@@ -203,6 +203,7 @@ def write_shard_samples(shards_dir: Path, shard: str, writer: SplitWriter, skips
     """Successes of one img2dataset shard into the splits (in key order); failures into skips."""
     tar = shards_dir / f"{shard}.tar"
     members = index_shard(tar)
+    limits = SizeLimits.of(writer.data)
     with open(tar, "rb") as f:
         for row in download.sample_statuses(shards_dir, shard):
             if row.status != "success":
@@ -214,5 +215,11 @@ def write_shard_samples(shards_dir: Path, shard: str, writer: SplitWriter, skips
                     f"{tar}: img2dataset reports {row.key} ({row.url}) as downloaded "
                     f"but the shard does not hold it; delete {shards_dir} and rerun"
                 )
+            too_large = limits.skip_reason(False, sample["jpg"].size) or limits.skip_reason(
+                True, sample["txt"].size
+            )
+            if too_large:  # img2dataset's own limits are other knobs: never read past these
+                skips.add(too_large, row.url)
+                continue
             jpeg, caption = (sample[ext].read(f) for ext in ("jpg", "txt"))
             writer.add(row.url, jpeg, caption.decode("utf-8"))

@@ -28,6 +28,7 @@ from clipforge.errors import StageError
 
 FILTERS = (
     "bad_url",
+    "caption_not_utf8",
     "empty_caption",
     "caption_too_long",
     "low_similarity",
@@ -115,6 +116,38 @@ def find_columns(names: list[str]) -> dict[str, str | None]:
     return {role: by_lower.get(laion.lower()) for role, laion in COLUMNS.items()}
 
 
+def utf8_text(column) -> tuple[Any, np.ndarray]:
+    """(a text column as a string array, which rows were not UTF-8: null there). A binary column
+    is checked as it is cast; a string column read from parquet is not checked by pyarrow, and a
+    row that is not UTF-8 failed far from here (ArrowInvalid in a cast, UnicodeDecodeError when
+    turned into Python). One bad row among 100M is skipped and counted, not the download refused:
+    LAION's metadata is scraped alt text, and the other sources skip such captions too."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        raw = column.view(pa.large_binary() if pa.types.is_large_string(kind) else pa.binary())
+    elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        raw = column
+    else:  # numbers, or anything else pyarrow writes as text
+        return pc.cast(column, pa.string()), np.zeros(len(column), dtype=bool)
+    try:
+        return raw.cast(pa.string()), np.zeros(len(column), dtype=bool)  # the cast validates
+    except pa.ArrowInvalid:
+        bad = np.array([value is not None and not _is_utf8(value) for value in raw.to_pylist()])
+        kept = pc.if_else(pa.array(~bad), raw, pa.nulls(len(raw), raw.type))
+        return kept.cast(pa.string()), bad
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def clean_captions(text):
     """Whitespace runs (Unicode separators included) -> one space, trimmed; as clean_caption."""
     import pyarrow.compute as pc
@@ -157,7 +190,14 @@ def check_columns(
 
 
 def _passes(
-    batch, cols: dict, data: DataConfig, captions, report: FilterReport, file: str
+    batch,
+    cols: dict,
+    data: DataConfig,
+    urls,
+    captions,
+    not_utf8: np.ndarray,
+    report: FilterReport,
+    file: str,
 ) -> list[tuple[str, Any]]:  # (name, a pyarrow BooleanArray or None)
     """(filter name, boolean array of rows that pass, or None when not applied) in FILTERS order."""
     import pyarrow as pa
@@ -180,15 +220,10 @@ def _passes(
             return None
         return build()
 
-    url = column("url")
     length = pc.utf8_length(captions)
     checks = [
-        (
-            "bad_url",
-            pc.match_substring_regex(
-                pc.cast(url, pa.string()), r"^https?://\S+$", ignore_case=True
-            ),
-        ),
+        ("bad_url", pc.match_substring_regex(urls, r"^https?://\S+$", ignore_case=True)),
+        ("caption_not_utf8", pa.array(~not_utf8)),
         ("empty_caption", pc.greater(length, 0)),
         ("caption_too_long", pc.less_equal(length, data.max_caption_chars)),
         (
@@ -207,7 +242,7 @@ def _passes(
                 report.language_detection.get("LANGUAGE column", 0) + rows
             )
             is_language = pc.equal(
-                pc.utf8_lower(pc.cast(column("language"), pa.string())), data.language.lower()
+                pc.utf8_lower(utf8_text(column("language"))[0]), data.language.lower()
             )
         else:
             report.language_detection["script"] = report.language_detection.get("script", 0) + rows
@@ -262,18 +297,20 @@ def filter_batch(
 ):
     """The kept rows of one record batch as a table (url, caption); counts go to `report`."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    captions = clean_captions(pc.cast(batch.column(cols["text"]), pa.string()))
+    text, not_utf8 = utf8_text(batch.column(cols["text"]))
+    captions = clean_captions(text)
+    every_url = utf8_text(batch.column(cols["url"]))[0]
     alive = np.ones(batch.num_rows, dtype=bool)
-    for name, passes in _passes(batch, cols, data, captions, report, file):
+    checks = _passes(batch, cols, data, every_url, captions, not_utf8, report, file)
+    for name, passes in checks:
         if passes is None:
             continue
         ok = passes.to_numpy(zero_copy_only=False)
         report.removed[name] += int(np.count_nonzero(alive & ~ok))
         alive &= ok
     survivors = pa.array(np.flatnonzero(alive), type=pa.int64())
-    urls = pc.cast(batch.column(cols["url"]), pa.string()).take(survivors)
+    urls = every_url.take(survivors)
     captions = captions.take(survivors)
     keep, duplicate_urls, duplicate_captions = dedup.keep(urls, captions)
     report.removed["duplicate_url"] += duplicate_urls

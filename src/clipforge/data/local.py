@@ -23,8 +23,9 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from clipforge.data.samples import SkipLog, decode_image
+from clipforge.data.samples import SizeLimits, SkipLog, decode_image
 from clipforge.data.splits import split_of_identity
 from clipforge.errors import StageError
 
@@ -38,18 +39,39 @@ class Record:
     origin: str  # where the record came from, for skip reports
 
 
-def read_records(path: Path, skips: SkipLog, allow_outside: bool = False) -> Iterator[Record]:
+def read_records(
+    path: Path, skips: SkipLog, limits: SizeLimits, allow_outside: bool = False
+) -> Iterator[Record]:
+    """The records of a folder, .csv or .jsonl, nothing held but one record: a caption file or a
+    line larger than `limits` allow is skipped unread (caption_too_long, bad_record)."""
     if path.is_dir():
-        yield from _folder_records(path, skips)
+        yield from _folder_records(path, skips, limits)
     elif path.suffix.lower() == ".csv":
-        yield from _csv_records(path, skips, allow_outside)
+        yield from _csv_records(path, skips, limits, allow_outside)
     elif path.suffix.lower() in {".jsonl", ".json"}:
-        yield from _jsonl_records(path, skips, allow_outside)
+        yield from _jsonl_records(path, skips, limits, allow_outside)
     else:
         raise StageError(f"data.path {path}: expected a folder, a .csv or a .jsonl file")
 
 
-def _folder_records(root: Path, skips: SkipLog) -> Iterator[Record]:
+# A line of a .csv or .jsonl holds a caption, an image path and some syntax: this much beside the
+# caption's largest size in bytes.
+_LINE_OVERHEAD_BYTES = 64 * 1024
+
+
+def _bounded_lines(f: BinaryIO, max_bytes: int) -> Iterator[bytes | None]:
+    """The lines of a binary file, None for one longer than `max_bytes` (read past in chunks,
+    never held whole)."""
+    while line := f.readline(max_bytes + 1):
+        if len(line) <= max_bytes or line.endswith(b"\n"):
+            yield line
+            continue
+        while (rest := f.readline(_LINE_OVERHEAD_BYTES)) and not rest.endswith(b"\n"):
+            pass
+        yield None
+
+
+def _folder_records(root: Path, skips: SkipLog, limits: SizeLimits) -> Iterator[Record]:
     files = sorted(root.rglob("*"))
     images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
     stems = {p.with_suffix("") for p in images}
@@ -62,25 +84,43 @@ def _folder_records(root: Path, skips: SkipLog) -> Iterator[Record]:
             skips.add("missing_caption", str(image))
             continue
         try:
-            caption = _decode(caption_file.read_bytes())
+            with open(caption_file, "rb") as f:
+                raw = f.read(limits.max_caption_bytes + 1)
         except OSError:
             skips.add("unreadable", str(caption_file))
             continue
-        yield Record(image, caption, str(caption_file))
+        if len(raw) > limits.max_caption_bytes:
+            skips.add("caption_too_long", str(caption_file))
+            continue
+        yield Record(image, _decode(raw), str(caption_file))
 
 
-def _csv_records(path: Path, skips: SkipLog, allow_outside: bool) -> Iterator[Record]:
+# What a .csv line too long to read stands for (_csv_lines): a row of one field, no caption, which
+# _csv_records counts as a bad_record like any row missing one.
+_TOO_LONG_LINE = "-\n"
+
+
+def _csv_lines(f: BinaryIO, max_bytes: int) -> Iterator[str]:
     # surrogateescape keeps undecodable bytes so one bad caption is skipped, not the whole file
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-        reader = csv.DictReader(f)
+    for line in _bounded_lines(f, max_bytes):
+        yield _TOO_LONG_LINE if line is None else line.decode("utf-8", "surrogateescape")
+
+
+def _csv_records(
+    path: Path, skips: SkipLog, limits: SizeLimits, allow_outside: bool
+) -> Iterator[Record]:
+    # csv's own limit on a field (131,072 characters) is the caption limit's business here
+    csv.field_size_limit(max(csv.field_size_limit(), limits.max_caption_bytes))
+    with open(path, "rb") as f:
+        reader = csv.DictReader(_csv_lines(f, limits.max_caption_bytes + _LINE_OVERHEAD_BYTES))
         if not reader.fieldnames or not {"image", "caption"} <= set(reader.fieldnames):
             raise StageError(
                 f"{path}: needs a header with columns `image` and `caption`, "
                 f"found {reader.fieldnames}"
             )
-        for line, row in enumerate(reader, start=2):
+        for line, row in enumerate(_csv_rows(reader), start=2):
             origin = f"{path}:{line}"
-            if row["image"] is None or row["caption"] is None:
+            if row is None or row["image"] is None or row["caption"] is None:
                 skips.add("bad_record", origin)
                 continue
             image = _image_path(path.parent, row["image"], allow_outside)
@@ -95,12 +135,30 @@ def _csv_records(path: Path, skips: SkipLog, allow_outside: bool) -> Iterator[Re
             yield Record(image, caption, origin)
 
 
-def _jsonl_records(path: Path, skips: SkipLog, allow_outside: bool) -> Iterator[Record]:
+def _csv_rows(reader: csv.DictReader) -> Iterator[dict | None]:
+    """The rows, None for one csv cannot parse (a field over its size limit: an unclosed quote
+    that would take the rest of the file)."""
+    while True:
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error:
+            yield None
+
+
+def _jsonl_records(
+    path: Path, skips: SkipLog, limits: SizeLimits, allow_outside: bool
+) -> Iterator[Record]:
     with open(path, "rb") as f:
-        for line_number, raw in enumerate(f, start=1):
+        lines = _bounded_lines(f, limits.max_caption_bytes + _LINE_OVERHEAD_BYTES)
+        for line_number, raw in enumerate(lines, start=1):
+            origin = f"{path}:{line_number}"
+            if raw is None:
+                skips.add("bad_record", origin)
+                continue
             if not raw.strip():
                 continue
-            origin = f"{path}:{line_number}"
             try:
                 item = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError:
@@ -139,18 +197,21 @@ def _decode(raw: bytes) -> str | bytes:
         return raw
 
 
-def load_image(path: Path, max_pixels: int) -> tuple[bytes | None, str | None]:
+def load_image(path: Path, max_pixels: int, limits: SizeLimits) -> tuple[bytes | None, str | None]:
     """(JPEG bytes, None) for a readable image within limits, else (None, skip reason)."""
     try:
-        mode = path.stat().st_mode
+        info = path.stat()
     except FileNotFoundError:  # a dangling symbolic link included
         return None, "missing_file"
     except OSError as exc:
         return None, "symlink_loop" if exc.errno == errno.ELOOP else "unreadable"
-    if stat.S_ISDIR(mode):
+    if stat.S_ISDIR(info.st_mode):
         return None, "is_a_directory"
-    if not stat.S_ISREG(mode):  # a FIFO or a device: reading it could block for ever
+    if not stat.S_ISREG(info.st_mode):  # a FIFO or a device: reading it could block for ever
         return None, "not_a_regular_file"
+    too_large = limits.skip_reason(False, info.st_size)
+    if too_large:
+        return None, too_large
     try:
         raw = path.read_bytes()
     except OSError:

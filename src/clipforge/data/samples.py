@@ -32,6 +32,36 @@ class SkipLog:
         return {"counts": dict(sorted(self.counts.items())), "examples": self.examples}
 
 
+# UTF-8 takes at most this many bytes a character: a caption file longer than max_caption_chars
+# times this cannot be short enough (whitespace runs aside, which clean_caption collapses).
+UTF8_MAX_BYTES = 4
+
+
+@dataclass(frozen=True)
+class SizeLimits:
+    """The largest input a source reads into memory (data.max_image_bytes, data.max_caption_chars):
+    anything larger is skipped by its size alone, unread, so a file or tar member declaring 4 GiB
+    costs nothing."""
+
+    max_image_bytes: int
+    max_caption_chars: int
+
+    @classmethod
+    def of(cls, data) -> SizeLimits:  # a DataConfig (this module is below clipforge.config)
+        return cls(data.max_image_bytes, data.max_caption_chars)
+
+    @property
+    def max_caption_bytes(self) -> int:
+        return UTF8_MAX_BYTES * self.max_caption_chars
+
+    def skip_reason(self, caption: bool, size: int) -> str | None:
+        """`caption_too_long` (a caption of `size` bytes) or `too_large` (an image), None within
+        the limits."""
+        if caption:
+            return "caption_too_long" if size > self.max_caption_bytes else None
+        return "too_large" if size > self.max_image_bytes else None
+
+
 def clean_caption(caption: str | bytes, max_chars: int) -> tuple[str | None, str | None]:
     """(caption, None) when usable, else (None, skip reason)."""
     if isinstance(caption, bytes):

@@ -12,13 +12,17 @@ of the step and lets a resumed run seek straight to its position.
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
+import io
+import lzma
 import os
 import tarfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
@@ -191,10 +195,66 @@ class Member:
         return f.read(self.size)
 
 
+# The most a PAX or GNU long-name header may hold (a name, a few attributes: bytes to kilobytes).
+# tarfile reads one whole before the member it describes, so a compressed shard declaring a 1 GiB
+# one would take 1 GiB of memory.
+MAX_EXTENDED_HEADER_BYTES = 1 << 20
+_EXTENDED_TYPES = frozenset(
+    {tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME}
+    | {tarfile.GNUTYPE_LONGLINK}
+)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's member, refusing an extended header over MAX_EXTENDED_HEADER_BYTES before it is
+    read (tarfile.ReadError: the shard counts as damaged)."""
+
+    def _proc_member(self, tarfile_):  # tarfile's own hook, called on every header read
+        if self.type in _EXTENDED_TYPES and self.size > MAX_EXTENDED_HEADER_BYTES:
+            raise tarfile.ReadError(
+                f"a {self.size}-byte extended header at byte {self.offset} (at most "
+                f"{MAX_EXTENDED_HEADER_BYTES})"
+            )
+        return super()._proc_member(tarfile_)
+
+
+# A stream passes over a member it does not read by reading it, this much at a time.
+_STREAM_BUFFER_BYTES = 1 << 20
+
+
+def open_tar(fileobj: BinaryIO, mode: Literal["r:", "r|*"]) -> tarfile.TarFile:
+    """tarfile.open on a file object (`r:` seekable, `r|*` a stream, gzip, bzip2, xz or plain),
+    with extended headers bounded: every reader of shards opens them so."""
+    if mode == "r:":
+        return tarfile.open(fileobj=fileobj, mode=mode, tarinfo=_BoundedTarInfo)
+    return tarfile.open(
+        fileobj=_decompressed(fileobj),
+        mode="r|",
+        tarinfo=_BoundedTarInfo,
+        bufsize=_STREAM_BUFFER_BYTES,
+    )
+
+
+def _decompressed(fileobj: BinaryIO) -> BinaryIO | io.BufferedIOBase:
+    """A compressed shard (known by its first bytes) through its module's reader, which returns
+    at most what is asked: tarfile's own decompression expands a whole chunk of compressed bytes
+    at once and copies what is left of it on every read (52 s, 10 MB at a time, to pass over a
+    1 GiB member of zeros that gzip holds in 1 MB). Anything else as it is."""
+    start = fileobj.read(6)
+    fileobj.seek(0)
+    if start.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=fileobj, mode="rb")
+    if start.startswith(b"BZh"):
+        return bz2.BZ2File(fileobj)
+    if start.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(fileobj)
+    return fileobj
+
+
 def index_shard(path: Path) -> dict[str, dict[str, Member]]:
     """key -> {extension: where its bytes are}, in file order, from the tar headers only."""
     samples: dict[str, dict[str, Member]] = {}
-    with tarfile.open(path, "r:") as tar:
+    with open(path, "rb") as f, open_tar(f, "r:") as tar:
         for info in tar:
             if info.isfile():
                 key, _, ext = info.name.partition(".")

@@ -25,12 +25,13 @@ from clipforge.data.samples import shorter_side_at_most
 from clipforge.data.shards import ShardInfo, ShardReader, ShardWriter, Tokenize, rewrite_shard
 from clipforge.errors import StageError
 from clipforge.fsutil import sha256_file
+from clipforge.metrics.sizes import FEW_QUERIES, MIN_QUERIES, DirectionSize
 
 _PENDING_TEST = ".test-pending"
-# A held-out split smaller than this measures nothing: the contrastive loss of one pair is 0 and
-# the recall over one image 100%. Below FEW_HELD_OUT, recall@10 is 100% whatever the model.
-MIN_HELD_OUT = 2
-FEW_HELD_OUT = 10
+# A held-out split smaller than MIN_QUERIES measures nothing: the contrastive loss of one pair is
+# 0 and the recall over one image 100%. Below FEW_QUERIES, recall@10 is 100% whatever the model.
+# The eval stage holds its suites to the same numbers (clipforge.metrics.sizes).
+MIN_HELD_OUT, FEW_HELD_OUT = MIN_QUERIES, FEW_QUERIES
 
 
 def split_of_identity(identity: str, seed: int, val_fraction: float, test_fraction: float) -> str:
@@ -87,22 +88,13 @@ def check_held_out_sizes(data: DataConfig, splits: dict, num_images: int | None)
     return warnings
 
 
-def check_given_test_set(counts: dict) -> list[str]:
-    """The same floor for a test set given whole (data.test_dir) as for a split one: StageError
-    under MIN_HELD_OUT images or texts, a warning under FEW_HELD_OUT."""
-    errors, warnings = [], []
-    for unit in ("images", "texts"):
-        count = counts[unit]
-        where = f"data.test_dir: the test set has {count} {unit if count != 1 else unit[:-1]}"
-        if count < MIN_HELD_OUT:
-            errors.append(f"{where}: too few to measure anything (recall over one is 100%)")
-        elif count < FEW_HELD_OUT:
-            warnings.append(
-                f"{where}: recall@10 over fewer than {FEW_HELD_OUT} is 100% whatever the model"
-            )
+def check_given_test_set(sizes: list[DirectionSize]) -> list[str]:
+    """The eval stage's rule for a retrieval suite, for a test set given whole (data.test_dir):
+    StageError naming each direction that measures nothing, warnings for coarse ones."""
+    errors = [f"data.test_dir: {p}" for p in (s.problem() for s in sizes) if p]
     if errors:
         raise StageError("\n".join(errors))
-    return warnings
+    return [f"data.test_dir: {w}" for w in (s.warning() for s in sizes) if w]
 
 
 class SeenPairs:

@@ -21,12 +21,18 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from clipforge.cli import exit_on_stop_signals, load_stage_config, run_stage, stage_parser
+from clipforge.cli import (
+    exit_on_stop_signals,
+    load_stage_config,
+    path_argument,
+    run_stage,
+    stage_parser,
+)
 from clipforge.data import builtin, decontam, inplace, laion, testset, wds_source
 from clipforge.data.config import DataConfig, DataParams
 from clipforge.data.inputs import expand_paths
 from clipforge.data.local import load_image, read_records, split_of
-from clipforge.data.samples import SkipLog, clean_caption, shorter_side_at_most
+from clipforge.data.samples import SizeLimits, SkipLog, clean_caption, shorter_side_at_most
 from clipforge.data.shards import CaptionTokenizer, TokenFormat, Tokenize, write_shards
 from clipforge.data.splits import SeenPairs, check_given_test_set, check_held_out_sizes
 from clipforge.data.splits import shard_summary as _shard_summary
@@ -35,6 +41,7 @@ from clipforge.errors import StageError
 from clipforge.fields import ConfigError
 from clipforge.fsutil import replace_dir_atomically
 from clipforge.model.config import ModelConfig
+from clipforge.util import short_repr
 
 log = logging.getLogger("clipforge.data")
 
@@ -107,7 +114,7 @@ def caption_tokens(data: DataConfig) -> tuple[CaptionTokenizer, dict]:
     fingerprint = tokenizer_fingerprint(tokenizer)
     if fingerprint is None:
         raise ConfigError(
-            f"data.pretokenize_model: the tokenizer of {model.name!r} "
+            f"data.pretokenize_model: the tokenizer of {short_repr(model.name)} "
             f"({type(tokenizer).__name__}) has no vocabulary clipforge can fingerprint, so "
             f"stored ids could not be checked against the model's; set it to null"
         )
@@ -162,7 +169,9 @@ def _builtin_suites(data: DataConfig, out: Path, t2i_items) -> dict:
     classes = testset.write_classification_set(
         out / "colour-shape",
         builtin.CLASS_NAMES,
-        builtin.classification_images(data.seed, data.num_test_images, data.image_size),
+        builtin.classification_images(
+            data.seed, max(data.num_test_images, len(builtin.CLASS_NAMES)), data.image_size
+        ),
     )
     classes["sha256"] = testset.classification_set_sha256(out / "colour-shape")
     return {"t2i-distractors": {**counts, **_test_hashes(t2i)}, "colour-shape": classes}
@@ -182,7 +191,7 @@ def _local_splits(
     test_images: dict[Path, tuple[bytes, list[str]]] = {}
     images = set()
     seen = SeenPairs()
-    records = read_records(path, skips, data.allow_paths_outside_source)
+    records = read_records(path, skips, SizeLimits.of(data), data.allow_paths_outside_source)
     for record, jpeg, caption in _valid_pairs(records, data, skips):
         if not seen.first_time(jpeg, caption):
             skips.add("duplicate_pair", record.origin)
@@ -218,7 +227,10 @@ def _valid_pairs(records, data: DataConfig, skips: SkipLog) -> Iterator[tuple]:
             skips.add(reason, record.origin)
             continue
         if record.image != last[0]:  # consecutive captions of one image decode it once
-            last = (record.image, *load_image(record.image, data.max_image_pixels))
+            last = (
+                record.image,
+                *load_image(record.image, data.max_image_pixels, SizeLimits.of(data)),
+            )
         _, jpeg, reason = last
         if reason:
             skips.add(reason, str(record.image))
@@ -228,12 +240,13 @@ def _valid_pairs(records, data: DataConfig, skips: SkipLog) -> Iterator[tuple]:
 
 def _copy_test_set(source: Path, target: Path) -> dict:
     try:
-        counts = testset.check_test_set(source)
+        given = testset.load_test_set(source)
     except testset.TestSetError as exc:
         raise StageError(
             "\n".join(f"data.test_dir: {line}" for line in str(exc).splitlines())
         ) from None
-    for warning in check_given_test_set(counts):
+    counts = given.counts()
+    for warning in check_given_test_set(given.direction_sizes()):
         log.warning("%s", warning)
     target.mkdir(parents=True)
     for name in (testset.IMAGES_FILE, testset.TEXTS_FILE):
@@ -277,5 +290,7 @@ def _skip_text_from(manifest: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("clipforge.data", "Build webdataset shards and the test set in data/.")
-    parser.add_argument("--out", default="data", help="output directory (default: data)")
+    parser.add_argument(
+        "--out", type=path_argument, default="data", help="output directory (default: data)"
+    )
     return run_stage("clipforge.data", _run, argv, parser, PARAMS)

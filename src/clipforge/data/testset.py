@@ -29,7 +29,8 @@ from pathlib import Path
 from PIL import Image
 
 from clipforge.errors import UserError
-from clipforge.util import first_line
+from clipforge.metrics.sizes import MIN_CLASSES, DirectionSize, direction_sizes
+from clipforge.util import first_line, short_repr
 
 IMAGES_FILE = "test_imgs.tsv"
 TEXTS_FILE = "test_texts.jsonl"
@@ -53,6 +54,11 @@ class TestSet:
 
     def counts(self) -> dict:
         return {"images": len(self.image_ids), "texts": len(self.texts)}
+
+    def direction_sizes(self, directions: str = "both") -> list[DirectionSize]:
+        """Queries and candidates of each direction scored (clipforge.metrics.sizes)."""
+        described = {i for text in self.texts for i in text.image_ids}
+        return direction_sizes(len(self.image_ids), len(self.texts), len(described), directions)
 
 
 class TestSetError(UserError, ValueError):
@@ -132,7 +138,7 @@ def _read_images(path: Path, problems: list[str]) -> dict[int, bytes]:
             continue
         image_id = _int(raw_id)
         if image_id is None:
-            problems.append(f"{path}:{n}: image id {raw_id!r} is not an integer")
+            problems.append(f"{path}:{n}: image id {short_repr(raw_id)} is not an integer")
             continue
         try:
             image = base64.b64decode(payload, validate=True)
@@ -277,10 +283,11 @@ def classification_set_sha256(directory: Path) -> str:
 
 
 def load_classification_set(path: Path, classes: Path | None) -> ClassificationSet:
-    """The labelled images and class names, checked: every label known, every image file there
-    and of a format Pillow recognises (its header: decoding a large set up front would cost as
-    much as encoding it; an image that fails to decode later stops the stage naming its file).
-    TestSetError lists every problem found."""
+    """The labelled images and class names, checked: every label known, every class with images
+    (so the task scored is the N-way one the suite names, each class's name on its own line),
+    at least MIN_CLASSES classes, every image file there and of a format Pillow recognises (its
+    header: decoding a large set up front would cost as much as encoding it; an image that fails
+    to decode later stops the stage naming its file). TestSetError lists every problem found."""
     path = Path(path)
     problems: list[str] = []
     names = _class_names(Path(classes), problems) if classes is not None else None
@@ -294,6 +301,8 @@ def load_classification_set(path: Path, classes: Path | None) -> ClassificationS
     if not pairs and not problems:
         problems.append(f"{path}: no images")
     labels, class_names = _labels(pairs, names, classes, problems)
+    if not problems:
+        _check_classes(path, labels, class_names, classes, problems)
     for image, _ in pairs:
         reason = _unrecognised(image)
         if reason:
@@ -304,22 +313,42 @@ def load_classification_set(path: Path, classes: Path | None) -> ClassificationS
 
 
 def _class_names(path: Path, problems: list[str]) -> list[str]:
+    """Line n (0-based) is class n: a blank line inside the file would shift every later class
+    onto another's images, so it is a problem; blank lines at the end are not."""
     if not path.is_file():
         problems.append(f"{path} not found: the class names file, one name per line")
         return []
-    return [text.strip() for _, text in _lines(path, "class names", problems)]
+    lines = _lines(path, "class names", problems)
+    last = lines[-1][0] if lines else 0
+    numbered = {n for n, _ in lines}
+    for n in range(1, last):
+        if n not in numbered:
+            problems.append(
+                f"{path}:{n}: a blank line: class {n - 1} has no name, and every class after it "
+                f"would be scored under the name of the next; one name per line"
+            )
+    return [text.strip() for _, text in lines]
 
 
 def _class_folders(path: Path, problems: list[str]) -> list[tuple[Path, str]]:
     folders = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
         problems.append(f"{path}: no class folders (a folder of images per class)")
-    return [
-        (image, folder.name)
-        for folder in folders
-        for image in sorted(folder.iterdir())
-        if image.suffix.lower() in IMAGE_SUFFIXES and not image.name.startswith(".")
-    ]
+    pairs = []
+    for folder in folders:
+        images = [
+            image
+            for image in sorted(folder.iterdir())
+            if image.suffix.lower() in IMAGE_SUFFIXES and not image.name.startswith(".")
+        ]
+        if not images:
+            problems.append(
+                f"{folder}: an empty class folder (no {'/'.join(sorted(IMAGE_SUFFIXES))}): "
+                f"the suite would be scored as a task without this class; give its images, or "
+                f"remove the class"
+            )
+        pairs += [(image, folder.name) for image in images]
+    return pairs
 
 
 def _labelled_lines(path: Path, problems: list[str]) -> list[tuple[Path, str]]:
@@ -356,12 +385,38 @@ def _labels(
         number = _int(label)
         if number is None or not 0 <= number < len(names):
             problems.append(
-                f"{image}: label {label!r} is not a line number of {classes} "
+                f"{image}: label {short_repr(label)} is not a line number of {classes} "
                 f"(0 to {len(names) - 1})"
             )
             continue
         labels.append(number)
     return labels, names
+
+
+def _check_classes(
+    path: Path, labels: list[int], class_names: list[str], classes: Path | None, problems: list[str]
+) -> None:
+    """At least MIN_CLASSES classes, each with images: with a class names file, one class folder
+    (or .tsv label) per line of it."""
+    if len(class_names) < MIN_CLASSES:
+        where = classes if classes is not None else path
+        problems.append(
+            f"{where}: only {len(class_names)} class: a zero-shot classification needs at least "
+            f"{MIN_CLASSES} (over one class, top-1 is 100% whatever the model)"
+        )
+        return
+    if classes is None:  # the classes are the labels found: each has images
+        return
+    used = set(labels)
+    missing = [n for n in range(len(class_names)) if n not in used]
+    if missing:
+        shown = ", ".join(f"{n} ({class_names[n]}, line {n + 1})" for n in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        problems.append(
+            f"{path}: no images for {len(missing)} of the {len(class_names)} classes of "
+            f"{classes}: {shown}{more}; each class needs images (a partial download, or a "
+            f"class names file of another set?)"
+        )
 
 
 def _unrecognised(image: Path) -> str | None:

@@ -7,7 +7,11 @@ convention); it needs an image (jpg, jpeg, png or webp) and a caption (txt). Eve
 skip with a reason, as in the `local` source: missing_image, missing_caption, corrupt_image,
 too_large, empty_caption, caption_not_utf8, caption_too_long; a shard that is not a readable
 tar, or ends early, counts once as corrupt_shard, keeping the complete samples before the
-damage. The manifest lists, per input shard, how many samples were read and kept.
+damage. Memory stays bounded whatever a shard declares: a member over data.max_image_bytes (an
+image) or 4 bytes a character of data.max_caption_chars (a caption) is skipped unread, as are
+members of other extensions, and tar's own extended headers are held to 1 MiB
+(clipforge.data.shards.open_tar). The manifest lists, per input shard, how many samples were
+read and kept.
 
 This copies: JPEGs pass through unchanged (other formats are converted), data.resize_to applies,
 and the cost is one sequential copy in one process, about 1,000 pairs per CPU-second. The copy is
@@ -23,11 +27,12 @@ from pathlib import PurePosixPath
 
 from clipforge.data.config import DataConfig
 from clipforge.data.inputs import open_input
-from clipforge.data.samples import SkipLog, clean_caption, decode_image
-from clipforge.data.shards import Tokenize
+from clipforge.data.samples import SizeLimits, SkipLog, clean_caption, decode_image
+from clipforge.data.shards import Tokenize, open_tar
 from clipforge.data.splits import SplitWriter
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+PAIR_EXTENSIONS = frozenset({*IMAGE_EXTENSIONS, "txt"})  # the members read; others are passed over
 
 
 def build_splits(
@@ -36,15 +41,16 @@ def build_splits(
     """Copy the samples of `files` (data.paths expanded) into out/ (with their token ids when
     `tokenize`: data.pretokenize_model)."""
     writer = SplitWriter(out, data, tokenize)
+    limits = SizeLimits.of(data)
     inputs = []
     for url in files:
         name = PurePosixPath(url).name
         read = kept = 0
         error = None
         try:
-            for key, members in samples(url):
+            for key, members, too_large in samples(url, limits):
                 read += 1
-                pair, reason = usable_pair(members, data)
+                pair, reason = (None, too_large) if too_large else usable_pair(members, data)
                 if pair is None:
                     skips.add(reason or "", f"{url}:{key}")
                     continue
@@ -66,12 +72,15 @@ def build_splits(
     return splits, source
 
 
-def samples(url: str) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """(key, {extension: bytes}) per sample, streaming; raises on a damaged tar after yielding
-    the samples completed before the damage."""
-    with open_input(url) as handle, tarfile.open(fileobj=handle, mode="r|*") as archive:
+def samples(url: str, limits: SizeLimits) -> Iterator[tuple[str, dict[str, bytes], str | None]]:
+    """(key, {extension: bytes}, skip reason) per sample, streaming; raises on a damaged tar after
+    yielding the samples completed before the damage. Only the members a pair is made of (an
+    image, its caption) are read, and only within `limits`: a larger one is the sample's skip
+    reason, passed over unread."""
+    with open_input(url) as handle, open_tar(handle, "r|*") as archive:
         key: str | None = None
         members: dict[str, bytes] = {}
+        too_large: str | None = None
         for info in archive:
             if not info.isfile():
                 continue
@@ -81,11 +90,18 @@ def samples(url: str) -> Iterator[tuple[str, dict[str, bytes]]]:
             member_key = f"{directory}/{stem}" if directory else stem
             if member_key != key:  # the previous sample is complete before this one is read
                 if key is not None:
-                    yield key, members
-                key, members = member_key, {}
-            members[ext.lower()] = archive.extractfile(info).read()  # type: ignore[union-attr]
+                    yield key, members, too_large
+                key, members, too_large = member_key, {}, None
+            ext = ext.lower()
+            if ext not in PAIR_EXTENSIONS:
+                continue
+            reason = limits.skip_reason(ext == "txt", info.size)
+            if reason:
+                too_large = too_large or reason
+                continue
+            members[ext] = archive.extractfile(info).read()  # type: ignore[union-attr]
         if key is not None:
-            yield key, members
+            yield key, members, too_large
 
 
 def usable_pair(

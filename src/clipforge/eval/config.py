@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
+from clipforge import util
 from clipforge.config import Params
 from clipforge.fields import REQUIRED, ConfigError, Entry, Section, knob
 
@@ -41,6 +42,7 @@ class SuiteConfig(Entry):
         "classification: a folder with a folder of images per class, or a .tsv of "
         "`image<TAB>label` lines (image paths relative to the .tsv)",
         nonempty=True,
+        path=True,
     )
     required: bool = knob(
         True, "a missing path stops the stage before any model loads; false: skipped, one line"
@@ -53,18 +55,21 @@ class SuiteConfig(Entry):
         "classification: a file of class names, one per line; labels (folder names or the "
         ".tsv's) are then 0-based line numbers, as in Chinese-CLIP's `000/` folders and "
         "label_cn.txt; null: the labels are the class names",
+        path=True,
     )
     templates: str | None = knob(
         None,
         "classification: a file of prompt templates, one per line, each with one `{}` for the "
         "class name (`#` lines are comments); null: clipforge's Chinese set "
         "(clipforge/eval/templates_zh.txt)",
+        path=True,
     )
 
     def check(self, key: str) -> None:
         if not _SUITE_NAME.fullmatch(self.name) or self.name in RESERVED_SUITE_NAMES:
             raise ConfigError(
-                f"{key}.name: got {self.name!r}; must be letters, digits, `-` and `_`, and none "
+                f"{key}.name: got {util.short_repr(self.name)}; must be letters, digits, `-` and "
+                f"`_`, and none "
                 f"of {', '.join(RESERVED_SUITE_NAMES)}"
             )
         if self.kind == "retrieval":
@@ -119,9 +124,10 @@ class EvalConfig(Section):
         "Also evaluate this model for comparison: `local-dir:PATH`, `hf-hub:ORG/REPO`, "
         "`chinese-clip:PATH` (a Chinese-CLIP .pt or ChineseCLIPModel folder) or an open_clip "
         "name (with baseline_pretrained).",
+        path=True,
     )
     baseline_pretrained: str | None = knob(
-        None, "open_clip pretrained tag or file for baseline_model."
+        None, "open_clip pretrained tag or file for baseline_model.", path=True
     )
 
     def __post_init__(self) -> None:
@@ -131,7 +137,9 @@ class EvalConfig(Section):
         names = [suite.name for suite in self.suites]
         again = next((n for i, n in enumerate(names) if n in names[:i]), None)
         if again:
-            raise ConfigError(f"eval.suites: two suites are named {again!r}; names must be unique")
+            raise ConfigError(
+                f"eval.suites: two suites are named {util.short_repr(again)}; names must be unique"
+            )
         if self.baseline_pretrained and not self.baseline_model:
             raise ConfigError(
                 "eval.baseline_pretrained: set only together with eval.baseline_model"
@@ -143,7 +151,8 @@ class EvalConfig(Section):
         ):
             raise ConfigError(
                 f"eval.baseline_pretrained: required with eval.baseline_model "
-                f"{self.baseline_model!r}, an open_clip architecture whose weights would "
+                f"{util.short_repr(self.baseline_model)}, an open_clip architecture whose "
+                f"weights would "
                 f"otherwise be random (a tag such as openai, or a weights file)"
             )
 

@@ -7,10 +7,10 @@ zero-shot classification set (clipforge.eval.suites):
 
 metrics/eval.json holds what compares models, and nothing else (`dvc metrics show` lists every
 key): each suite's metrics under its name (recall: clipforge.metrics.retrieval; accuracy:
-clipforge.metrics.classification), `mean_over_suites` (the mean of each suite's headline number:
-mean_recall, or top1), and with eval.baseline_model the baseline's, in the same layout, and the
-deltas. What was scored, on how many images, and which suites were skipped goes beside it
-(eval.info.json).
+clipforge.metrics.classification), with the counts of a direction too small to trust fully as
+flags (Suite.flags), `mean_over_suites` (the mean of each suite's headline number: mean_recall,
+or top1), and with eval.baseline_model the baseline's, in the same layout, and the deltas. What
+was scored, on how many images, and which suites were skipped goes beside it (eval.info.json).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from clipforge.cli import load_stage_config, run_stage, stage_parser
+from clipforge.cli import load_stage_config, path_argument, run_stage, stage_parser
 from clipforge.data.decontam import eval_record, not_checked
 from clipforge.errors import StageError
 from clipforge.eval.config import EvalParams, SuiteConfig, weights_included
@@ -46,18 +46,19 @@ COLUMNS = (*retrieval.METRIC_KEYS, *classification.METRIC_KEYS)
 
 
 def metrics_record(scores: dict[str, dict], suites: list[Suite]) -> dict:
-    """One model's part of eval.json: its suites' metrics under their names, and their mean."""
-    record: dict = {suite.name: scores[suite.name] for suite in suites}
+    """One model's part of eval.json: its suites' metrics under their names, each with its flags
+    (a direction of few queries: Suite.flags), and the mean of their headline numbers."""
+    record: dict = {suite.name: {**scores[suite.name], **suite.flags()} for suite in suites}
     headlines = [scores[s.name][HEADLINE[s.config.kind]] for s in suites]
     record[MEAN_KEY] = sum(headlines) / len(headlines)
     return record
 
 
 def delta_record(model: dict, baseline: dict) -> dict:
-    """model - baseline, key by key, in the same layout."""
+    """model - baseline, metric by metric, in the same layout (flags are counts, not scores)."""
     return {
         name: (
-            {k: value[k] - baseline[name][k] for k in value}
+            {k: value[k] - baseline[name][k] for k in value if k in COLUMNS}
             if isinstance(value, dict)
             else value - baseline[name]
         )
@@ -149,6 +150,8 @@ def _run(args) -> None:
         raise StageError("\n".join(problems))
     for name, reason in skipped.items():
         log.warning("suite %s skipped (optional): %s", name, reason)
+    for warning in (w for suite in suites for w in suite.warnings()):
+        log.warning("%s (flagged in %s)", warning, args.out)
     import torch
 
     device = (
@@ -209,27 +212,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--model",
+        type=path_argument,
         default="local-dir:models/clip",
         help="model: local-dir:PATH, hf-hub:ORG/REPO, chinese-clip:PATH (a Chinese-CLIP .pt or "
         "ChineseCLIPModel folder) or an open_clip name (default: local-dir:models/clip)",
     )
     parser.add_argument(
         "--pretrained",
+        type=path_argument,
         metavar="TAG|FILE",
         help="weights of an open_clip --model NAME: a pretrained tag (e.g. openai) or a file",
     )
     parser.add_argument(
         "--data",
+        type=path_argument,
         metavar="DIR",
         help="score only this retrieval test set (Chinese-CLIP layout), as suite `test`, instead "
         "of eval.suites",
     )
     parser.add_argument(
         "--data-root",
+        type=path_argument,
         metavar="DIR",
         help="read eval.suites' files under data/ from DIR instead (the run's data elsewhere)",
     )
-    parser.add_argument("--out", default="metrics/eval.json", help="default: metrics/eval.json")
+    parser.add_argument(
+        "--out", type=path_argument, default="metrics/eval.json", help="default: metrics/eval.json"
+    )
     return run_stage("clipforge.eval", _run, argv, parser, PARAMS)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from clipforge.data import testset
 from clipforge.eval.config import SuiteConfig
+from clipforge.metrics.sizes import DirectionSize
 
 DEFAULT_TEMPLATES = Path(__file__).with_name("templates_zh.txt")
 
@@ -39,11 +40,30 @@ class Suite:
                 "num_classes": len(self.data.class_names),
                 "num_templates": len(self.templates),
             }
-        described = {i for text in self.data.texts for i in text.image_ids}
         counts = {"num_images": len(self.data.image_ids), "num_texts": len(self.data.texts)}
-        if self.config.directions == "both":
-            counts["num_i2t_queries"] = len(described)  # images some caption describes
+        for size in self.direction_sizes():
+            if size.direction == "i2t":
+                counts["num_i2t_queries"] = size.queries  # images some caption describes
         return counts
+
+    def direction_sizes(self) -> list[DirectionSize]:
+        """Each retrieval direction scored, with its queries and candidates; none for a
+        classification suite."""
+        if isinstance(self.data, testset.ClassificationSet):
+            return []
+        return self.data.direction_sizes(self.config.directions)
+
+    def flags(self) -> dict[str, int]:
+        """What eval.json records beside this suite's numbers: a direction with fewer than
+        FEW_QUERIES queries or candidates (DirectionSize.flags)."""
+        return {k: v for size in self.direction_sizes() for k, v in size.flags().items()}
+
+    def warnings(self) -> list[str]:
+        return [
+            f"suite {self.name} ({self.config.path}): {w}"
+            for w in (size.warning() for size in self.direction_sizes())
+            if w
+        ]
 
 
 def load_suites(configs: list[SuiteConfig]) -> tuple[list[Suite], dict[str, str], list[str]]:
@@ -69,10 +89,30 @@ def load_suites(configs: list[SuiteConfig]) -> tuple[list[Suite], dict[str, str]
 
 def load_suite(config: SuiteConfig) -> Suite:
     if config.kind == "retrieval":
-        return Suite(config, testset.load_test_set(Path(config.path)))
+        suite = Suite(config, testset.load_test_set(Path(config.path)))
+        problems = [p for p in (size.problem() for size in suite.direction_sizes()) if p]
+        if problems:
+            raise testset.TestSetError(
+                [f"eval.suites {config.name} ({config.path}): {p}" for p in problems]
+                + [_retrieval_remedy(config, suite)]
+            )
+        return suite
     classes = Path(config.classes) if config.classes else None
     data = testset.load_classification_set(Path(config.path), classes)
     return Suite(config, data, read_templates(Path(config.templates or DEFAULT_TEMPLATES)))
+
+
+def _retrieval_remedy(config: SuiteConfig, suite: Suite) -> str:
+    where = f"eval.suites {config.name}"
+    usable = [size.direction for size in suite.direction_sizes() if not size.problem()]
+    if usable == ["t2i"]:
+        return (
+            f"{where}: its captions describe too few images to rank captions by image: set "
+            f"directions: t2i to score it text->image only, as MUGE is"
+        )
+    return (
+        f"{where}: give it more images and captions ({testset.IMAGES_FILE}, {testset.TEXTS_FILE})"
+    )
 
 
 def read_templates(path: Path) -> tuple[str, ...]:

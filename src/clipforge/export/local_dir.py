@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from clipforge.export.card import CARD_FILE, TRANSFORMERS_DIR, CardFacts, render
-from clipforge.fsutil import replace_dir_atomically
+from clipforge.fsutil import give_default_modes, replace_dir_atomically
 from clipforge.model.files import CONFIG_FILE, WEIGHTS_FILES
 
 WEIGHTS_FILE = WEIGHTS_FILES[0]
@@ -56,6 +56,7 @@ def export_model(
                 (tmp / TRANSFORMERS_DIR / CARD_FILE).write_text(
                     render(card, kind, skipped, in_transformers_folder=True), encoding="utf-8"
                 )
+        give_default_modes(tmp)  # safetensors writes its files 0600, the rest get the umask's
     return kind
 
 

@@ -26,6 +26,7 @@ import paramiko
 from fabric import Config, Connection
 
 from clipforge.errors import LauncherError
+from clipforge.fsutil import RUN_UMASK
 from clipforge.launcher.stack import StackOutputs
 
 # Outside the cluster, stack workers are reached through a port-forward to the entry worker:
@@ -203,6 +204,13 @@ def _first_error(exc: paramiko.ssh_exception.NoValidConnectionsError) -> str:
 # -- commands on a connection ---------------------------------------------------------------------
 def q(value: str) -> str:
     return shlex.quote(str(value))
+
+
+# The launcher's commands that make a run's folders on a host start with this: the SSH session's
+# umask with clipforge.fsutil.RUN_UMASK added, as the run's own processes have it.
+RESTRICT_UMASK = f'umask "$(printf %o $(( 0$(umask) | 0{RUN_UMASK:o} )))"'
+# What a file sent over SFTP (made with the server's umask) loses: no more than group-readable.
+RESTRICT_MODE = "g-wx,o-rwx"
 
 
 def join(argv: Iterable[str]) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clipforge.errors import LauncherError
-from clipforge.fsutil import replace_dir_atomically
+from clipforge.fsutil import join_inside, replace_dir_atomically
 from clipforge.launcher.commands import IMAGE_PYTHON, docker_run_argv
 from clipforge.launcher.connection import join, q, run
 from clipforge.launcher.run_source import HostRun, RunSource
@@ -31,7 +31,7 @@ from clipforge.launcher.session import Settings, later_container, read_remote_re
 def fetch(source: RunSource, destination: Path, repo: Path, say: Callable[[str], None]) -> Path:
     """The run's outputs into destination/<launch id>/, replaced whole; then its DVC experiment,
     if the place holds one, into the experiments of the git repository `repo`."""
-    target = destination / source.launch_id
+    target = join_inside(destination, source.launch_id, f"{source.where}: the launch id")
     with replace_dir_atomically(target) as tmp:
         source.copy_outputs(tmp, say)
     origin = f" from {source.origin}" if source.origin else ""

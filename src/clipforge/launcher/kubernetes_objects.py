@@ -55,6 +55,7 @@ from clipforge.launcher.stack import LAUNCH_LABEL, runs_jobs
 # does not import infra/, and tests/launcher/test_kubernetes.py checks these agree with it).
 ALERTS_SECRET = "clipforge-alerts"
 REGISTRY_SECRET = "clipforge-registry"
+RUN_COMPONENT = "run"  # the label the stack's NetworkPolicy for run pods selects
 RUN_AS_UID = 1000
 RUN_AS_GID = 1000
 SHM_MOUNT_PATH = "/dev/shm"
@@ -348,7 +349,7 @@ def pod_args(run: PodRun, run_root: str, clone: Callable[[str, str, str], str]) 
 def labels(launch_id: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "clipforge",
-        "app.kubernetes.io/component": "run",
+        "app.kubernetes.io/component": RUN_COMPONENT,
         "app.kubernetes.io/managed-by": FIELD_MANAGER,
         LAUNCH_LABEL: launch_id,
     }

@@ -24,7 +24,7 @@ from clipforge.ids import new_launch_id
 from clipforge.image_env import parse_image_env
 from clipforge.launcher import network, preflight
 from clipforge.launcher.commands import NodeContext, hostfile_text, node_plan
-from clipforge.launcher.connection import probe, q, run
+from clipforge.launcher.connection import RESTRICT_MODE, RESTRICT_UMASK, join, probe, q, run
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, RestartPolicy
 from clipforge.launcher.host.record import RunRecord, SocketInterface
 from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
@@ -170,7 +170,7 @@ def launch(
     ]
     master_addr, interfaces = "", [None] * len(hosts)
     if options.nodes > 1:
-        master_addr = network.master_address(hosts[0], stack)
+        master_addr = network.master_address(hosts[0], stack, settings, options.allow_public_master)
         rows, interfaces = network.check_nodes(hosts, master_addr, options.master_port, settings)
         results = [own + more for own, more in zip(results, rows)]
     for host, rows in zip(hosts, results):
@@ -271,7 +271,8 @@ def _record_run_root(host: Host) -> None:
 def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
     run(
         host.cxn,
-        f"mkdir -p {q(layout.run_dir)} && mkdir {q(layout.node_dir)} {q(layout.home)}",
+        f"{RESTRICT_UMASK} && mkdir -p {q(layout.run_dir)} && "
+        f"mkdir {q(layout.node_dir)} {q(layout.home)}",
         what=f"creating {layout.node_dir} (a run of that id exists already?)",
     )
     remote_bundle = posixpath.join(layout.node_dir, "code.bundle")
@@ -280,7 +281,7 @@ def _ship(host: Host, layout: NodeLayout, bundle: Path, commit: str) -> None:
     # identity there, which a fresh host (or the container's HOME) does not have. The launcher's.
     run(
         host.cxn,
-        clone_command(q(remote_bundle), q(layout.code), commit),
+        f"{RESTRICT_UMASK} && {clone_command(q(remote_bundle), q(layout.code), commit)}",
         what="cloning the shipped commit",
     )
 
@@ -334,10 +335,10 @@ def _write_run_files(
         files[layout.hostfile] = hostfile_text(list(record.hosts), max(options.gpus, 1))
     for path, text in files.items():
         host.cxn.put(io.BytesIO(text.encode("utf-8")), path)
+    command = f"chmod {RESTRICT_MODE} {join(files)}"
     if options.nodes > 1:
-        run(
-            host.cxn, f"mkdir -p {q(layout.shared_checkpoints)}", what="creating shared checkpoints"
-        )
+        command += f" && {RESTRICT_UMASK} && mkdir -p {q(layout.shared_checkpoints)}"
+    run(host.cxn, command, what="writing the run's files")
 
 
 def run_record(
@@ -375,6 +376,7 @@ def run_record(
         params=prepared.params,
         checkpoints_dir=checkpoints_dir,
         master=master,
+        allow_public_master=options.allow_public_master,
         socket_interfaces=interfaces,
         max_restarts=options.max_restarts,
         min_gpus=options.min_gpus,
@@ -386,7 +388,7 @@ def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None
     """Start the node's supervisor detached; secrets go over the SSH channel's stdin only."""
     secrets = {name: os.environ[name] for name in PASSTHROUGH_ENV if name in os.environ}
     bin_dir = posixpath.dirname(settings.python)
-    path = f'PATH={q(bin_dir)}:"$PATH" ' if bin_dir else ""
+    path = f'export PATH={q(bin_dir)}:"$PATH" && ' if bin_dir else ""
     command = f"cd {q(layout.node_dir)} && {path}" + remote_python(
         settings, layout, "supervisor", "launch", layout.node_dir
     )
@@ -452,6 +454,7 @@ def stored_options(record: RunRecord) -> TrainOptions:
         max_restarts=record.max_restarts,
         min_gpus=record.min_gpus,
         image=record.image,
+        allow_public_master=record.allow_public_master,
     )
 
 

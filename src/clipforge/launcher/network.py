@@ -8,10 +8,17 @@ interface; on many fresh boxes the hostname resolves to 127.0.0.1 or 127.0.1.1, 
 advertises its loopback and the peers' connections are refused. Each node therefore gets
 GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME: the interface its route to the master leaves by, or the
 `socket_ifname` setting when the user names one. The run record keeps which, and why.
+
+The master address is where node 0's rendezvous listens, and only there (clipforge.train.dist):
+an unauthenticated store that whoever reaches it can join. It is node 0's address on the
+`socket_ifname` interface, else its first private one (RFC 1918, CGNAT, link-local; ULA and
+loopback for IPv6 too); a box with public addresses alone is refused unless `fab train
+--allow-public-master` says the port is firewalled (docs/launcher.md).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from dataclasses import dataclass
@@ -23,8 +30,8 @@ from clipforge.launcher.host import netprobe
 from clipforge.launcher.preflight import FAIL, OK, Row
 from clipforge.launcher.session import Host, Settings
 from clipforge.launcher.stack import StackOutputs
+from clipforge.train.dist import SOCKET_IFNAME_VARS
 
-SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 CONNECT_TIMEOUT_SECONDS = 5.0
 LISTEN_SECONDS = 60.0  # node 0's test listener ends by itself, should the launcher vanish
 _PROBE_SOURCE = Path(netprobe.__file__).read_text(encoding="utf-8")
@@ -42,13 +49,54 @@ class NodeInterface:
     error: str | None = None
 
 
-def master_address(host: Host, stack: StackOutputs | None) -> str:
-    """Where the other nodes reach node 0: its cluster DNS name on a stack, else the address the
-    host itself reports first (`hostname -I`)."""
+# The networks no one outside the site reaches: RFC 1918, shared (CGNAT) space, link-local,
+# loopback; IPv6 unique-local (ULA), link-local and loopback.
+PRIVATE_NETWORKS = tuple(
+    ipaddress.ip_network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16",
+              "127.0.0.0/8", "fc00::/7", "fe80::/10", "::1/128")
+)  # fmt: skip
+
+
+def is_private(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return any(ip in network for network in PRIVATE_NETWORKS if network.version == ip.version)
+
+
+def master_address(
+    host: Host, stack: StackOutputs | None, settings: Settings, allow_public: bool
+) -> str:
+    """Where the other nodes reach node 0 and its rendezvous listens: its cluster DNS name on a
+    stack (the cluster's own network); else the address of node 0's interface `socket_ifname`
+    names, or its first private one (`first_private`). A public one only with `allow_public`."""
     if stack:
         return host.cxn.host
-    result = probe(host.cxn, "hostname -I 2>/dev/null | awk '{print $1}'")
-    return result.stdout.strip() or host.cxn.host
+    if settings.socket_ifname:
+        named = _named_interface(host, settings)
+        if named.error:
+            raise LauncherError(
+                f"{host.label}: {named.error}; check clipforge.socket_ifname; nothing was started"
+            )
+        address = str(named.address)
+    else:
+        address = first_private(_run_probe(host, settings, "interfaces"), host.label)
+    if not (is_private(address) or allow_public):
+        raise LauncherError(
+            f"{host.label}: the rendezvous would listen on the public address {address}, where "
+            "anyone can join the run's unauthenticated store; set clipforge.socket_ifname to "
+            "the interface of a private network between the nodes, or firewall --master-port to "
+            "the nodes and pass --allow-public-master (docs/launcher.md); nothing was started"
+        )
+    return address
+
+
+def first_private(interfaces: dict[str, str], label: str) -> str:
+    """The first private address among a node's interfaces but loopback (in the kernel's order),
+    else the first address: public, for the caller to refuse or allow."""
+    others = [a for a in interfaces.values() if not ipaddress.ip_address(a).is_loopback]
+    if not others:
+        raise LauncherError(f"{label}: no network interface but loopback for the rendezvous")
+    return next((a for a in others if is_private(a)), others[0])
 
 
 def socket_env(interface: NodeInterface | None) -> dict[str, str]:
@@ -67,12 +115,14 @@ def check_nodes(
         routes = [_run_probe(h, settings, "route", master) for h in hosts]
         interfaces = routed_interfaces(routes, master)
     rows = [[_route_row(iface, master)] for iface in interfaces]
-    listener = _start_listener(hosts[0], port, settings)
+    listener = _start_listener(hosts[0], master, port, settings)
     try:
         if listener.error:
             rows[0].append(Row("rendezvous", FAIL, f"{listener.error} (--master-port)"))
         else:
-            rows[0].append(Row("rendezvous", OK, f"port {port} free on the master {master}"))
+            rows[0].append(
+                Row("rendezvous", OK, f"port {port} free on the master {master}, listening there")
+            )
             for host, host_rows in zip(hosts[1:], rows[1:]):
                 host_rows.append(_reach_row(host, master, port, settings))
     finally:
@@ -172,13 +222,14 @@ class _Listener:
             probe(self.host.cxn, f"kill {q(self.pid)} 2>/dev/null; rm -f {q(self.output)}")
 
 
-def _start_listener(host: Host, port: int, settings: Settings) -> _Listener:
-    """A TCP listener on node 0's rendezvous port, detached from the SSH channel, while the other
-    nodes try to connect; it also proves the port is free."""
+def _start_listener(host: Host, address: str, port: int, settings: Settings) -> _Listener:
+    """A TCP listener on node 0's rendezvous address and port, as the rendezvous will listen,
+    detached from the SSH channel, while the other nodes try to connect; it also proves the port
+    is free."""
     started = probe(
         host.cxn,
         f"out=$(mktemp /tmp/clipforge-netprobe.XXXXXX) || exit 1; "
-        f"setsid {_probe_command(settings, 'listen', str(port), f'{LISTEN_SECONDS:g}')} "
+        f"setsid {_probe_command(settings, 'listen', address, str(port), f'{LISTEN_SECONDS:g}')} "
         f'> "$out" 2>&1 < /dev/null & echo "$! $out"',
     )
     pid, _, output = started.stdout.strip().partition(" ")

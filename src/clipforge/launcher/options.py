@@ -17,6 +17,7 @@ from clipforge.errors import LauncherError
 from clipforge.fields import REQUIRED, ConfigError, knob
 from clipforge.launcher.host.plan import RestartLimits
 from clipforge.pipeline.params import PipelineParams, load_pipeline_params
+from clipforge.util import short_repr
 
 # A few steps with a checkpoint every two, and a warm-up shorter than the run. User --set win.
 SMOKE_OVERRIDES = (
@@ -36,7 +37,8 @@ DATA_MODES = ("pull", "build")
 def _data_mode(key: str, value: str) -> str:
     if value not in DATA_MODES and not value.startswith("/"):
         raise LauncherError(
-            f"{key}: `auto`, `pull`, `build` or an absolute path on the host, got {value!r}"
+            f"{key}: `auto`, `pull`, `build` or an absolute path on the host, got "
+            f"{short_repr(value)}"
         )
     return value
 
@@ -75,6 +77,9 @@ class TrainOptions(RestartLimits):
         check=_data_mode,
     )
     master_port: int = knob(29500, "node 0's rendezvous port", ge=1, le=65535)
+    allow_public_master: bool = knob(
+        False, "node 0's rendezvous may listen on a public address (its port firewalled)"
+    )
     image: str | None = knob(None, "image reference (None: docker/image.env, with $REGISTRY)")
     user_overrides: tuple[str, ...] = knob((), "the user's --set key=value", check=_user_sets)
 
@@ -172,4 +177,4 @@ def parse_count(value, flag: str) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise LauncherError(f"{flag}: expected a whole number, got {value!r}") from None
+        raise LauncherError(f"{flag}: expected a whole number, got {short_repr(value)}") from None

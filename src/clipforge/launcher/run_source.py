@@ -19,6 +19,7 @@ import functools
 import io
 import json
 import posixpath
+import re
 import subprocess
 import sys
 import tarfile
@@ -31,6 +32,8 @@ from decimal import Decimal
 from pathlib import Path
 
 from clipforge.errors import LauncherError
+from clipforge.fsutil import join_inside
+from clipforge.ids import checked_launch_id, parse_run_id
 from clipforge.launcher import recovery
 from clipforge.launcher.commands import docker_cleanup_argv, docker_run_argv
 from clipforge.launcher.connection import join, probe, q, run
@@ -54,7 +57,7 @@ from clipforge.store.sync_state import (
     parse_sync_state,
     sync_state_from_dict,
 )
-from clipforge.util import format_duration, wait_script, wait_until_answering
+from clipforge.util import format_duration, short_repr, wait_script, wait_until_answering
 
 Say = Callable[[str], None]
 Row = tuple[str, str]
@@ -320,16 +323,15 @@ def _node_files(layout: NodeLayout) -> tuple[str, ...]:
     )
 
 
-# DVC's own refs under refs/exps that are no experiment: its executors' and queue's bookkeeping.
-_NOT_EXPERIMENTS = ("refs/exps/exec/", "refs/exps/celery/", "refs/exps/temp/")
+# DVC's experiment refs, refs/exps/<baseline commit, split 2/38>/<name>; not its executors' and
+# queue's bookkeeping there (refs/exps/exec/, celery/, temp/). The host lists them and the fetch
+# writes that ref here, so nothing else may pass (`refs/heads/main`, a `:`, a `..`).
+_EXPERIMENT_REF = re.compile(r"refs/exps/[0-9a-f]{2}/[0-9a-f]{38}/[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
 
 
 def newest_experiment(refs: str) -> str | None:
     """The newest experiment among `git for-each-ref --sort=-creatordate` lines."""
-    for ref in refs.split():
-        if ref.startswith("refs/exps/") and not ref.startswith(_NOT_EXPERIMENTS):
-            return ref
-    return None
+    return next((ref for ref in refs.split() if _EXPERIMENT_REF.fullmatch(ref)), None)
 
 
 def _copy_home(host: Host, picks: list[tuple[str, str]], into: Path) -> None:
@@ -350,22 +352,33 @@ def _copy_home(host: Host, picks: list[tuple[str, str]], into: Path) -> None:
             local_tar = Path(tmp) / "results.tgz"
             host.cxn.get(remote_tar, str(local_tar))
             with tarfile.open(local_tar) as archive:
-                if hasattr(tarfile, "data_filter"):
-                    archive.extractall(into, filter="data")
-                else:  # Python without extraction filters: refuse anything that escapes
-                    for member in archive.getmembers():
-                        if (
-                            member.name.startswith("/")
-                            or ".." in Path(member.name).parts
-                            or member.issym()
-                            or member.islnk()
-                        ):
-                            raise LauncherError(
-                                f"unsafe path in the results archive: {member.name}"
-                            )
-                    archive.extractall(into)
+                members = _checked_members(archive, into, f"{host.label}: the run's results")
+                if hasattr(tarfile, "data_filter"):  # the standard library's checks on top
+                    archive.extractall(into, members=members, filter="data")
+                else:  # a Python before 3.10.12 / 3.11.4
+                    archive.extractall(into, members=members)
     finally:
         probe(host.cxn, f"rm -f {q(remote_tar)}")
+
+
+def _checked_members(archive: tarfile.TarFile, into: Path, source: str) -> list[tarfile.TarInfo]:
+    """The archive's files and folders, each named as `into` will hold it, once every name stays
+    inside `into` (fsutil.join_inside). The host packs with `tar -h`, so a link, a device or a
+    fifo is something else's doing: refused with the rest, before anything is extracted."""
+    members = []
+    for member in archive.getmembers():
+        name = member.name.removeprefix("./")
+        if name in (".", "") and member.isdir():
+            continue  # the archive's own top folder: `into`
+        if not (member.isfile() or member.isdir()):
+            raise LauncherError(
+                f"{source} holds {short_repr(member.name)}, which is not a file or a folder (a link "
+                "or a device); nothing was written"
+            )
+        join_inside(into, name, source)
+        member.name = name
+        members.append(member)
+    return members
 
 
 # -- in its run store ----------------------------------------------------------------------------
@@ -386,6 +399,7 @@ class StoredRun(RunSource):
         train stage copied it, clipforge.launcher.host.record's reader)."""
         if not launch_id:
             raise LauncherError("--launch ID: which launch to read from the run store")
+        launch_id = checked_launch_id(launch_id, "--launch")
         if not remote:
             raise LauncherError(
                 "no run store to read from: pass --store URL, or set storage.remote in params.yaml"
@@ -399,12 +413,17 @@ class StoredRun(RunSource):
                 f"the run store {remote} has no run {launch_id} (no launches/{launch_id}.json)"
             )
         source = f"{remote} launches/{launch_id}.json"
+        # Both ids name folders here and in the store: whoever writes the store chooses them.
         training_run = launch.get("training_run")
-        if not isinstance(training_run, str):
-            raise LauncherError(f"{source}: training_run is {training_run!r}, not a run id")
+        parse_run_id(training_run, f"{source}: training_run")
         record = record_from_dict(launch, source)  # RunRecordError (a UserError) when damaged
+        if record.launch_id != launch_id:
+            raise LauncherError(
+                f"{source}: names the launch {short_repr(record.launch_id)}, not {launch_id}; "
+                "nothing was read from it"
+            )
         try:
-            store = RunStore(remote, training_run)
+            store = RunStore(remote, str(training_run))
         except Exception as exc:  # as above
             raise LauncherError(f"run store {remote}: {exc}") from None
         return cls(store, record, downloads)
@@ -464,8 +483,7 @@ class StoredRun(RunSource):
 
     def copy_outputs(self, into: Path, say: Say) -> None:
         """The results as the store has them, and its record and status of the run (store/)."""
-        for prefix in RESULTS:
-            self._download_tree(prefix, into / prefix)
+        self.store.download_trees({prefix: into / prefix for prefix in RESULTS})
         for name in ("record.json", STORE_STATUS_FILE):
             self.store.download_file(name, into / "store" / name)
 
@@ -473,8 +491,8 @@ class StoredRun(RunSource):
     def serving_logs(self, local_port: int, say: Say) -> Iterator[Serving]:
         """The run's TensorBoard events downloaded into downloads/RUN/logs, served by a
         TensorBoard here."""
-        logdir = self.downloads / self.launch_id / "logs"
-        count = self._download_tree("logs", logdir)
+        logdir = join_inside(self.downloads, f"{self.launch_id}/logs", "the launch id")
+        count = self.store.download_trees({"logs": logdir})
         say(f"{count} log files of {self.launch_id} from {self.store.url} in {logdir}")
         argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir)]
         log = logdir.parent / "tensorboard.log"
@@ -498,10 +516,3 @@ class StoredRun(RunSource):
         finally:
             server.terminate()
             server.wait()
-
-    def _download_tree(self, prefix: str, into: Path) -> int:
-        names = self.store.files(prefix)
-        for name in names:
-            (into / name).parent.mkdir(parents=True, exist_ok=True)
-            self.store.download_file(f"{prefix}/{name}", into / name)
-        return len(names)

@@ -24,9 +24,10 @@ from fabric import Connection
 
 from clipforge.errors import LauncherError
 from clipforge.fields import knob
+from clipforge.ids import checked_launch_id
 from clipforge.launcher import connection
 from clipforge.launcher.commands import DockerSpec, run_container
-from clipforge.launcher.connection import HostSpec, join, probe, q, run
+from clipforge.launcher.connection import RESTRICT_UMASK, HostSpec, join, probe, q, run
 from clipforge.launcher.host.plan import RestartTimings
 from clipforge.launcher.host.record import RunRecord, parse_record
 from clipforge.launcher.host.run_dirs import DEFAULT_ROOT, NodeLayout, current_marker
@@ -166,7 +167,11 @@ def root_setting(settings: Settings, stack: StackOutputs | None) -> str:
 def open_host(spec, config, settings: Settings, stack, accept_new_host_key: bool) -> Host:
     cxn = connection.connect(spec, config, accept_new_host_key)
     root = root_setting(settings, stack)
-    result = run(cxn, f"mkdir -p {q(root)} && cd {q(root)} && pwd -P", what=f"creating {root}")
+    result = run(
+        cxn,
+        f"{RESTRICT_UMASK} && mkdir -p {q(root)} && cd {q(root)} && pwd -P",
+        what=f"creating {root}",
+    )
     return Host(cxn=cxn, label=connection.label(cxn), root=result.stdout.strip())
 
 
@@ -178,18 +183,21 @@ def open_hosts(
 
 
 def launch_id_on(host: Host, requested: str | None) -> str:
-    """--launch (a launch id) when given, else the newest launch on this host."""
+    """--launch (a launch id) when given, else the newest launch on this host, as its `current`
+    marker names it: a launch id, or an IdError naming the marker (it names a folder here)."""
     if requested:
+        requested = checked_launch_id(requested, "--launch")
         if not probe(host.cxn, f"test -d {q(posixpath.join(host.root, 'runs', requested))}").ok:
             raise LauncherError(
                 f"{host.label}: no run {requested} under {host.root}/runs "
                 f"(`fab status` lists the newest; a launch is named by --launch)"
             )
         return requested
-    result = probe(host.cxn, f"cat {q(current_marker(host.root))}")
+    marker = current_marker(host.root)
+    result = probe(host.cxn, f"cat {q(marker)}")
     if not result.ok or not result.stdout.strip():
         raise LauncherError(f"{host.label}: no run launched under {host.root} yet (`fab train`)")
-    return result.stdout.strip()
+    return checked_launch_id(result.stdout.strip(), f"{host.label}:{marker}")
 
 
 def node_layout(host: Host, index: int, requested_run: str | None) -> NodeLayout:
@@ -206,10 +214,10 @@ def node_layout(host: Host, index: int, requested_run: str | None) -> NodeLayout
 
 def remote_python(settings: Settings, layout: NodeLayout, module: str, *args: str) -> str:
     """A shell command running one of the host-side modules (clipforge.launcher.host) of the run's
-    own code."""
+    own code, with the run's umask from its first import (its __pycache__ is the run's too)."""
     return (
-        f"PYTHONPATH={q(posixpath.join(layout.code, 'src'))} {q(settings.python)} -m "
-        f"clipforge.launcher.host.{module} {join(args)}"
+        f"{RESTRICT_UMASK} && PYTHONPATH={q(posixpath.join(layout.code, 'src'))} "
+        f"{q(settings.python)} -m clipforge.launcher.host.{module} {join(args)}"
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from decimal import Decimal
 
 from clipforge.errors import LauncherError
+from clipforge.ids import is_launch_id
 from clipforge.launcher.commands import container_prefix
 from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host import stored_checkpoints, supervisor
@@ -204,5 +205,6 @@ def unstored_checkpoints(host: Host, settings: Settings, launch_ids: list[str]) 
 
 
 def all_runs(host: Host) -> list[str]:
+    """The launches in the host's runs folder (what else it holds is no run of ours)."""
     result = probe(host.cxn, f"ls {q(runs_dir(host.root))} 2>/dev/null")
-    return sorted(result.stdout.split())
+    return sorted(name for name in result.stdout.split() if is_launch_id(name))

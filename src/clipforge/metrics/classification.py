@@ -20,11 +20,15 @@ def class_embeddings(prompt_features, num_templates: int):
 
 
 def zero_shot_accuracy(image_features, class_features, labels: Sequence[int]) -> dict[str, float]:
-    """top1, top5 in percent. Features L2-normalised; with fewer than 5 classes top5 is over
-    all of them (100%)."""
+    """top1, top5 in percent; features L2-normalised. Top-k over k classes or fewer is 100%
+    whatever the model, so it is left out (top5 with 5 classes or fewer)."""
     import torch
 
+    num_classes = class_features.shape[0]
+    ks = [k for k in KS if k < num_classes]
+    if not ks:
+        raise ValueError(f"zero-shot accuracy over {num_classes} class")
     similarity = image_features @ class_features.T
-    top = similarity.topk(min(max(KS), similarity.shape[1]), dim=1).indices
+    top = similarity.topk(max(ks), dim=1).indices
     hits = top == torch.as_tensor(list(labels)).unsqueeze(1)
-    return {f"top{k}": 100.0 * hits[:, :k].any(dim=1).float().mean().item() for k in KS}
+    return {f"top{k}": 100.0 * hits[:, :k].any(dim=1).float().mean().item() for k in ks}

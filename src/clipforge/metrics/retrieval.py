@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from clipforge.metrics.sizes import MIN_QUERIES
+
 KS = (1, 5, 10)
 # R@k named with two digits (t2i_r01, t2i_r05, t2i_r10) so that tools listing keys in sorted
 # order (dvc metrics show, TensorBoard's tag list) show them as R@1, R@5, R@10.
@@ -34,14 +36,23 @@ def retrieval_metrics(
     image->text query: it has no right answer, so counting it would only lower the recall
     (MUGE's validation set has thousands of such images)."""
     similarity = text_features @ image_features.T
-    t2i = recall_at_k(similarity, relevant)
+    t2i = recall_at_k(similarity, _measurable(relevant))
     metrics = {f"t2i_r{k:02d}": t2i[k] for k in KS}
     if directions == "both":
         described = relevant.any(dim=0)
-        i2t = recall_at_k(similarity.T[described], relevant.T[described])
+        i2t = recall_at_k(similarity.T[described], _measurable(relevant.T[described]))
         metrics |= {f"i2t_r{k:02d}": i2t[k] for k in KS}
     metrics["mean_recall"] = sum(metrics.values()) / len(metrics)
     return metrics
+
+
+def _measurable(relevant):
+    """`relevant` [queries, candidates], when a recall over it measures something: fewer than
+    MIN_QUERIES of either is a ValueError, never a recall of 100 (every caller holds its sets to
+    clipforge.metrics.sizes first)."""
+    if min(relevant.shape) < MIN_QUERIES:
+        raise ValueError(f"a recall over {tuple(relevant.shape)} queries x candidates")
+    return relevant
 
 
 def relevance_matrix(image_ids: Sequence[int], texts):

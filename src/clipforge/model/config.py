@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clipforge.fields import Section, knob
+from clipforge.model.names import check_model_name
 
 
 @dataclass(kw_only=True)
@@ -21,18 +22,21 @@ class ModelConfig(Section):
         "open_clip model name (`ViT-B-32`, any open_clip config, or a "
         "bundled clipforge config such as `clipforge-tiny`).",
         nonempty=True,
+        check=check_model_name,
     )
     pretrained: str | None = knob(
         None,
         "Initial weights: an open_clip checkpoint file "
         "(.safetensors, or a .pt/.bin loaded with weights_only) or "
         "`local-dir:PATH` of an exported model.",
+        path=True,
     )
     text_tower: str | None = knob(
         None,
         "Replace the text tower with a Hugging Face model (hub id or "
         "local folder), e.g. `hfl/chinese-roberta-wwm-ext`; its tokenizer "
         "is used too.",
+        path=True,
     )
     image_size: int | None = knob(
         None, "Override the model's input image size (null: the model's own).", ge=16, le=1024

@@ -1,36 +1,75 @@
-"""What a model's name alone decides: its open_clip config and tokenizer.
+"""What a model's name alone decides: whether open_clip knows it, its config and tokenizer.
 
-What a model's name alone decides, without its weights or code: the open_clip config it
-resolves to, and so its tokenizer and that tokenizer's fingerprint.
+What a model's name alone decides, without its weights or code: whether open_clip knows it, the
+open_clip config it resolves to, and so its tokenizer and that tokenizer's fingerprint.
 
 A home of its own so that the data stage can tokenise captions at data-prep time
 (data.pretokenize_model) with exactly the tokenizer the train stage builds for that model,
 without depending on the model's code (clipforge.model.factory) or weights. The fingerprint travels in
 data/manifest.json; the train loader uses the stored ids only where the model's tokenizer has the
-same one.
+same one. The params check model names here (check_model_name), from the config files alone:
+open_clip (which imports torch) is imported only to build.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
+import functools
 import hashlib
+import importlib.util
 import json
 import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-
-import numpy as np
-import open_clip
+from typing import TYPE_CHECKING
 
 from clipforge.fields import ConfigError
-from clipforge.model.config import ModelConfig
+from clipforge.util import short_repr
+
+if TYPE_CHECKING:
+    from clipforge.model.config import ModelConfig
 
 BUNDLED_CONFIGS = Path(__file__).parent / "configs"
 _registered = False
 
 
+@functools.cache
+def _config_files() -> dict[str, Path]:
+    """name -> config file of every model open_clip can build: a file in its model_configs folder
+    (open_clip names a model by its file's stem) or in clipforge's bundled ones. Read from the
+    folders, without importing open_clip."""
+    spec = importlib.util.find_spec("open_clip")
+    places = (spec.submodule_search_locations or []) if spec else []
+    folders = [*(Path(p) / "model_configs" for p in places), BUNDLED_CONFIGS]
+    return {f.stem: f for folder in folders for f in sorted(folder.glob("*.json"))}
+
+
+def known_model_names() -> list[str]:
+    return sorted(_config_files())
+
+
+def check_model_name(key: str, name: str | None) -> str | None:
+    """`name` when open_clip can build it (or None: no model named); ConfigError naming `key`, the
+    closest names and where the list is, otherwise (a knob's check: model.name,
+    data.pretokenize_model)."""
+    names = known_model_names()
+    if name is None or name in names:
+        return name
+    by_lower = {n.lower(): n for n in names}
+    close = [by_lower[name.lower()]] if name.lower() in by_lower else []
+    close += [n for n in difflib.get_close_matches(name, names, n=3, cutoff=0.6) if n not in close]
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise ConfigError(
+        f"{key}: unknown model {short_repr(name)}; {hint}open_clip knows {len(names)} models "
+        f"(open_clip.list_models(), and clipforge's in src/clipforge/model/configs)"
+    )
+
+
 def register_bundled_configs() -> None:
+    import open_clip
+
     global _registered
     if not _registered:
         open_clip.add_model_config(BUNDLED_CONFIGS)
@@ -47,22 +86,16 @@ def resolve_model_name(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> 
     An HF tower (model.text_tower, or one in the named config such as xlm-roberta-base-ViT-B-32)
     is checked to be loadable first, with an error that says how to get it (text_towers.py).
     `keys`: the knobs that gave cfg's name and text tower, for the errors."""
-    from clipforge.model.text_towers import resolve_tower
+    import open_clip
 
-    name_key, tower_key = keys
     register_bundled_configs()
     base = open_clip.get_model_config(cfg.name)
     if base is None:
-        raise ConfigError(
-            f"{name_key}: unknown model {cfg.name!r}; open_clip knows "
-            f"{len(open_clip.list_models())} models, e.g. ViT-B-32, clipforge-tiny"
-        )
-    if not cfg.text_tower:
-        builtin_tower = base.get("text_cfg", {}).get("hf_model_name")
-        if builtin_tower:
-            resolve_tower(builtin_tower, name_key)
+        check_model_name(keys[0], cfg.name)  # raises, naming the closest
+        raise ConfigError(f"{keys[0]}: {cfg.name}'s config file is not an open_clip model's")
+    tower = _text_tower(cfg, keys, base)
+    if tower is None:
         return cfg.name
-    tower = resolve_tower(cfg.text_tower, tower_key)
     derived = copy.deepcopy(base)
     # Chinese-CLIP's text head: the [CLS] state through one bias-free linear layer. So the model
     # is that architecture (a transformers ChineseCLIPModel, clipforge.export.hf), not open_clip's
@@ -74,6 +107,7 @@ def resolve_model_name(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> 
         "hf_pooler_type": "cls_last_hidden_state_pooler",
         "context_length": base.get("text_cfg", {}).get("context_length", 77),
     }
+    assert cfg.text_tower is not None  # a tower came from it
     name = f"{cfg.name}--text-{re.sub(r'[^A-Za-z0-9]+', '-', cfg.text_tower).strip('-')}"
     # open_clip registers configs only from files; it keeps what it read, so the file can go.
     with tempfile.TemporaryDirectory(prefix="clipforge-model-config-") as directory:
@@ -83,9 +117,32 @@ def resolve_model_name(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> 
     return name
 
 
+def check_text_tower(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> None:
+    """The Hugging Face text tower of a model of `cfg` checked to load, as resolve_model_name
+    checks it, from the config file alone (no open_clip, no torch): a missing tower is one line
+    before the training stack starts, not after DeepSpeed's start-up."""
+    _text_tower(cfg, keys, json.loads(_config_files()[cfg.name].read_text("utf-8")))
+
+
+def _text_tower(cfg: ModelConfig, keys: tuple[str, str], base: dict) -> str | None:
+    """model.text_tower resolved (a folder: its absolute path), None without; either that or a
+    tower the named config `base` has is checked to load (ConfigError naming its key)."""
+    from clipforge.model.text_towers import resolve_tower
+
+    name_key, tower_key = keys
+    if cfg.text_tower:
+        return resolve_tower(cfg.text_tower, tower_key)
+    builtin_tower = base.get("text_cfg", {}).get("hf_model_name")
+    if builtin_tower:
+        resolve_tower(builtin_tower, name_key)
+    return None
+
+
 def model_tokenizer(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> Callable:
     """The tokenizer clipforge.model.build_model gives a model of `cfg`: open_clip's for the
     resolved name (an HF tower's own, at the base model's context length)."""
+    import open_clip
+
     return open_clip.get_tokenizer(resolve_model_name(cfg, keys))
 
 
@@ -105,6 +162,8 @@ def tokenizer_fingerprint(tokenizer: Callable) -> dict | None:
     """What ids a tokenizer gives, in a few numbers: its class, context length, vocabulary (size,
     largest id, sha256 of token -> id) and the sha256 of its ids for fixed probe texts. None for
     a tokenizer whose vocabulary this cannot read (then no ids are stored or trusted)."""
+    import numpy as np
+
     inner = getattr(tokenizer, "tokenizer", None)  # open_clip's HFTokenizer wraps transformers'
     vocab = inner.get_vocab() if inner is not None else getattr(tokenizer, "encoder", None)
     context_length = getattr(tokenizer, "context_length", None)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from clipforge.fields import ConfigError
-from clipforge.util import first_line
+from clipforge.util import first_line, short_repr
 
 _PATH_PREFIXES = ("/", "./", "../", "~")
 
@@ -26,7 +26,7 @@ def resolve_tower(name: str, key: str) -> str:
         import transformers  # noqa: F401 - only to fail early with the right advice
     except ImportError:
         raise ConfigError(
-            f"{key}: {name!r} is a Hugging Face text tower, which needs the "
+            f"{key}: {short_repr(name)} is a Hugging Face text tower, which needs the "
             f"`transformers` package: pip install -e '.[hf]'"
         ) from None
     path = Path(name).expanduser()
@@ -63,7 +63,7 @@ def unavailable_message(repo_id: str, key: str, exc: Exception) -> str:
     )
     why = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached"
     return (
-        f"{key}: Hugging Face model {repo_id!r} is not in the local cache ({cache}) and "
+        f"{key}: Hugging Face model {short_repr(repo_id)} is not in the local cache ({cache}) and "
         f"{why}. Download it once where there is network (`hf download {repo_id}`, then copy "
         f"the cache or set HF_HOME), or point {key} at a local folder with config.json, the "
         f"weights and the tokenizer files. ({first_line(exc)})"

@@ -32,6 +32,7 @@ class StorageConfig(Section):
         "checkpoints are missing, damaged or older resumes from there, on any host. null: off. "
         "Credentials come from the library's environment or profile, never from here.",
         nonempty=True,
+        path=True,
     )
     keep_checkpoints: int = knob(
         2, "Checkpoints kept in the store per run (older ones are deleted there).", ge=1

@@ -19,7 +19,9 @@ killed mid-upload). Before a checkpoint is uploaded again (a rerun of the same s
 found not whole), its old manifest is removed first, for the same reason. A checkpoint counts as
 held only when it is whole: its manifest there and every file it lists with its size
 (clipforge.checkpoints.places.not_whole); the marker is a hint. What is downloaded is verified
-against its manifest before it is used. The names are clipforge.checkpoints.layout's.
+against its manifest before it is used. The names are clipforge.checkpoints.layout's. Whoever can
+write the store can make it list any name, so every name that becomes a local path goes through
+clipforge.fsutil.join_inside first: `logs/../../.bashrc` is refused, and nothing is downloaded.
 
 fsspec and the protocol's library (s3fs for s3://) are imported when a store is opened, not
 before: a run without a store never needs them.
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from clipforge.checkpoints import places
@@ -40,6 +42,7 @@ from clipforge.checkpoints.layout import (
     tag_step,
 )
 from clipforge.errors import UserError
+from clipforge.fsutil import join_inside
 from clipforge.util import exception_summary
 
 LAUNCHES = "launches"
@@ -142,15 +145,39 @@ class RunStore:
             return False
         return True
 
+    def download_trees(self, trees: Mapping[str, Path], keep_existing: bool = False) -> int:
+        """The files under each folder of the store in `trees` (relative: local folder), as named
+        there, into its local folder (`keep_existing`: but those it holds). Every name of every
+        folder is checked before any file is written. Returns how many files the folders hold."""
+        picks = {
+            relative: [
+                (name, join_inside(into, name, f"the run store {self.url}/{relative}"))
+                for name in self.files(relative)
+            ]
+            for relative, into in trees.items()
+        }
+        for relative, files in picks.items():
+            self._download(relative, [f for f in files if not (keep_existing and f[1].exists())])
+        return sum(len(files) for files in picks.values())
+
+    def _download(self, relative: str, picks: list[tuple[str, Path]]) -> None:
+        for name, local in picks:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(self.path(f"{relative}/{name}"), str(local))
+
     def files(self, relative: str) -> list[str]:
-        """Files under `relative`, as paths relative to it."""
+        """Files under `relative`, as paths relative to it: each key as the store lists it, not
+        normalized (`a/../b` stays what it is, for join_inside to judge)."""
         base = self.path(relative)
         self.fs.invalidate_cache(base)
         try:
             found = self.fs.find(base)
         except FileNotFoundError:
             return []
-        return sorted(posixpath.relpath(p, base) for p in found)
+        prefix = base.rstrip("/") + "/"
+        return sorted(
+            p[len(prefix) :] if p.startswith(prefix) else posixpath.relpath(p, base) for p in found
+        )
 
     def write_json(self, relative: str, value: dict) -> None:
         self.fs.pipe_file(self.path(relative), (json.dumps(value, indent=2) + "\n").encode())

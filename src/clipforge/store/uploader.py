@@ -449,10 +449,7 @@ def _restore_curves(store: RunStore, logs: list[Mirrored]) -> None:
     try:
         for local, remote in logs:
             if remote.startswith("logs/"):
-                for name in store.files(remote):
-                    if not (local / name).exists():
-                        (local / name).parent.mkdir(parents=True, exist_ok=True)
-                        store.download_file(f"{remote}/{name}", local / name)
+                store.download_trees({remote: local}, keep_existing=True)
             elif not (local.is_file() and store.run_id in local.read_text(encoding="utf-8")):
                 local.parent.mkdir(parents=True, exist_ok=True)
                 store.download_file(remote, local)

@@ -17,7 +17,7 @@ from typing import Literal
 
 from clipforge.alerts.config import AlertsConfig
 from clipforge.config import Params
-from clipforge.fields import ConfigError, Section, knob
+from clipforge.fields import MAX_SEED, ConfigError, Section, knob
 from clipforge.ids import run_id_for
 from clipforge.model.config import ModelConfig
 from clipforge.store.config import StorageConfig
@@ -29,7 +29,8 @@ class TrainConfig(Section):
 
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "`auto`: CUDA when available, else CPU.")
     precision: Literal["auto", "bf16", "fp32"] = knob(
-        "auto", "`auto`: bf16 on GPUs that support it, fp32 on CPU."
+        "auto",
+        "`auto`: bf16 on GPUs that have it, fp32 on CPU; `bf16` runs on CPU too (slower there).",
     )
     zero_stage: int = knob(
         1,
@@ -81,7 +82,7 @@ class TrainConfig(Section):
         "AdamW implementation: DeepSpeed's fused kernel (`fused`, GPU), torch's (`torch`), "
         "`auto`: fused on GPU, torch on CPU.",
     )
-    seed: int = knob(0, "Seed for initialisation, data order and augmentation.", ge=0)
+    seed: int = knob(0, "Seed for initialisation, data order and augmentation.", ge=0, le=MAX_SEED)
     num_workers: int = knob(1, "Data-loading processes per rank.", ge=0)
     decode_on_device: bool = knob(
         False,

@@ -2,19 +2,32 @@
 
 DeepSpeed's launcher sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*; a plain `python -m clipforge.train`
 gets the same variables for a world of one, so the rest of the code never branches on it.
+
+The process group listens only where it must. torch's env:// rendezvous makes rank 0's TCPStore
+listen on every interface whatever MASTER_ADDR says (torch 2.1 to 2.14), and that store takes
+anyone who connects: rank 0 here binds the store's socket to MASTER_ADDR itself and hands it to
+torch (`rendezvous_store`). gloo and NCCL listen on GLOO/NCCL_SOCKET_IFNAME's interface, which the
+launcher sets for several nodes (clipforge.launcher.network); a world on one machine (MASTER_ADDR
+a loopback address) gets the loopback interface, where they would otherwise take the address
+the host name resolves to (a public one, on some boxes).
 """
 
 from __future__ import annotations
 
+import datetime
+import errno
+import ipaddress
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from clipforge.errors import StageError
 
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 @dataclass(frozen=True)
@@ -70,26 +83,114 @@ def init_distributed(
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-    import datetime
-
+    use_loopback_for_one_machine(os.environ)
     import deepspeed
     import torch
+    import torch.distributed as torch_dist
 
     local_rank = int(os.environ["LOCAL_RANK"])
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if device == "cuda":
         torch.cuda.set_device(local_rank)
-    deepspeed.init_distributed(
-        dist_backend="gloo" if device == "cpu" else "nccl",
-        timeout=datetime.timedelta(seconds=timeout_seconds),
-    )
+    timeout = datetime.timedelta(seconds=timeout_seconds)
+    backend = "gloo" if device == "cpu" else "nccl"
+    if not torch_dist.is_initialized():  # (a stage run again in one process keeps its group)
+        store = rendezvous_store(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world_size, timeout
+        )
+        torch_dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)  # adopts the group
     if device == "cpu":
         use_list_collectives_where_gloo_lacks_tensor_ones()
-    return DistInfo(
-        rank=int(os.environ["RANK"]),
-        local_rank=local_rank,
-        world_size=int(os.environ["WORLD_SIZE"]),
-        device=device,
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def rendezvous_store(
+    master_addr: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta
+):
+    """The process group's TCPStore: on rank 0 the server, listening on `master_addr` alone (a
+    socket bound here, handed over as `master_listen_fd`, which torch 2.1 and 2.14 both take);
+    on the others a client of it."""
+    from torch.distributed import TCPStore
+
+    if rank != 0:
+        return TCPStore(master_addr, port, world_size, False, timeout)
+    listener = _listener_on(master_addr, port, timeout.total_seconds())
+    return TCPStore(
+        master_addr, port, world_size, True, timeout, master_listen_fd=listener.detach()
     )
+
+
+def device_has_bf16(device: str) -> bool:
+    """Whether a run can train in bf16 here (after `init_distributed`; every rank calls it).
+    A GPU from Ampere on: torch's `is_bf16_supported` also says yes for older GPUs that only
+    emulate bf16 (slowly), so emulation is left out where torch tells the two apart. A CPU
+    computes bf16 (torch, and DeepSpeed's CPU accelerator), but DeepSpeed also broadcasts and
+    gathers the bf16 weights through the process group: gloo carries bf16 in recent torch, while
+    torch 2.1's refuses it ("Invalid scalar type"); one tiny broadcast tells."""
+    import inspect
+
+    import torch
+    import torch.distributed as dist
+
+    if device == "cuda":
+        check = torch.cuda.is_bf16_supported
+        if "including_emulation" in inspect.signature(check).parameters:
+            return check(including_emulation=False)
+        return check()
+    try:
+        dist.broadcast(torch.zeros(1, dtype=torch.bfloat16), src=0)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _listener_on(address: str, port: int, seconds: float) -> socket.socket:
+    """A TCP socket listening on `address`:`port`. A name that does not resolve yet, or still to
+    another address (a pod's own DNS name, published as the pod starts), is tried again for up to
+    `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return _listening(address, port)
+        except OSError as exc:
+            not_yet = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+            if not not_yet or time.monotonic() > deadline:
+                raise StageError(
+                    f"the rendezvous cannot listen on MASTER_ADDR {address} port {port} on rank "
+                    f"0's host ({exc.strerror}): it must be an address of this host, the port free"
+                ) from None
+            time.sleep(1)
+
+
+def _listening(address: str, port: int) -> socket.socket:
+    family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(where)
+        listener.listen()
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def use_loopback_for_one_machine(environ) -> None:
+    """GLOO/NCCL_SOCKET_IFNAME, when not set: the loopback interface for a world on one machine
+    (MASTER_ADDR a loopback address), so its ranks listen nowhere else."""
+    if any(var in environ for var in SOCKET_IFNAME_VARS):
+        return
+    try:
+        on_one_machine = ipaddress.ip_address(environ.get("MASTER_ADDR", "")).is_loopback
+    except ValueError:  # a name: the launcher chose the interface (several nodes)
+        return
+    names = [name for _, name in socket.if_nameindex()]
+    loopback = "lo" if "lo" in names else next((n for n in names if n.startswith("lo")), None)
+    if on_one_machine and loopback:
+        environ.update(dict.fromkeys(SOCKET_IFNAME_VARS, loopback))
 
 
 def use_list_collectives_where_gloo_lacks_tensor_ones() -> None:

@@ -6,19 +6,29 @@ and the device, and the result lands in checkpoints/<run>/deepspeed_config.json.
 
 from __future__ import annotations
 
+from clipforge.errors import StageError
 from clipforge.train.config import BatchPlan, TrainConfig
 
 # Never let DeepSpeed print its own per-step lines; clipforge logs progress itself.
 _QUIET_STEPS = 10**9
 
 
+# Why a device cannot train in bf16 (clipforge.train.dist.device_has_bf16 decides).
+_NO_BF16 = {
+    "cuda": "NVIDIA GPUs compute bf16 from Ampere, compute capability 8.0, on",
+    "cpu": "this torch's gloo backend carries no bf16 tensors, as torch 2.1's, the image's",
+}
+
+
 def resolve_precision(requested: str, device: str, bf16_supported: bool) -> str:
+    """`auto`: bf16 on GPUs that have it, fp32 on CPUs (the demo's numbers, and fp32 is faster
+    there without bf16 matrix instructions); `bf16` is honoured on any device that has it."""
     if requested == "auto":
         return "bf16" if device == "cuda" and bf16_supported else "fp32"
     if requested == "bf16" and not bf16_supported:
-        raise ValueError(
-            "train.precision: bf16 requested but this device does not support it "
-            "(use fp32, or auto)"
+        raise StageError(
+            f"train.precision: bf16 requested but this {'GPU' if device == 'cuda' else 'CPU'} "
+            f"cannot train in bf16 ({_NO_BF16[device]}): set train.precision: fp32, or auto"
         )
     return requested
 
@@ -49,11 +59,12 @@ def deepspeed_bf16(precision: str, zero_stage: int) -> bool:
     """bf16 weights in DeepSpeed's own bf16 mode, where it accumulates gradients in fp32.
 
     With `data_types.grad_accum_dtype: fp32` DeepSpeed (0.14.5 to 0.19 at least) keeps bf16
-    weights, accumulates and reduces gradients in fp32 and steps fp32 master weights, but only
-    below ZeRO-2: its ZeRO-2 and ZeRO-3 optimizers accumulate in the weights' dtype whatever the
-    config says. There the weights stay fp32 and the forward runs under bf16 autocast
-    (`uses_autocast`), which gives the same fp32 accumulation at every stage."""
-    return precision == "bf16" and zero_stage < 2
+    weights, accumulates and reduces gradients in fp32 and steps fp32 master weights, but only at
+    ZeRO-1 (its BF16_Optimizer): its ZeRO-2 and ZeRO-3 optimizers accumulate in the weights' dtype
+    whatever the config says, and without ZeRO it refuses bf16 weights with fp32 accumulation.
+    There the weights stay fp32 and the forward runs under bf16 autocast (`uses_autocast`), which
+    gives the same fp32 accumulation at every stage."""
+    return precision == "bf16" and zero_stage == 1
 
 
 def uses_autocast(precision: str, zero_stage: int) -> bool:

@@ -1,4 +1,5 @@
-"""Everything DeepSpeed-specific: engine set-up, the ZeRO quirks, reading fp32 weights back.
+"""Everything DeepSpeed-specific: engine set-up, the ZeRO quirks, reading fp32 weights back from
+a checkpoint whichever optimizer wrote it.
 
 ZeRO quirks handled here, so the loop can stay plain:
 - DeepSpeed cannot broadcast 0-dim parameters, and open_clip's `logit_scale` is one: it gets the
@@ -14,6 +15,7 @@ ZeRO quirks handled here, so the loop can stay plain:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from clipforge.checkpoints.layout import optimizer_shards, written_by_bf16_optimizer
 from clipforge.train.optim import WarmupCosine, make_scheduler, param_groups
 
 
@@ -48,8 +51,9 @@ def create_engine(
     )
     if compile_model:
         # torch.compile of the module's forward, DeepSpeed's hooks kept; the backend defaults to
-        # the accelerator's (inductor). The benchmark's CPU dry run passes `eager`: dynamo's
-        # tracing without a C++ toolchain.
+        # the accelerator's (inductor). The CPU stand-ins (the benchmark's dry run,
+        # tests/integration/test_compiled_step.py) pass `aot_eager`: dynamo's and AOTAutograd's
+        # graphs, run eagerly, without a C++ toolchain.
         engine.compile(**({"backend": compile_backend} if compile_backend else {}))
     return engine
 
@@ -84,14 +88,53 @@ def forward_autocast(device: str, enabled: bool) -> Callable[[], AbstractContext
 
 
 def fp32_state_dict(checkpoint_dir: Path, tag: str, max_logit_scale: float) -> dict:
-    """fp32 weights of a saved checkpoint, in plain open_clip form (read from the ZeRO partitions,
-    so bf16 training still exports its fp32 master weights)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag=tag)
+    """fp32 weights of a saved checkpoint, in plain open_clip form: the fp32 master weights
+    whichever optimizer wrote it (ZeRO-1/2/3, DeepSpeed's bf16 mode), so bf16 training exports
+    them rather than its bf16 copy."""
+    state = checkpoint_fp32_weights(checkpoint_dir / tag)
     state = {name: tensor.detach().float().contiguous().clone() for name, tensor in state.items()}
     state["logit_scale"] = state["logit_scale"].reshape(()).clamp(max=math.log(max_logit_scale))
     return state
+
+
+def checkpoint_fp32_weights(checkpoint: Path) -> dict:
+    """Every parameter and buffer of the model a DeepSpeed checkpoint holds, in fp32, by the name
+    the module gives it; read by each optimizer's layout:
+    - ZeRO-1/2/3: DeepSpeed's zero_to_fp32 (the shards of the fp32 master weights, merged);
+    - DeepSpeed's bf16 mode: its BF16_Optimizer partitions the fp32 master weights as ZeRO-1 does
+      (each parameter group flattened in order, padded at its end to a multiple of 2 x ranks, cut
+      into one equal slice per rank), but its shards record no ZeRO stage, and zero_to_fp32
+      refuses them: their slices go to zero_to_fp32's merge of ZeRO-1/2 slices directly;
+    - ZeRO stage 0 (fp32 weights, clipforge keeps bf16 there as autocast): the weights whole,
+      from the model states."""
+    from deepspeed.utils import zero_to_fp32
+
+    shards = optimizer_shards(os.listdir(checkpoint))
+    if not shards:
+        model_states = zero_to_fp32.get_model_state_file(str(checkpoint), 0)
+        return torch.load(model_states, map_location="cpu", weights_only=False)["module"]
+    if not written_by_bf16_optimizer(shards):
+        return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
+            str(checkpoint.parent), tag=checkpoint.name
+        )
+    from deepspeed.checkpoint.constants import (
+        OPTIMIZER_STATE_DICT,
+        SINGLE_PARTITION_OF_FP32_GROUPS,
+    )
+
+    slices = [
+        torch.load(checkpoint / shard, map_location="cpu", weights_only=False)[
+            OPTIMIZER_STATE_DICT
+        ][SINGLE_PARTITION_OF_FP32_GROUPS]
+        for shard in shards
+    ]
+    model_states = zero_to_fp32.parse_model_states(
+        zero_to_fp32.get_model_state_files(str(checkpoint))
+    )
+    # world size, slices by rank, model states, exclude_frozen_parameters
+    return zero_to_fp32._get_fp32_state_dict_from_zero2_checkpoint(
+        len(shards), slices, model_states, False
+    )
 
 
 def replicas_in_sync(engine) -> float:

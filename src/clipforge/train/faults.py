@@ -10,12 +10,15 @@ CLIPFORGE_FAULTS is a comma-separated list of:
 - `wait@STEP=PATH`: the step waits until PATH exists: a test creates it once what must come
   first has happened (e.g. it took the run store down);
 - `hold_upload@STEP`: the run store's upload of the checkpoint of that step stops after its first
-  file and waits for ever (training goes on): kill the process there for a torn upload.
+  file and waits for ever (training goes on): kill the process there for a torn upload;
+- `hold_setup`: the set-up, once the process group is up, says so in a line and waits until a
+  stop is requested, then goes on: a test stops a run that cannot have started training.
 STEP counts optimizer steps from 1.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 ENV = "CLIPFORGE_FAULTS"
+log = logging.getLogger("clipforge.train")
 HOLD_POLL_SECONDS = 0.05  # how often a held step looks at the stop flag a signal handler sets
 
 
@@ -35,6 +39,13 @@ class Faults:
     hold_steps: frozenset[int] = frozenset()
     hold_upload_steps: frozenset[int] = frozenset()
     wait_files: dict[int, str] = field(default_factory=dict)
+    hold_setup: bool = False
+
+    def set_up_point(self, stop_requested: Callable[[], bool]) -> None:
+        if self.hold_setup:
+            log.warning("holding the set-up until a stop is requested (%s=hold_setup)", ENV)
+            while not stop_requested():
+                time.sleep(HOLD_POLL_SECONDS)
 
     def apply(self, step: int, micro_batches: list, stop_requested: Callable[[], bool]) -> list:
         if step in self.hold_steps:
@@ -61,9 +72,12 @@ def faults_from_env(environ=os.environ) -> Faults:
     if not spec:
         return Faults()
     nan_steps, stalls, holds, upload_holds, waits = set(), {}, set(), set(), {}
+    hold_setup = False
     for item in spec.split(","):
         kind, _, where = item.strip().partition("@")
-        if kind == "nan":
+        if kind == "hold_setup":
+            hold_setup = True
+        elif kind == "nan":
             nan_steps.add(int(where))
         elif kind == "stall":
             step, _, seconds = where.partition("=")
@@ -78,6 +92,8 @@ def faults_from_env(environ=os.environ) -> Faults:
         else:
             raise ValueError(
                 f"{ENV}: unknown fault {item!r}; use nan@STEP, stall@STEP=SECONDS, hold@STEP, "
-                f"wait@STEP=PATH or hold_upload@STEP"
+                f"wait@STEP=PATH, hold_upload@STEP or hold_setup"
             )
-    return Faults(frozenset(nan_steps), stalls, frozenset(holds), frozenset(upload_holds), waits)
+    return Faults(
+        frozenset(nan_steps), stalls, frozenset(holds), frozenset(upload_holds), waits, hold_setup
+    )

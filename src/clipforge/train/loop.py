@@ -80,6 +80,15 @@ def agree(loss: torch.Tensor, grad_norm, stop_requested: bool, device: str) -> A
     return Agreed(loss_sum / world, None if grad_norm is None else norm_sum / world, stops > 0)
 
 
+def stop_agreed(stop: StopFlag, device: str) -> bool:
+    """Whether some rank was asked to stop: one all-reduce of the flag, at a point of the set-up
+    every rank passes in the same order."""
+    flag = _on_device(float(stop.requested), device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag)
+    return flag.item() > 0
+
+
 def _on_device(value, device: str) -> torch.Tensor:
     """A 0-dim fp32 tensor on the device: filled there, never copied from the host (a copy to
     the GPU from pageable memory would wait for the work queued before it)."""

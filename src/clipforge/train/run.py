@@ -50,7 +50,7 @@ from clipforge.train.config import (
     reshaped_plan,
     run_id,
 )
-from clipforge.train.dist import DistInfo, init_distributed, resolve_device
+from clipforge.train.dist import DistInfo, device_has_bf16, init_distributed, resolve_device
 from clipforge.train.ds_config import (
     deepspeed_bf16,
     deepspeed_config,
@@ -65,7 +65,7 @@ from clipforge.train.engine import (
 )
 from clipforge.train.faults import faults_from_env
 from clipforge.train.flops import flops_per_sample, peak_flops
-from clipforge.train.loop import LoopParts, StopFlag, StopRequested, train_clip
+from clipforge.train.loop import LoopParts, StopFlag, StopRequested, stop_agreed, train_clip
 from clipforge.train.loss import make_clip_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
 from clipforge.train.optim import WarmupCosine
@@ -201,6 +201,8 @@ def set_up(
         timeout_seconds=collective_timeout_seconds(config.alerts.stall_timeout_seconds),
         stop_requested=lambda: stop.requested,
     )
+    faults_from_env().set_up_point(lambda: stop.requested)
+    _stop_if_asked(stop, device, "the process group")
     identity = run_id(config, manifest)
     run_dir = paths["checkpoints"] / identity
     # the alert targets (a malformed webhook is a one-line error) before anything is written
@@ -210,7 +212,7 @@ def set_up(
     holder = Holder.this_process()
     lock = _agreed_on(lambda: lock_run_dir(run_dir, holder), dist.is_main)
     try:
-        return _set_up_locked(config, paths, device, dist, identity, alerts, holder, lock)
+        return _set_up_locked(config, paths, device, dist, identity, alerts, holder, lock, stop)
     except BaseException:
         if lock:
             lock.abandon()
@@ -226,17 +228,18 @@ def _set_up_locked(
     alerts: AlertMonitor,
     holder: Holder,
     lock: RunLock | None,
+    stop: StopFlag,
 ) -> TrainingRun:
     train = config.train
     run_dir = paths["checkpoints"] / identity
-    precision = resolve_precision(
-        train.precision, device, device == "cuda" and torch.cuda.is_bf16_supported()
-    )
+    precision = resolve_precision(train.precision, device, device_has_bf16(device))
     torch.manual_seed(train.seed)
     bundle = build_model(config.model)
+    _stop_if_asked(stop, device, "the model")
     if train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
     plan = _batch_plan(train, dist, bundle, run_dir, precision)
+    _stop_if_asked(stop, device, "the micro batch")
     files = train_loader.split_files(paths["data"], "train")
     steps_per_epoch = util.steps_per_epoch(files.num_samples, plan.global_batch_size)
     total_steps = util.total_steps(train.max_steps, train.epochs, steps_per_epoch)
@@ -252,10 +255,12 @@ def _set_up_locked(
         total_steps,
         dist.is_main,
     )
+    _stop_if_asked(stop, device, "DeepSpeed's engine")
     resume.agree_on_start(
         checkpointer, store.checkpoints if store else None, alerts.checkpoint_damaged
     )
     state = checkpointer.load(engine)
+    _stop_if_asked(stop, device, "the checkpoint")
     checkpointer.check_space(engine)  # a disk without room for the next save fails now, not then
     start_step = state["step"] if state else 0
     log.info(
@@ -435,6 +440,14 @@ def _probe(train: TrainConfig, dist: DistInfo, bundle: ClipBundle, precision: st
         deepspeed_bf16(precision, train.zero_stage),
         forward_autocast("cuda", uses_autocast(precision, train.zero_stage)),
     )
+
+
+def _stop_if_asked(stop: StopFlag, device: str, after: str) -> None:
+    """A SIGTERM/SIGINT during the set-up ends it at the next of these points, after the step
+    `after` (each takes seconds, minutes on a loaded box), on every rank at once; it used to wait
+    for the whole set-up and a first training step."""
+    if stop_agreed(stop, device):
+        raise StopRequested(0, during=f"the set-up, after {after}")
 
 
 def _agreed_on(take: Callable[[], RunLock], is_main: bool) -> RunLock | None:

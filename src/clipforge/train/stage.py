@@ -19,9 +19,10 @@ from pathlib import Path
 from clipforge import util
 from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.checkpoints.disk import not_writable_message
-from clipforge.cli import load_stage_config, run_stage, stage_parser
+from clipforge.cli import load_stage_config, path_argument, run_stage, stage_parser
 from clipforge.errors import StageError
 from clipforge.model.files import weights_file
+from clipforge.model.names import check_text_tower
 from clipforge.store.remote import open_filesystem
 from clipforge.train.config import TrainParams, check_one_global_batch
 from clipforge.train.dist import free_port, resolve_device, under_launcher
@@ -45,7 +46,8 @@ def _paths(args) -> dict[str, Path]:
 
 def _check_inputs(config: TrainParams, paths: dict[str, Path]) -> bytes:
     """Everything that needs no model, checked before the training stack is imported: the data
-    stage's output, the batch against the data, initial weights, writable output folders."""
+    stage's output, the batch against the data, the model's text tower, initial weights, writable
+    output folders."""
     manifest = paths["data"] / "manifest.json"
     if not manifest.is_file():
         raise StageError(
@@ -62,6 +64,7 @@ def _check_inputs(config: TrainParams, paths: dict[str, Path]) -> bytes:
     check_one_global_batch(num_train, config.train.global_batch_size)
     per_epoch = util.steps_per_epoch(num_train, config.train.global_batch_size)
     _check_warmup(config, util.total_steps(config.train.max_steps, config.train.epochs, per_epoch))
+    check_text_tower(config.model)
     if config.model.pretrained:
         weights_file(config.model.pretrained, "model.pretrained")
     for key in ("checkpoints", "logs", "metrics", "model"):
@@ -169,13 +172,24 @@ def _run(args) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("clipforge.train", "Train CLIP with DeepSpeed on the shards in data/.")
-    parser.add_argument("--data", default="data", help="data stage output (default: data)")
-    parser.add_argument("--checkpoints", default="checkpoints", help="default: checkpoints")
     parser.add_argument(
-        "--model-out", default="models/clip", help="export dir (default: models/clip)"
+        "--data", type=path_argument, default="data", help="data stage output (default: data)"
     )
-    parser.add_argument("--logs", default="logs", help="TensorBoard root (default: logs)")
-    parser.add_argument("--metrics", default="metrics", help="metrics dir (default: metrics)")
+    parser.add_argument(
+        "--checkpoints", type=path_argument, default="checkpoints", help="default: checkpoints"
+    )
+    parser.add_argument(
+        "--model-out",
+        type=path_argument,
+        default="models/clip",
+        help="export dir (default: models/clip)",
+    )
+    parser.add_argument(
+        "--logs", type=path_argument, default="logs", help="TensorBoard root (default: logs)"
+    )
+    parser.add_argument(
+        "--metrics", type=path_argument, default="metrics", help="metrics dir (default: metrics)"
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     parser.set_defaults(argv=argv)
     return run_stage("clipforge.train", _run, argv, parser, PARAMS)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from clipforge.metrics.retrieval import retrieval_metrics
+from clipforge.metrics.sizes import MIN_QUERIES
 
 
 def validation_due(
@@ -86,7 +87,8 @@ def _metrics(model, loss_fn, batches, to_device, device, retrieval_samples, auto
     # one id per distinct caption: relevance without an N x N x context-length comparison
     caption_ids = torch.unique(tokens, dim=0, return_inverse=True)[1]
     relevant = caption_ids[:, None] == caption_ids[None, :]
-    metrics.update(retrieval_metrics(image_features, text_features, relevant))
+    if len(relevant) >= MIN_QUERIES:  # the data stage holds a val split to that too
+        metrics.update(retrieval_metrics(image_features, text_features, relevant))
     return metrics
 
 

@@ -6,7 +6,8 @@ ADDR`): it runs before the run's code is shipped, so it is one standard-library 
   route ADDR               the interface and source address this host uses to reach ADDR, and
                            which network stack it is (kernel boot and network namespace)
   interfaces               every interface with an IPv4 address, and that address
-  listen PORT SECONDS      accept TCP connections on PORT for up to SECONDS (prints `listening`)
+  listen ADDR PORT SECS    accept TCP connections on ADDR:PORT (that address alone, as the
+                           rendezvous will listen) for up to SECS (prints `listening`)
   connect ADDR PORT SECS   one TCP connection to ADDR:PORT (prints `ok`, or the error)
 
 Each prints one JSON object. The interface matters because torch.distributed's gloo (and NCCL)
@@ -64,13 +65,13 @@ def network_stack() -> str | None:
         return None
 
 
-def listen(port: int, seconds: float) -> dict:
+def listen(address: str, port: int, seconds: float) -> dict:
     with socket.socket() as server:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            server.bind(("", port))
+            server.bind((address, port))
         except OSError as exc:
-            return {"error": f"port {port} is not free: {exc.strerror or exc}"}
+            return {"error": f"cannot listen on {address} port {port}: {exc.strerror or exc}"}
         server.listen()
         print(json.dumps({"listening": port}), flush=True)
         server.settimeout(0.5)
@@ -101,7 +102,7 @@ def main(argv: list[str]) -> int:
     elif command == "interfaces":
         result = interface_addresses()
     elif command == "listen":
-        result = listen(int(args[0]), float(args[1]))
+        result = listen(args[0], int(args[1]), float(args[2]))
     elif command == "connect":
         result = connect(args[0], int(args[1]), float(args[2]))
     else:

@@ -65,6 +65,8 @@ class RunRecord:
     checkpoints_dir: str
     master: str | None
     """host:port of the rendezvous (several nodes only)."""
+    allow_public_master: bool = False
+    """fab train --allow-public-master: the rendezvous may listen on a public address."""
     socket_interfaces: tuple[SocketInterface, ...] | None = None
     """Per node rank (several nodes only)."""
     max_restarts: int
@@ -114,6 +116,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "params": (dict,),
     "checkpoints_dir": _STR,
     "master": _OPTIONAL_STR,
+    "allow_public_master": (bool,),
     "socket_interfaces": (list, type(None)),
     "max_restarts": (int,),
     "min_gpus": (int, type(None)),

@@ -61,7 +61,7 @@ from clipforge.alerts.progress import (
     find_hang,
     read_progress,
 )
-from clipforge.fsutil import atomic_write_text
+from clipforge.fsutil import atomic_write_text, restrict_umask
 from clipforge.ids import run_ids_in
 from clipforge.launcher.host.alert import send_alert, send_run_failed
 from clipforge.launcher.host.gpus import (
@@ -770,6 +770,7 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("command", choices=("launch", "run", "stop"))
     parser.add_argument("node_dir", type=node_dir_argument, metavar="NODE_DIR")
     args = parser.parse_args(argv)
+    restrict_umask()  # the run's files, its stages' too: group-readable at most (fsutil)
     if args.command == "launch":
         return launch(args.node_dir)
     if args.command == "stop":

@@ -1,0 +1,43 @@
+"""Work done in fresh interpreters: a ZeRO-3 engine patches torch.nn.functional.linear for its
+whole process, and a process group is one per process. `json_from` runs one and reads back the
+JSON it wrote; `on_ranks` is what a worker module's main calls to run on N gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import REPO, subprocess_env
+
+
+def json_from(argv: list[str], out: Path, timeout: float = 600) -> dict:
+    """`python ARGV...` from the repository root (a module with `-m`, a script with `-c`), which
+    must exit 0 having written `out`: its content."""
+    result = subprocess.run(
+        [sys.executable, *argv],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def on_ranks(run: Callable, world: int, args) -> None:
+    """run(rank, world, args) on `world` ranks: this process alone for one, else spawned
+    processes meeting on a free port of 127.0.0.1 (run sets RANK/WORLD_SIZE and starts gloo)."""
+    if world == 1:
+        run(0, 1, args)
+        return
+    import torch.multiprocessing as mp
+
+    from clipforge.train.dist import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    mp.spawn(run, args=(world, args), nprocs=world, join=True)
