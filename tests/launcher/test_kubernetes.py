@@ -347,7 +347,7 @@ def test_the_launcher_reads_the_outputs_of_a_released_stack():
         contract.RUN_AS_GID,
         contract.SHM_MOUNT_PATH,
     )
-    assert kube.labels("x")["app.kubernetes.io/component"] == contract.RUN_COMPONENT
+    assert k8s_objects.labels("x")["app.kubernetes.io/component"] == contract.RUN_COMPONENT
 
 
 @pytest.mark.parametrize(
