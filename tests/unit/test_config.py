@@ -552,12 +552,12 @@ def test_aliases_in_the_params_file_are_expanded_within_the_budget(tmp_path):
     lists = "".join(f"  - &l{n} [" + ", ".join([f"*l{n - 1}"] * 10) + "]\n" for n in range(1, 6))
     path.write_text("x:\n  - &l0 [a]\n" + lists)
     with pytest.raises(
-        ConfigError, match=r"params\.yaml:8:5: aliases \(\*name\) expand to 211,111 "
+        ConfigError, match=r"params\.yaml:7:5: aliases \(\*name\) expand to 211,111 "
     ):
         load_pipeline_params(path)
     path.write_text("data:\n  paths: &p [*p]\n")
     with pytest.raises(
-        ConfigError, match=r"params\.yaml:3:10: an alias \(\*name\) inside its own anchor"
+        ConfigError, match=r"params\.yaml:2:10: an alias \(\*name\) inside its own anchor"
     ):
         load_pipeline_params(path)
 

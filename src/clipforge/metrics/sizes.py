@@ -1,4 +1,6 @@
-"""How many queries, candidates and classes a metric needs to measure anything: one rule for the
+"""How many queries, candidates and classes a metric needs to measure anything.
+
+How many queries, candidates and classes a metric needs to measure anything: one rule for the
 data stage's held-out splits and test sets and the eval stage's suites. A leaf of its own, so
 that the data stage, which holds its test sets to it, does not depend on how recall is computed.
 """

@@ -1,5 +1,7 @@
-"""Everything DeepSpeed-specific: engine set-up, the ZeRO quirks, reading fp32 weights back from
-a checkpoint whichever optimizer wrote it.
+"""Everything DeepSpeed-specific: engine set-up, the ZeRO quirks, fp32 weights from checkpoints.
+
+Engine set-up, the ZeRO quirks, and reading fp32 weights back from a checkpoint whichever
+optimizer wrote it.
 
 ZeRO quirks handled here, so the loop can stay plain:
 - DeepSpeed cannot broadcast 0-dim parameters, and open_clip's `logit_scale` is one: it gets the
