@@ -29,6 +29,12 @@ from clipforge.errors import StageError
 log = logging.getLogger(__name__)
 
 
+class RunBusy(StageError):
+    """Another live trainer holds the run: not a fault a restart repeats, since it may end."""
+
+    fault = None
+
+
 @dataclass(frozen=True)
 class Holder:
     host: str
@@ -105,7 +111,7 @@ def lock_run_dir(run_dir: Path, holder: Holder | None = None) -> RunLock:
         other = Holder.parse(_read_fd(fd))
         os.close(fd)
         who = other.describe() if other else "another process"
-        raise StageError(
+        raise RunBusy(
             f"{run_dir} is being trained by {who} (lock {path}): one run has one writer; wait "
             f"for it to end or stop it, then rerun"
         ) from None

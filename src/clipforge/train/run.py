@@ -256,8 +256,9 @@ def _set_up_locked(
         checkpointer, store.checkpoints if store else None, alerts.checkpoint_damaged
     )
     state = checkpointer.load(engine)
-    checkpointer.check_space(engine)  # a disk without room for the next save fails now, not then
     start_step = state["step"] if state else 0
+    # a disk without room for the next save fails now, not then
+    checkpointer.check_space(engine, start_step)
     log.info(
         "%s %s at step %d/%d (%d steps/epoch), batch %d = %d micro x %d accum x %d ranks, "
         "%s %s ZeRO-%d",
@@ -446,8 +447,8 @@ def _agreed_on(take: Callable[[], RunLock], is_main: bool) -> RunLock | None:
     if is_main:
         try:
             lock = take()
-        except StageError as exc:
-            error = str(exc)
+        except StageError as exc:  # its type too: the supervisor's record names the kind
+            error = exc
     if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
         shared = [error]
         torch_dist.broadcast_object_list(shared, src=0)
@@ -455,7 +456,7 @@ def _agreed_on(take: Callable[[], RunLock], is_main: bool) -> RunLock | None:
     if error:
         if lock:
             lock.release()
-        raise StageError(error)
+        raise error.with_traceback(None) from None
     return lock
 
 
