@@ -68,6 +68,10 @@ class LocalStorage:
             return (self.directory / relative).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        except PermissionError:  # a teammate's file: said, never taken for a missing one
+            from clipforge.checkpoints.access import denied
+
+            raise denied(self.directory / relative, "read") from None
 
     def write(self, relative: str, data: bytes) -> None:
         from clipforge.fsutil import atomic_write_bytes

@@ -25,6 +25,7 @@ from clipforge import util
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.alerts.progress import collective_timeout_seconds
 from clipforge.checkpoints import resume
+from clipforge.checkpoints.access import check_run_state
 from clipforge.checkpoints.checkpointer import Checkpointer
 from clipforge.checkpoints.lock import Holder, RunLock, lock_run_dir
 from clipforge.errors import StageError
@@ -208,7 +209,7 @@ def set_up(
     # One writer per run, before anything is built or written: a second trainer of the same run
     # stops here in one line. Rank 0 holds it for the run's ranks.
     holder = Holder.this_process()
-    lock = _agreed_on(lambda: lock_run_dir(run_dir, holder), dist.is_main)
+    lock = _agreed_on(lambda: _checked_and_locked(run_dir, holder), dist.is_main)
     try:
         return _set_up_locked(config, paths, device, dist, identity, alerts, holder, lock)
     except BaseException:
@@ -436,6 +437,13 @@ def _probe(train: TrainConfig, dist: DistInfo, bundle: ClipBundle, precision: st
         deepspeed_bf16(precision, train.zero_stage),
         forward_autocast("cuda", uses_autocast(precision, train.zero_stage)),
     )
+
+
+def _checked_and_locked(run_dir: Path, holder: Holder) -> RunLock:
+    """The run directory's lock, once every file the start reads or locks there is known to be
+    readable (one line naming the first that is not, and nothing moved)."""
+    check_run_state(run_dir)
+    return lock_run_dir(run_dir, holder)
 
 
 def _agreed_on(take: Callable[[], RunLock], is_main: bool) -> RunLock | None:
