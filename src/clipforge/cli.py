@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from clipforge.config import Params, load_params
 from clipforge.errors import UserError
+from clipforge.fault_record import record_fault
 from clipforge.fields import path_problem
 from clipforge.fsutil import restrict_umask
 
@@ -70,7 +71,8 @@ def run_stage(
     params: type[Params],
 ) -> int:
     """Parse, run, and turn user errors (clipforge.errors.UserError, and only those: a bug keeps
-    its traceback) into one clear line per problem (a test set may have several) and exit 2.
+    its traceback) into one clear line per problem (a test set may have several) and exit 2,
+    recorded for the supervisor when it runs the stage (clipforge.fault_record).
     `params`: what the stage reads of params.yaml (what --print-config shows)."""
     args = parser.parse_args(argv)
     configure_logging()
@@ -83,6 +85,7 @@ def run_stage(
     except UserError as exc:
         for line in str(exc).splitlines():
             print(f"{prog}: error: {line}", file=sys.stderr)
+        record_fault(exc)
         return EXIT_USAGE
     finally:
         os.umask(umask)  # a caller's own (a test calling main in its process)

@@ -107,8 +107,10 @@ class AtomicFile:
         self.committed = False
 
     def commit(self, target: str | Path) -> None:
-        with contextlib.suppress(FileNotFoundError):  # a replaced file keeps its mode
-            os.chmod(self.path, stat.S_IMODE(os.stat(target).st_mode))
+        with contextlib.suppress(FileNotFoundError):  # a replaced file keeps its mode...
+            replaced = os.lstat(target)
+            if stat.S_ISREG(replaced.st_mode):  # ...never a link's target's: the link is replaced
+                os.chmod(self.path, stat.S_IMODE(replaced.st_mode))
         os.replace(self.path, target)
         self.committed = True
 

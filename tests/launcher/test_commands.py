@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from clipforge.errors import LauncherError
+from clipforge.fault_record import FAULT_RECORD_ENV
 from clipforge.launcher.commands import (
     DockerSpec,
     NodeContext,
@@ -114,7 +115,11 @@ def test_gpus_0_is_a_cpu_run():
     node = _node()
     plan = node_plan(_options(gpus=0), node, POLICY)
     assert {"train.device=cpu", "train.ranks_per_node=1"} <= set(_pairs(plan.phases[0].argv, "-S"))
-    assert plan.phases[0].env == {"DS_ACCELERATOR": "cpu", RUN_RECORD_ENV: node.layout.record}
+    assert plan.phases[0].env == {
+        "DS_ACCELERATOR": "cpu",
+        RUN_RECORD_ENV: node.layout.record,
+        FAULT_RECORD_ENV: node.layout.fault_record,
+    }
 
 
 def test_pull_fetches_the_data_first_and_smoke_reloads_last():

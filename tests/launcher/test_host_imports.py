@@ -27,10 +27,12 @@ HOST_PACKAGE = "clipforge.launcher.host"
 # supervisor shares with the stage (clipforge.alerts' events, config, formats, targets, delivery), and the
 # ranks' heartbeats its hang watchdog reads (clipforge.alerts.progress), and the
 # checkpoints' names (clipforge.checkpoints.layout, shipped inline by stored_checkpoints), and the
-# run store uploader's state that status reads (clipforge.store.sync_state).
+# run store uploader's state that status reads (clipforge.store.sync_state), and a failed
+# stage's fault record the supervisor reads (clipforge.fault_record).
 ALLOWED_PROJECT = (
     "clipforge",
     "clipforge.errors",
+    "clipforge.fault_record",
     "clipforge.fsutil",
     "clipforge.ids",
     "clipforge.util",

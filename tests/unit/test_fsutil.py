@@ -4,6 +4,7 @@ left behind; a name from outside becomes a path only inside its folder."""
 from __future__ import annotations
 
 import os
+import stat
 
 import pytest
 
@@ -28,6 +29,19 @@ def test_replacing_a_file_keeps_its_mode(tmp_path):
     atomic_write_text(target, "new\n")
     assert target.read_text() == "new\n"
     assert target.stat().st_mode & 0o777 == 0o644
+
+
+def test_replacing_a_link_replaces_the_link_never_its_target(tmp_path):
+    """A `latest` that is a link: the rewrite neither follows it nor takes its target's mode."""
+    target = tmp_path / "elsewhere"
+    target.write_text("theirs\n")
+    target.chmod(0o604)
+    (tmp_path / "latest").symlink_to(target)
+    atomic_write_text(tmp_path / "latest", "step-00000008\n")
+    assert not (tmp_path / "latest").is_symlink()
+    assert (tmp_path / "latest").read_text() == "step-00000008\n"
+    assert stat.S_IMODE((tmp_path / "latest").stat().st_mode) != 0o604
+    assert target.read_text() == "theirs\n" and stat.S_IMODE(target.stat().st_mode) == 0o604
 
 
 def test_a_streamed_file_is_committed_where_its_content_says(tmp_path):

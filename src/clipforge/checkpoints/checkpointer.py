@@ -32,12 +32,14 @@ cost: docs/faults.md, "Fewer GPUs, same run".
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,7 +52,7 @@ from clipforge.checkpoints.disk import (
     DiskSpace,
     disk_space,
     tree_bytes,
-    write_failure_message,
+    write_failure,
 )
 from clipforge.checkpoints.layout import (
     CHECKPOINT_MANIFEST,
@@ -60,7 +62,7 @@ from clipforge.checkpoints.layout import (
     universal_partial_name,
 )
 from clipforge.checkpoints.manifest import write_manifest
-from clipforge.errors import StageError
+from clipforge.errors import DiskFull
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +93,9 @@ class Checkpointer:
 
     def save(self, engine, step: int, client_state: dict, config_yaml: str) -> DiskSpace:
         """Every rank calls this; DeepSpeed writes its shards, rank 0 then publishes the tag.
-        StageError, on every rank alike, when the disk has no room for it (see `check_space`).
+        DiskFull, on every rank alike, when the disk has no room for it (see `check_space`).
         Returns the free space found before saving."""
-        space = self.check_space(engine)
+        space = self.check_space(engine, step)
         tag = tag_for(step)
         try:
             engine.save_checkpoint(
@@ -104,23 +106,28 @@ class Checkpointer:
                 (self.run_dir / tag / "config.yaml").write_text(config_yaml, encoding="utf-8")
                 write_manifest(self.run_dir / tag)
                 self.publish(tag)
-        except Exception:
+        except Exception as exc:
+            # The writer's open files live in the failed frames' locals: a removed file's blocks
+            # are free only once it is closed, so the frames go first (the traceback stays).
+            traceback.clear_frames(exc.__traceback__)
+            gc.collect()
             if not (
                 self.run_dir / tag / CHECKPOINT_MANIFEST
             ).is_file():  # a save that never finished
                 shutil.rmtree(self.run_dir / tag, ignore_errors=True)
-            message = write_failure_message(self.run_dir, space.need)
-            if message is None:
+            failure = write_failure(self.run_dir, space.need, step)
+            if failure is None:
                 raise
-            raise StageError(message) from None
+            raise failure from None
         if self.is_main:
             self.prune()
         dist.barrier()
         return space
 
-    def check_space(self, engine) -> DiskSpace:
+    def check_space(self, engine, step: int | None = None) -> DiskSpace:
         """Free space against the size of the latest checkpoint (the first one: an estimate);
-        StageError on every rank when any rank lacks room, before anything is written."""
+        DiskFull on every rank when any rank lacks room, before anything is written. `step`:
+        the step about to be saved (None: at the start), for the supervisor's record."""
         latest = self.latest_tag()
         if latest and (self.run_dir / latest).is_dir():
             need = tree_bytes(self.run_dir / latest)
@@ -132,10 +139,11 @@ class Checkpointer:
         full = torch.tensor([float(space.full)], device=engine.device)
         dist.all_reduce(full, op=dist.ReduceOp.MAX)  # all ranks save together, or none does
         if full.item():
-            raise StageError(
+            raise DiskFull(
                 space.full_message()
                 if space.full
-                else f"another rank has no room for a checkpoint under {self.run_dir}"
+                else f"another rank has no room for a checkpoint under {self.run_dir}",
+                step=step,
             )
         return space
 

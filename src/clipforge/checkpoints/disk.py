@@ -13,6 +13,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from clipforge.errors import AccessDenied, DiskFull, StageError
+
 # A DeepSpeed checkpoint holds each parameter about four times in fp32: the weights, the
 # optimizer's master copy and AdamW's two moments (measured: 16.0 bytes per parameter).
 CHECKPOINT_BYTES_PER_PARAMETER = 16
@@ -73,11 +75,12 @@ def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def write_failure_message(path: Path, need: int) -> str | None:
+def write_failure(path: Path, need: int, step: int | None = None) -> StageError | None:
     """What a failed write under `path` means, when the file system says it: no permission, or
-    too little space for `need` bytes. None: something else went wrong."""
+    too little space for `need` bytes (measured now: the caller has removed what it left). None:
+    something else went wrong. `step`: the run's last step, for the supervisor's record."""
     denied = not_writable_message(path)
     if denied:
-        return denied
+        return AccessDenied(denied, step=step)
     space = disk_space(path, need)
-    return space.full_message() if space.full else None
+    return DiskFull(space.full_message(), step=step) if space.full else None

@@ -13,8 +13,9 @@
 The run store holds the same names under `<remote>/<run id>/checkpoints/`, and the lease of the
 trainer writing there in `<remote>/<run id>/lease.json`.
 
-A checkpoint is whole when its manifest is there and every file it lists has its size (and, read
-locally, its sha256): `size_problem` is that proof, shared by the local disk and the store. A
+A checkpoint is whole when its manifest is there and every file it lists has its size
+(`size_problem`), and intact when each also has its sha256 (`content_problem`): both proofs are
+shared by the local disk and the store. A
 save that has no manifest yet never finished; nothing else is ever removed by a start.
 
 Standard library only: the host side (clipforge.launcher.host) ships it to the workers with a
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 
 LATEST = "latest"
 CHECKPOINT_MANIFEST = "manifest.json"
@@ -133,4 +135,14 @@ def size_problem(manifest: dict, sizes: dict[str, int]) -> str | None:
         if size != want:
             what = "emptied" if size == 0 else "truncated" if size < want else "grown"
             return f"{name} is {what}: {size:,} bytes, the manifest says {want:,}"
+    return None
+
+
+def content_problem(manifest: dict, sha256_of: Callable[[str], str]) -> str | None:
+    """What is wrong with a checkpoint's bytes against its manifest (`sha256_of`: a file's
+    sha256, by its path relative to the checkpoint, wherever it is kept); None when every file
+    matches. The one byte-level proof: the resume's (on disk) and the guards' (in the store)."""
+    for name, expected in manifest["files"].items():
+        if sha256_of(name) != expected.get("sha256"):
+            return f"{name} does not match its sha256 in the manifest (changed since it was saved)"
     return None

@@ -23,10 +23,17 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from clipforge.checkpoints.access import denied
 from clipforge.checkpoints.layout import WRITER_LOCK
 from clipforge.errors import StageError
 
 log = logging.getLogger(__name__)
+
+
+class RunBusy(StageError):
+    """Another live trainer holds the run: not a fault a restart repeats, since it may end."""
+
+    fault = None
 
 
 @dataclass(frozen=True)
@@ -98,24 +105,35 @@ def lock_run_dir(run_dir: Path, holder: Holder | None = None) -> RunLock:
     path = run_dir / WRITER_LOCK
     # Held through a read-only descriptor (flock needs no write access): a disk that goes
     # read-only under a run (remounted, or by the kernel after an error) must not be kept busy.
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    except PermissionError:
+        raise denied(path if os.path.lexists(path) else run_dir, "open the lock") from None
+    except IsADirectoryError:
+        raise StageError(
+            f"{path} is a folder, not a lock file: remove it (`rm -r {path}`), then rerun"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         other = Holder.parse(_read_fd(fd))
         os.close(fd)
         who = other.describe() if other else "another process"
-        raise StageError(
+        raise RunBusy(
             f"{run_dir} is being trained by {who} (lock {path}): one run has one writer; wait "
             f"for it to end or stop it, then rerun"
         ) from None
     previous = Holder.parse(_read_fd(fd))
     if previous and previous.token != holder.token:
         log.info("%s: taking over the lock of %s, which has ended", run_dir, previous.describe())
-    with open(path, "w", encoding="utf-8") as f:  # under the lock: nobody else writes it
-        f.write(holder.to_json())
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "w", encoding="utf-8") as f:  # under the lock: nobody else writes it
+            f.write(holder.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+    except PermissionError:
+        os.close(fd)
+        raise denied(path, "write") from None
     return RunLock(run_dir, holder, fd, made)
 
 

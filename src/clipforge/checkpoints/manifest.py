@@ -13,7 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from clipforge.checkpoints.layout import CHECKPOINT_MANIFEST, parse_manifest, size_problem
+from clipforge.checkpoints.layout import (
+    CHECKPOINT_MANIFEST,
+    content_problem,
+    parse_manifest,
+    size_problem,
+)
 from clipforge.fsutil import atomic_write_text, sha256_file
 
 
@@ -59,7 +64,4 @@ def problem(directory: Path) -> str | None:
     found = size_problem(manifest, sizes)
     if found:
         return found
-    for name, expected in manifest["files"].items():
-        if sha256_file(directory / name) != expected["sha256"]:
-            return f"{name} does not match its sha256 in the manifest (changed since it was saved)"
-    return None
+    return content_problem(manifest, lambda name: sha256_file(directory / name))

@@ -9,6 +9,7 @@ over the seam, so the disk and the store are held to the same proof.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import shutil
@@ -19,6 +20,7 @@ from typing import Protocol
 from clipforge.checkpoints.layout import (
     CHECKPOINT_MANIFEST,
     LATEST,
+    content_problem,
     damaged_name,
     marker_text,
     parse_manifest,
@@ -26,7 +28,9 @@ from clipforge.checkpoints.layout import (
     step_of,
     tag_step,
 )
-from clipforge.fsutil import join_inside
+from clipforge.fsutil import join_inside, sha256_file
+
+_HASH_CHUNK_BYTES = 8 * 2**20
 
 
 class CheckpointStorage(Protocol):
@@ -45,6 +49,9 @@ class CheckpointStorage(Protocol):
 
     def sizes(self, name: str) -> dict[str, int]:
         """Every file under `name`, relative to it, with its size in bytes."""
+
+    def sha256(self, relative: str) -> str:
+        """A file's sha256, read where it is kept (no copy of it is made)."""
 
     def exists(self, name: str) -> bool: ...
 
@@ -69,6 +76,10 @@ class LocalStorage:
             return (self.directory / relative).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        except PermissionError:  # a teammate's file: said, never taken for a missing one
+            from clipforge.checkpoints.access import denied
+
+            raise denied(self.directory / relative, "read") from None
 
     def write(self, relative: str, data: bytes) -> None:
         from clipforge.fsutil import atomic_write_bytes
@@ -77,6 +88,9 @@ class LocalStorage:
 
     def get(self, relative: str, local: Path) -> None:
         shutil.copyfile(self.directory / relative, local)
+
+    def sha256(self, relative: str) -> str:
+        return sha256_file(self.directory / relative)
 
     def sizes(self, name: str) -> dict[str, int]:
         base = self.directory / name
@@ -128,6 +142,13 @@ class FsspecStorage:
 
     def get(self, relative: str, local: Path) -> None:
         self.fs.get_file(self._path(relative), str(local))
+
+    def sha256(self, relative: str) -> str:
+        digest = hashlib.sha256()
+        with self.fs.open(self._path(relative), "rb") as f:
+            while chunk := f.read(_HASH_CHUNK_BYTES):
+                digest.update(chunk)
+        return digest.hexdigest()
 
     def sizes(self, name: str) -> dict[str, int]:
         base = self._path(name)
@@ -212,6 +233,18 @@ def not_whole(storage: CheckpointStorage, tag: str) -> str | None:
     sizes = storage.sizes(tag)
     sizes.pop(CHECKPOINT_MANIFEST, None)
     return size_problem(found, sizes)
+
+
+def not_intact(storage: CheckpointStorage, tag: str) -> str | None:
+    """Why checkpoint `tag` there is not what its manifest says, to the byte: not whole
+    (`not_whole`), or a file whose sha256 differs; None when it is intact. Reads every file:
+    for the guards that decide whether a copy elsewhere may go (`fab clean`, `make down`)."""
+    problem = not_whole(storage, tag)
+    if problem is not None:
+        return problem
+    found = manifest(storage, tag)
+    assert found is not None  # not_whole found it
+    return content_problem(found, lambda name: storage.sha256(f"{tag}/{name}"))
 
 
 def set_aside(storage: CheckpointStorage, name: str) -> str:

@@ -53,18 +53,18 @@ def agree_on_start(
 ) -> None:
     """Rank 0 prepares `latest` (prepare_start) while the others wait; a stage with no intact
     checkpoint then stops on every rank, with rank 0's line."""
-    error = None
+    error: StageError | None = None
     if checkpointer.is_main:
         try:
             prepare_start(checkpointer, stored, report)
-        except StageError as exc:
-            error = str(exc)
+        except StageError as exc:  # its type too: the supervisor's record names the kind
+            error = exc
     if dist.is_initialized() and dist.get_world_size() > 1:
         shared = [error]
         dist.broadcast_object_list(shared, src=0)
         error = shared[0]
     if error:
-        raise StageError(error)
+        raise error.with_traceback(None) from None
 
 
 def prepare_start(

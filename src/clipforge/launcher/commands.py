@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
+from clipforge.fault_record import FAULT_RECORD_ENV
 from clipforge.launcher.host.gpus import hostfile_node
 from clipforge.launcher.host.plan import (
     ENV_FROM_STDIN,
@@ -291,8 +292,14 @@ def node_plan(
     if options.smoke:
         inner.append(("smoke", smoke_argv(python, layout, resume), False))
 
-    # The launch's record goes to the run store with the run (clipforge.store.uploader).
-    env = {**options.env, **node.env, RUN_RECORD_ENV: layout.record}
+    # The launch's record goes to the run store with the run (clipforge.store.uploader); a
+    # stage's deterministic fault to its supervisor (clipforge.fault_record), from a container too.
+    env = {
+        **options.env,
+        **node.env,
+        RUN_RECORD_ENV: layout.record,
+        FAULT_RECORD_ENV: layout.fault_record,
+    }
     phases = []
     for name, argv, restartable in inner:
         spans_nodes = name == "train" and options.nodes > 1  # one process group of every node

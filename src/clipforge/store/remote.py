@@ -193,15 +193,16 @@ class RunStore:
 
 
 def missing_from_store(remote: str, run_id: str, tag: str) -> str | None:
-    """None when the store holds checkpoint `tag` of training run `run_id` whole (its manifest
-    went up after its files, and every file it lists is there with its size); else why not, as a
-    predicate ("is not in the run store ... yet", "is not whole in the run store ...")."""
+    """None when the store holds checkpoint `tag` of training run `run_id` intact (its manifest
+    went up after its files, and every file it lists is there with its size and sha256, read from
+    the store: a copy elsewhere may go on this answer); else why not, as a predicate ("is not in
+    the run store ... yet", "is not whole in the run store ...")."""
     if tag_step(tag) is None:
         return f"is not in the run store {remote} yet"
     try:
         store = RunStore(remote, run_id)
         if places.has_manifest(store.checkpoints, tag):
-            problem = places.not_whole(store.checkpoints, tag)
+            problem = places.not_intact(store.checkpoints, tag)
             if problem is None:
                 return None
             return f"is not whole in the run store {remote} ({problem})"

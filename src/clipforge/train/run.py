@@ -25,6 +25,7 @@ from clipforge import util
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.alerts.progress import collective_timeout_seconds
 from clipforge.checkpoints import resume
+from clipforge.checkpoints.access import check_run_state
 from clipforge.checkpoints.checkpointer import Checkpointer
 from clipforge.checkpoints.lock import Holder, RunLock, lock_run_dir
 from clipforge.errors import StageError
@@ -210,7 +211,7 @@ def set_up(
     # One writer per run, before anything is built or written: a second trainer of the same run
     # stops here in one line. Rank 0 holds it for the run's ranks.
     holder = Holder.this_process()
-    lock = _agreed_on(lambda: lock_run_dir(run_dir, holder), dist.is_main)
+    lock = _agreed_on(lambda: _checked_and_locked(run_dir, holder), dist.is_main)
     try:
         return _set_up_locked(config, paths, device, dist, identity, alerts, holder, lock, stop)
     except BaseException:
@@ -261,8 +262,9 @@ def _set_up_locked(
     )
     state = checkpointer.load(engine)
     _stop_if_asked(stop, device, "the checkpoint")
-    checkpointer.check_space(engine)  # a disk without room for the next save fails now, not then
     start_step = state["step"] if state else 0
+    # a disk without room for the next save fails now, not then
+    checkpointer.check_space(engine, start_step)
     log.info(
         "%s %s at step %d/%d (%d steps/epoch), batch %d = %d micro x %d accum x %d ranks, "
         "%s %s ZeRO-%d",
@@ -450,6 +452,13 @@ def _stop_if_asked(stop: StopFlag, device: str, after: str) -> None:
         raise StopRequested(0, during=f"the set-up, after {after}")
 
 
+def _checked_and_locked(run_dir: Path, holder: Holder) -> RunLock:
+    """The run directory's lock, once every file the start reads or locks there is known to be
+    readable (one line naming the first that is not, and nothing moved)."""
+    check_run_state(run_dir)
+    return lock_run_dir(run_dir, holder)
+
+
 def _agreed_on(take: Callable[[], RunLock], is_main: bool) -> RunLock | None:
     """Rank 0 takes the lock; a refusal stops every rank with rank 0's line (the others would
     wait for it in the next collective)."""
@@ -459,8 +468,8 @@ def _agreed_on(take: Callable[[], RunLock], is_main: bool) -> RunLock | None:
     if is_main:
         try:
             lock = take()
-        except StageError as exc:
-            error = str(exc)
+        except StageError as exc:  # its type too: the supervisor's record names the kind
+            error = exc
     if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
         shared = [error]
         torch_dist.broadcast_object_list(shared, src=0)
@@ -468,7 +477,7 @@ def _agreed_on(take: Callable[[], RunLock], is_main: bool) -> RunLock | None:
     if error:
         if lock:
             lock.release()
-        raise StageError(error)
+        raise error.with_traceback(None) from None
     return lock
 
 

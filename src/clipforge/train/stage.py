@@ -20,7 +20,7 @@ from clipforge import util
 from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.checkpoints.disk import not_writable_message
 from clipforge.cli import load_stage_config, path_argument, run_stage, stage_parser
-from clipforge.errors import StageError
+from clipforge.errors import AccessDenied, StackMismatch, StageError
 from clipforge.model.files import weights_file
 from clipforge.model.names import check_text_tower
 from clipforge.store.remote import open_filesystem
@@ -70,7 +70,7 @@ def _check_inputs(config: TrainParams, paths: dict[str, Path]) -> bytes:
     for key in ("checkpoints", "logs", "metrics", "model"):
         problem = not_writable_message(paths[key])
         if problem:
-            raise StageError(problem)
+            raise AccessDenied(problem)
     if config.storage.remote:  # the library of its protocol (s3fs...); reaching it is not needed
         open_filesystem(config.storage.remote)  # StoreError (a UserError) when it is missing
     return raw
@@ -160,6 +160,14 @@ def _run(args) -> None:
     except KeyboardInterrupt:  # the supervisor's stop is SIGINT: before the StopFlag, one line
         log.warning("stopped on request before training started; rerun the stage to resume")
         raise SystemExit(EXIT_STOPPED) from None
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] == "clipforge":  # our own code: a bug, its traceback
+            raise
+        raise StackMismatch(
+            f"the training stack cannot be imported here ({type(exc).__name__}: {exc}); install "
+            f"the pinned stack (`pip install -e .`, or run in the image: `fab train --runtime "
+            f"docker`)"
+        ) from None
 
     try:
         run_training(config, paths, manifest)

@@ -121,6 +121,11 @@ class NodeLayout:
         return posixpath.join(self.node_dir, "progress")
 
     @property
+    def fault_record(self) -> str:
+        """A failed attempt's deterministic fault, as its stage recorded it (clipforge.fault_record)."""
+        return posixpath.join(self.node_dir, "fault.json")
+
+    @property
     def stop_request(self) -> str:
         return posixpath.join(self.node_dir, "stop")
 

@@ -75,6 +75,8 @@ class SupervisorState:
     """Names (never values) of the secrets passed through to the run."""
     gpus: dict | None = None
     """The GPUs the last attempt ran on and those found gone (see gpu_lost), when known."""
+    last_step: int | None = None
+    """The run's last step when it failed, as its stage recorded it (clipforge.fault_record)."""
 
     def to_dict(self) -> dict:
         raw = dataclasses.asdict(self)
@@ -101,6 +103,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "exits": list,
     "passed_env": list,
     "gpus": (dict, type(None)),
+    "last_step": (int, type(None)),
 }
 
 

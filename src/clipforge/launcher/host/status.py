@@ -21,8 +21,9 @@ import json
 import sys
 import time
 from decimal import Decimal
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from clipforge.checkpoints.layout import tag_step
 from clipforge.ids import launch_id_of, run_ids_in
 from clipforge.launcher.host.record import RunRecord, RunRecordError, read_record
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
@@ -185,10 +186,18 @@ def _sync_state(checkpoints: Path) -> dict:
 
 
 def _latest_checkpoint(checkpoints: Path) -> str | None:
-    markers = sorted(checkpoints.glob("run-*/latest"), key=lambda p: p.stat().st_mtime)
-    if not markers:
-        return None
-    return str(markers[-1].parent / markers[-1].read_text(encoding="utf-8").strip())
+    """What the newest `latest` marker names; a marker that is not a readable file (a folder, a
+    link, another user's) is none: the train stage says what is wrong with it."""
+    markers = sorted(
+        (p for p in checkpoints.glob("run-*/latest") if p.is_file() and not p.is_symlink()),
+        key=lambda p: p.stat().st_mtime,
+    )
+    for marker in reversed(markers):
+        try:
+            return str(marker.parent / marker.read_text(encoding="utf-8").strip())
+        except (OSError, UnicodeDecodeError):
+            continue
+    return None
 
 
 # -- laptop side ---------------------------------------------------------------------------------
@@ -198,7 +207,7 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
     state = state_from_dict(info["state"], "the supervisor's state") if info["state"] else None
     name = state.state if state else None
     total = info.get("total_steps")
-    step = int(row["step"]) if row.get("step") else 0
+    step = last_step(row, state, info.get("latest_checkpoint"))
     if info.get("summary") and name is RunState.FINISHED:
         step = info["summary"].get("steps", step)
     started = state.started_at if state else None
@@ -272,6 +281,18 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
             )
         )
     return rows
+
+
+def last_step(row: dict, state: SupervisorState | None, checkpoint: str | None) -> int:
+    """The run's last step: its last metrics row, the step its stage said it failed at, or its
+    latest checkpoint's, whichever is furthest (the rows may be gone: DVC removes a stage's
+    outputs before it runs it)."""
+    steps = [int(row["step"]) if row.get("step") else 0]
+    if state is not None and state.last_step is not None:
+        steps.append(state.last_step)
+    if checkpoint:
+        steps.append(tag_step(PurePosixPath(checkpoint).name) or 0)
+    return max(steps)
 
 
 def sync_text(sync: SyncState) -> str:

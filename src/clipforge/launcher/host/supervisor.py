@@ -15,6 +15,10 @@ restart is just the same command again. Exit 0 moves on; a stop request (the `st
 SIGTERM/SIGINT to the supervisor) asks the phase to checkpoint and exit and restarts nothing.
 Two attempts in a row that end on the same rendezvous error (the nodes cannot connect: a wrong
 address, a link down, a firewall) are a fault no restart fixes: the supervisor gives up at once.
+A phase that failed on a fault its stage recorded as one that repeats the same way (a full disk,
+a permission, a refused input, a software stack that cannot run it: clipforge.fault_record) is
+not restarted at all: the supervisor gives up at once with the stage's line, and the run's last
+step when the stage knew it, in its state (`fab status`).
 Whenever it gives up, it says why in the log and sends a `run_failed` alert to the webhooks.
 
 Before each attempt it counts the node's GPUs (clipforge.launcher.host.gpus): with some gone
@@ -61,6 +65,7 @@ from clipforge.alerts.progress import (
     find_hang,
     read_progress,
 )
+from clipforge.fault_record import FAULT_RECORD_ENV, clear_fault, read_fault
 from clipforge.fsutil import atomic_write_text, restrict_umask
 from clipforge.ids import run_ids_in
 from clipforge.launcher.host.alert import send_alert, send_run_failed
@@ -235,8 +240,14 @@ class Supervisor:
             exit_record = {"phase": phase.name, "attempt": attempt, "code": code, "at": time.time()}
             if self._hang is not None:
                 exit_record["hang"] = self._hang.describe()
+            fault = read_fault(self.layout.fault_record) if self._hang is None else None
+            if fault is not None:
+                exit_record["fault"] = fault.kind
             exits = (self.state.exits + [exit_record])[-MAX_EXITS_KEPT:]
             self._set(exits=exits)
+            if fault is not None:  # the stage's own line; a restart would meet it again
+                why = f"{fault.cause} (not restarted: it would fail the same way)"
+                return self._give_up(phase, code, why, fault.step)
             restarts = self.state.restarts
             rendezvous = rendezvous_error(self._attempt_output())
             if rendezvous and last_rendezvous_error == rendezvous[0]:
@@ -457,11 +468,20 @@ class Supervisor:
             self._log(f"{exc}; taken as not written yet")
             return None
 
-    def _give_up(self, phase: Phase, code: int | None, why: str) -> str:
+    def _give_up(
+        self, phase: Phase, code: int | None, why: str, last_step: int | None = None
+    ) -> str:
+        """`last_step`: the run's last step, when the failed stage said it (its fault record)."""
         ended = "cannot start" if code is None else f"exited with {_describe(code)}"
         message = f"node {self.layout.node_rank}: phase {phase.name} {ended}; giving up ({why})"
         self._log(message)
-        self._set(state=RunState.FAILED, child_pid=None, finished_at=time.time(), reason=why)
+        self._set(
+            state=RunState.FAILED,
+            child_pid=None,
+            finished_at=time.time(),
+            reason=why,
+            last_step=last_step,
+        )
         self._log(send_run_failed(message, self.layout.launch_id, self._training_run_id()))
         return "failed"
 
@@ -501,10 +521,12 @@ class Supervisor:
         self._attempt_log_start = os.path.getsize(self.layout.train_log)
         shutil.rmtree(self.layout.progress_dir, ignore_errors=True)  # the last attempt's beats
         os.makedirs(self.layout.progress_dir, exist_ok=True)
+        clear_fault(self.layout.fault_record)
         env = {
             **nccl_debug_env(self.layout.progress_dir),
             **os.environ,
             PROGRESS_DIR_ENV: self.layout.progress_dir,
+            FAULT_RECORD_ENV: self.layout.fault_record,
             **phase.env,
         }
         self._child_status = None
