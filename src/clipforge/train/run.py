@@ -23,7 +23,6 @@ import torch
 
 from clipforge import util
 from clipforge.alerts.monitor import AlertMonitor
-from clipforge.alerts.progress import collective_timeout_seconds
 from clipforge.checkpoints import resume
 from clipforge.checkpoints.checkpointer import Checkpointer
 from clipforge.checkpoints.lock import Holder, RunLock, lock_run_dir
@@ -33,6 +32,7 @@ from clipforge.export.local_dir import export_model
 from clipforge.fsutil import atomic_write_text, sha256_file
 from clipforge.ids import launch_id_of
 from clipforge.model.factory import ClipBundle, build_model
+from clipforge.progress import SetUpProgress, collective_timeout_seconds
 from clipforge.store.uploader import (
     StoreSync,
     launch_record,
@@ -160,13 +160,20 @@ class TrainingRun:
         return metrics.get("loss")
 
 
-def run_training(config: TrainParams, paths: dict[str, Path], manifest: bytes) -> dict:
-    """Set up everything, train to the end (or resume to it), export. Returns final scalars."""
+def run_training(
+    config: TrainParams,
+    paths: dict[str, Path],
+    manifest: bytes,
+    setup: SetUpProgress | None = None,
+) -> dict:
+    """Set up everything, train to the end (or resume to it), export. Returns final scalars.
+    `setup` beats at each part of set-up, for the supervisor's hang watchdog."""
     device = resolve_device(config.train.device)
     stop = StopFlag()
     stop.install()  # before the slow set-up, so an early SIGTERM is not lost
+    setup = setup or SetUpProgress(None, config.alerts.setup_budget_seconds)
     try:
-        run = set_up(config, paths, manifest, device, stop)
+        run = set_up(config, paths, manifest, device, stop, setup)
     except BaseException:  # a failed or stopped set-up: the caller's handlers come back
         stop.uninstall()
         raise
@@ -190,12 +197,18 @@ def run_training(config: TrainParams, paths: dict[str, Path], manifest: bytes) -
 
 
 def set_up(
-    config: TrainParams, paths: dict[str, Path], manifest: bytes, device: str, stop: StopFlag
+    config: TrainParams,
+    paths: dict[str, Path],
+    manifest: bytes,
+    device: str,
+    stop: StopFlag,
+    setup: SetUpProgress,
 ) -> TrainingRun:
     """Process group, model, engine (resumed from the latest checkpoint), data, report, alerts."""
+    setup.part("joining the process group")
     # A collective waiting longer than the stall timeout waits on a dead or cut-off peer: it fails
     # then (and the supervisor restarts or gives up) instead of hanging on for torch's default;
-    # under the supervisor's hang watchdog, which acts first, at twice that (alerts/progress.py).
+    # under the supervisor's hang watchdog, which acts first, at twice that (progress.py).
     dist = init_distributed(
         device,
         timeout_seconds=collective_timeout_seconds(config.alerts.stall_timeout_seconds),
@@ -208,9 +221,10 @@ def set_up(
     # One writer per run, before anything is built or written: a second trainer of the same run
     # stops here in one line. Rank 0 holds it for the run's ranks.
     holder = Holder.this_process()
+    setup.part(f"taking the writer lock of {run_dir}")
     lock = _agreed_on(lambda: lock_run_dir(run_dir, holder), dist.is_main)
     try:
-        return _set_up_locked(config, paths, device, dist, identity, alerts, holder, lock)
+        return _set_up_locked(config, paths, device, dist, identity, alerts, holder, lock, setup)
     except BaseException:
         if lock:
             lock.abandon()
@@ -226,6 +240,7 @@ def _set_up_locked(
     alerts: AlertMonitor,
     holder: Holder,
     lock: RunLock | None,
+    setup: SetUpProgress,
 ) -> TrainingRun:
     train = config.train
     run_dir = paths["checkpoints"] / identity
@@ -233,15 +248,19 @@ def _set_up_locked(
         train.precision, device, device == "cuda" and torch.cuda.is_bf16_supported()
     )
     torch.manual_seed(train.seed)
+    setup.part("building the model")
     bundle = build_model(config.model)
     if train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
+    setup.part("settling the batch plan")
     plan = _batch_plan(train, dist, bundle, run_dir, precision)
     files = train_loader.split_files(paths["data"], "train")
     steps_per_epoch = util.steps_per_epoch(files.num_samples, plan.global_batch_size)
     total_steps = util.total_steps(train.max_steps, train.epochs, steps_per_epoch)
+    setup.part("opening the run store")
     store = open_store(config.storage, identity) if dist.is_main else None
     lease_taken = take_store_lease(store, holder) if store else False
+    setup.part("building the DeepSpeed engine")
     engine, checkpointer = _engine_and_checkpointer(
         train,
         plan,
@@ -252,6 +271,7 @@ def _set_up_locked(
         total_steps,
         dist.is_main,
     )
+    setup.part("loading the checkpoint")
     resume.agree_on_start(
         checkpointer, store.checkpoints if store else None, alerts.checkpoint_damaged
     )
@@ -279,6 +299,7 @@ def _set_up_locked(
         transform, mean, std = train_loader.device_decode_transform(bundle.preprocess_train)
     else:
         transform, mean, std = train_loader.uint8_transform(bundle.preprocess_train)
+    setup.part("opening the data")
     tokens = train_loader.stored_tokens(paths["data"], files, bundle.tokenizer, config.model)
     dataset = train_loader.MicroBatches(
         files,

@@ -22,6 +22,7 @@ from clipforge.checkpoints.disk import not_writable_message
 from clipforge.cli import load_stage_config, run_stage, stage_parser
 from clipforge.errors import StageError
 from clipforge.model.files import weights_file
+from clipforge.progress import SetUpProgress
 from clipforge.store.remote import open_filesystem
 from clipforge.train.config import TrainParams, check_one_global_batch
 from clipforge.train.dist import free_port, resolve_device, under_launcher
@@ -148,6 +149,9 @@ def _run(args) -> None:
         if code:
             raise SystemExit(code)
         return
+    # From here on a rank silent for alerts.setup_timeout_seconds is a hang to the supervisor.
+    setup = SetUpProgress.from_environment(config.alerts.setup_budget_seconds)
+    setup.part("importing the training stack")
     # The run imports DeepSpeed, open_clip and the rest of the training stack (seconds): only
     # once the params and inputs are known to be good, so a bad value fails at once; the
     # relaunching parent above never needs them.
@@ -159,7 +163,7 @@ def _run(args) -> None:
         raise SystemExit(EXIT_STOPPED) from None
 
     try:
-        run_training(config, paths, manifest)
+        run_training(config, paths, manifest, setup)
     except StopRequested as stopped:
         log.warning("%s", stopped)
         raise SystemExit(EXIT_STOPPED) from None
