@@ -16,7 +16,8 @@ from tests.support.run_curves import event_steps, tsv_steps
 # A real run through `fab` with a restart: in make test-tier2. make test keeps the claim on a
 # stand-in rank (test_supervisor.py: a rank hung in set-up is a hang on its own budget).
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
-SETUP_SECONDS = 20
+# Long enough for each part of set-up on a loaded 2-core machine (importing the stack: seconds).
+SETUP_SECONDS = 60
 
 
 def test_a_trainer_stopped_in_set_up_is_restarted_and_the_run_finishes(fab, sshd, remote_root):
@@ -38,7 +39,8 @@ def test_a_trainer_stopped_in_set_up_is_restarted_and_the_run_finishes(fab, sshd
     assert stopped_in is not None
     final = run.wait_finished(timeout=900)
     log = (run.node_dir / "train.log").read_text()
-    assert final["state"] == "finished" and final["restarts"] == 1, log[-3000:]
+    supervisor = [line for line in log.splitlines() if "clipforge supervisor" in line]
+    assert final["state"] == "finished" and final["restarts"] == 1, (final, stopped_in, supervisor)
     hang = final["exits"][0]["hang"]
     assert "no progress while" in hang and f"setup_timeout_seconds={SETUP_SECONDS}" in hang
     assert "stacks of rank 0" in log
