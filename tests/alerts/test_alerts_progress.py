@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from clipforge.alerts.progress import (
+from clipforge.progress import (
     PROGRESS_DIR_ENV,
     ProgressFile,
     RankProgress,
+    SetUpProgress,
     collective_timeout_seconds,
     find_hang,
     read_progress,
@@ -73,3 +74,22 @@ def test_from_the_environment_only_under_a_supervisor(tmp_path):
     assert made is not None and (tmp_path / "p").is_dir()
     assert collective_timeout_seconds(10.0, environ={}) == 10.0
     assert collective_timeout_seconds(10.0, environ={PROGRESS_DIR_ENV: "x"}) == 20.0
+
+
+def test_a_beat_without_a_timeout_is_watched_on_the_default_and_says_what_it_did(tmp_path):
+    """Set-up beats name their own budget (alerts.setup_timeout_seconds); the eval stage's name
+    none and take the watcher's default; with no default they are not watched."""
+    clock, wall = Clock(0.0), Clock(900.0)
+    ProgressFile(tmp_path, 0, None, clock=clock, wall_clock=wall).beat(None, "evaluating")
+    SetUpProgress(ProgressFile(tmp_path, 1, 5.0, wall_clock=wall), 5.0).part("building the model")
+    evaluating, building = read_progress(tmp_path)
+    assert (evaluating.stall_timeout_seconds, evaluating.doing) == (None, "evaluating")
+    assert (building.budget, building.doing) == (
+        "alerts.setup_timeout_seconds",
+        "building the model",
+    )
+    assert find_hang([evaluating], now=1000.0, since=800.0) is None
+    hang = find_hang([evaluating, building], now=1000.0, since=800.0, default_timeout=60.0)
+    assert hang is not None and [p.rank for p in hang.silent] == [0, 1]
+    assert "no progress while building the model for 100 s" in hang.describe()
+    assert "(alerts.setup_timeout_seconds=5)" in hang.describe()

@@ -212,3 +212,28 @@ def test_a_recipe_written_into_params_yaml_is_what_the_experiment_shows(pipeline
         assert "'precision': 'bf16'" in str(shown) and "'lr': 0.0005" in str(shown)
     finally:
         subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)
+
+
+def test_a_rerun_of_train_keeps_every_logged_step_once(pipeline_repo):
+    """The curves are the run's record: `dvc repro` of train after a crash resumes from the
+    newest checkpoint with the curve up to it kept (DVC deletes a stage's outputs before it runs
+    it unless they persist) and the steps after it logged again, each once."""
+    tsv = pipeline_repo / "metrics" / "train.tsv"
+    before = [line.split("\t")[0] for line in tsv.read_text().splitlines()[1:]]
+    assert len(before) >= 2
+    (run_dir,) = (pipeline_repo / "checkpoints").iterdir()
+    steps = sorted(p for p in run_dir.iterdir() if p.name.startswith("step-"))
+    assert len(steps) >= 2
+    # the crash: the newest checkpoint never saved, the run resumes from the one before
+    shutil.rmtree(steps[-1])
+    (run_dir / "latest").write_text(steps[-2].name + "\n")
+    resumed_from = int(steps[-2].name.split("-")[1])
+    try:
+        _dvc(pipeline_repo, "repro", "--force", "--single-item", "train")
+        after = [line.split("\t") for line in tsv.read_text().splitlines()[1:]]
+        assert [row[0] for row in after] == before
+        assert resumed_from < int(before[-1])
+        info = json.loads((pipeline_repo / "metrics" / "train.info.json").read_text())
+        assert info["resumed_from_step"] == resumed_from
+    finally:
+        subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from clipforge.alerts.progress import read_progress
 from clipforge.launcher.host.gpus import FAULT_FILE
 from clipforge.launcher.host.plan import Phase, PhasePlan, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.status import collect, summarize
 from clipforge.launcher.host.supervisor import MODULE
+from clipforge.progress import read_progress
 from tests.conftest import subprocess_env, train_argv, write_params
 from tests.support.records import run_record
 from tests.support.same_run import assert_same_run

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from clipforge.alerts.progress import read_progress
 from clipforge.launcher.commands import hostfile_text, multinode_train_argv, node_plan
 from clipforge.launcher.host.gpus import (
     FAULT_FILE,
@@ -36,6 +35,7 @@ from clipforge.launcher.host.plan import Phase, PhasePlan, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.status import collect, summarize
 from clipforge.launcher.host.supervisor import MODULE
+from clipforge.progress import read_progress
 from tests.alerts.alerts_helpers import WebhookServer
 from tests.conftest import subprocess_env, train_argv, write_params
 from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace

@@ -16,10 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clipforge.alerts.progress import read_progress
 from clipforge.launcher.host.plan import Phase, PhasePlan, RestartPolicy
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.supervisor import MODULE
+from clipforge.progress import read_progress
 from tests.conftest import subprocess_env, train_argv, write_params
 from tests.support.wait import wait_for
 

@@ -25,7 +25,7 @@ HOST_PACKAGE = "clipforge.launcher.host"
 # first on import), the user-error type (clipforge.errors), the atomic writes (clipforge.fsutil),
 # the small helpers and the two ids (clipforge.util, clipforge.ids), and the alert delivery the
 # supervisor shares with the stage (clipforge.alerts' events, config, formats, targets, delivery), and the
-# ranks' heartbeats its hang watchdog reads (clipforge.alerts.progress), and the
+# ranks' heartbeats its hang watchdog reads (clipforge.progress), and the
 # checkpoints' names (clipforge.checkpoints.layout, shipped inline by stored_checkpoints), and the
 # run store uploader's state that status reads (clipforge.store.sync_state), and a failed
 # stage's fault record the supervisor reads (clipforge.fault_record).
@@ -45,7 +45,7 @@ ALLOWED_PROJECT = (
     "clipforge.alerts.delivery",
     "clipforge.alerts.events",
     "clipforge.alerts.formats",
-    "clipforge.alerts.progress",
+    "clipforge.progress",
     "clipforge.alerts.targets",
     "clipforge.fields",
     "clipforge.store",

@@ -22,6 +22,7 @@ from tests.launcher.hostprocs import (
     processes_under,
     train_stage_process,
 )
+from tests.support.run_curves import event_steps, tsv_steps
 
 # Two real runs through `fab` (a minute and a half): in make test-tier2 (.ci/run). make test keeps
 # restart, stop and resume on stand-in phases (test_supervisor.py) and a real run launched,
@@ -77,6 +78,14 @@ def test_restarted_run_ends_like_an_uninterrupted_one(killed_run, smoke_run):
     assert _digests(killed_run.code / "models" / "clip") == _digests(
         smoke_run.code / "models" / "clip"
     )
+
+
+def test_the_restarted_runs_curves_hold_every_step_once(killed_run):
+    """The restart went through `dvc exp run` again: the curve before the checkpoint it resumed
+    from is still there (DVC does not delete the persistent TSVs), and the steps after it, logged
+    before the kill and again after the restart, are there once, in TensorBoard too."""
+    assert tsv_steps(killed_run.code) == list(range(1, 9))
+    assert event_steps(killed_run.code) == list(range(1, 9))
 
 
 def test_restart_is_logged_and_counted_in_status(killed_run):
@@ -204,6 +213,9 @@ def test_resume_after_stop_trains_on_to_the_same_result(stopped_run, smoke_run):
     info = json.loads((stopped_run.code / "metrics" / "train.info.json").read_text())
     assert info["resumed_from_step"] == stopped_at
     assert summary["loss"] == reference["loss"] and summary["val_loss"] == reference["val_loss"]
+    # the steps before the stop kept, this run's only (not the checkout's earlier run's)
+    assert tsv_steps(stopped_run.code) == list(range(1, 9))
+    assert event_steps(stopped_run.code) == list(range(1, 9))
 
 
 def test_logs_follow_streams_until_the_run_ends(stopped_run):

@@ -13,6 +13,7 @@ from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.supervisor import MODULE
 from tests.conftest import REPO
 from tests.launcher.hostprocs import processes_under
+from tests.support.records import run_record
 from tests.support.wait import wait_for
 
 
@@ -183,7 +184,7 @@ def test_backoff_doubles_up_to_its_cap():
 # beats, it stops itself (SIGSTOP, as a wedged process), on the next it finishes.
 _HUNG_RANK = """
 import os, signal, sys, time
-from clipforge.alerts.progress import ProgressFile
+from clipforge.progress import ProgressFile
 progress = ProgressFile.from_environment(0, float(sys.argv[1]))
 first = not os.path.exists("attempted")
 open("attempted", "a").close()
@@ -216,3 +217,77 @@ def test_a_hung_rank_is_dumped_alerted_killed_and_restarted(tmp_path, webhook):
     assert "hung and was killed; restart 1/3" in log
     (alert,) = [r.body for r in webhook.wait_for(1) if r.body["rule"] == "hang"]
     assert alert["severity"] == "critical" and "rank 0" in alert["message"]
+
+
+# A stand-in for a rank in set-up: it beats as the train stage's set-up does (each part with
+# alerts.setup_timeout_seconds, argv[1]); on its first attempt it stops itself while "loading
+# the checkpoint", before any step, as a rank on a dead mount would; on the next it finishes.
+_HUNG_IN_SET_UP = """
+import os, signal, sys
+from clipforge.progress import ProgressFile, SetUpProgress
+setup = SetUpProgress.from_environment(float(sys.argv[1]))
+setup.part("building the model")
+first = not os.path.exists("attempted")
+open("attempted", "a").close()
+setup.part("loading the checkpoint")
+if first:
+    os.kill(os.getpid(), signal.SIGSTOP)
+ProgressFile.from_environment(0, 60.0).close(0)
+"""
+
+
+def test_a_rank_hung_in_set_up_is_a_hang_on_its_own_budget(tmp_path, webhook):
+    """Before its first step a rank is watched too, on alerts.setup_timeout_seconds: stopped
+    while loading the checkpoint, it is dumped, alerted and restarted like a rank hung in a
+    step, and the exit says where it hung and which setting ran out."""
+    phase = Phase(
+        name="train",
+        argv=[sys.executable, "-c", _HUNG_IN_SET_UP, "2"],
+        cwd=str(tmp_path),
+        env={"PYTHONPATH": str(REPO / "src")},
+    )
+    process = _supervise(tmp_path, phase, env={"CLIPFORGE_ALERT_WEBHOOKS": webhook.url()})
+    state = _state(tmp_path)
+    assert process.returncode == 0 and state["state"] == "finished", _log(tmp_path)[-2000:]
+    hang = state["exits"][0]["hang"]
+    assert "no progress while loading the checkpoint for" in hang
+    assert "last step none" in hang and "alerts.setup_timeout_seconds=2" in hang
+    assert 'File "<string>"' in _log(tmp_path)  # the stopped rank's stack, from faulthandler
+    (alert,) = [r.body for r in webhook.wait_for(1) if r.body["rule"] == "hang"]
+    assert "loading the checkpoint" in alert["message"]
+
+
+# A stand-in for the eval stage: it beats without a timeout of its own (it reads no alerts:)
+# and stops itself on its first attempt; the supervisor applies the run's stall timeout.
+_HUNG_EVAL = """
+import os, signal
+from clipforge.progress import ProgressFile
+progress = ProgressFile.from_environment(0, None)
+progress.beat(None, "evaluating")
+first = not os.path.exists("attempted")
+open("attempted", "a").close()
+if first:
+    os.kill(os.getpid(), signal.SIGSTOP)
+progress.close(None)
+"""
+
+
+def test_a_hung_eval_is_a_hang_on_the_runs_stall_timeout(tmp_path):
+    """The eval phase beats without a budget of its own: silent for the run's
+    alerts.stall_timeout_seconds (from its record's params) it is a hang, restarted."""
+    node = _node(tmp_path)
+    Path(node.node_dir).mkdir(parents=True)
+    Path(node.record).write_text(
+        run_record(params={"alerts": {"stall_timeout_seconds": 2}}).to_json()
+    )
+    phase = Phase(
+        name="eval",
+        argv=[sys.executable, "-c", _HUNG_EVAL],
+        cwd=str(tmp_path),
+        env={"PYTHONPATH": str(REPO / "src")},
+    )
+    process = _supervise(tmp_path, phase)
+    state = _state(tmp_path)
+    assert process.returncode == 0 and state["state"] == "finished", _log(tmp_path)[-2000:]
+    assert "no progress while evaluating for" in state["exits"][0]["hang"]
+    assert "alerts.stall_timeout_seconds=2" in state["exits"][0]["hang"]

@@ -84,7 +84,14 @@ class AlertsConfig(Section):
         900.0,
         "Alert when no step completed for this long (a hung collective or a dead GPU); "
         "also how long a collective waits for a peer before it fails (a restart follows). "
-        "Must exceed the longest step, checkpoint save or validation.",
+        "Must exceed the longest step, checkpoint save, validation or export.",
+        gt=0.0,
+    )
+    setup_timeout_seconds: float | None = knob(
+        None,
+        "Under the launcher's supervisor, each part of a rank's set-up (joining the process "
+        "group, building the model and the engine, loading the checkpoint) silent for this long "
+        "is a hang: stacks dumped, an alert, a restart. None: stall_timeout_seconds.",
         gt=0.0,
     )
     min_seconds_between_repeats: float = knob(
@@ -120,3 +127,8 @@ class AlertsConfig(Section):
         "messages (e.g. `run finished`) to be delivered.",
         ge=0.0,
     )
+
+    @property
+    def setup_budget_seconds(self) -> float:
+        """The set-up budget in force: setup_timeout_seconds, or the stall timeout."""
+        return self.setup_timeout_seconds or self.stall_timeout_seconds

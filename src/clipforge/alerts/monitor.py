@@ -25,11 +25,11 @@ from clipforge.alerts.delivery import WebhookDispatcher
 from clipforge.alerts.events import Alert, DeliveryOutcome, Finding, TextEvent
 from clipforge.alerts.gpu import GpuHealthRules, GpuPoller, GpuReader, open_nvml
 from clipforge.alerts.health import HealthReading, HealthRules
-from clipforge.alerts.progress import ProgressFile
 from clipforge.alerts.ratelimit import AlertGate
 from clipforge.alerts.rules import StepRules, StepVerdict
 from clipforge.alerts.targets import WebhookTarget, load_targets, redact
 from clipforge.alerts.watchdog import StallWatchdog
+from clipforge.progress import ProgressFile
 
 _LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
 # TensorBoard text is for reading, not archiving: keep the latest if the loop never drains.

@@ -52,21 +52,38 @@ def _batches(preprocess: Callable, images: Sequence[bytes | Path], batch_size: i
         yield pending.result()
 
 
+def _no_beat() -> None:
+    pass
+
+
 def encode_images(
-    model, preprocess: Callable, images: Sequence[bytes | Path], batch_size: int, device: str
+    model,
+    preprocess: Callable,
+    images: Sequence[bytes | Path],
+    batch_size: int,
+    device: str,
+    beat: Callable[[], None] = _no_beat,
 ):
     """L2-normalised image features [images, d] on the CPU, in the order of `images` (encoded
-    image files, or paths of them)."""
+    image files, or paths of them). `beat` is called per batch: progress, for a hang watchdog."""
     import torch
 
     chunks = []
     with torch.no_grad():
         for pixels in _batches(preprocess, images, batch_size):
             chunks.append(model.encode_image(pixels.to(device), normalize=True).float().cpu())
+            beat()
     return torch.cat(chunks)
 
 
-def encode_texts(model, tokenizer: Callable, texts: list[str], batch_size: int, device: str):
+def encode_texts(
+    model,
+    tokenizer: Callable,
+    texts: list[str],
+    batch_size: int,
+    device: str,
+    beat: Callable[[], None] = _no_beat,
+):
     import torch
 
     chunks = []
@@ -74,6 +91,7 @@ def encode_texts(model, tokenizer: Callable, texts: list[str], batch_size: int, 
         for start in range(0, len(texts), batch_size):
             tokens = tokenizer(texts[start : start + batch_size]).to(device)
             chunks.append(model.encode_text(tokens, normalize=True).float().cpu())
+            beat()
     return torch.cat(chunks)
 
 
@@ -82,29 +100,44 @@ def prompts(class_names: list[str], templates: Sequence[str]) -> list[str]:
     return [template.replace("{}", name) for name in class_names for template in templates]
 
 
-def score_suite(model, preprocess, tokenizer, suite: Suite, batch_size: int, device: str) -> dict:
+def score_suite(
+    model,
+    preprocess,
+    tokenizer,
+    suite: Suite,
+    batch_size: int,
+    device: str,
+    beat: Callable[[], None] = _no_beat,
+) -> dict:
     """The suite's metrics: recall (retrieval) or top-1/top-5 accuracy (classification)."""
     data = suite.data
     if isinstance(data, ClassificationSet):
-        image_features = encode_images(model, preprocess, data.images, batch_size, device)
+        image_features = encode_images(model, preprocess, data.images, batch_size, device, beat)
         prompt_features = encode_texts(
-            model, tokenizer, prompts(data.class_names, suite.templates), batch_size, device
+            model, tokenizer, prompts(data.class_names, suite.templates), batch_size, device, beat
         )
         classes = class_embeddings(prompt_features, len(suite.templates))
         return zero_shot_accuracy(image_features, classes, data.labels)
-    image_features = encode_images(model, preprocess, data.images, batch_size, device)
-    text_features = encode_texts(model, tokenizer, [t.text for t in data.texts], batch_size, device)
+    image_features = encode_images(model, preprocess, data.images, batch_size, device, beat)
+    texts = [t.text for t in data.texts]
+    text_features = encode_texts(model, tokenizer, texts, batch_size, device, beat)
     relevant = relevance_matrix(data.image_ids, data.texts)
     return retrieval_metrics(image_features, text_features, relevant, suite.config.directions)
 
 
 def evaluate(
-    spec: str, pretrained: str | None, suites: list[Suite], batch_size: int, device: str, what: str
+    spec: str,
+    pretrained: str | None,
+    suites: list[Suite],
+    batch_size: int,
+    device: str,
+    what: str,
+    beat: Callable[[], None] = _no_beat,
 ) -> dict[str, dict]:
     """{suite name: metrics} of one model, loaded once; `what` names it in errors (--model,
-    eval.baseline_model)."""
+    eval.baseline_model); `beat` is called per batch encoded."""
     model, preprocess, tokenizer = load_model(spec, pretrained, device, what)
     return {
-        suite.name: score_suite(model, preprocess, tokenizer, suite, batch_size, device)
+        suite.name: score_suite(model, preprocess, tokenizer, suite, batch_size, device, beat)
         for suite in suites
     }

@@ -32,6 +32,7 @@ from clipforge.export.card import CARD_FILE, with_eval_metrics
 from clipforge.fsutil import atomic_write_text
 from clipforge.metrics import classification, retrieval
 from clipforge.model.files import ModelFilesError, check_model_weights
+from clipforge.progress import ProgressFile
 
 log = logging.getLogger("clipforge.eval")
 
@@ -152,6 +153,12 @@ def _run(args) -> None:
         log.warning("suite %s skipped (optional): %s", name, reason)
     for warning in (w for suite in suites for w in suite.warnings()):
         log.warning("%s (flagged in %s)", warning, args.out)
+    # Under the supervisor, a stage silent for the run's stall timeout is a hang (it reads no
+    # alerts: section; its beats name no timeout and the supervisor applies the run's).
+    progress = ProgressFile.from_environment(0, None)
+    beat = (lambda: progress.beat(None, "evaluating")) if progress else (lambda: None)
+    if progress:
+        progress.doing("loading the model to evaluate", None, "alerts.stall_timeout_seconds")
     import torch
 
     device = (
@@ -160,7 +167,7 @@ def _run(args) -> None:
         else "cpu"
     )
     scores, *baseline = [
-        evaluate(spec, pretrained, suites, cfg.batch_size, device, what)
+        evaluate(spec, pretrained, suites, cfg.batch_size, device, what, beat)
         for spec, pretrained, what, _ in models
     ]
     metrics = metrics_record(scores, suites)

@@ -23,7 +23,6 @@ import torch
 
 from clipforge import util
 from clipforge.alerts.monitor import AlertMonitor
-from clipforge.alerts.progress import collective_timeout_seconds
 from clipforge.checkpoints import resume
 from clipforge.checkpoints.access import check_run_state
 from clipforge.checkpoints.checkpointer import Checkpointer
@@ -34,6 +33,7 @@ from clipforge.export.local_dir import export_model
 from clipforge.fsutil import atomic_write_text, sha256_file
 from clipforge.ids import launch_id_of
 from clipforge.model.factory import ClipBundle, build_model
+from clipforge.progress import SetUpProgress, collective_timeout_seconds
 from clipforge.store.uploader import (
     StoreSync,
     launch_record,
@@ -161,13 +161,20 @@ class TrainingRun:
         return metrics.get("loss")
 
 
-def run_training(config: TrainParams, paths: dict[str, Path], manifest: bytes) -> dict:
-    """Set up everything, train to the end (or resume to it), export. Returns final scalars."""
+def run_training(
+    config: TrainParams,
+    paths: dict[str, Path],
+    manifest: bytes,
+    setup: SetUpProgress | None = None,
+) -> dict:
+    """Set up everything, train to the end (or resume to it), export. Returns final scalars.
+    `setup` beats at each part of set-up, for the supervisor's hang watchdog."""
     device = resolve_device(config.train.device)
     stop = StopFlag()
     stop.install()  # before the slow set-up, so an early SIGTERM is not lost
+    setup = setup or SetUpProgress(None, config.alerts.setup_budget_seconds)
     try:
-        run = set_up(config, paths, manifest, device, stop)
+        run = set_up(config, paths, manifest, device, stop, setup)
     except BaseException:  # a failed or stopped set-up: the caller's handlers come back
         stop.uninstall()
         raise
@@ -191,12 +198,18 @@ def run_training(config: TrainParams, paths: dict[str, Path], manifest: bytes) -
 
 
 def set_up(
-    config: TrainParams, paths: dict[str, Path], manifest: bytes, device: str, stop: StopFlag
+    config: TrainParams,
+    paths: dict[str, Path],
+    manifest: bytes,
+    device: str,
+    stop: StopFlag,
+    setup: SetUpProgress,
 ) -> TrainingRun:
     """Process group, model, engine (resumed from the latest checkpoint), data, report, alerts."""
+    setup.part("joining the process group")
     # A collective waiting longer than the stall timeout waits on a dead or cut-off peer: it fails
     # then (and the supervisor restarts or gives up) instead of hanging on for torch's default;
-    # under the supervisor's hang watchdog, which acts first, at twice that (alerts/progress.py).
+    # under the supervisor's hang watchdog, which acts first, at twice that (progress.py).
     dist = init_distributed(
         device,
         timeout_seconds=collective_timeout_seconds(config.alerts.stall_timeout_seconds),
@@ -211,9 +224,12 @@ def set_up(
     # One writer per run, before anything is built or written: a second trainer of the same run
     # stops here in one line. Rank 0 holds it for the run's ranks.
     holder = Holder.this_process()
+    setup.part(f"taking the writer lock of {run_dir}")
     lock = _agreed_on(lambda: _checked_and_locked(run_dir, holder), dist.is_main)
     try:
-        return _set_up_locked(config, paths, device, dist, identity, alerts, holder, lock, stop)
+        return _set_up_locked(
+            config, paths, device, dist, identity, alerts, holder, lock, stop, setup
+        )
     except BaseException:
         if lock:
             lock.abandon()
@@ -230,22 +246,27 @@ def _set_up_locked(
     holder: Holder,
     lock: RunLock | None,
     stop: StopFlag,
+    setup: SetUpProgress,
 ) -> TrainingRun:
     train = config.train
     run_dir = paths["checkpoints"] / identity
     precision = resolve_precision(train.precision, device, device_has_bf16(device))
     torch.manual_seed(train.seed)
+    setup.part("building the model")
     bundle = build_model(config.model)
     _stop_if_asked(stop, device, "the model")
     if train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
+    setup.part("settling the batch plan")
     plan = _batch_plan(train, dist, bundle, run_dir, precision)
     _stop_if_asked(stop, device, "the micro batch")
     files = train_loader.split_files(paths["data"], "train")
     steps_per_epoch = util.steps_per_epoch(files.num_samples, plan.global_batch_size)
     total_steps = util.total_steps(train.max_steps, train.epochs, steps_per_epoch)
+    setup.part("opening the run store")
     store = open_store(config.storage, identity) if dist.is_main else None
     lease_taken = take_store_lease(store, holder) if store else False
+    setup.part("building the DeepSpeed engine")
     engine, checkpointer = _engine_and_checkpointer(
         train,
         plan,
@@ -257,6 +278,7 @@ def _set_up_locked(
         dist.is_main,
     )
     _stop_if_asked(stop, device, "DeepSpeed's engine")
+    setup.part("loading the checkpoint")
     resume.agree_on_start(
         checkpointer, store.checkpoints if store else None, alerts.checkpoint_damaged
     )
@@ -286,6 +308,7 @@ def _set_up_locked(
         transform, mean, std = train_loader.device_decode_transform(bundle.preprocess_train)
     else:
         transform, mean, std = train_loader.uint8_transform(bundle.preprocess_train)
+    setup.part("opening the data")
     tokens = train_loader.stored_tokens(paths["data"], files, bundle.tokenizer, config.model)
     dataset = train_loader.MicroBatches(
         files,

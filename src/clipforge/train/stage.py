@@ -23,6 +23,7 @@ from clipforge.cli import load_stage_config, path_argument, run_stage, stage_par
 from clipforge.errors import AccessDenied, StackMismatch, StageError
 from clipforge.model.files import weights_file
 from clipforge.model.names import check_text_tower
+from clipforge.progress import SetUpProgress
 from clipforge.store.remote import open_filesystem
 from clipforge.train.config import TrainParams, check_one_global_batch
 from clipforge.train.dist import free_port, resolve_device, under_launcher
@@ -151,6 +152,9 @@ def _run(args) -> None:
         if code:
             raise SystemExit(code)
         return
+    # From here on a rank silent for alerts.setup_timeout_seconds is a hang to the supervisor.
+    setup = SetUpProgress.from_environment(config.alerts.setup_budget_seconds)
+    setup.part("importing the training stack")
     # The run imports DeepSpeed, open_clip and the rest of the training stack (seconds): only
     # once the params and inputs are known to be good, so a bad value fails at once; the
     # relaunching parent above never needs them.
@@ -170,7 +174,7 @@ def _run(args) -> None:
         ) from None
 
     try:
-        run_training(config, paths, manifest)
+        run_training(config, paths, manifest, setup)
     except StopRequested as stopped:
         log.warning("%s", stopped)
         raise SystemExit(EXIT_STOPPED) from None

@@ -27,7 +27,7 @@ all run the same number, so before each attempt of their train phase every node 
 count to the run's shared storage and node 0's supervisor, where the process group meets,
 decides for all (`_agreed`); the others wait for that decision.
 
-A hang is a crash. Every rank writes a heartbeat (clipforge.alerts.progress) into
+A hang is a crash. Every rank writes a heartbeat (clipforge.progress) into
 NODE_DIR/progress; a rank silent for its `alerts.stall_timeout_seconds` makes the supervisor
 dump the stacks of every rank into the run's log (py-spy when installed, else each rank's
 faulthandler on SIGUSR1), send a `hang` alert, and kill the attempt: the restart resumes from
@@ -57,14 +57,6 @@ from pathlib import Path
 
 from clipforge.alerts import events
 from clipforge.alerts.config import AlertsConfig
-from clipforge.alerts.progress import (
-    PROGRESS_DIR_ENV,
-    STACK_DUMP_SIGNAL,
-    Hang,
-    collective_timeout_seconds,
-    find_hang,
-    read_progress,
-)
 from clipforge.fault_record import FAULT_RECORD_ENV, clear_fault, read_fault
 from clipforge.fsutil import atomic_write_text, restrict_umask
 from clipforge.ids import run_ids_in
@@ -94,6 +86,14 @@ from clipforge.launcher.host.state import (
     StateFileError,
     SupervisorState,
     read_state,
+)
+from clipforge.progress import (
+    PROGRESS_DIR_ENV,
+    STACK_DUMP_SIGNAL,
+    Hang,
+    collective_timeout_seconds,
+    find_hang,
+    read_progress,
 )
 
 MODULE = "clipforge.launcher.host.supervisor"  # as `python -m` runs it: how its process is found
@@ -142,6 +142,17 @@ def rendezvous_error(output: str) -> tuple[str, str] | None:
         return None
     line = lines[-1].strip()
     return re.sub(r"\d+", "#", line), line
+
+
+def stall_timeout_of(record: RunRecord | None) -> float:
+    """The run's alerts.stall_timeout_seconds, from the params of its record (else the default):
+    the watchdog's budget for a beat that names none (the eval stage's)."""
+    alerts = record.params.get("alerts") if record else None
+    stall = (alerts if isinstance(alerts, dict) else {}).get("stall_timeout_seconds")
+    try:
+        return float(stall) if stall is not None else AlertsConfig().stall_timeout_seconds
+    except (TypeError, ValueError):
+        return AlertsConfig().stall_timeout_seconds
 
 
 def supervisor_pid(layout: NodeLayout) -> int | None:
@@ -419,12 +430,10 @@ class Supervisor:
         os.makedirs(os.path.dirname(self.layout.gpu_report()), exist_ok=True)
         atomic_write_text(self.layout.gpu_report(), report.to_json())
         last = self._gpu_record(read_decision, self.layout.gpu_decision) if rank == 0 else None
-        alerts = record.params.get("alerts")
-        stall = (alerts if isinstance(alerts, dict) else {}).get(
-            "stall_timeout_seconds", AlertsConfig().stall_timeout_seconds
-        )
         timeout = (
-            collective_timeout_seconds(float(stall), {PROGRESS_DIR_ENV: self.layout.progress_dir})
+            collective_timeout_seconds(
+                stall_timeout_of(record), {PROGRESS_DIR_ENV: self.layout.progress_dir}
+            )
             + self.plan.policy.backoff_max_seconds
         )
         deadline = time.monotonic() + timeout
@@ -466,6 +475,12 @@ class Supervisor:
             return read(path)
         except GpuRecordError as exc:
             self._log(f"{exc}; taken as not written yet")
+            return None
+
+    def _record_or_none(self) -> RunRecord | None:
+        try:
+            return read_record(self.layout.record)
+        except RunRecordError:
             return None
 
     def _give_up(
@@ -558,13 +573,14 @@ class Supervisor:
         group = child.pid  # a new session: the child leads its own process group
         stop_deadline = None
         attempt_started = time.time()
+        stall = stall_timeout_of(self._record_or_none())
         while self._child_status is None:
             self._reap(child.pid)
             if self._child_status is not None:
                 break
             if stop_deadline is None and self._hang is None:
                 hang = find_hang(
-                    read_progress(self.layout.progress_dir), time.time(), attempt_started
+                    read_progress(self.layout.progress_dir), time.time(), attempt_started, stall
                 )
                 if hang is not None:
                     self._handle_hang(hang, group)
