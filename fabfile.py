@@ -7,6 +7,7 @@
                               (the default without -H when the stack's runMode is jobs)
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
   fab status|fetch|tensorboard --launch ID --from-store (or --launch ID and no -H)   (the run store)
+  fab compare RUN_A RUN_B [--tolerance X]   two runs side by side, exit 0/1 on the verdict
   (--launch: a launch id, as `fab train` prints it; --run is the same flag)
 
 Hosts: `fab -H user@host[:port][,...] -i KEY <task>`, or without -H the workers of the stack that
@@ -43,6 +44,7 @@ from clipforge.launcher.run_source import RunSource, StoredRun
 from clipforge.launcher.session import Settings, settings_from
 from clipforge.launcher.source import current_source
 from clipforge.launcher.ssh_hosts import Failover, SshHosts
+from clipforge.repro import commands as repro
 
 # Each setting's default, declared with its type and doc in clipforge.launcher.session.Settings.
 SETTINGS = session.defaults()
@@ -414,7 +416,39 @@ def clean_(c: Invocation, run=None, all_=False, force=False, launch=None):
         _say(f"(the newest run only: {fab} clean --launch ID for another, --all for every run)")
 
 
-ns = Collection(check, train, status, logs, tensorboard, stop, fetch, clean_)
+def local_task(body=None, **task_options):
+    """A task that acts here, on no host; a user error ends it with one line and exit 1."""
+
+    def decorate(body):
+        @functools.wraps(body)
+        def run_here(c, *args, **options):
+            try:
+                return body(c, *args, **options)
+            except UserError as exc:
+                raise Exit(f"fab {body.__name__}: error: {exc}", code=1) from None
+
+        return task(run_here, **task_options)
+
+    return decorate(body) if body else decorate
+
+
+@local_task(
+    help={
+        "run_a": "a run folder (runs/<launch id> as `fab fetch` brought it, or a workspace) or "
+        "a launch id under runs/",
+        "run_b": "the other run, likewise",
+        "tolerance": "absolute difference every metric may show when the weights are not "
+        "bit-identical (default 0: bit-identical weights only)",
+    }
+)
+def compare(c, run_a, run_b, tolerance="0"):
+    """Params, data and environment differences, metrics side by side, final weights, verdict
+    (exit 0: identical or within --tolerance; 1: different)."""
+    if not repro.compare_runs(run_a, run_b, repro.parse_tolerance(tolerance), _say):
+        raise Exit(code=1)
+
+
+ns = Collection(check, train, status, logs, tensorboard, stop, fetch, clean_, compare)
 ns.configure({"clipforge": dict(SETTINGS)})
 
 if __name__ == "__main__":
