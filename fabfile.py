@@ -8,6 +8,7 @@
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
   fab status|fetch|tensorboard --launch ID --from-store (or --launch ID and no -H)   (the run store)
   fab compare RUN_A RUN_B [--tolerance X]   two runs side by side, exit 0/1 on the verdict
+  fab publish RUN --to URL | fab pull URL --to DIR   a model handed on, and fetched back verified
   (--launch: a launch id, as `fab train` prints it; --run is the same flag)
 
 Hosts: `fab -H user@host[:port][,...] -i KEY <task>`, or without -H the workers of the stack that
@@ -448,7 +449,28 @@ def compare(c, run_a, run_b, tolerance="0"):
         raise Exit(code=1)
 
 
-ns = Collection(check, train, status, logs, tensorboard, stop, fetch, clean_, compare)
+@local_task(
+    help={
+        "run": "a run folder (runs/<launch id>, a workspace) or a launch id under runs/",
+        "to": "where: any fsspec URL (s3://bucket/models/name, ...) or a local folder",
+    }
+)
+def publish(c, run, to):
+    """The open_clip and transformers exports, the model card (environment, metrics, the
+    `fab rerun` line), the run's record and a SHA256SUMS file, as one hub-style folder."""
+    repro.publish_run(run, to, _say)
+
+
+@local_task(help={"url": "a published model (fab publish --to URL)", "to": "local folder"})
+def pull(c, url, to):
+    """Fetch a published model into a local folder, every file checked against its SHA256SUMS;
+    open_clip loads it as local-dir:FOLDER."""
+    repro.pull_model(url, to, _say)
+
+
+ns = Collection(
+    check, train, status, logs, tensorboard, stop, fetch, clean_, compare, publish, pull
+)
 ns.configure({"clipforge": dict(SETTINGS)})
 
 if __name__ == "__main__":

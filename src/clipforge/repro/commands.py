@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clipforge.errors import UserError
+from clipforge.repro import publish
 from clipforge.repro.compare import compare, format_report
-from clipforge.repro.run_folder import find_run, read_run
+from clipforge.repro.run_folder import RunFolder, find_run, read_run
 
 
 def parse_tolerance(text: object) -> float:
@@ -33,3 +34,18 @@ def compare_runs(
     result = compare(read_run(find_run(run_a, runs)), read_run(find_run(run_b, runs)), tolerance)
     say(format_report(result))
     return result.passed
+
+
+def rerun_line(run: RunFolder) -> str:
+    """The command that repeats the run: by its launch id when `fab train` started it."""
+    launch_id = (run.launch or {}).get("launch_id")
+    return f"fab rerun {launch_id or run.path}"
+
+
+def publish_run(run: str, url: str, say: Callable[[str], None], runs: Path = Path("runs")) -> None:
+    folder = read_run(find_run(run, runs))
+    publish.publish(folder, url, rerun_line(folder), say)
+
+
+def pull_model(url: str, to: str, say: Callable[[str], None]) -> Path:
+    return publish.pull(url, Path(to), say)
