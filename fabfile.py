@@ -7,6 +7,8 @@
                               (the default without -H when the stack's runMode is jobs)
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
   fab status|fetch|tensorboard --launch ID --from-store (or --launch ID and no -H)   (the run store)
+  fab compare RUN_A RUN_B [--tolerance X]   two runs side by side, exit 0/1 on the verdict
+  fab publish RUN --to URL | fab pull URL --to DIR   a model handed on, and fetched back verified
   (--launch: a launch id, as `fab train` prints it; --run is the same flag)
 
 Hosts: `fab -H user@host[:port][,...] -i KEY <task>`, or without -H the workers of the stack that
@@ -44,6 +46,7 @@ from clipforge.launcher.run_source import RunSource, StoredRun
 from clipforge.launcher.session import Settings, settings_from
 from clipforge.launcher.source import current_source
 from clipforge.launcher.ssh_hosts import Failover, SshHosts
+from clipforge.repro import commands as repro
 
 # Each setting's default, declared with its type and doc in clipforge.launcher.session.Settings.
 SETTINGS = session.defaults()
@@ -421,7 +424,60 @@ def clean_(c: Invocation, run=None, all_=False, force=False, launch=None):
         _say(f"(the newest run only: {fab} clean --launch ID for another, --all for every run)")
 
 
-ns = Collection(check, train, status, logs, tensorboard, stop, fetch, clean_)
+def local_task(body=None, **task_options):
+    """A task that acts here, on no host; a user error ends it with one line and exit 1."""
+
+    def decorate(body):
+        @functools.wraps(body)
+        def run_here(c, *args, **options):
+            try:
+                return body(c, *args, **options)
+            except UserError as exc:
+                raise Exit(f"fab {body.__name__}: error: {exc}", code=1) from None
+
+        return task(run_here, **task_options)
+
+    return decorate(body) if body else decorate
+
+
+@local_task(
+    help={
+        "run_a": "a run folder (runs/<launch id> as `fab fetch` brought it, or a workspace) or "
+        "a launch id under runs/",
+        "run_b": "the other run, likewise",
+        "tolerance": "absolute difference every metric may show when the weights are not "
+        "bit-identical (default 0: bit-identical weights only)",
+    }
+)
+def compare(c, run_a, run_b, tolerance="0"):
+    """Params, data and environment differences, metrics side by side, final weights, verdict
+    (exit 0: identical or within --tolerance; 1: different)."""
+    if not repro.compare_runs(run_a, run_b, repro.parse_tolerance(tolerance), _say):
+        raise Exit(code=1)
+
+
+@local_task(
+    help={
+        "run": "a run folder (runs/<launch id>, a workspace) or a launch id under runs/",
+        "to": "where: any fsspec URL (s3://bucket/models/name, ...) or a local folder",
+    }
+)
+def publish(c, run, to):
+    """The open_clip and transformers exports, the model card (environment, metrics, the
+    `fab rerun` line), the run's record and a SHA256SUMS file, as one hub-style folder."""
+    repro.publish_run(run, to, _say)
+
+
+@local_task(help={"url": "a published model (fab publish --to URL)", "to": "local folder"})
+def pull(c, url, to):
+    """Fetch a published model into a local folder, every file checked against its SHA256SUMS;
+    open_clip loads it as local-dir:FOLDER."""
+    repro.pull_model(url, to, _say)
+
+
+ns = Collection(
+    check, train, status, logs, tensorboard, stop, fetch, clean_, compare, publish, pull
+)
 ns.configure({"clipforge": dict(SETTINGS)})
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ image-push:  ## build, then push as $(REGISTRY)/$(IMAGE_REPOSITORY):$(IMAGE_TAG)
 lock:  ## re-resolve docker/requirements.lock from pyproject.toml (uv)
 	UV='$(UV)' PYTHON='$(IMAGE_PYTHON)' docker/lock.sh
 
-pin-base:  ## resolve the base images' digests (docker buildx imagetools)
-	DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' docker/pin-base.sh
+pin-base:  ## resolve the base images' digests (docker buildx imagetools; OFFLINE=1: the pulled bases')
+	DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' OFFLINE='$(OFFLINE)' docker/pin-base.sh
 
 # ~10 minutes and 2.5 GB on a fresh machine: not part of `make test`; .ci/run calls it.
 smoke-pinned: env  ## data -> train -> eval on the image's locked stack, CPU, 1 rank (~10 min)

@@ -314,8 +314,9 @@ def main(argv: list[str]) -> int:
         if unset:
             print(
                 f"the base image digest is not pinned for {', '.join(unset)}: run `make pin-base` "
-                f"(needs docker buildx and access to Docker Hub), review the diff of pyproject.toml "
-                f"and docker/Dockerfile, and commit it",
+                f"(docker buildx and Docker Hub; offline, with the bases pulled or loaded: `make "
+                f"pin-base OFFLINE=1`), review the diff of pyproject.toml and docker/Dockerfile, "
+                f"and commit it",
                 file=sys.stderr,
             )
             return 1

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("clipforge.metrics", "clipforge.alerts", "clipforge.model", "clipforge.checkpoints"),
     ("clipforge.store", "clipforge.data", "clipforge.export"),
     ("clipforge.train", "clipforge.eval"),
-    ("clipforge.pipeline",),
+    ("clipforge.pipeline", "clipforge.repro"),
     ("clipforge.launcher.host",),
     ("clipforge.launcher",),
 )

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.docker.conftest import REPO, load_tool
 
 
@@ -102,9 +104,11 @@ def test_make_image_push_with_registry_goes_on_to_the_docker_checks(tmp_path):
     assert "make image-push: error: no Docker engine is reachable" in result.stderr
 
 
-def test_pin_base_writes_the_reported_digests_into_pyproject_and_dockerfile(tmp_path):
-    """`make pin-base` asks `docker buildx imagetools inspect` for each base tag and writes the
-    digests into both files, which then agree (the registry is the part stood in for here)."""
+@pytest.mark.parametrize("offline", [False, True])
+def test_pin_base_writes_the_reported_digests_into_pyproject_and_dockerfile(tmp_path, offline):
+    """`make pin-base` asks `docker buildx imagetools inspect` for each base tag (OFFLINE=1:
+    `docker image inspect` of the bases pulled here) and writes the digests into both files,
+    which then agree (the registry and the engine are the parts stood in for here)."""
     project = tmp_path / "project"
     (project / "docker").mkdir(parents=True)
     shutil.copy(REPO / "pyproject.toml", project / "pyproject.toml")
@@ -122,6 +126,8 @@ def test_pin_base_writes_the_reported_digests_into_pyproject_and_dockerfile(tmp_
     docker.write_text(f"""#!/bin/sh
 case "$*" in
   "buildx version") exit 0 ;;
+  "image inspect pytorch/pytorch:"*-devel*) echo "pytorch/pytorch@{digests["devel"]}" ;;
+  "image inspect pytorch/pytorch:"*-runtime*) echo "pytorch/pytorch@{digests["runtime"]}" ;;
   *-devel*) echo '{{"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": "{digests["devel"]}", "size": 1}}' ;;
   *-runtime*) echo '{{"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": "{digests["runtime"]}", "size": 1}}' ;;
   *) exit 1 ;;
@@ -131,7 +137,12 @@ esac
     result = subprocess.run(
         [str(project / "docker" / "pin-base.sh")],
         cwd=project,
-        env={**os.environ, "DOCKER": str(docker), "PYTHON": sys.executable},
+        env={
+            **os.environ,
+            "DOCKER": str(docker),
+            "PYTHON": sys.executable,
+            "OFFLINE": "1" if offline else "",
+        },
         capture_output=True,
         text=True,
         timeout=60,

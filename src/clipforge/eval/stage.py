@@ -21,6 +21,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
+from clipforge import envrecord
 from clipforge.cli import load_stage_config, path_argument, run_stage, stage_parser
 from clipforge.data.decontam import eval_record, not_checked
 from clipforge.errors import StageError
@@ -108,14 +109,25 @@ def under_root(path: str, data_root: str) -> str:
     return path
 
 
+def _suite_manifests(suite: Suite) -> list[Path]:
+    """Where the data stage's manifest of a suite's data is: beside the test set, or above the
+    demo's data/suites/<name>."""
+    path = Path(suite.config.path)
+    return [p / "manifest.json" for p in (path.parent, path.parent.parent)]
+
+
+def _data_manifest(suites: list[Suite]) -> Path | None:
+    """The data manifest of the first suite that has one (the pipeline's data/manifest.json)."""
+    return next((m for s in suites for m in _suite_manifests(s) if m.is_file()), None)
+
+
 def _decontamination(suite: Suite) -> dict:
     if suite.config.kind != "retrieval":
         return not_checked("classification suites are not checked against the training data")
-    # was the training data (the data stage's manifest beside the test set, or above the demo's
-    # data/suites/<name>) checked against it?
-    path = Path(suite.config.path)
-    manifests = [p / "manifest.json" for p in (path.parent, path.parent.parent)]
-    return eval_record(next((m for m in manifests if m.is_file()), manifests[0]), path)
+    # was the training data checked against it?
+    manifests = _suite_manifests(suite)
+    found = next((m for m in manifests if m.is_file()), manifests[0])
+    return eval_record(found, Path(suite.config.path))
 
 
 def _run(args) -> None:
@@ -184,6 +196,9 @@ def _run(args) -> None:
             for s in suites
         },
         "skipped": skipped,
+        envrecord.RESULT_KEY: envrecord.gather(
+            "eval stage", params_text=config.to_yaml(), data_manifest=_data_manifest(suites)
+        ).to_dict(),
     }
     if baseline:
         metrics["baseline"] = metrics_record(baseline[0], suites)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from clipforge.envrecord import card_lines
 from clipforge.export.hf import CHINESE_CLIP
 
 TRANSFORMERS_DIR = "transformers"  # the transformers folder, inside the open_clip export
@@ -26,6 +27,8 @@ class CardFacts:
     train_metrics: dict  # metrics/train.json
     # suite name -> metrics (metrics/eval.json's layout), where eval has run
     eval_metrics: dict[str, dict] = field(default_factory=dict)
+    environment: dict | None = None  # the train stage's record (clipforge.envrecord)
+    launch_id: str | None = None  # the `fab train` launch, when there was one
 
 
 def render(
@@ -59,6 +62,7 @@ def render(
     ]
     if not facts.eval_metrics:
         lines.append(NOT_EVALUATED)
+    lines += ["", "## Reproduce it", "", *_rerun_lines(facts)]
     lines += ["", "## Load it with open_clip", "", *_open_clip_usage(open_clip_path), ""]
     lines += ["## Load it with transformers", ""]
     if transformers_class:
@@ -78,6 +82,22 @@ def with_eval_metrics(card: str, eval_metrics: dict) -> str:
         for line in _metric_lines(name, value if isinstance(value, dict) else {"value": value})
     ]
     return card.replace(NOT_EVALUATED, "\n".join(lines))
+
+
+def _rerun_lines(facts: CardFacts) -> list[str]:
+    """The exact command that repeats the run, and the environment it ran in."""
+    run = facts.launch_id or facts.run_id
+    lines = [
+        "```sh",
+        f"fab rerun {run}   # from the run store, or runs/{run} as `fab fetch` brought it",
+        "```",
+        "",
+    ]
+    if facts.environment:
+        lines += ["Environment:", *card_lines(facts.environment)]
+    else:
+        lines.append("Environment: not recorded")
+    return lines
 
 
 def _decontamination(record: dict | None) -> str:

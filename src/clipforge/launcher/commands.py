@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
+from clipforge.envrecord import IMAGE_ENV
 from clipforge.fault_record import FAULT_RECORD_ENV
 from clipforge.launcher.host.gpus import hostfile_node
 from clipforge.launcher.host.plan import (
@@ -204,7 +205,12 @@ def docker_run_argv(spec: DockerSpec, inner: list[str]) -> list[str]:
         argv += ["--gpus", str(spec.gpus), "--ulimit", "memlock=-1"]
     if spec.data_dir:
         argv += ["--volume", f"{spec.data_dir}:{spec.data_dir}:ro"]
-    env = {"HOME": spec.home, "PYTHONPATH": posixpath.join(spec.workdir, "src"), **spec.env}
+    env = {
+        "HOME": spec.home,
+        "PYTHONPATH": posixpath.join(spec.workdir, "src"),
+        IMAGE_ENV: spec.image,  # for the environment record of each result
+        **spec.env,
+    }
     for name, value in sorted(env.items()):
         argv += ["--env", f"{name}={value}"]
     if spec.secrets_on_stdin:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from clipforge import envrecord
 from clipforge.errors import LauncherError
 from clipforge.ids import new_launch_id
 from clipforge.image_env import parse_image_env
@@ -381,6 +382,13 @@ def run_record(
         max_restarts=options.max_restarts,
         min_gpus=options.min_gpus,
         env_passed_through=tuple(n for n in PASSTHROUGH_ENV if n in os.environ),
+        environment=envrecord.gather(
+            "fab train",
+            params_text=prepared.params_yaml,
+            code=envrecord.Code(commit=prepared.source.commit, dirty=False, diff_sha256=None),
+            environ={envrecord.IMAGE_ENV: prepared.image} if options.runtime == "docker" else {},
+            plan={"num_nodes": options.nodes, "gpus_per_node": options.gpus},
+        ).to_dict(),
     )
 
 

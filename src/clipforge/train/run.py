@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from clipforge import util
+from clipforge import envrecord, util
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.checkpoints import resume
 from clipforge.checkpoints.access import check_run_state
@@ -712,6 +712,7 @@ def _export(run: TrainingRun, final: dict, wall_seconds: float, perf: dict) -> d
         "skipped_at_read": run.loader.skipped.to_dict(),  # corrupt samples replaced, this process
         # this process's steps (a resumed run: those after the resume)
         **{k: perf.get(k) for k in ("samples_per_s", "mfu", "peak_mem_gb", "data_wait_share")},
+        envrecord.RESULT_KEY: _environment(run).to_dict(),
     }
     export_model(
         state_dict,
@@ -728,6 +729,19 @@ def _export(run: TrainingRun, final: dict, wall_seconds: float, perf: dict) -> d
     return {**metrics, **info}
 
 
+def _environment(run: TrainingRun) -> envrecord.EnvRecord:
+    """This process's environment record, with the run's seeds and batch plan."""
+    return envrecord.gather(
+        "train stage",
+        params_text=run.config.to_yaml(),
+        data_manifest=run.paths["data"] / "manifest.json",
+        plan={
+            "seed": run.config.train.seed,
+            **dataclasses.asdict(run.plan),
+        },
+    )
+
+
 def _card_facts(run: TrainingRun, metrics: dict, info: dict) -> CardFacts:
     manifest_file = run.paths["data"] / "manifest.json"
     manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
@@ -740,4 +754,6 @@ def _card_facts(run: TrainingRun, metrics: dict, info: dict) -> CardFacts:
         data_manifest_sha256=sha256_file(manifest_file),
         decontamination=manifest.get("decontamination"),
         train_metrics=metrics,
+        environment=info[envrecord.RESULT_KEY],
+        launch_id=launch_id_of(launch) if (launch := launch_record()) else None,
     )

@@ -74,6 +74,9 @@ class RunRecord:
     """fab train --min-gpus: the fewest GPUs per node the run goes on with (None: half)."""
     env_passed_through: tuple[str, ...]
     """Names (never values) of the secrets passed to the run."""
+    environment: dict | None = None
+    """The launching side's environment record (clipforge.envrecord): the commit shipped, the
+    params' hash, the image; the stack that trained is in train.info.json's."""
 
     @property
     def store_remote(self) -> str | None:
@@ -121,6 +124,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "max_restarts": (int,),
     "min_gpus": (int, type(None)),
     "env_passed_through": (list,),
+    "environment": (dict, type(None)),
 }
 _STRING_LISTS = ("dirty_paths_not_shipped", "hosts", "overrides", "env_passed_through")
 _OPTIONAL = {

@@ -1,0 +1,129 @@
+"""A finished run as a folder: its params, data, environment, metrics and weights, read once.
+
+The folders `fab compare`, `fab publish` and `fab rerun` read: a run `fab fetch` brought home
+(runs/<launch id>/), a local experiment's workspace, or any folder the train stage wrote into
+(metrics/, models/clip/). The resolved params are the export's own (clipforge_config.yaml); the
+environment is train.info.json's (clipforge.envrecord).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from clipforge.envrecord import RESULT_KEY
+from clipforge.errors import UserError
+from clipforge.model.files import WEIGHTS_FILES
+from clipforge.yamlfile import load_yaml
+
+MODEL_DIR = "models/clip"
+PARAMS_FILE = "clipforge_config.yaml"  # in the export: the resolved params the stage ran with
+# What compares models (dvc metrics show lists them): train's final numbers, eval's scores.
+METRIC_FILES = ("metrics/train.json", "metrics/eval.json")
+# Where a fetched run keeps its launch record: from the hosts (node 0's), or the run store's.
+RECORD_FILES = ("node-0/run.json", "store/run.json", "run.json")
+
+
+class RunFolderError(UserError):
+    """The folder is not a finished run's: the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    path: Path
+    params: dict  # the resolved params, as parsed YAML
+    params_text: str
+    environment: dict | None  # train.info.json's environment record (None: an older run)
+    info: dict  # train.info.json
+    metrics: dict[str, float]  # flattened: "train.loss", "eval.test.mean_recall", ...
+    weights_sha256: str
+    weights_file: str
+    launch: dict | None  # the launch record (run.json), when `fab train` started the run
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / MODEL_DIR
+
+    @property
+    def data_manifest_sha256(self) -> str | None:
+        return (self.environment or {}).get("data_manifest_sha256")
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def find_run(spec: str, runs: Path = Path("runs")) -> Path:
+    """A run given as a folder, or as a launch id under runs/ (where `fab fetch` puts it)."""
+    for candidate in (Path(spec), runs / spec):
+        if (candidate / MODEL_DIR).is_dir() or (candidate / "metrics").is_dir():
+            return candidate
+    raise RunFolderError(
+        f"{spec}: no run there (a folder with metrics/ and {MODEL_DIR}/, or a launch id under "
+        f"{runs}/); bring a remote run home first with `fab fetch --launch {spec}`"
+    )
+
+
+def read_run(path: Path) -> RunFolder:
+    model = path / MODEL_DIR
+    params_file = model / PARAMS_FILE
+    info_file = path / "metrics" / "train.info.json"
+    weights = next((model / n for n in WEIGHTS_FILES if (model / n).is_file()), None)
+    missing = [str(p.relative_to(path)) for p in (params_file, info_file) if not p.is_file()] + (
+        [] if weights else [f"{MODEL_DIR}/{WEIGHTS_FILES[0]}"]
+    )
+    if missing or weights is None:
+        raise RunFolderError(f"{path}: not a finished run, missing {', '.join(missing)}")
+    params_text = params_file.read_text(encoding="utf-8")
+    info = _json(info_file)
+    return RunFolder(
+        path=path,
+        params=load_yaml(params_text) or {},
+        params_text=params_text,
+        environment=info.get(RESULT_KEY),
+        info=info,
+        metrics=_metrics(path),
+        weights_sha256=_sha256(weights),
+        weights_file=weights.name,
+        launch=next((_json(path / f) for f in RECORD_FILES if (path / f).is_file()), None),
+    )
+
+
+def _json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise RunFolderError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise RunFolderError(f"{path}: not a JSON object")
+    return value
+
+
+def _metrics(path: Path) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for name in METRIC_FILES:
+        file = path / name
+        if file.is_file():
+            prefix = Path(name).stem
+            found.update(flatten(_json(file), prefix))
+    return {k: v for k, v in found.items() if isinstance(v, (int, float)) and v is not None}
+
+
+def flatten(value: object, prefix: str = "") -> dict:
+    """Nested dicts as one level of dotted keys."""
+    if isinstance(value, dict):
+        flat: dict = {}
+        for key, item in value.items():
+            flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
