@@ -7,6 +7,8 @@
                               (the default without -H when the stack's runMode is jobs)
   fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
   fab status|fetch|tensorboard --launch ID --from-store (or --launch ID and no -H)   (the run store)
+  fab rerun RUN [--on HOST | --kubernetes] [--allow-stack-change]   a finished run repeated: same
+             commit, params, runtime; refused when its data or stack moved
   fab compare RUN_A RUN_B [--tolerance X]   two runs side by side, exit 0/1 on the verdict
   fab publish RUN --to URL | fab pull URL --to DIR   a model handed on, and fetched back verified
   (--launch: a launch id, as `fab train` prints it; --run is the same flag)
@@ -21,6 +23,7 @@ variables, e.g. FABRIC_CLIPFORGE_PYTHON=/opt/venv/bin/python.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -33,6 +36,7 @@ from invoke import Collection, Exit, Task
 
 from clipforge.errors import LauncherError, UserError
 from clipforge.ids import checked_launch_id
+from clipforge.launcher import controller as controller_mod
 from clipforge.launcher import fetch as fetch_mod
 from clipforge.launcher import kubernetes as kubernetes_mod
 from clipforge.launcher import launch as launch_mod
@@ -47,6 +51,7 @@ from clipforge.launcher.session import Settings, settings_from
 from clipforge.launcher.source import current_source
 from clipforge.launcher.ssh_hosts import Failover, SshHosts
 from clipforge.repro import commands as repro
+from clipforge.repro import rerun as rerun_mod
 
 # Each setting's default, declared with its type and doc in clipforge.launcher.session.Settings.
 SETTINGS = session.defaults()
@@ -440,6 +445,49 @@ def local_task(body=None, **task_options):
     return decorate(body) if body else decorate
 
 
+@all_hosts_task(
+    help={
+        "run": "the run to repeat: a run folder (runs/<launch id> as `fab fetch` brought it) or "
+        "a launch id, under runs/ or in the run store",
+        "on": "where: user@host[:port][,...] (as -H; default: -H, or the stack's workers)",
+        "kubernetes": "on the stack's cluster as a Job/JobSet (as `fab train --kubernetes`)",
+        "allow_stack_change": "train even where the stack (Python, torch, DeepSpeed, ...) differs "
+        "from the run's: the differences are logged, and results may differ",
+        "store": "the run store of a run not under runs/ (default: storage.remote of params.yaml)",
+        "accept_new_host_key": "record the key of a host never seen before (fresh hosts)",
+    }
+)
+def rerun(
+    c: Invocation,
+    run,
+    on=None,
+    kubernetes=False,
+    allow_stack_change=False,
+    store=None,
+    accept_new_host_key=False,
+):
+    """Repeat a finished run as a new launch: its commit, resolved params, options and runtime;
+    its train stage first checks the data against the run's manifest and the stack against the
+    run's, and refuses in one line when either moved."""
+    if on:
+        if c.hosts:
+            raise LauncherError("--on HOST or -H HOST: give the hosts once")
+        c = dataclasses.replace(c, hosts=controller_mod.parse_hosts(on, c.config))
+    original = rerun_mod.find_original(run, _store(store))
+    prepared, options = rerun_mod.plan(original, allow_stack_change, Path.cwd())
+    if kubernetes or _jobs_stack(c):
+        options = rerun_mod.on_cluster(options)
+    backend = _backend(
+        c, kubernetes, runtime=options.runtime, accept_new_host_key=accept_new_host_key
+    )
+    for line in rerun_mod.describe(original, prepared, options):
+        _say(line)
+    launch_id = backend.launch(prepared, options)
+    _say(
+        f"once it has finished: fab fetch --launch {launch_id}, then fab compare {run} {launch_id}"
+    )
+
+
 @local_task(
     help={
         "run_a": "a run folder (runs/<launch id> as `fab fetch` brought it, or a workspace) or "
@@ -476,7 +524,7 @@ def pull(c, url, to):
 
 
 ns = Collection(
-    check, train, status, logs, tensorboard, stop, fetch, clean_, compare, publish, pull
+    check, train, status, logs, tensorboard, stop, fetch, clean_, rerun, compare, publish, pull
 )
 ns.configure({"clipforge": dict(SETTINGS)})
 

@@ -65,7 +65,11 @@ def test_train_info_and_model_card_carry_the_environment(reference_run, small_da
     assert manifest_sha in card
     for name, version in _installed().items():
         assert version in card, name
-    assert f"fab rerun {info['run_id']}" in card
+    # a run `fab train` did not start: no `fab rerun` line that could not work
+    assert f"Run `{info['run_id']}` was not started by `fab train`" in card
+    assert "fab rerun" not in card.replace("`fab rerun` cannot", "")
+    # the manifest itself, which `fab rerun` checks the data against shard by shard
+    assert info["data_manifest"] == json.loads((small_data / "manifest.json").read_text())
 
 
 def test_eval_info_carries_the_environment(reference_run, small_data, tmp_path):

@@ -53,7 +53,7 @@ def test_publish_pull_and_load_with_plain_open_clip_gives_the_same_embeddings(
     assert record["environment"] == info["environment"]
     assert record["data_manifest_sha256"] in card
     assert info["environment"]["stack"]["torch"] in card
-    assert record["rerun"] == f"fab rerun {reference_run}"
+    assert record["rerun"] is None  # a local run: `fab rerun` repeats what `fab train` launched
     assert (pulled / "transformers" / "config.json").is_file()
 
     out = tmp_path / "embeddings.json"

@@ -85,19 +85,27 @@ def with_eval_metrics(card: str, eval_metrics: dict) -> str:
 
 
 def _rerun_lines(facts: CardFacts) -> list[str]:
-    """The exact command that repeats the run, and the environment it ran in."""
-    run = facts.launch_id or facts.run_id
-    lines = [
-        "```sh",
-        f"fab rerun {run}   # from the run store, or runs/{run} as `fab fetch` brought it",
-        "```",
-        "",
-    ]
+    """The exact command that repeats the run (one `fab train` started), and the environment it
+    ran in."""
+    if facts.launch_id:
+        lines = ["```sh", rerun_command(facts.launch_id), "```", ""]
+    else:
+        lines = [
+            f"Run `{facts.run_id}` was not started by `fab train`, so `fab rerun` cannot repeat "
+            "it: check out the commit below and run `dvc exp run` with the params of "
+            "clipforge_config.yaml.",
+            "",
+        ]
     if facts.environment:
         lines += ["Environment:", *card_lines(facts.environment)]
     else:
         lines.append("Environment: not recorded")
     return lines
+
+
+def rerun_command(launch_id: str) -> str:
+    """`fab rerun`'s line for a launch: the card's and the published record's."""
+    return f"fab rerun {launch_id}   # from the run store, or runs/{launch_id} as `fab fetch` brought it"
 
 
 def _decontamination(record: dict | None) -> str:

@@ -296,7 +296,10 @@ def resubmit(
             raise LauncherError(
                 f"run {launch_id}: its {kind} {name} has completed ({where}); nothing to resume"
             )
-    prepared = launch_mod.prepare(source_at(Path.cwd(), record.commit), options, settings)
+    prepared = replace(  # a rerun's stays one (its record's `repeats`)
+        launch_mod.prepare(source_at(Path.cwd(), record.commit), options, settings),
+        repeats=record.repeats,
+    )
     _, objects = build(
         cluster, prepared, options, settings, max_moves, environ, launch_id=launch_id
     )

@@ -7,6 +7,7 @@ preflighted before anything is written; a node that fails to start takes the sta
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import io
 import json
@@ -56,6 +57,7 @@ class Prepared:
     params_yaml: str
     image: str
     store: str | None  # the run store of its params (storage.remote), read from them once here
+    repeats: dict | None = None  # `fab rerun`: the run it repeats (clipforge.repeats.Repeats)
 
 
 def prepare(source: Source, options: TrainOptions, settings: Settings) -> Prepared:
@@ -389,6 +391,7 @@ def run_record(
             environ={envrecord.IMAGE_ENV: prepared.image} if options.runtime == "docker" else {},
             plan={"num_nodes": options.nodes, "gpus_per_node": options.gpus},
         ).to_dict(),
+        repeats=prepared.repeats,
     )
 
 
@@ -485,7 +488,9 @@ def move(
             f"run {launch_id} trains on {options.nodes} node(s): give as many hosts in -H, got "
             f"{len(hosts)}"
         )
-    prepared = prepare(source_at(Path.cwd(), record.commit), options, settings)
+    prepared = dataclasses.replace(
+        prepare(source_at(Path.cwd(), record.commit), options, settings), repeats=record.repeats
+    )
     say(
         f"moving run {launch_id} there from {remote} (commit {record.commit[:10]}, last on "
         f"{record.host})"

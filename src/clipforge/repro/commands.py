@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clipforge.errors import UserError
+from clipforge.export.card import rerun_command
 from clipforge.repro import publish
 from clipforge.repro.compare import compare, format_report
 from clipforge.repro.run_folder import RunFolder, find_run, read_run
@@ -36,10 +37,11 @@ def compare_runs(
     return result.passed
 
 
-def rerun_line(run: RunFolder) -> str:
-    """The command that repeats the run: by its launch id when `fab train` started it."""
+def rerun_line(run: RunFolder) -> str | None:
+    """The command that repeats the run, as its model card says it; None: `fab train` did not
+    start it, and `fab rerun` repeats only such runs."""
     launch_id = (run.launch or {}).get("launch_id")
-    return f"fab rerun {launch_id or run.path}"
+    return rerun_command(launch_id) if isinstance(launch_id, str) else None
 
 
 def publish_run(run: str, url: str, say: Callable[[str], None], runs: Path = Path("runs")) -> None:

@@ -55,7 +55,7 @@ def parse_checksums(text: str) -> dict[str, str]:
     return sums
 
 
-def published_files(run: RunFolder, rerun_line: str) -> dict[str, bytes | Path]:
+def published_files(run: RunFolder, rerun_line: str | None) -> dict[str, bytes | Path]:
     """Every file of the published folder but SHA256SUMS, by its path there: a local file to
     copy, or the bytes to write."""
     files: dict[str, bytes | Path] = {
@@ -79,7 +79,7 @@ def published_files(run: RunFolder, rerun_line: str) -> dict[str, bytes | Path]:
     return files
 
 
-def publish(run: RunFolder, url: str, rerun_line: str, say: Callable[[str], None]) -> None:
+def publish(run: RunFolder, url: str, rerun_line: str | None, say: Callable[[str], None]) -> None:
     fs, root = open_filesystem(url)
     if fs.exists(posixpath.join(root, CHECKSUMS)):
         raise PublishError(f"{url}: a model is already published there; choose another --to")

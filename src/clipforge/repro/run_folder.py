@@ -22,8 +22,12 @@ MODEL_DIR = "models/clip"
 PARAMS_FILE = "clipforge_config.yaml"  # in the export: the resolved params the stage ran with
 # What compares models (dvc metrics show lists them): train's final numbers, eval's scores.
 METRIC_FILES = ("metrics/train.json", "metrics/eval.json")
-# Where a fetched run keeps its launch record: from the hosts (node 0's), or the run store's.
-RECORD_FILES = ("node-0/run.json", "store/run.json", "run.json")
+# Where a fetched run keeps its launch record: from the hosts (node 0's), or the run store's
+# record of the training run, which holds it under `launch` (clipforge.store.uploader).
+RECORD_FILES = ("node-0/run.json", "run.json")
+STORE_RECORD = "store/record.json"
+# Where a fetched run keeps the resolved params its launch wrote (from the hosts only).
+RESOLVED_PARAMS_FILE = "node-0/params.resolved.yaml"
 
 
 class RunFolderError(UserError):
@@ -87,8 +91,20 @@ def read_run(path: Path) -> RunFolder:
         metrics=_metrics(path),
         weights_sha256=_sha256(weights),
         weights_file=weights.name,
-        launch=next((_json(path / f) for f in RECORD_FILES if (path / f).is_file()), None),
+        launch=launch_record(path),
     )
+
+
+def launch_record(path: Path) -> dict | None:
+    """The launch record (run.json, parsed) a fetched run holds; None: not one `fab train`
+    started (or fetched before the store kept it)."""
+    for name in RECORD_FILES:
+        if (path / name).is_file():
+            return _json(path / name)
+    if (path / STORE_RECORD).is_file():
+        launch = _json(path / STORE_RECORD).get("launch")
+        return launch if isinstance(launch, dict) else None
+    return None
 
 
 def _json(path: Path) -> dict:

@@ -242,12 +242,16 @@ _NOT_IN_FINGERPRINT = {
 }
 
 
-def run_id(config: TrainParams, manifest_bytes: bytes) -> str:
+def run_id(config: TrainParams, manifest_bytes: bytes, rerun_launch: str | None = None) -> str:
+    """What determines the result: the data, model and train params; and for a rerun (`fab
+    rerun`) its launch, so that it trains anew rather than resuming the repeated run's
+    checkpoints (the same run id otherwise), while a restart of the rerun resumes its own."""
     train = {k: v for k, v in config.to_dict()["train"].items() if k not in _NOT_IN_FINGERPRINT}
     identity = {
         "data": hashlib.sha256(manifest_bytes).hexdigest(),
         "model": config.to_dict()["model"],
         "train": train,
+        **({"rerun": rerun_launch} if rerun_launch else {}),
     }
     return run_id_for(identity)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from clipforge import envrecord, util
+from clipforge import envrecord, repeats, util
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.checkpoints import resume
 from clipforge.checkpoints.access import check_run_state
@@ -217,7 +217,8 @@ def set_up(
     )
     faults_from_env().set_up_point(lambda: stop.requested)
     _stop_if_asked(stop, device, "the process group")
-    identity = run_id(config, manifest)
+    # a rerun (`fab rerun`) is a training run of its own: never the repeated run's checkpoints
+    identity = run_id(config, manifest, rerun_launch=repeats.rerun_launch(launch_record()))
     run_dir = paths["checkpoints"] / identity
     # the alert targets (a malformed webhook is a one-line error) before anything is written
     alerts = _alert_monitor(config, identity, dist)  # set-up may report a damaged checkpoint
@@ -713,6 +714,8 @@ def _export(run: TrainingRun, final: dict, wall_seconds: float, perf: dict) -> d
         # this process's steps (a resumed run: those after the resume)
         **{k: perf.get(k) for k in ("samples_per_s", "mfu", "peak_mem_gb", "data_wait_share")},
         envrecord.RESULT_KEY: _environment(run).to_dict(),
+        # the manifest itself: what `fab rerun` checks the data against, shard by shard
+        "data_manifest": json.loads((run.paths["data"] / "manifest.json").read_bytes()),
     }
     export_model(
         state_dict,

@@ -8,6 +8,7 @@ itself under DeepSpeed's launcher.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from clipforge import util
+from clipforge import envrecord, repeats, util
 from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.checkpoints.disk import not_writable_message
 from clipforge.cli import load_stage_config, path_argument, run_stage, stage_parser
@@ -24,7 +25,7 @@ from clipforge.errors import AccessDenied, StackMismatch, StageError
 from clipforge.model.files import weights_file
 from clipforge.model.names import check_text_tower
 from clipforge.progress import SetUpProgress
-from clipforge.store.remote import open_filesystem
+from clipforge.store.remote import RUN_RECORD_ENV, open_filesystem
 from clipforge.train.config import TrainParams, check_one_global_batch
 from clipforge.train.dist import free_port, resolve_device, under_launcher
 
@@ -61,6 +62,9 @@ def _check_inputs(config: TrainParams, paths: dict[str, Path]) -> bytes:
             "or DeepSpeed's launcher with a hostfile); this command runs one node"
         )
     raw = manifest.read_bytes()
+    repeated = _repeated()
+    if repeated:  # a rerun trains on the data of the run it repeats, or not at all
+        repeats.check_data(repeated, manifest, raw)
     num_train = _checked_shards(manifest, raw)
     check_one_global_batch(num_train, config.train.global_batch_size)
     per_epoch = util.steps_per_epoch(num_train, config.train.global_batch_size)
@@ -75,6 +79,22 @@ def _check_inputs(config: TrainParams, paths: dict[str, Path]) -> bytes:
     if config.storage.remote:  # the library of its protocol (s3fs...); reaching it is not needed
         open_filesystem(config.storage.remote)  # StoreError (a UserError) when it is missing
     return raw
+
+
+def _repeated() -> repeats.Repeats | None:
+    """The run this launch repeats (`fab rerun`: its run record's `repeats`), if any."""
+    path = os.environ.get(RUN_RECORD_ENV)
+    return repeats.of_record(repeats.read_record(path), path or "run.json")
+
+
+def _check_stack() -> None:
+    """A rerun's stack against the repeated run's, once torch is imported (its CUDA, cuDNN and
+    NCCL are known then): refused, or with --allow-stack-change each difference logged."""
+    repeated = _repeated()
+    if repeated:
+        current = dataclasses.asdict(envrecord.stack())
+        for change in repeats.check_stack(repeated, current):
+            log.warning("stack changed since run %s: %s; results may differ", repeated.run, change)
 
 
 def _check_warmup(config: TrainParams, total_steps: int) -> None:
@@ -173,6 +193,7 @@ def _run(args) -> None:
             f"docker`)"
         ) from None
 
+    _check_stack()
     try:
         run_training(config, paths, manifest, setup)
     except StopRequested as stopped:

@@ -77,6 +77,9 @@ class RunRecord:
     environment: dict | None = None
     """The launching side's environment record (clipforge.envrecord): the commit shipped, the
     params' hash, the image; the stack that trained is in train.info.json's."""
+    repeats: dict | None = None
+    """`fab rerun`: the run this launch repeats, its data manifest and stack (clipforge.repeats,
+    its one reader); None for any other launch."""
 
     @property
     def store_remote(self) -> str | None:
@@ -125,6 +128,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "min_gpus": (int, type(None)),
     "env_passed_through": (list,),
     "environment": (dict, type(None)),
+    "repeats": (dict, type(None)),
 }
 _STRING_LISTS = ("dirty_paths_not_shipped", "hosts", "overrides", "env_passed_through")
 _OPTIONAL = {
