@@ -41,6 +41,7 @@ from clipforge.launcher import fetch as fetch_mod
 from clipforge.launcher import kubernetes as kubernetes_mod
 from clipforge.launcher import launch as launch_mod
 from clipforge.launcher import preflight, session, watch
+from clipforge.launcher import rerun as rerun_mod
 from clipforge.launcher.backend import LaunchBackend
 from clipforge.launcher.connection import HostSpec, spec_of
 from clipforge.launcher.kubernetes import KubernetesJobs
@@ -51,7 +52,6 @@ from clipforge.launcher.session import Settings, settings_from
 from clipforge.launcher.source import current_source
 from clipforge.launcher.ssh_hosts import Failover, SshHosts
 from clipforge.repro import commands as repro
-from clipforge.repro import rerun as rerun_mod
 
 # Each setting's default, declared with its type and doc in clipforge.launcher.session.Settings.
 SETTINGS = session.defaults()

@@ -1,4 +1,4 @@
-"""`fab rerun`: what a rerun launches (clipforge.repro.rerun), and what its train stage refuses
+"""`fab rerun`: what a rerun launches (clipforge.launcher.rerun), and what its train stage refuses
 before it trains (clipforge.repeats): moved data, named by its first differing shard, and a
 different stack unless the rerun allows one."""
 
@@ -16,6 +16,7 @@ import yaml
 from clipforge import envrecord
 from clipforge.fault_record import FAULT_RECORD_ENV, read_fault
 from clipforge.launcher.host.record import record_from_dict
+from clipforge.launcher.rerun import find_original, plan
 from clipforge.repeats import (
     Repeats,
     StackChanged,
@@ -23,7 +24,6 @@ from clipforge.repeats import (
     manifest_difference,
     of_record,
 )
-from clipforge.repro.rerun import find_original, plan
 from clipforge.store.remote import RUN_RECORD_ENV
 from tests.conftest import REPO, run_train
 from tests.repro.runs import fab, make_run

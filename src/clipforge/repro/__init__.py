@@ -1,1 +1,1 @@
-"""Reproducing runs: read a run's folder, repeat a run, compare two runs, publish a model and pull it back."""
+"""Reproducing runs: read a run's folder, compare two runs, publish a model and pull it back."""
