@@ -185,7 +185,11 @@ def _runtime(env: dict[str, str]) -> Runtime:
 def installed_versions() -> dict[str, str]:
     """Every installed distribution's version, by normalised name (one metadata walk)."""
     versions: dict[str, str] = {}
-    for dist in metadata.distributions():
+    # Not the copies a package vendors: setuptools appends its `_vendor` folder to sys.path once
+    # imported (DeepSpeed's op builder imports it mid-run), and its 9 copies would make the list
+    # depend on when it is read (`fab rerun` compares one read before training with one after).
+    paths = [p for p in sys.path if "_vendor" not in Path(p).parts]
+    for dist in metadata.distributions(path=paths):
         name = dist.metadata["Name"]
         if name:
             versions.setdefault(_normalise(name), dist.version)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import platform
 from importlib import metadata
+from pathlib import Path
 
 from clipforge import envrecord
 from tests.conftest import git
@@ -72,3 +73,15 @@ def test_the_card_lines_name_the_stack_and_the_data():
     text = "\n".join(envrecord.card_lines(record))
     assert f"DeepSpeed {metadata.version('deepspeed')}" in text
     assert record["stack"]["packages_sha256"] in text
+
+
+def test_the_package_list_does_not_change_when_setuptools_adds_its_vendored_copies(monkeypatch):
+    """setuptools appends its `_vendor` folder to sys.path once imported (mid-run, by DeepSpeed's
+    op builder): the list read after that is the one read before (fab rerun compares the two)."""
+    import setuptools
+
+    vendor = Path(setuptools.__file__).parent / "_vendor"
+    assert any(vendor.glob("*.dist-info")), "this setuptools vendors no distributions"
+    before = envrecord.installed_versions()
+    monkeypatch.syspath_prepend(str(vendor))
+    assert envrecord.installed_versions() == before
