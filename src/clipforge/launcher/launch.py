@@ -32,6 +32,7 @@ from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
 from clipforge.launcher.host.state import RunState
 from clipforge.launcher.host.stored_checkpoints import RUN_ROOTS_FILE
 from clipforge.launcher.host.supervisor import LIVE_EXIT
+from clipforge.launcher.live_runs import refuse_a_second_launch
 from clipforge.launcher.options import TrainOptions, resolve_params
 from clipforge.launcher.run_source import StoredRun
 from clipforge.launcher.session import (
@@ -183,6 +184,7 @@ def launch(
     mismatch = preflight.stack_mismatch([h.label for h in hosts], results)
     if mismatch:
         raise LauncherError(f"{mismatch}; nothing was started")
+    refuse_a_second_launch(hosts, prepared.params, options.data)
     for host in hosts:
         _record_run_root(host)
     launch_id = launch_id or new_launch_id(prepared.source.commit)

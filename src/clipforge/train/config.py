@@ -242,12 +242,17 @@ _NOT_IN_FINGERPRINT = {
 }
 
 
+def run_identity(params: dict) -> dict:
+    """The params (as their dict) that name a training run, with its data: `model`, and `train`
+    less the knobs that never change the weights. The launcher compares these of two launches."""
+    train = {k: v for k, v in (params.get("train") or {}).items() if k not in _NOT_IN_FINGERPRINT}
+    return {"model": params.get("model"), "train": train}
+
+
 def run_id(config: TrainParams, manifest_bytes: bytes) -> str:
-    train = {k: v for k, v in config.to_dict()["train"].items() if k not in _NOT_IN_FINGERPRINT}
     identity = {
         "data": hashlib.sha256(manifest_bytes).hexdigest(),
-        "model": config.to_dict()["model"],
-        "train": train,
+        **run_identity(config.to_dict()),
     }
     return run_id_for(identity)
 
