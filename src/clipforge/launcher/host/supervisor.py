@@ -201,6 +201,16 @@ class Supervisor:
         # A live attempt a dead supervisor of this node left, or the status it ended with: taken
         # over where it stands, never raced by a second attempt (clipforge.launcher.host.keeper).
         self._adopted = previous if _adoptable(previous, self.plan, layout) else None
+        if self._adopted is not None:  # named in the state from the first write: a supervisor
+            # killed before it adopted leaves the attempt to its successor just the same
+            self.state = dataclasses.replace(
+                self.state,
+                state=RunState.RUNNING,
+                phase=self._adopted.phase,
+                attempt=self._adopted.attempt,
+                child_pid=self._adopted.child_pid,
+                attempt_started_at=self._adopted.attempt_started_at,
+            )
         self._child_status: int | None = None
         self._hang: Hang | None = None  # the current attempt's, when the watchdog found one
         self._attempt_log_start = 0  # where the current attempt's output begins in train.log
@@ -231,7 +241,7 @@ class Supervisor:
             self._log(
                 f"the previous state is unreadable ({self._damaged_previous}); restarts count from 0"
             )
-        self._set(state=RunState.STARTING)
+        self._set(state=self.state.state)  # starting, or running the adopted attempt
         phases, adopted = self.plan.phases, self._adopted
         if adopted is not None:  # the phases before the adopted one are done
             phases = phases[[p.name for p in phases].index(str(adopted.phase)) :]
