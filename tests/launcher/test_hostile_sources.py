@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.launcher.conftest import make_fab
-from tests.launcher.sshd import free_port, start_sshd
 from tests.support.records import run_record
+from tests.support.sshd import free_port, start_sshd
 
 LAUNCH_ID = "20261201-120000-0123456789"
 RUN_ID = "run-0123456789ab"

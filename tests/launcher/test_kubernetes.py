@@ -43,7 +43,7 @@ from clipforge_infra.stack_outputs import describe_stack  # noqa: E402
 
 KUBERNETES_VERSION = "1.33.0"  # as tests/infra: a current release, strict
 JOBSET_SPEC_SCHEMA = json.loads(
-    (Path(__file__).parent / "jobset_v1alpha2_spec.schema.json").read_text()
+    (REPO / "tests" / "support" / "jobset_v1alpha2_spec.schema.json").read_text()
 )
 IMAGE = "registry.example/clipforge:test"
 SETTINGS = Settings(
