@@ -17,7 +17,7 @@ from clipforge.launcher.host.processes import keeper_pid, supervisor_pid
 from clipforge.launcher.host.status import collect, summarize
 from clipforge.launcher.host.supervisor import MODULE
 from tests.conftest import REPO
-from tests.launcher.test_supervisor import _log, _node, _sh, _state
+from tests.launcher.host.test_supervisor import _log, _node, _sh, _state
 from tests.support.wait import wait_for
 
 # The "trainer": refuses (and says so in `raced`) to start beside a running one, counts its
