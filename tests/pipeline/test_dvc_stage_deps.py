@@ -8,7 +8,6 @@ clipforge.data.shards runs clipforge/__init__.py and clipforge/data/__init__.py 
 
 from __future__ import annotations
 
-import ast
 import importlib
 from pathlib import Path
 
@@ -16,8 +15,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.support.imports import SRC, imported_modules, module_file
 
-SRC = REPO / "src"
 PIPELINE = {
     name: stage.get("do", stage)  # a foreach stage: its template
     for name, stage in yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))[
@@ -33,29 +32,6 @@ STAGE_MODULES = {
 # The module each pipeline stage's params stage (`params-<stage>`) runs: the stage's params.
 PARAMS_MODULES = {f"params-{stage}": f"clipforge.{stage}.config" for stage in STAGE_MODULES}
 ALL_STAGES = sorted({*STAGE_MODULES, *PARAMS_MODULES})
-
-
-def module_file(name: str) -> Path | None:
-    base = SRC.joinpath(*name.split("."))
-    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
-
-
-def imported_modules(name: str) -> set[str]:
-    """The clipforge modules that module `name` imports, anywhere in its body."""
-    path = module_file(name)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.rsplit(".", node.level - 1)[0]
-                base = f"{parent}.{base}".rstrip(".")
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
-    return {m for m in found if m.split(".")[0] == "clipforge" and module_file(m)}
 
 
 def with_packages(name: str) -> list[str]:
