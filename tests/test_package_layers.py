@@ -80,7 +80,7 @@ def cycles(edges: dict[tuple[str, str], list[str]]) -> list[list[str]]:
 def test_every_package_has_a_layer():
     """A new package is placed in a layer before it is used: none is left out, none listed is
     gone."""
-    packages = {package_of(module) for module, _ in _modules()}
+    packages = {package_of(module) for module in _modules()}
     listed = [package for layer in LAYERS for package in layer]
     assert len(listed) == len(set(listed)), "a package is in two layers"
     assert (sorted(packages - set(listed)), sorted(set(listed) - packages)) == ([], [])
