@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.launcher.dockerd import start_dockerd  # noqa: E402
+from tests.support.dockerd import start_dockerd  # noqa: E402
 
 
 def timed(command: list[str], env: dict) -> tuple[float, str]:

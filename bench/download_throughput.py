@@ -1,6 +1,6 @@
 """Download-and-shard throughput: clipforge's laion-parquet data stage vs plain img2dataset.
 
-Both fetch the same N images from a local HTTP server on 127.0.0.1 (tests/imageserver.py, the
+Both fetch the same N images from a local HTTP server on 127.0.0.1 (tests/support/imageserver.py, the
 test suite's server; images generated and cached before timing) with the same img2dataset
 options (clipforge.data.download.command), so the difference is what the stage adds around
 img2dataset: streaming the LAION metadata through the filters, and re-writing the shards into
@@ -37,7 +37,7 @@ import yaml  # noqa: E402
 
 from clipforge.data import download  # noqa: E402
 from clipforge.data.config import DataConfig  # noqa: E402
-from tests.imageserver import ImageServer  # noqa: E402
+from tests.support.imageserver import ImageServer  # noqa: E402
 
 IMAGE_SIZE = (320, 240)
 

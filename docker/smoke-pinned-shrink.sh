@@ -5,7 +5,7 @@
 # and resumed on 1 rank (CLIPFORGE_RANKS_PER_NODE=1, what the supervisor sets after a GPU
 # is lost): the checkpoint of 2 ranks loads through DeepSpeed's universal checkpoint
 # (ds_to_universal), and the run ends. tests/docker/test_pinned_stack.py compares the two as
-# tests/launcher/test_fewer_gpus.py does on the newest DeepSpeed (losses step by step, weights).
+# tests/launcher/host/test_fewer_gpus.py does on the newest DeepSpeed (losses step by step, weights).
 #
 #   docker/smoke-pinned-shrink.sh VENV PROJECT OUT
 #

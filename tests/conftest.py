@@ -192,8 +192,8 @@ def git(cwd: Path, *args: str) -> str:
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """moto's S3 server on 127.0.0.1 (tests/s3store.py), shared: each test makes its own bucket."""
-    from tests.s3store import S3Server
+    """moto's S3 server on 127.0.0.1 (tests/support/s3store.py), shared: each test makes its own bucket."""
+    from tests.support.s3store import S3Server
 
     server = S3Server().start()
     yield server

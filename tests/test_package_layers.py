@@ -8,13 +8,9 @@ package `clipforge` holds the modules directly under src/clipforge).
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Iterator
-from pathlib import Path
 
-from tests.conftest import REPO
-
-SRC = REPO / "src"
+from tests.support.imports import SRC, imported_modules, package_of
 
 # The layers, lowest first. A package may import its own modules and those of packages in lower
 # layers; two packages of one layer are independent of each other.
@@ -30,46 +26,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 
-def _module_file(name: str) -> Path | None:
-    base = SRC.joinpath(*name.split("."))
-    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
-
-
-def _modules() -> Iterator[tuple[str, Path]]:
+def _modules() -> Iterator[str]:
     for path in sorted((SRC / "clipforge").rglob("*.py")):
         parts = path.relative_to(SRC).with_suffix("").parts
-        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
-
-
-def package_of(module: str) -> str:
-    """The innermost package holding `module` (a package holds itself)."""
-    path = _module_file(module)
-    assert path is not None, module
-    return module if path.name == "__init__.py" else module.rpartition(".")[0]
-
-
-def imported_modules(module: str, path: Path) -> set[str]:
-    """The clipforge modules `module` imports, anywhere in its body."""
-    package = package_of(module)
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.rsplit(".", node.level - 1)[0]
-                base = f"{parent}.{base}".rstrip(".")
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import mod`
-    return {m for m in found if m.split(".")[0] == "clipforge" and _module_file(m)}
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def package_imports() -> dict[tuple[str, str], list[str]]:
     """(importing package, imported package) -> the module imports that make the edge."""
     edges: dict[tuple[str, str], list[str]] = {}
-    for module, path in _modules():
-        for target in sorted(imported_modules(module, path)):
+    for module in _modules():
+        for target in sorted(imported_modules(module)):
             edge = (package_of(module), package_of(target))
             if edge[0] != edge[1]:
                 edges.setdefault(edge, []).append(f"{module} -> {target}")
@@ -113,7 +80,7 @@ def cycles(edges: dict[tuple[str, str], list[str]]) -> list[list[str]]:
 def test_every_package_has_a_layer():
     """A new package is placed in a layer before it is used: none is left out, none listed is
     gone."""
-    packages = {package_of(module) for module, _ in _modules()}
+    packages = {package_of(module) for module in _modules()}
     listed = [package for layer in LAYERS for package in layer]
     assert len(listed) == len(set(listed)), "a package is in two layers"
     assert (sorted(packages - set(listed)), sorted(set(listed) - packages)) == ([], [])

@@ -7,7 +7,7 @@ similarity >= 0.32, downloaded with img2dataset), DeepSpeed in bf16 on 4 GPUs, g
 lr 5e-4 with 500 warm-up steps and cosine decay over 42k steps, evaluated on Flickr30K-CN.
 
 The ZeRO stage changes memory and speed, never the gradients
-(tests/integration/test_accumulation.py), so `production` takes the fastest stage that fits. That
+(tests/train/test_accumulation.py), so `production` takes the fastest stage that fits. That
 choice rests on analysis (bench/gpu.py measures stages 1-3 on a GPU; BENCHMARKS.md has its results
 once run there): ViT-B/32 has 151M parameters, whose weights, fp32 gradients and AdamW states take
 about 1.7 GB per GPU under ZeRO-1 (2% of an 80 GB GPU), and ZeRO-1 communicates least: once per
@@ -16,7 +16,7 @@ and ZeRO-3 gathers the weights on each of the three passes per micro-batch (cach
 backward), invalidating its prefetch trace as no-grad and grad passes alternate. ZeRO-3 stays one
 `--set train.zero_stage=3` away. `production-large` (ViT-bigG-14, 2.5B parameters) is the recipe
 that uses ZeRO-3: its model states take 26 GiB per GPU under ZeRO-1, 15 under ZeRO-2 and 11 under
-ZeRO-3 (DeepSpeed's estimator; tests/unit/test_recipes.py), and every GB goes to activations, with
+ZeRO-3 (DeepSpeed's estimator; tests/test_recipes.py), and every GB goes to activations, with
 gradient checkpointing on. The two `production-*` variants swap the text tower for one that reads
 Chinese natively: `hfl/chinese-roberta-wwm-ext` with its own tokenizer (as Chinese-CLIP does), or
 open_clip's `xlm-roberta-base-ViT-B-32`. Only keys that differ from the embedded default are listed;

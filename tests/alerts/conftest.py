@@ -5,7 +5,8 @@ from __future__ import annotations
 import socket
 
 import pytest
-from alerts_helpers import SECRET, WebhookServer
+
+from tests.support.webhooks import SECRET, WebhookServer
 
 
 @pytest.fixture

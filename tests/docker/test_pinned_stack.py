@@ -123,7 +123,7 @@ def _pinned_train(project: Path, out: Path, *sets: str) -> subprocess.CompletedP
 def test_a_hugging_face_text_tower_trains_on_the_pinned_stack(smoke, tmp_path):
     """The locked transformers works with torch 2.1.2: a tiny Chinese BERT tower (built here by
     the local stack, in the hub's layout) trains two steps on the smoke's data and is exported."""
-    from tests.integration.test_hf_text_tower import make_tiny_chinese_tower
+    from tests.support.hf_tower import make_tiny_chinese_tower
 
     _, project = smoke
     tower = make_tiny_chinese_tower(tmp_path / "tower")
@@ -138,7 +138,7 @@ def test_a_run_that_loses_a_rank_ends_on_one_where_two_end(smoke):
     """DeepSpeed 0.14.5 loads a checkpoint of 2 gloo ranks on 1 through its universal checkpoint
     (ds_to_universal, then `load_universal_checkpoint`): the run killed after the checkpoint of
     step 3 and resumed on one rank (the same run id and global batch) matches the uninterrupted
-    2-rank run as tests/launcher/test_fewer_gpus.py requires on the newest DeepSpeed: steps 1-3
+    2-rank run as tests/launcher/host/test_fewer_gpus.py requires on the newest DeepSpeed: steps 1-3
     bit for bit, then the loss and the final weights within fp32 round-off."""
     _, project = smoke
     reference, lost = project.parent / "shrink" / "reference", project.parent / "shrink" / "lost"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher.sshd import start_sshd
+from tests.support.sshd import start_sshd
 
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:

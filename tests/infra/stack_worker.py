@@ -29,7 +29,7 @@ def stack_outputs(sshd, checkpoints_volume: Path) -> dict:
 
 
 def worker_home(sshd) -> Path:
-    """HOME of the sessions the tests' sshd opens (tests/launcher/sshd.py)."""
+    """HOME of the sessions the tests' sshd opens (tests/support/sshd.py)."""
     return Path(sshd.client_key).parent / "home"
 
 

@@ -1,5 +1,5 @@
 """Pieces of `make up` that need no CLI: kubeconfig resolution, outputs file. (The image
-reference, from docker/image.env, is tested with its reader in tests/unit/test_image_env.py.)"""
+reference, from docker/image.env, is tested with its reader in tests/test_image_env.py.)"""
 
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ from clipforge_infra.teardown_guard import (
     checkpoint_safety,
     guard,
 )
-from tests.launcher.sshd import free_port
 from tests.support.records import run_record
+from tests.support.sshd import free_port
 
 DVC = Path(sys.executable).with_name("dvc")
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.alerts.alerts_helpers import WebhookServer
 from tests.conftest import SMALL_PARAMS, set_args
-from tests.launcher.netns import NetnsUnavailable, test_network
-from tests.launcher.sshd import FabRunner, start_sshd
+from tests.support.netns import NetnsUnavailable, test_network
+from tests.support.sshd import FabRunner, start_sshd
 from tests.support.wait import wait_for
+from tests.support.webhooks import WebhookServer
 
 
 # The reduced config as --set overrides (values as YAML, like `dvc exp run -S`), and the run shape
@@ -62,7 +62,7 @@ def sshd(tmp_path_factory):
 @pytest.fixture(scope="session")
 def netns_hosts(tmp_path_factory):
     """Two hosts of their own, `a` and `b`, and a laptop namespace to reach them from
-    (tests/launcher/netns.py); skipped, saying why, where namespaces cannot be made."""
+    (tests/support/netns.py); skipped, saying why, where namespaces cannot be made."""
     stack = contextlib.ExitStack()
     try:
         net = stack.enter_context(test_network(tmp_path_factory.mktemp("netns")))
@@ -203,7 +203,7 @@ def smoke_run(project, sshd, tmp_path_factory) -> LaunchedRun:
 
 @pytest.fixture
 def webhook():
-    """A webhook receiver on 127.0.0.1 recording what it is sent (tests/alerts' own)."""
+    """A webhook receiver on 127.0.0.1 recording what it is sent (tests/support/webhooks.py)."""
     server = WebhookServer()
     server.start()
     yield server

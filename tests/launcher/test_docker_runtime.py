@@ -1,6 +1,6 @@
 """`fab ... --runtime docker` against a real Docker engine, with the CPU image the project builds.
 
-A private dockerd (tests/launcher/dockerd.py) serves a host reached through its own sshd on
+A private dockerd (tests/support/dockerd.py) serves a host reached through its own sshd on
 127.0.0.1, whose sessions get DOCKER_HOST; the image is `make image-cpu`'s (docker/build-cpu.sh,
 cached by a hash of its inputs in the engine's persistent data root). The SSH user is root, so the
 containers run as the image's own non-root user. About 15 minutes for a cold image build, then a
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.alerts.alerts_helpers import SECRET
 from tests.conftest import REPO
 from tests.launcher.conftest import RUN_SETS, LaunchedRun, make_fab, set_args, wait_for_end
-from tests.launcher.dockerd import DockerUnavailable, start_dockerd
-from tests.launcher.sshd import start_sshd
+from tests.support.dockerd import DockerUnavailable, start_dockerd
+from tests.support.sshd import start_sshd
+from tests.support.webhooks import SECRET
 
 pytestmark = [
     pytest.mark.slow,
@@ -148,7 +148,7 @@ def held_run(engine, cpu_image, docker_host, project, tmp_path_factory, webhook_
 
 @pytest.fixture(scope="module")
 def webhook_module():
-    from tests.alerts.alerts_helpers import WebhookServer
+    from tests.support.webhooks import WebhookServer
 
     server = WebhookServer()
     server.start()

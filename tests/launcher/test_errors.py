@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import REPO, git
 from tests.launcher.conftest import SMALL_SETS, host_train_args, make_fab, set_args
-from tests.launcher.hostprocs import processes_under
-from tests.launcher.sshd import FabRunner, free_port, keygen
+from tests.support.hostprocs import processes_under
+from tests.support.sshd import FabRunner, free_port, keygen
 
 
 def _train(fab, sshd, *args, **kwargs):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from clipforge.alerts import events
 from tests.conftest import REPO
-from tests.launcher.sshd import free_port
-from tests.launcher.test_controller_shell import LAUNCH_ID, _controller
+from tests.launcher.test_controller import LAUNCH_ID, _controller
+from tests.support.sshd import free_port
 
 TRAINING_RUN = "run-0123456789ab"
 

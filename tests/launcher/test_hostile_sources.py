@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.launcher.conftest import make_fab
-from tests.launcher.sshd import free_port, start_sshd
 from tests.support.records import run_record
+from tests.support.sshd import free_port, start_sshd
 
 LAUNCH_ID = "20261201-120000-0123456789"
 RUN_ID = "run-0123456789ab"
@@ -184,7 +184,7 @@ def test_a_run_argument_that_is_no_launch_id_is_refused_and_nothing_is_written(h
     root, machine, fab = host
     _plant_run(root)
     for task in ("fetch", "status", "tensorboard", "logs", "stop", "clean"):
-        refused(fab(task, "--run", "../../victim"), "--run", "not a launch id: '../../victim'")
+        refused(fab(task, "--run", "../../victim"), "--launch", "not a launch id: '../../victim'")
     machine.assert_untouched()
     assert (root / "runs" / LAUNCH_ID / "run.json").is_file()
 
@@ -342,7 +342,7 @@ def test_tensorboard_and_status_read_a_store_record_through_the_same_check(store
 def test_a_run_argument_that_is_no_launch_id_is_refused_before_the_store_is_asked(store):
     _, _, machine, fab = store
     for task in ("fetch", "tensorboard", "status"):
-        refused(fab(task, "--run", "../../victim"), "--run", "not a launch id: '../../victim'")
+        refused(fab(task, "--run", "../../victim"), "--launch", "not a launch id: '../../victim'")
     machine.assert_untouched()
 
 

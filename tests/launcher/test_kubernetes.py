@@ -43,7 +43,7 @@ from clipforge_infra.stack_outputs import describe_stack  # noqa: E402
 
 KUBERNETES_VERSION = "1.33.0"  # as tests/infra: a current release, strict
 JOBSET_SPEC_SCHEMA = json.loads(
-    (Path(__file__).parent / "jobset_v1alpha2_spec.schema.json").read_text()
+    (REPO / "tests" / "support" / "jobset_v1alpha2_spec.schema.json").read_text()
 )
 IMAGE = "registry.example/clipforge:test"
 SETTINGS = Settings(
@@ -512,16 +512,16 @@ def test_fab_train_on_a_jobs_stack_applies_a_job_without_the_flag(project, tmp_p
 
 @pytest.mark.parametrize("task", [("logs",), ("stop",), ("status",), ("check",)])
 def test_the_ssh_tasks_on_a_jobs_stack_say_in_one_line_what_to_use(project, tmp_path, task):
-    """No SSH worker to ask: each says to read the run from the store (--run) or with
+    """No SSH worker to ask: each says to read the run from the store (--launch) or with
     `kubectl logs -l clipforge/launch-id=...`, without a traceback."""
     result = jobs_stack(tmp_path, project)(*task)
     assert result.returncode != 0
     assert "runMode: jobs" in result.stderr and "Traceback" not in result.stderr
-    assert f"logs -l {LAUNCH_LABEL}=RUN" in result.stderr
+    assert f"logs -l {LAUNCH_LABEL}=ID" in result.stderr
 
 
 def test_fab_status_of_a_run_on_a_jobs_stack_reads_the_run_store(project, tmp_path):
-    """`fab status --run RUN --store DIR` without -H on a jobs stack: the run store answers
+    """`fab status --launch ID --store DIR` without -H on a jobs stack: the run store answers
     (here: it has no such run, and says so by its name)."""
     store = tmp_path / "store"
     store.mkdir()

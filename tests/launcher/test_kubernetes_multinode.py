@@ -1,5 +1,5 @@
 """The two pods of a `fab train --kubernetes --nodes 2` JobSet, executed here on two hosts of
-their own (the network namespaces of tests/launcher/netns.py): each pod's rendered command and
+their own (the network namespaces of tests/support/netns.py): each pod's rendered command and
 environment run in its host's namespace, with the JOB_COMPLETION_INDEX its Job would give it,
 the pod's host name, and an /etc/hosts as the cluster gives a pod (its own name resolves to its
 address, the JobSet's headless Service resolves `<name>-node-0-<i>.<name>`). The checkpoints
@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 
 from clipforge.launcher import kubernetes_objects as k8s_objects
 from tests.launcher import test_multinode
-from tests.launcher.hostprocs import processes_under
-from tests.launcher.k8spod import Pod, render_cpu_run, stored_step
+from tests.support.hostprocs import processes_under
+from tests.support.k8spod import Pod, render_cpu_run, stored_step
 from tests.support.wait import still_running, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]

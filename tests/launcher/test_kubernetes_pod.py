@@ -16,9 +16,9 @@ import pytest
 
 from clipforge.launcher.source import current_source
 from clipforge.store.remote import read_launch
-from tests.launcher.hostprocs import processes_under
-from tests.launcher.k8spod import Pod, render_cpu_run, stored_step
 from tests.launcher.test_moved_run import _weights
+from tests.support.hostprocs import processes_under
+from tests.support.k8spod import Pod, render_cpu_run, stored_step
 from tests.support.wait import still_running, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]

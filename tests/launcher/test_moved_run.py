@@ -24,10 +24,10 @@ import urllib.request
 import pytest
 
 from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args, wait_for_end
-from tests.launcher.hostprocs import files_containing, processes_under
-from tests.launcher.netns import LAPTOP_ADDRESS, made_in_namespace
-from tests.launcher.sshd import free_port
-from tests.s3store import SECRET_KEY, S3Server
+from tests.support.hostprocs import files_containing, processes_under
+from tests.support.netns import LAPTOP_ADDRESS, made_in_namespace
+from tests.support.s3store import SECRET_KEY, S3Server
+from tests.support.sshd import free_port
 from tests.support.wait import still_running, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
@@ -225,7 +225,7 @@ def test_clean_refuses_a_run_whose_newest_checkpoint_the_store_lacks(moved_run, 
 def test_a_run_moved_to_another_machine_ends_with_the_same_weights(
     netns_hosts, project, smoke_run, tmp_path_factory
 ):
-    """The same between two machines of their own (tests/launcher/netns.py), `fab` on a third,
+    """The same between two machines of their own (tests/support/netns.py), `fab` on a third,
     the store on the laptop's network: host a dies once the store holds step 4 (`fab status`
     without a host says so), `fab -H b train --resume RUN` carries the run on to the weights of
     the uninterrupted run."""

@@ -1,6 +1,6 @@
 """`fab -H a,b train --nodes 2`: two hosts with their own network stacks, really run.
 
-The hosts are network namespaces with their own sshd and address (tests/launcher/netns.py), in
+The hosts are network namespaces with their own sshd and address (tests/support/netns.py), in
 which the machine's hostname resolves to 127.0.1.1, as on a fresh Debian box: torch's gloo,
 left to itself, would advertise that loopback to the peer. The run root is shared storage (one
 directory both see), as real nodes share the checkpoints volume; one CPU rank per node, so the
@@ -21,17 +21,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.alerts.alerts_helpers import WebhookServer
 from tests.conftest import git, subprocess_env
 from tests.launcher.conftest import RUN_SETS, host_train_args, make_fab, set_args, wait_for_end
-from tests.launcher.netns import (
+from tests.support.netns import (
     LAPTOP_ADDRESS,
     NetnsUnavailable,
     made_in_namespace,
     test_network,
 )
-from tests.launcher.sshd import keygen
+from tests.support.sshd import keygen
 from tests.support.wait import wait_for
+from tests.support.webhooks import WebhookServer
 
 pytestmark = pytest.mark.slow
 
@@ -301,7 +301,7 @@ def test_a_wrong_host_key_on_node_b_only_refuses_the_launch(netns_hosts, project
 @pytest.fixture(scope="module")
 def public_network(tmp_path_factory):
     """Hosts a and b on their private network (eth0), a on a public one too (wan0, its first
-    interface), with an `outside` namespace on that public network (tests/launcher/netns.py)."""
+    interface), with an `outside` namespace on that public network (tests/support/netns.py)."""
     stack = contextlib.ExitStack()
     try:
         net = stack.enter_context(

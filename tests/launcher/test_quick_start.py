@@ -22,8 +22,8 @@ import pytest
 from clipforge.pipeline.recipe import main as recipe_main
 from tests.conftest import git
 from tests.launcher.conftest import LaunchedRun, make_fab, wait_for_end
-from tests.launcher.hostprocs import processes_under
-from tests.launcher.sshd import free_port
+from tests.support.hostprocs import processes_under
+from tests.support.sshd import free_port
 
 pytestmark = pytest.mark.slow
 # The two documented smoke runs (about a minute and a half with their fab calls) are in make

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 import yaml
 
-from tests.launcher.sshd import free_port
+from tests.support.sshd import free_port
 from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow

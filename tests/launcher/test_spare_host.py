@@ -6,7 +6,7 @@ seconds), moves the run to b from the run store, and the run finishes there with
 of the uninterrupted run (the smoke run's training; same world size: bit for bit). `fab status`
 shows the move, from the new host and from the store.
 
-Two machines of their own (tests/launcher/netns.py), `fab` on a third, the store (moto's S3) on
+Two machines of their own (tests/support/netns.py), `fab` on a third, the store (moto's S3) on
 the laptop's network. Host a's sshd is started again at the end, for the session's other tests.
 """
 
@@ -22,10 +22,10 @@ import signal
 import pytest
 
 from tests.launcher.conftest import RUN_SETS, host_train_args, make_fab, set_args, wait_for_end
-from tests.launcher.netns import LAPTOP_ADDRESS, SSH_PORT, made_in_namespace
-from tests.launcher.sshd import start_sshd
 from tests.launcher.test_moved_run import STORED_STEP, _client, _weights
-from tests.s3store import S3Server
+from tests.support.netns import LAPTOP_ADDRESS, SSH_PORT, made_in_namespace
+from tests.support.s3store import S3Server
+from tests.support.sshd import start_sshd
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]

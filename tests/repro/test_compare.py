@@ -6,7 +6,7 @@ import json
 
 from clipforge.repro.compare import DIFFERENT, IDENTICAL, WITHIN, compare, format_report
 from clipforge.repro.run_folder import read_run
-from tests.repro.runs import PARAMS, fab, make_run
+from tests.support.repro_runs import PARAMS, fab, make_run
 
 
 def test_two_runs_with_the_same_weights_are_identical(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from clipforge.repro.publish import CHECKSUMS, PublishError, pull
 from clipforge.repro.run_folder import read_run
 from tests.conftest import subprocess_env
-from tests.repro.runs import fab, make_run
+from tests.support.repro_runs import fab, make_run
 
 # A user without clipforge: open_clip alone loads each folder and embeds the same inputs.
 PLAIN_OPEN_CLIP = r"""

@@ -26,7 +26,7 @@ from clipforge.repeats import (
 )
 from clipforge.store.remote import RUN_RECORD_ENV
 from tests.conftest import REPO, run_train
-from tests.repro.runs import fab, make_run
+from tests.support.repro_runs import fab, make_run
 
 LAUNCH = "20260101-000000-0123abcd"
 

@@ -32,6 +32,8 @@ from clipforge.launcher.host.record import RunRecord, SocketInterface
 from clipforge.launcher.host.run_dirs import NodeLayout, current_marker
 from clipforge.launcher.host.state import RunState
 from clipforge.launcher.host.stored_checkpoints import RUN_ROOTS_FILE
+from clipforge.launcher.host.supervisor import LIVE_EXIT
+from clipforge.launcher.live_runs import refuse_a_second_launch
 from clipforge.launcher.options import TrainOptions, resolve_params
 from clipforge.launcher.run_source import StoredRun
 from clipforge.launcher.session import (
@@ -184,6 +186,7 @@ def launch(
     mismatch = preflight.stack_mismatch([h.label for h in hosts], results)
     if mismatch:
         raise LauncherError(f"{mismatch}; nothing was started")
+    refuse_a_second_launch(hosts, prepared.params, options.data)
     for host in hosts:
         _record_run_root(host)
     launch_id = launch_id or new_launch_id(prepared.source.commit)
@@ -403,12 +406,15 @@ def start_supervisor(host: Host, layout: NodeLayout, settings: Settings) -> None
     command = f"cd {q(layout.node_dir)} && {path}" + remote_python(
         settings, layout, "supervisor", "launch", layout.node_dir
     )
-    run(
-        host.cxn,
-        command,
-        what="starting the supervisor",
-        in_stream=io.StringIO(json.dumps(secrets)),
-    )
+    started = probe(host.cxn, command, in_stream=io.StringIO(json.dumps(secrets)))
+    if started.exited == LIVE_EXIT:  # a live supervisor or keeper: the host's one line names it
+        raise LauncherError(f"{host.label}: {started.stderr.strip()}")
+    if not started.ok:
+        output = (started.stderr.strip() or started.stdout.strip()).splitlines()[-8:]
+        raise LauncherError(
+            f"{host.label}: starting the supervisor failed (exit {started.exited}):\n  "
+            + "\n  ".join(output or ["(no output)"])
+        )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         state = read_remote_state(host, layout)

@@ -30,14 +30,14 @@ def runs_jobs(raw: Any) -> bool:
 
 def jobs_stack_hint(namespace: str, launch_id: str | None = None) -> str:
     """What to use instead of the SSH workers on a jobs stack, in one line."""
-    run = launch_id or "ID"
+    launch = launch_id or "ID"
     where = f"kubectl -n {namespace or '<namespace>'}"
     return (
         f"the stack runs each run as a Kubernetes Job (runMode: jobs) and has no SSH workers: "
-        f"read a run with `fab status --launch {run}` (or `fab fetch`, `fab tensorboard`; from the "
+        f"read a run with `fab status --launch {launch}` (or `fab fetch`, `fab tensorboard`; from the "
         f"run store: storage.remote, or --store URL), its output with "
-        f"`{where} logs -l {LAUNCH_LABEL}={run}`, stop it with "
-        f"`{where} delete job -l {LAUNCH_LABEL}={run}` (several nodes: `delete jobset`; it "
+        f"`{where} logs -l {LAUNCH_LABEL}={launch}`, stop it with "
+        f"`{where} delete job -l {LAUNCH_LABEL}={launch}` (several nodes: `delete jobset`; it "
         f"checkpoints first); "
         f"or give hosts with -H"
     )

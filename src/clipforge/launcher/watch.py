@@ -67,10 +67,11 @@ def show_logs(
 
 
 def _follow(host: Host, layout: NodeLayout, info: dict, lines: int, tag: bool) -> None:
-    pid = info["state"].get("supervisor_pid")
+    pid = info.get("keeper_pid") or info["state"].get("supervisor_pid")
     if not info["supervisor_alive"] or not pid:
         return
-    # Ends by itself when the supervisor does (run finished, stopped or failed).
+    # Ends by itself when the keeper (else the supervisor) does: the run finished, stopped or
+    # failed; a supervisor replaced by its keeper is no end.
     command = f"tail -n {lines} -F --pid={int(pid)} {q(layout.train_log)} 2>/dev/null"
     if tag:
         command += f" | sed -u 's/^/[node {layout.node_rank}] /'"

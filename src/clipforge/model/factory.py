@@ -66,7 +66,7 @@ class CausalFlagAttention(torch.nn.MultiheadAttention):
     open_clip passes the text tower an explicit 77x77 float mask, which keeps
     scaled_dot_product_attention off its flash and memory-efficient kernels. Given `is_causal`,
     torch drops that mask and asks the kernel for causal attention instead: the same result
-    (tests/unit/test_causal_attention.py), other kernels. A subclass with no state of its own:
+    (tests/model/test_causal_attention.py), other kernels. A subclass with no state of its own:
     the parameters and the state dict are nn.MultiheadAttention's, so checkpoints and exports
     are unchanged and plain open_clip loads them."""
 

@@ -242,15 +242,20 @@ _NOT_IN_FINGERPRINT = {
 }
 
 
+def run_identity(params: dict) -> dict:
+    """The params (as their dict) that name a training run, with its data: `model`, and `train`
+    less the knobs that never change the weights. The launcher compares these of two launches."""
+    train = {k: v for k, v in (params.get("train") or {}).items() if k not in _NOT_IN_FINGERPRINT}
+    return {"model": params.get("model"), "train": train}
+
+
 def run_id(config: TrainParams, manifest_bytes: bytes, rerun_launch: str | None = None) -> str:
-    """What determines the result: the data, model and train params; and for a rerun (`fab
+    """What determines the result: the data and run_identity's params; and for a rerun (`fab
     rerun`) its launch, so that it trains anew rather than resuming the repeated run's
     checkpoints (the same run id otherwise), while a restart of the rerun resumes its own."""
-    train = {k: v for k, v in config.to_dict()["train"].items() if k not in _NOT_IN_FINGERPRINT}
     identity = {
         "data": hashlib.sha256(manifest_bytes).hexdigest(),
-        "model": config.to_dict()["model"],
-        "train": train,
+        **run_identity(config.to_dict()),
         **({"rerun": rerun_launch} if rerun_launch else {}),
     }
     return run_id_for(identity)

@@ -54,7 +54,7 @@ def create_engine(
     if compile_model:
         # torch.compile of the module's forward, DeepSpeed's hooks kept; the backend defaults to
         # the accelerator's (inductor). The CPU stand-ins (the benchmark's dry run,
-        # tests/integration/test_compiled_step.py) pass `aot_eager`: dynamo's and AOTAutograd's
+        # tests/train/test_compiled_step.py) pass `aot_eager`: dynamo's and AOTAutograd's
         # graphs, run eagerly, without a C++ toolchain.
         engine.compile(**({"backend": compile_backend} if compile_backend else {}))
     return engine

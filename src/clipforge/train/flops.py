@@ -14,7 +14,7 @@ FLOPs of an open_clip ViT + text transformer, from its config (one multiply-add 
   text tower: n = context length; + the projection width x embed_dim
   training = 3 x forward (the backward pass costs twice the forward).
 ViT-B/32 at 224 px: 4.41 G multiply-adds (image) + 2.98 G (text) -> 44.4 GFLOP per sample.
-tests/unit/test_flops.py checks the formula against torch.utils.flop_counter.
+tests/train/test_flops.py checks the formula against torch.utils.flop_counter.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@
   <root>/runs/<run>/node-<rank>/code/  the git checkout at the run's commit: the DVC workspace,
                                        with data/ checkpoints/ logs/ metrics/ models/ inside
   <root>/runs/<run>/node-<rank>/{plan.json,state.json,supervisor.pid,train.log,supervisor.log,stop,
-                                smoke.json,tensorboard.pid,tensorboard.log}
+                                smoke.json,tensorboard.pid,tensorboard.log,keeper.pid,keeper.json}
+  <root>/runs/<run>/node-<rank>/reaped/<pid>  an orphaned attempt's exit status (host.keeper)
   <root>/runs/<run>/node-<rank>/home/  HOME inside the container (docker runtime)
   <root>/runs/<run>/node-<rank>/progress/rank-<r>.json  each rank's heartbeat (hang watchdog)
 
@@ -106,6 +107,20 @@ class NodeLayout:
     @property
     def pid_file(self) -> str:
         return posixpath.join(self.node_dir, "supervisor.pid")
+
+    @property
+    def keeper_pid_file(self) -> str:
+        return posixpath.join(self.node_dir, "keeper.pid")
+
+    @property
+    def keeper_record(self) -> str:
+        """What the keeper saw: the supervisors that died, and when (host.keeper)."""
+        return posixpath.join(self.node_dir, "keeper.json")
+
+    @property
+    def reaped_dir(self) -> str:
+        """Exit statuses of the attempts a dead supervisor left, as its keeper reaped them."""
+        return posixpath.join(self.node_dir, "reaped")
 
     @property
     def train_log(self) -> str:

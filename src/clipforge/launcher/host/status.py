@@ -25,6 +25,8 @@ from pathlib import Path, PurePosixPath
 
 from clipforge.checkpoints.layout import tag_step
 from clipforge.ids import launch_id_of, run_ids_in
+from clipforge.launcher.host.keeper import read_keeper_record
+from clipforge.launcher.host.processes import attempt_running, keeper_pid, supervisor_pid
 from clipforge.launcher.host.record import RunRecord, RunRecordError, read_record
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.state import (
@@ -34,7 +36,7 @@ from clipforge.launcher.host.state import (
     read_state,
     state_from_dict,
 )
-from clipforge.launcher.host.supervisor import read_json, supervisor_pid
+from clipforge.launcher.host.supervisor import read_json
 from clipforge.store.sync_state import (
     SYNC_STATE_FILE,
     SyncState,
@@ -59,9 +61,11 @@ def collect(layout: NodeLayout) -> dict:
     except StateFileError as exc:
         state, state_error = None, str(exc)
     alive = supervisor_pid(layout) is not None
+    trainer = None
     if state and not state.state.terminal and not alive:
-        # the supervisor died without saying so (host reboot, kill -9)
+        # the supervisor died without saying so (host reboot, kill -9); its attempt may run on
         state = dataclasses.replace(state, state=RunState.LOST)
+        trainer = state.child_pid if attempt_running(state.child_pid, layout) else None
     manifest = Path(layout.output("data/manifest.json"))
     checkpoints = Path(record.checkpoints_dir if record else layout.output("checkpoints"))
     own = set(run_ids_in(checkpoints))
@@ -76,6 +80,9 @@ def collect(layout: NodeLayout) -> dict:
         "state": state.to_dict() if state else {},
         "state_error": state_error,
         "supervisor_alive": alive,
+        "keeper_pid": keeper_pid(layout),
+        "supervisors_replaced": read_keeper_record(layout).get("replaced") or [],
+        "attempt_alive": trainer,
         "last_row": rows[-1] if rows else None,
         "recent_step_seconds": [float(r["step_s"]) for r in rows[-RECENT_ROWS:] if r.get("step_s")],
         "total_steps": _total_steps(params, manifest),
@@ -225,7 +232,7 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ),
         # the training run(s) of this launch, by the checkpoints it saved: none until the first
         ("run", ", ".join(info.get("run_ids") or []) or "-"),
-        ("state", _state_text(state, info.get("state_error"), info)),
+        ("state", _state_text(state, info.get("state_error"), info, step)),
         (
             "step",
             f"{step}/{total if total else '?'}"
@@ -249,6 +256,7 @@ def summarize(info: dict, price_per_gpu_hour: Decimal | None) -> list[tuple[str,
         ),
         ("elapsed", format_duration(elapsed) if elapsed is not None else "-"),
         ("restarts", f"{state.restarts}/{state.max_restarts}" if state else "0/?"),
+        *_replaced_rows(info.get("supervisors_replaced") or []),
         *_gpu_rows(state),
         ("checkpoint", info.get("latest_checkpoint") or "none yet"),
     ]
@@ -416,7 +424,55 @@ def activity(state: SupervisorState, info: dict) -> str | None:
     return None
 
 
-def _state_text(state: SupervisorState | None, error: str | None, info: dict) -> str:
+def _replaced_rows(replaced: list) -> list[tuple[str, str]]:
+    """A `supervisor` row once its keeper replaced one (host.keeper): how many, the last one."""
+    if not replaced or not isinstance(replaced[-1], dict):
+        return []
+    last = replaced[-1]
+    return [
+        (
+            "supervisor",
+            f"replaced {len(replaced)}x by its keeper; the last, pid {last.get('supervisor_pid')}, "
+            f"gone at {_utc(last.get('gone_at'))} ({last.get('how')}), its attempt adopted",
+        )
+    ]
+
+
+def _utc(at: object) -> str:
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+        if isinstance(at, (int, float))
+        else "?"
+    )
+
+
+def lost_text(state: SupervisorState, info: dict, step: int) -> str:
+    """The state of a node whose supervisor is gone: since when, whether its attempt runs on
+    (what it is doing), and what brings a supervisor back (its keeper, or `--resume`, which
+    adopts a live attempt rather than racing it)."""
+    gone = next(
+        (
+            r.get("gone_at")
+            for r in reversed(info.get("supervisors_replaced") or [])
+            if isinstance(r, dict) and r.get("supervisor_pid") == state.supervisor_pid
+        ),
+        None,
+    )
+    when = f"at {_utc(gone)}" if gone else f"(last heard from at {_utc(state.updated_at)})"
+    text = f"lost: supervisor pid {state.supervisor_pid} gone {when}"
+    trainer = info.get("attempt_alive")
+    if trainer:
+        doing = f"training at step {step}" if state.phase == "train" else f"in phase {state.phase}"
+        text += f"; trainer pid {trainer} still {doing}"
+    else:
+        text += " without finishing; nothing of its attempt runs"
+    if info.get("keeper_pid"):
+        return text + f"; its keeper (pid {info['keeper_pid']}) is starting a new supervisor"
+    adopts = ", which adopts the trainer" if trainer else ""
+    return text + f"; `fab train --resume RUN` starts a supervisor{adopts}"
+
+
+def _state_text(state: SupervisorState | None, error: str | None, info: dict, step: int = 0) -> str:
     if state is None:
         return f"damaged: {error}" if error else "unknown"
     if state.state is RunState.RUNNING:
@@ -425,9 +481,7 @@ def _state_text(state: SupervisorState | None, error: str | None, info: dict) ->
             f": {doing}" if doing else ""
         )
     if state.state is RunState.LOST:
-        return (
-            "lost: the supervisor is gone without finishing; `fab train --resume RUN` restarts it"
-        )
+        return lost_text(state, info, step)
     if state.state is RunState.FAILED and state.reason:
         return f"failed: {state.reason}"
     return state.state.value

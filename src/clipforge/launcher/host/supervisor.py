@@ -2,8 +2,8 @@
 
   python -m clipforge.launcher.host.supervisor launch|run|stop NODE_DIR
 
-  launch  start a detached supervisor (secrets on stdin)
-  run     the supervisor itself (what `launch` starts)
+  launch  start a detached supervisor under its keeper (secrets on stdin)
+  run     the supervisor itself (what the keeper starts)
   stop    ask it to stop the run gracefully
 
 NODE_DIR is <root>/runs/<run>/node-<rank>, as clipforge.launcher.host.run_dirs lays it out.
@@ -33,6 +33,15 @@ dump the stacks of every rank into the run's log (py-spy when installed, else ea
 faulthandler on SIGUSR1), send a `hang` alert, and kill the attempt: the restart resumes from
 the latest checkpoint like any other. NCCL's own watchdog and flight recorder are switched on
 for the ranks too (TORCH_NCCL_* below), dumping into the same folder on a collective timeout.
+
+The supervisor is supervised: `launch` starts its keeper (clipforge.launcher.host.keeper), a
+parent that only waits and starts a new supervisor when one dies without finishing (SIGKILL, the
+OOM killer). A supervisor started on a node whose state names an attempt that still runs (its
+process recognised by its environment, clipforge.launcher.host.processes), or one its keeper saw
+end, adopts it: it watches it where it stands (hangs, stop requests), takes its exit status from
+the keeper, and goes on from there; the phases before it are done. It never starts an attempt
+beside a live one, so a `fab train --resume` of a run whose supervisor is gone adopts its trainer
+too, rather than racing it for the run folder and DVC's lock.
 
 Detached = a new session (setsid) with no terminal and stdin/stdout away from the SSH channel, so
 closing the connection sends it nothing. It makes itself a child subreaper, so processes orphaned
@@ -78,6 +87,17 @@ from clipforge.launcher.host.gpus import (
     spanning_attempt_argv,
 )
 from clipforge.launcher.host.plan import PASSTHROUGH_ENV, Phase, PhasePlan
+from clipforge.launcher.host.processes import (
+    KEEPER_MODULE,
+    SUPERVISOR_MODULE,
+    attempt_end,
+    attempt_running,
+    become_subreaper,
+    group_alive,
+    keeper_pid,
+    reaped_code,
+    supervisor_pid,
+)
 from clipforge.launcher.host.record import RunRecord, RunRecordError, read_record
 from clipforge.launcher.host.run_dirs import NodeLayout, node_dir_argument
 from clipforge.launcher.host.state import (
@@ -96,7 +116,7 @@ from clipforge.progress import (
     read_progress,
 )
 
-MODULE = "clipforge.launcher.host.supervisor"  # as `python -m` runs it: how its process is found
+MODULE = SUPERVISOR_MODULE  # as `python -m` runs it: how its process is found
 POLL_SECONDS = 0.5
 REMNANT_GRACE_SECONDS = 30.0  # after an attempt ended, leftovers get this long before SIGKILL
 MAX_EXITS_KEPT = 50
@@ -107,6 +127,7 @@ RENDEZVOUS_ERRORS = re.compile(
     r"failed to connect to|timed out connecting|Timed out waiting for clients|"
     r"Socket Timeout|No route to host|Network is unreachable)[^\n]*"
 )
+LIVE_EXIT = 3  # `launch` on a node whose supervisor or keeper runs: refused, naming it
 OUTPUT_SCANNED_BYTES = 256 * 1024  # of an attempt's output, the end: where its fatal error is
 # How long one rank's stack dump may take before the next (and then the kill).
 STACK_DUMP_MAX_SECONDS = 30.0
@@ -155,21 +176,6 @@ def stall_timeout_of(record: RunRecord | None) -> float:
         return AlertsConfig().stall_timeout_seconds
 
 
-def supervisor_pid(layout: NodeLayout) -> int | None:
-    """The pid of this node's live supervisor, or None (a stale pid file is not a live one)."""
-    try:
-        pid = int(Path(layout.pid_file).read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    if MODULE.encode() in cmdline and layout.node_dir.encode() in cmdline:
-        return pid
-    return None
-
-
 class Supervisor:
     def __init__(self, layout: NodeLayout):
         self.layout = layout
@@ -192,6 +198,19 @@ class Supervisor:
             gpus=previous.gpus if previous else None,
             passed_env=sorted(name for name in PASSTHROUGH_ENV if name in os.environ),
         )
+        # A live attempt a dead supervisor of this node left, or the status it ended with: taken
+        # over where it stands, never raced by a second attempt (clipforge.launcher.host.keeper).
+        self._adopted = previous if _adoptable(previous, self.plan, layout) else None
+        if self._adopted is not None:  # named in the state from the first write: a supervisor
+            # killed before it adopted leaves the attempt to its successor just the same
+            self.state = dataclasses.replace(
+                self.state,
+                state=RunState.RUNNING,
+                phase=self._adopted.phase,
+                attempt=self._adopted.attempt,
+                child_pid=self._adopted.child_pid,
+                attempt_started_at=self._adopted.attempt_started_at,
+            )
         self._child_status: int | None = None
         self._hang: Hang | None = None  # the current attempt's, when the watchdog found one
         self._attempt_log_start = 0  # where the current attempt's output begins in train.log
@@ -213,7 +232,7 @@ class Supervisor:
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> int:
-        _become_subreaper()
+        become_subreaper()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -222,28 +241,37 @@ class Supervisor:
             self._log(
                 f"the previous state is unreadable ({self._damaged_previous}); restarts count from 0"
             )
-        self._set(state=RunState.STARTING)
-        for phase in self.plan.phases:
-            outcome = self._run_phase(phase)
+        self._set(state=self.state.state)  # starting, or running the adopted attempt
+        phases, adopted = self.plan.phases, self._adopted
+        if adopted is not None:  # the phases before the adopted one are done
+            phases = phases[[p.name for p in phases].index(str(adopted.phase)) :]
+        for i, phase in enumerate(phases):
+            outcome = self._run_phase(phase, adopted if i == 0 else None)
             if outcome != "done":
                 return 0 if outcome == "stopped" else 1
         self._log("all phases finished")
         self._set(state=RunState.FINISHED, child_pid=None, finished_at=time.time())
         return 0
 
-    def _run_phase(self, phase: Phase) -> str:
+    def _run_phase(self, phase: Phase, adopted: SupervisorState | None = None) -> str:
+        """`adopted`: the state a dead supervisor left, whose attempt of this phase is the first."""
         attempt = 0
         last_rendezvous_error = None
         while True:
-            if self.stop_requested():
-                return self._stopped()
-            attempt += 1
-            lost, this_attempt = self._gpus_for_attempt(phase)
-            if lost:
-                return self._give_up(phase, None, lost)
-            if self.stop_requested():  # while the nodes agreed on their GPUs
-                return self._stopped()
-            code = self._attempt(this_attempt, attempt)
+            if adopted is not None:
+                attempt = adopted.attempt
+                code = self._adopt(phase, adopted)
+                adopted = None
+            else:
+                if self.stop_requested():
+                    return self._stopped()
+                attempt += 1
+                lost, this_attempt = self._gpus_for_attempt(phase)
+                if lost:
+                    return self._give_up(phase, None, lost)
+                if self.stop_requested():  # while the nodes agreed on their GPUs
+                    return self._stopped()
+                code = self._attempt(this_attempt, attempt)
             if self.state.state is RunState.STOPPING:
                 return self._stopped()
             if code == 0 and self._hang is None:  # a hung attempt failed, whatever its exit
@@ -535,6 +563,7 @@ class Supervisor:
         self._log(f"phase {phase.name} attempt {attempt}: {' '.join(phase.argv)}")
         self._attempt_log_start = os.path.getsize(self.layout.train_log)
         shutil.rmtree(self.layout.progress_dir, ignore_errors=True)  # the last attempt's beats
+        shutil.rmtree(self.layout.reaped_dir, ignore_errors=True)  # an adopted one's status
         os.makedirs(self.layout.progress_dir, exist_ok=True)
         clear_fault(self.layout.fault_record)
         env = {
@@ -570,14 +599,51 @@ class Supervisor:
             child_pid=child.pid,
             attempt_started_at=time.time(),
         )
-        group = child.pid  # a new session: the child leads its own process group
-        stop_deadline = None
-        attempt_started = time.time()
-        stall = stall_timeout_of(self._record_or_none())
-        while self._child_status is None:
+
+        def ended() -> int | None:
             self._reap(child.pid)
-            if self._child_status is not None:
-                break
+            return None if self._child_status is None else _exit_code(self._child_status)
+
+        # a new session: the child leads its own process group
+        code = self._watch(phase, child.pid, time.time(), ended)
+        child.returncode = code  # reaped here, not by Popen
+        return code
+
+    def _adopt(self, phase: Phase, previous: SupervisorState) -> int:
+        """Watch the attempt a dead supervisor left, as if it were this one's; its exit code."""
+        pid = previous.child_pid
+        assert pid is not None  # _adoptable
+        self._log(
+            f"phase {phase.name} attempt {previous.attempt} (pid {pid}) adopted: supervisor pid "
+            f"{previous.supervisor_pid} is gone, its attempt "
+            f"{'runs on' if attempt_running(pid, self.layout) else 'has ended'}"
+        )
+        self._hang = None
+        started = previous.attempt_started_at or time.time()
+        self._set(
+            state=RunState.RUNNING,
+            phase=phase.name,
+            attempt=previous.attempt,
+            child_pid=pid,
+            attempt_started_at=started,
+        )
+
+        def ended() -> int | None:
+            self._reap()
+            end = attempt_end(pid, self.layout)
+            if end is None or end.code is not None:
+                return None if end is None else end.code
+            self._log(f"the adopted attempt (pid {pid}) ended with no status recorded: a failure")
+            return 1
+
+        return self._watch(phase, pid, started, ended)
+
+    def _watch(self, phase: Phase, group: int, attempt_started: float, ended) -> int:
+        """Until the attempt leading process group `group` has ended (`ended()`: its exit code,
+        None before): its hangs handled, a stop request passed on; then its leftovers ended."""
+        stop_deadline = None
+        stall = stall_timeout_of(self._record_or_none())
+        while (code := ended()) is None:
             if stop_deadline is None and self._hang is None:
                 hang = find_hang(
                     read_progress(self.layout.progress_dir), time.time(), attempt_started, stall
@@ -594,8 +660,6 @@ class Supervisor:
                 _signal_group(group, signal.SIGKILL)
                 stop_deadline = float("inf")
             time.sleep(POLL_SECONDS)
-        code = _exit_code(self._child_status)
-        child.returncode = code  # reaped here, not by Popen
         # Ranks and loader workers of the attempt may outlive its leader: a crashed attempt's are
         # killed now (they hold GPUs); after a stop they get time to finish writing the checkpoint.
         if self.state.state is RunState.STOPPING:
@@ -695,7 +759,7 @@ class Supervisor:
 
     def _wait_group_gone(self, group: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while _group_alive(group):
+        while group_alive(group):
             self._reap()
             if time.monotonic() > deadline:
                 _signal_group(group, signal.SIGKILL)
@@ -714,6 +778,17 @@ class Supervisor:
 
     def _on_signal(self, signum, frame) -> None:
         self.signalled = True
+
+
+def _adoptable(previous: SupervisorState | None, plan: PhasePlan, layout: NodeLayout) -> bool:
+    """Whether the state a supervisor left names an attempt of this plan that still runs, or
+    that its keeper saw end (its status recorded): one to adopt rather than start again."""
+    if previous is None or previous.state.terminal or previous.child_pid is None:
+        return False
+    if previous.phase not in [p.name for p in plan.phases]:
+        return False
+    pid = previous.child_pid
+    return attempt_running(pid, layout) or reaped_code(layout, pid) is not None
 
 
 def _exit_code(status: int) -> int:
@@ -745,32 +820,20 @@ def _in_group(pid: int, group: int) -> bool:
         return False
 
 
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _become_subreaper() -> None:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER (Linux >= 3.4)
-    except (OSError, AttributeError):
-        pass  # not Linux: orphans go to init, which reaps them on ordinary hosts
-
-
 # -- commands ------------------------------------------------------------------------------------
 def launch(layout: NodeLayout) -> int:
-    """Start `run` detached; secrets arrive as a JSON object on stdin (never via argv or a file)."""
-    if supervisor_pid(layout) is not None:
-        print(f"a supervisor is already running for {layout.node_dir}", file=sys.stderr)
-        return 3
+    """Start `run` detached, under its keeper (clipforge.launcher.host.keeper), which starts a new
+    one should it die; secrets arrive as a JSON object on stdin (never via argv or a file). A
+    node whose supervisor or keeper is alive is refused in one line naming it: a second one
+    would race the first. One that is gone is replaced; the new one adopts a live attempt."""
+    for what, pid in (("supervisor", supervisor_pid(layout)), ("keeper", keeper_pid(layout))):
+        if pid is not None:
+            print(
+                f"run {layout.launch_id} node {layout.node_rank} is live: its {what} (pid {pid}) "
+                f"is running it; see `fab status`, or `fab stop` it first",
+                file=sys.stderr,
+            )
+            return LIVE_EXIT
     secrets = json.loads(sys.stdin.read() or "{}")
     unknown = sorted(set(secrets) - set(PASSTHROUGH_ENV))
     if unknown:
@@ -780,7 +843,7 @@ def launch(layout: NodeLayout) -> int:
     env = dict(os.environ, **secrets)
     with open(layout.supervisor_log, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", MODULE, "run", layout.node_dir],
+            [sys.executable, "-m", KEEPER_MODULE, layout.node_dir],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -788,8 +851,8 @@ def launch(layout: NodeLayout) -> int:
             start_new_session=True,
             close_fds=True,
         )
-    atomic_write_text(layout.pid_file, f"{process.pid}\n")
-    print(json.dumps({"supervisor_pid": process.pid}))
+    atomic_write_text(layout.keeper_pid_file, f"{process.pid}\n")
+    print(json.dumps({"keeper_pid": process.pid}))
     return 0
 
 

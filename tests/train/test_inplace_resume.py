@@ -1,0 +1,113 @@
+"""Exact resume on shards used in place: a run over a read-only directory of shards, some samples
+of which do not decode, is killed with SIGKILL and rerun; it ends with the weights of an
+uninterrupted run, and both count the corrupt samples they replaced."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from clipforge.data.stage import main as data_main
+from tests.conftest import run_train, subprocess_env, train_argv, write_params
+from tests.support.shards import write_tar
+
+pytestmark = pytest.mark.slow
+
+CORRUPT = [f"bad-{i}" for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def in_place_data(tmp_path_factory, small_data) -> Path:
+    """The small data's shards, plus one of undecodable JPEGs, read-only, indexed in place."""
+    root = tmp_path_factory.mktemp("in-place-resume")
+    shards = root / "shards"
+    shards.mkdir()
+    for split in ("train", "val"):
+        for tar in sorted((small_data / split).glob("*.tar")):
+            shutil.copyfile(tar, shards / f"{split}-{tar.name}")
+    members = []
+    for key in CORRUPT:
+        members += [(f"{key}.jpg", b"\xff\xd8\xff\xe0 cut short"), (f"{key}.txt", b"broken")]
+    write_tar(shards / "zz-corrupt.tar", members)
+    for path in shards.iterdir():
+        path.chmod(stat.S_IRUSR)
+    shards.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    params = {
+        "data": {
+            "source": "webdataset",
+            "paths": [f"{shards}/*.tar"],
+            "in_place": True,
+            "verify": "none",  # the corrupt samples are kept: training meets them
+            "decontaminate": "off",
+            "val_fraction": 0.1,
+            "test_dir": str(small_data / "test"),
+        }
+    }
+    (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    assert data_main(["--params", str(root / "params.yaml"), "--out", str(root / "data")]) == 0
+    yield root / "data"
+    shards.chmod(stat.S_IRWXU)
+
+
+def _logged_steps(root: Path) -> list[int]:
+    tsv = root / "metrics" / "train.tsv"
+    if not tsv.is_file():
+        return []
+    return [int(line.split("\t")[0]) for line in tsv.read_text().splitlines()[1:]]
+
+
+def test_sigkill_then_rerun_on_in_place_shards_matches_an_uninterrupted_run(
+    tmp_path, in_place_data
+):
+    manifest = json.loads((in_place_data / "manifest.json").read_text())
+    corrupt_in_train = [
+        s for s in manifest["splits"]["train"]["shards"] if s["url"].endswith("zz-corrupt.tar")
+    ]
+    assert corrupt_in_train, "no corrupt sample landed in the train split"
+
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    assert run_train(reference, in_place_data) == 0
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    command = [
+        sys.executable,
+        "-m",
+        "clipforge.train",
+        *train_argv(killed, in_place_data, write_params(killed / "params.yaml")),
+    ]
+    # Step 7 is held until a stop that never comes: the kill lands after the step-4 checkpoint.
+    env = {**subprocess_env(), "CLIPFORGE_FAULTS": "hold@7"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:  # driven by the run's own events: step 6 logged, or the process gone
+        while 6 not in _logged_steps(killed):
+            assert process.poll() is None, process.stderr.read().decode()[-2000:]
+            time.sleep(0.5)
+    finally:
+        process.kill()  # SIGKILL
+        process.wait()
+    resumed = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    info = json.loads((killed / "metrics" / "train.info.json").read_text())
+    assert info["resumed_from_step"] == 4
+    expected = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
+    got = load_file(str(killed / "models" / "clip" / "open_clip_model.safetensors"))
+    for name in expected:
+        assert (expected[name] == got[name]).all(), f"{name} differs from the uninterrupted run"
+    reference_info = json.loads((reference / "metrics" / "train.info.json").read_text())
+    skipped = reference_info["skipped_at_read"]
+    # two epochs: every corrupt train sample met at least twice, each replaced, none fatal
+    assert skipped["counts"]["corrupt_image"] >= 2 * corrupt_in_train[0]["count"]
+    assert all("zz-corrupt.tar#" in e for e in skipped["examples"]["corrupt_image"])
+    assert info["skipped_at_read"]["counts"]["corrupt_image"] >= 1  # after the resume
