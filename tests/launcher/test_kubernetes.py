@@ -665,7 +665,7 @@ def test_resume_refuses_while_the_job_goes_on_or_once_it_completed(
 def test_fab_train_resume_on_a_jobs_stack_resubmits_a_job_gone_from_the_cluster(
     project, tmp_path, stored_launch, kubectl
 ):
-    """The real `fab train --resume RUN --store DIR` on a jobs stack, the old Job gone (deleted,
+    """The real `fab train --resume ID --store DIR` on a jobs stack, the old Job gone (deleted,
     or its TTL): a Job of that launch is applied, nothing deleted."""
     launch_id, store = stored_launch
     result = jobs_stack(tmp_path, project)("train", "--resume", launch_id, "--store", store)

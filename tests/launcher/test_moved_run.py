@@ -1,6 +1,6 @@
 """A run that outlives its host through the run store (storage.remote: moto's S3 server on
 127.0.0.1, s3fs as the client). Its first host dies mid-run (every process killed, its run
-directory lost) once the store holds a checkpoint; `fab train --resume RUN` on a host that never
+directory lost) once the store holds a checkpoint; `fab train --resume ID` on a host that never
 saw the run finds the launch in the store, ships the run's commit there, and the train stage
 resumes from the store's checkpoint to the weights of the uninterrupted run (the smoke run's
 training). "Another host" is another run root behind the same sshd (nothing of the first one is
@@ -97,7 +97,7 @@ def moved_run(project, sshd, s3_server, tmp_path_factory):
 
 
 def test_a_run_moved_to_a_new_host_resumes_from_the_store_to_the_same_weights(moved_run, smoke_run):
-    """On a host that never saw it, `fab train --resume RUN` starts the run under its id from the
+    """On a host that never saw it, `fab train --resume ID` starts the run under its id from the
     store's checkpoint; it ends with the metrics and exported weights of the uninterrupted run."""
     assert (
         f"moving run {moved_run.launch_id} there from {moved_run.remote}" in moved_run.move.stdout

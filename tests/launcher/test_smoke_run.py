@@ -58,7 +58,7 @@ def test_what_the_run_writes_is_group_readable_at_most_and_its_export_has_one_mo
     writes (record, plan, state, logs, checkpoints, metrics, curves, the export), lets other users
     in or the group write; every file of the exported model has the same mode. (Files a library
     chmods itself, DVC's read-only cache and the checkout DVC restores, sit in those folders.)"""
-    run_dir = smoke_run.root / "runs" / smoke_run.run_id
+    run_dir = smoke_run.root / "runs" / smoke_run.launch_id
     code = smoke_run.code
     written = [
         *run_dir.glob("*.*"),

@@ -202,7 +202,7 @@ def test_stop_checkpoints_then_ends_the_run(stopped_run):
 
 
 def test_resume_after_stop_trains_on_to_the_same_result(stopped_run, smoke_run):
-    """`fab train --resume RUN` starts the supervisor again: the stage resumes from the stop's
+    """`fab train --resume ID` starts the supervisor again: the stage resumes from the stop's
     checkpoint and ends where the uninterrupted training ended."""
     stopped_at = _latest_step(stopped_run)
     result = stopped_run.run_fab("train", "--resume", stopped_run.launch_id)

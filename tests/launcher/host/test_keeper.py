@@ -115,7 +115,7 @@ def test_with_the_keeper_gone_too_status_says_the_trainer_runs_and_a_resume_adop
     assert info["state"]["state"] == "lost" and info["attempt_alive"] == first["child_pid"]
     assert state.startswith(f"lost: supervisor pid {first['supervisor_pid']} gone (last heard")
     assert f"; trainer pid {first['child_pid']} still training at step 0;" in state
-    assert "`fab train --resume RUN` starts a supervisor, which adopts the trainer" in state
+    assert "`fab train --resume ID` starts a supervisor, which adopts the trainer" in state
 
     assert _launch(tmp_path).returncode == 0  # what `fab train --resume` runs on the host
     wait_for(

@@ -185,7 +185,7 @@ def judge(
         return GpuVerdict(
             lost,
             (),
-            f"{gone}: {why}. Replace or reset the GPU, then `fab train --resume RUN`",
+            f"{gone}: {why}. Replace or reset the GPU, then `fab train --resume ID`",
         )
     idle = len(usable) - ranks
     unused = (

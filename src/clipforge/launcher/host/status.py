@@ -469,7 +469,7 @@ def lost_text(state: SupervisorState, info: dict, step: int) -> str:
     if info.get("keeper_pid"):
         return text + f"; its keeper (pid {info['keeper_pid']}) is starting a new supervisor"
     adopts = ", which adopts the trainer" if trainer else ""
-    return text + f"; `fab train --resume RUN` starts a supervisor{adopts}"
+    return text + f"; `fab train --resume ID` starts a supervisor{adopts}"
 
 
 def _state_text(state: SupervisorState | None, error: str | None, info: dict, step: int = 0) -> str:
