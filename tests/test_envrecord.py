@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import platform
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -18,7 +19,10 @@ def test_versions_are_the_installed_ones_read_by_importlib_metadata():
     assert stack.open_clip == metadata.version("open_clip_torch")
     assert stack.transformers == metadata.version("transformers")
     assert stack.torch is not None and stack.torch.startswith(metadata.version("torch"))
-    assert stack.num_packages == len({d.metadata["Name"].lower() for d in metadata.distributions()})
+    # the installed packages, not the copies a package vendors (on sys.path once it is imported)
+    paths = [p for p in sys.path if "_vendor" not in Path(p).parts]
+    installed = {d.metadata["Name"].lower() for d in metadata.distributions(path=paths)}
+    assert stack.num_packages == len(installed)
 
 
 def test_params_and_manifest_are_hashed_and_the_plan_kept(tmp_path):

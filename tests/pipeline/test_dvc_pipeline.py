@@ -221,7 +221,9 @@ def test_a_rerun_of_train_keeps_every_logged_step_once(pipeline_repo):
     tsv = pipeline_repo / "metrics" / "train.tsv"
     before = [line.split("\t")[0] for line in tsv.read_text().splitlines()[1:]]
     assert len(before) >= 2
-    (run_dir,) = (pipeline_repo / "checkpoints").iterdir()
+    # the run the curve is of (earlier tests of the module may have left others beside it)
+    header, *rows = (line.split("\t") for line in tsv.read_text().splitlines())
+    run_dir = pipeline_repo / "checkpoints" / rows[-1][header.index("run_id")]
     steps = sorted(p for p in run_dir.iterdir() if p.name.startswith("step-"))
     assert len(steps) >= 2
     # the crash: the newest checkpoint never saved, the run resumes from the one before
