@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.errors import StackMismatch, StageError
+from clipforge.util import flatten
 
 RECORD_KEY = "repeats"  # the run record's field
 # The stack's fields that decide the numbers, in the order they are named. CUDA, cuDNN and NCCL
@@ -138,7 +139,7 @@ def manifest_difference(recorded: dict, current: dict) -> str | None:
                 return (
                     f"{split} shard {name}: {key} {_short(was.get(key))} -> {_short(now.get(key))}"
                 )
-    flat_old, flat_new = _flatten(_without_shards(recorded)), _flatten(_without_shards(current))
+    flat_old, flat_new = flatten(_without_shards(recorded)), flatten(_without_shards(current))
     for key in sorted(set(flat_old) | set(flat_new)):
         if flat_old.get(key) != flat_new.get(key):
             return f"{key}: {_short(flat_old.get(key))} -> {_short(flat_new.get(key))}"
@@ -170,15 +171,6 @@ def _without_shards(manifest: dict) -> dict:
         for name, entry in (manifest.get("splits") or {}).items()
     }
     return {**manifest, "splits": splits}
-
-
-def _flatten(value: object, prefix: str = "") -> dict:
-    if isinstance(value, dict):
-        flat: dict = {}
-        for key, item in value.items():
-            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    return {prefix: value}
 
 
 def _short(value: object) -> str:

@@ -1,8 +1,8 @@
 """Small helpers with one home each.
 
 Retry back-off, an exception's first line, a value as an error message quotes it, waiting for a
-server to answer, durations, a run's step counts, the ranks a node runs now, and reading the typed
-records' JSON files.
+server to answer, durations, a run's step counts, the ranks a node runs now, reading the typed
+records' JSON files, and nested dicts as dotted keys.
 
 Standard library only, and cheap to import: the GPU host side (clipforge.launcher.host) uses it
 under the host's own python3, and every stage imports it.
@@ -187,3 +187,13 @@ def read_record_file(path: str | Path, parse: Callable[[str, str], T]) -> T | No
     except FileNotFoundError:
         return None
     return parse(text, str(path))
+
+
+def flatten(value: object, prefix: str = "") -> dict:
+    """Nested dicts as one level of dotted keys."""
+    if isinstance(value, dict):
+        flat: dict = {}
+        for key, item in value.items():
+            flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from clipforge.repro.run_folder import RunFolder, flatten
+from clipforge.repro.run_folder import RunFolder
+from clipforge.util import flatten
 
 # Environment fields that describe the machine's name, not what decides the numbers.
 _NOT_COMPARED = ("process",)

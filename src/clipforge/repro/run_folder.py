@@ -8,14 +8,15 @@ environment is train.info.json's (clipforge.envrecord).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from clipforge.envrecord import RESULT_KEY
 from clipforge.errors import UserError
+from clipforge.fsutil import sha256_file
 from clipforge.model.files import WEIGHTS_FILES
+from clipforge.util import flatten
 from clipforge.yamlfile import load_yaml
 
 MODEL_DIR = "models/clip"
@@ -89,7 +90,7 @@ def read_run(path: Path) -> RunFolder:
         environment=info.get(RESULT_KEY),
         info=info,
         metrics=_metrics(path),
-        weights_sha256=_sha256(weights),
+        weights_sha256=sha256_file(weights),
         weights_file=weights.name,
         launch=launch_record(path),
     )
@@ -125,21 +126,3 @@ def _metrics(path: Path) -> dict[str, float]:
             prefix = Path(name).stem
             found.update(flatten(_json(file), prefix))
     return {k: v for k, v in found.items() if isinstance(v, (int, float)) and v is not None}
-
-
-def flatten(value: object, prefix: str = "") -> dict:
-    """Nested dicts as one level of dotted keys."""
-    if isinstance(value, dict):
-        flat: dict = {}
-        for key, item in value.items():
-            flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    return {prefix: value}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
