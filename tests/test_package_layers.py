@@ -8,8 +8,11 @@ package `clipforge` holds the modules directly under src/clipforge).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
+from tests.conftest import REPO, subprocess_env
 from tests.support.imports import SRC, imported_modules, package_of
 
 # The layers, lowest first. A package may import its own modules and those of packages in lower
@@ -107,3 +110,32 @@ def test_an_upward_import_and_a_cycle_are_named():
         "clipforge.checkpoints.resume -> y"
     ]
     assert cycles(edges) == [["clipforge.checkpoints", "clipforge.store", "clipforge.checkpoints"]]
+
+
+# The processes a launch starts many of: `fab` on the laptop (every command), and on each host the
+# supervisor, its keeper and `fab status`'s reader. Importing torch costs each of them seconds
+# (about 10 on a busy 2-core machine), so none may, directly or through a module they import.
+_LIGHT = (
+    "fabfile",
+    "clipforge.launcher.host.supervisor",
+    "clipforge.launcher.host.keeper",
+    "clipforge.launcher.host.status",
+)
+_HEAVY = ("torch", "deepspeed", "open_clip", "transformers")
+
+
+def test_fab_and_the_host_side_processes_start_without_torch():
+    program = (
+        f"import importlib, sys; [importlib.import_module(m) for m in {_LIGHT!r}]; "
+        f"print(sorted(m for m in {_HEAVY!r} if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=REPO,
+        env={**subprocess_env(), "PYTHONPATH": f"{REPO}:{SRC}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[]\n"

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clipforge.envrecord import card_lines
-from clipforge.export.hf import CHINESE_CLIP
 
 TRANSFORMERS_DIR = "transformers"  # the transformers folder, inside the open_clip export
 CARD_FILE = "README.md"  # the card's name in each folder
@@ -140,6 +139,9 @@ def _open_clip_usage(path: str) -> list[str]:
 
 
 def _transformers_usage(kind: str, path: str) -> list[str]:
+    # Imported here: export.hf imports torch, and `fab` renders cards (rerun_command) without it.
+    from clipforge.export.hf import CHINESE_CLIP
+
     chinese = kind == CHINESE_CLIP
     processor = "ChineseCLIPProcessor" if chinese else "CLIPProcessor"
     lines = [
