@@ -33,6 +33,9 @@ from pathlib import Path
 PROGRESS_DIR_ENV = "CLIPFORGE_PROGRESS_DIR"
 # The signal on which every rank writes the stacks of all its threads to stderr (the run's log).
 STACK_DUMP_SIGNAL = signal.SIGUSR1
+# Set-up's rendezvous part: a rank silent there waits on a peer or a master it cannot reach, so a
+# hang there is a rendezvous failure (the supervisor's repeat rule), not only a slow start.
+JOINING_PROCESS_GROUP = "joining the process group"
 _WRITE_EVERY_SECONDS = 1.0
 _PREFIX, _SUFFIX = "rank-", ".json"
 
@@ -194,6 +197,9 @@ class Hang:
     everyone: tuple[RankProgress, ...]
     """Every rank that beat in this attempt: all of them get a stack dump."""
     idle_seconds: float
+
+    def in_rendezvous(self) -> bool:
+        return any(p.doing == JOINING_PROCESS_GROUP for p in self.silent)
 
     def describe(self) -> str:
         ranks = ", ".join(

@@ -33,7 +33,7 @@ from clipforge.export.local_dir import export_model
 from clipforge.fsutil import atomic_write_text, sha256_file
 from clipforge.ids import launch_id_of
 from clipforge.model.factory import ClipBundle, build_model
-from clipforge.progress import SetUpProgress, collective_timeout_seconds
+from clipforge.progress import JOINING_PROCESS_GROUP, SetUpProgress, collective_timeout_seconds
 from clipforge.store.uploader import (
     StoreSync,
     launch_record,
@@ -206,7 +206,7 @@ def set_up(
     setup: SetUpProgress,
 ) -> TrainingRun:
     """Process group, model, engine (resumed from the latest checkpoint), data, report, alerts."""
-    setup.part("joining the process group")
+    setup.part(JOINING_PROCESS_GROUP)
     # A collective waiting longer than the stall timeout waits on a dead or cut-off peer: it fails
     # then (and the supervisor restarts or gives up) instead of hanging on for torch's default;
     # under the supervisor's hang watchdog, which acts first, at twice that (progress.py).

@@ -257,6 +257,35 @@ def test_a_rank_hung_in_set_up_is_a_hang_on_its_own_budget(tmp_path, webhook):
     assert "loading the checkpoint" in alert["message"]
 
 
+# A stand-in for a rank whose master is cut off: every attempt stops while joining the process
+# group, as a rank whose link went down waits there (before torch's own timeout would say so).
+_HUNG_JOINING = """
+import os, signal, sys
+from clipforge.progress import JOINING_PROCESS_GROUP, SetUpProgress
+with open("count", "a") as f:
+    f.write("x")
+SetUpProgress.from_environment(float(sys.argv[1])).part(JOINING_PROCESS_GROUP)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def test_hanging_twice_in_a_row_while_joining_the_process_group_gives_up(tmp_path):
+    """A hang while joining the process group is a rendezvous failure: the second in a row ends
+    the run with restarts left, saying a restart cannot fix it, instead of using every one."""
+    phase = Phase(
+        name="train",
+        argv=[sys.executable, "-c", _HUNG_JOINING, "2"],
+        cwd=str(tmp_path),
+        env={"PYTHONPATH": str(REPO / "src")},
+    )
+    process = _supervise(tmp_path, phase, max_restarts=5)
+    state = _state(tmp_path)
+    assert process.returncode == 1 and state["state"] == "failed", _log(tmp_path)[-2000:]
+    assert state["restarts"] == 1 and (tmp_path / "count").read_text() == "xx"
+    assert "the same rendezvous error twice in a row" in state["reason"]
+    assert "no progress while joining the process group" in state["reason"]
+
+
 # A stand-in for the eval stage: it beats without a timeout of its own (it reads no alerts:)
 # and stops itself on its first attempt; the supervisor applies the run's stall timeout.
 _HUNG_EVAL = """

@@ -108,6 +108,7 @@ from clipforge.launcher.host.state import (
     read_state,
 )
 from clipforge.progress import (
+    JOINING_PROCESS_GROUP,
     PROGRESS_DIR_ENV,
     STACK_DUMP_SIGNAL,
     Hang,
@@ -288,7 +289,7 @@ class Supervisor:
                 why = f"{fault.cause} (not restarted: it would fail the same way)"
                 return self._give_up(phase, code, why, fault.step)
             restarts = self.state.restarts
-            rendezvous = rendezvous_error(self._attempt_output())
+            rendezvous = self._rendezvous_failure()
             if rendezvous and last_rendezvous_error == rendezvous[0]:
                 return self._give_up(
                     phase,
@@ -315,6 +316,14 @@ class Supervisor:
             self._set(state=RunState.BACKOFF, restarts=restarts + 1, child_pid=None)
             if not self._sleep(delay):
                 return self._stopped()
+
+    def _rendezvous_failure(self) -> tuple[str, str] | None:
+        """This attempt's rendezvous failure (signature, line): an error in its output, or a hang
+        while joining the process group (a peer or master it cannot reach: a link cut before
+        torch's own timeout says so)."""
+        if self._hang is not None and self._hang.in_rendezvous():
+            return f"hung {JOINING_PROCESS_GROUP}", self._hang.describe()
+        return rendezvous_error(self._attempt_output())
 
     def _gpus_for_attempt(self, phase: Phase) -> tuple[str | None, Phase]:
         """Before an attempt of a restartable phase: why it cannot run on the GPUs left (a
