@@ -16,9 +16,9 @@ import pytest
 
 from clipforge.launcher.source import current_source
 from clipforge.store.remote import read_launch
-from tests.launcher.test_moved_run import _weights
 from tests.support.hostprocs import processes_under
 from tests.support.k8spod import Pod, render_cpu_run, stored_step
+from tests.support.same_run import exported_weights
 from tests.support.wait import still_running, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
@@ -66,7 +66,9 @@ def test_a_replacement_pod_resumes_the_run_to_the_weights_of_the_uninterrupted_r
     assert info["resumed_from_step"] == STORED_STEP
     summary = json.loads((code / "metrics" / "train.json").read_text())
     assert summary == json.loads((smoke_run.code / "metrics" / "train.json").read_text())
-    assert _weights(code / "models" / "clip") == _weights(smoke_run.code / "models" / "clip")
+    assert exported_weights(code / "models" / "clip") == exported_weights(
+        smoke_run.code / "models" / "clip"
+    )
 
 
 def test_the_run_s_checkout_and_launch_record_are_where_the_ssh_path_puts_them(

@@ -10,7 +10,6 @@ it before removing a run."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from tests.launcher.conftest import RUN_SETS, launch_run, make_fab, set_args, wa
 from tests.support.hostprocs import files_containing, processes_under
 from tests.support.netns import LAPTOP_ADDRESS, made_in_namespace
 from tests.support.s3store import SECRET_KEY, S3Server
+from tests.support.same_run import exported_weights
 from tests.support.sshd import free_port
 from tests.support.wait import still_running, wait_for
 
@@ -39,16 +39,6 @@ def _store_latest(fs, remote: str) -> str | None:
     fs.invalidate_cache()  # s3fs keeps listings: look at the store as it is now
     markers = fs.glob(remote.removeprefix("s3://") + "/*/checkpoints/latest")
     return fs.cat_file(markers[0]).decode().strip() if markers else None
-
-
-def _weights(model_dir):
-    """sha256 of each file of an exported model but its config (which records the params, and so
-    storage.remote: where the run was kept, not what it is)."""
-    return {
-        str(p.relative_to(model_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(model_dir.rglob("*"))
-        if p.is_file() and p.name != "clipforge_config.yaml"
-    }
 
 
 def _die(run_root):
@@ -110,7 +100,9 @@ def test_a_run_moved_to_a_new_host_resumes_from_the_store_to_the_same_weights(mo
     assert info["resumed_from_step"] == STORED_STEP
     summary = json.loads((code / "metrics" / "train.json").read_text())
     assert summary == json.loads((smoke_run.code / "metrics" / "train.json").read_text())
-    assert _weights(code / "models" / "clip") == _weights(smoke_run.code / "models" / "clip")
+    assert exported_weights(code / "models" / "clip") == exported_weights(
+        smoke_run.code / "models" / "clip"
+    )
 
 
 def test_a_run_neither_on_the_host_nor_in_the_store_is_refused_in_one_line(moved_run, sshd):
@@ -166,7 +158,9 @@ def test_fetch_from_the_store_brings_the_results_of_the_moved_run(moved_run, tmp
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     fetched, code = tmp_path / moved_run.launch_id, moved_run.moved_node / "code"
-    assert _weights(fetched / "models" / "clip") == _weights(code / "models" / "clip")
+    assert exported_weights(fetched / "models" / "clip") == exported_weights(
+        code / "models" / "clip"
+    )
     assert (fetched / "metrics" / "train.json").read_text() == (
         code / "metrics" / "train.json"
     ).read_text()
@@ -264,7 +258,7 @@ def test_a_run_moved_to_another_machine_ends_with_the_same_weights(
         server.stop()
     info = json.loads((node / "code" / "metrics" / "train.info.json").read_text())
     assert info["resumed_from_step"] == STORED_STEP
-    assert _weights(node / "code" / "models" / "clip") == _weights(
+    assert exported_weights(node / "code" / "models" / "clip") == exported_weights(
         smoke_run.code / "models" / "clip"
     )
 

@@ -22,9 +22,10 @@ import signal
 import pytest
 
 from tests.launcher.conftest import RUN_SETS, host_train_args, make_fab, set_args, wait_for_end
-from tests.launcher.test_moved_run import STORED_STEP, _client, _weights
+from tests.launcher.test_moved_run import STORED_STEP, _client
 from tests.support.netns import LAPTOP_ADDRESS, SSH_PORT, made_in_namespace
 from tests.support.s3store import S3Server
+from tests.support.same_run import exported_weights
 from tests.support.sshd import start_sshd
 from tests.support.wait import wait_for
 
@@ -124,7 +125,7 @@ def test_a_run_whose_host_dies_finishes_on_the_spare_with_the_same_weights(spare
     assert spared_run["final"]["state"] == "finished", (node / "train.log").read_text()[-3000:]
     info = json.loads((node / "code" / "metrics" / "train.info.json").read_text())
     assert info["resumed_from_step"] == STORED_STEP
-    assert _weights(node / "code" / "models" / "clip") == _weights(
+    assert exported_weights(node / "code" / "models" / "clip") == exported_weights(
         smoke_run.code / "models" / "clip"
     )
     record = json.loads((node.parent / "run.json").read_text())

@@ -4,7 +4,6 @@ of the smoke run (same params, same data: the same train run id)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from tests.support.hostprocs import (
     train_stage_process,
 )
 from tests.support.run_curves import event_steps, tsv_steps
+from tests.support.same_run import exported_weights
 
 # Two real runs through `fab` (a minute and a half): in make test-tier2 (.ci/run). make test keeps
 # restart, stop and resume on stand-in phases (test_supervisor.py) and a real run launched,
@@ -75,7 +75,7 @@ def test_restarted_run_ends_like_an_uninterrupted_one(killed_run, smoke_run):
     assert (info["run_id"], info["steps"]) == (reference_info["run_id"], reference_info["steps"])
     summary = json.loads((killed_run.code / "metrics" / "train.json").read_text())
     assert summary == json.loads((smoke_run.code / "metrics" / "train.json").read_text())
-    assert _digests(killed_run.code / "models" / "clip") == _digests(
+    assert exported_weights(killed_run.code / "models" / "clip") == exported_weights(
         smoke_run.code / "models" / "clip"
     )
 
@@ -240,11 +240,3 @@ def test_clean_removes_an_ended_run(stopped_run):
     assert result.returncode == 0, result.stderr
     assert not (stopped_run.root / "runs" / stopped_run.launch_id).exists()
     assert not (stopped_run.root / "current").exists()
-
-
-def _digests(directory):
-    return {
-        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }

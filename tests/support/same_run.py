@@ -4,11 +4,14 @@ bit for bit until the change, then the same maths summed in another order (fp32 
 from __future__ import annotations
 
 import csv
+import hashlib
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from clipforge.export.card import CARD_FILE
 
 # Adam's update from the same state with the gradient summed in another order (ranks
 # accumulating micro batches instead of averaging across ranks): fp32 round-off.
@@ -42,3 +45,14 @@ def assert_same_run(reference: Path, got: Path, steps: int, exact_through: int) 
         torch.testing.assert_close(
             have[name], want[name], rtol=WEIGHTS_RTOL, atol=WEIGHTS_ATOL, msg=name
         )
+
+
+def exported_weights(model_dir: Path) -> dict[str, str]:
+    """sha256 of each file of an exported model but those that record the run rather than the
+    model: its config (the params, storage.remote among them) and its model cards (the run id,
+    where it resumed, its wall time and environment)."""
+    return {
+        str(p.relative_to(model_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(model_dir.rglob("*"))
+        if p.is_file() and p.name not in ("clipforge_config.yaml", CARD_FILE)
+    }
