@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-from fabric import Config, Connection, task
+import fabric
+from fabric import Config, Connection
 from invoke import Collection, Exit, Task
 
 from clipforge.errors import LauncherError, UserError
@@ -61,6 +62,20 @@ try:  # before Fabric reads fabric.yaml on its own terms (see session.check_fabr
     session.check_fabric_yaml(Path(__file__).resolve().parent, SETTINGS)
 except UserError as error:
     sys.exit(f"fab: error: {error}")
+
+
+class FabTask(fabric.tasks.Task):
+    """Fabric's task, but no option's short flag is a dash: Invoke gives an option the first
+    character of its name that is free, and for min_gpus (m, i and n taken) that is the `-` of
+    min-gpus, which `fab --help train` showed as `--=STRING`."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        opts["names"] = [n for n in opts["names"] if n != "-"]
+        return opts
+
+
+task = functools.partial(fabric.task, klass=FabTask)
 
 
 @dataclass(frozen=True)
@@ -187,6 +202,7 @@ def check(
     c: Invocation, gpus=None, runtime="host", data=None, image=None, accept_new_host_key=False
 ):
     """Preflight: SSH, GPUs, disk, Docker + NVIDIA runtime or the image's stack, image, storage."""
+    session.refuse_identity_after_task(sys.argv, "check")
     specs, stack = session.host_specs(c.hosts, c.settings)
     wanted = (
         parse_count(gpus, "--gpus") if gpus is not None else (stack.gpus_per_worker if stack else 1)
@@ -269,6 +285,7 @@ def train(
     kubernetes=False,
 ):
     """Ship the commit and start a supervised training run, detached (survives disconnects)."""
+    session.refuse_identity_after_task(sys.argv, "train")
     if resume:
         resume = checked_launch_id(resume, "--resume")  # it names folders on hosts and the store
     backend = _backend(

@@ -1,9 +1,14 @@
-"""What the tasks print for the next step: the user's own connection flags, the right refs."""
+"""What the tasks print for the next step (the user's own connection flags, the right refs), and
+for a flag in the wrong place."""
 
 from __future__ import annotations
 
+import pytest
+
+from clipforge.errors import LauncherError
 from clipforge.launcher.run_source import newest_experiment
-from clipforge.launcher.session import fab_command
+from clipforge.launcher.session import fab_command, refuse_identity_after_task
+from tests.support.repro_runs import fab
 
 
 def test_hints_repeat_the_hosts_and_key_the_user_typed():
@@ -31,3 +36,26 @@ def test_a_ref_that_is_no_dvc_experiment_is_never_fetched():
     for ref in ("refs/heads/main", f"{baseline}/x:refs/heads/main", f"{baseline}/../../heads/main",
                 "refs/exps/../heads/main", f"{baseline}/-rf"):  # fmt: skip
         assert newest_experiment(ref + "\n") is None, ref
+
+
+def test_an_identity_flag_after_the_task_is_refused_saying_where_the_key_goes():
+    """After the task, -i is the task's --image: `fab -H h train ... -i KEY` stops at once, in
+    one line that shows the key before the task, and never tries SSH without a key."""
+    refused = fab("-H", "nobody@127.0.0.1:9", "train", "--gpus", "0", "--smoke", "-i", "/k/id")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.splitlines() == [
+        "fab train: error: -i after the task is --image; the SSH key goes before the task: "
+        "fab -H HOST -i KEY train ..."
+    ]
+    for late in (["-i=/k"], ["-i/k"], ["--gpus", "0", "-i", "/k"]):
+        with pytest.raises(LauncherError, match="goes before the task"):
+            refuse_identity_after_task(["fab", "-H", "check", "-i", "/k", "check", *late], "check")
+    refuse_identity_after_task(["fab", "-H", "h", "-i", "/k", "train", "--image", "x"], "train")
+
+
+def test_no_option_shows_a_dash_for_its_short_flag():
+    """`fab --help train` lists --min-gpus on its own (Invoke had given it the short flag `-`,
+    shown as `--=STRING`)."""
+    shown = fab("--help", "train")
+    assert shown.returncode == 0, shown.stderr
+    assert "  --min-gpus=STRING " in shown.stdout and "--=" not in shown.stdout

@@ -272,6 +272,24 @@ _CONNECTION_FLAGS = {"-H": True, "--hosts": True, "-i": True, "--identity": True
 _CONNECTION_FLAGS |= {"-S": True, "--ssh-config": True, "--prompt-for-passphrase": False}
 
 
+def refuse_identity_after_task(argv: list[str], task: str) -> None:
+    """`-i` after the task's name is the task's own -i (--image), not Fabric's -i KEY: refused,
+    saying where the key goes, rather than failing later for want of a key (or with a key's path
+    as the image)."""
+    words = iter(argv[1:])
+    for word in words:  # Fabric's flags, up to the task's name
+        if word == task:
+            break
+        if _CONNECTION_FLAGS.get(word):
+            next(words, None)
+    late = [w for w in words if w == "-i" or (w.startswith("-i") and not w.startswith("--"))]
+    if late:
+        raise LauncherError(
+            f"{late[0]} after the task is --image; the SSH key goes before the task: "
+            f"fab -H HOST -i KEY {task} ..."
+        )
+
+
 def fab_command(argv: list[str]) -> str:
     """`fab` with the connection flags of this command line (-H, -i, -S as the user typed them),
     for the hints a task prints: `fab status` alone would look for the stack's workers."""
