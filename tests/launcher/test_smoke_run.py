@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import socket
+import struct
 import subprocess
 import threading
 import urllib.request
@@ -129,7 +131,8 @@ def _sha(path):
 
 def test_tensorboard_serves_the_run_through_an_ssh_forward(smoke_run):
     """`fab tensorboard`: TensorBoard on the host, reached at the printed local URL through the
-    SSH port-forward; interrupting fab stops that TensorBoard."""
+    SSH port-forward; Ctrl-C stops fab and that TensorBoard quietly, even after a browser reset
+    a connection (Fabric's tunnel thread met the reset)."""
     port = free_port()
     process = smoke_run.fab.popen(
         "tensorboard",
@@ -152,7 +155,15 @@ def test_tensorboard_serves_the_run_through_an_ssh_forward(smoke_run):
         with urllib.request.urlopen(url + "data/runs", timeout=60) as response:
             runs = json.loads(response.read())
         assert any("-run-" in name for name in runs), runs
+        dropped = socket.create_connection(("127.0.0.1", port))
+        dropped.sendall(b"GET /data/runs HTTP/1.1\r\nHost: x\r\n\r\n")
+        dropped.recv(1)  # the response has started
+        dropped.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        dropped.close()  # with linger 0: a reset
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=300)  # a loaded machine: stopping goes over SSH
+    reader.join(timeout=60)
+    assert process.returncode in (0, 130) and "Traceback" not in "".join(lines), lines
+    assert [line for line in lines if line.strip()] == [next(x for x in lines if url in x)]
     assert not (smoke_run.node_dir / "tensorboard.pid").exists()

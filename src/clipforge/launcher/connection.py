@@ -14,16 +14,18 @@ OpenSSH's StrictHostKeyChecking=accept-new: a new key is recorded, a changed key
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import shlex
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
 from fabric import Config, Connection
+from invoke.exceptions import ThreadException
 
 from clipforge.errors import LauncherError
 from clipforge.fsutil import RUN_UMASK
@@ -128,6 +130,34 @@ def connect(spec: HostSpec, config: Config, accept_new_host_key: bool) -> Connec
     )
     _open(cxn, known_hosts)
     return cxn
+
+
+# What a tunnel's thread meets when the client at the local end goes away mid-exchange (a browser
+# dropping a response): that client's business, no error of the forward.
+_DROPPED_BY_CLIENT = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+@contextlib.contextmanager
+def forward_local(cxn: Connection, local_port: int, remote_port: int) -> Iterator[None]:
+    """127.0.0.1:LOCAL_PORT here reaching 127.0.0.1:REMOTE_PORT on the host, inside the context.
+
+    Fabric raises what any tunnel's thread met when the context ends, as a ThreadException: after
+    Ctrl-C on `fab tensorboard`, a browser's reset connection became a traceback. Those are left
+    out (the context's own error, if any, is raised); any other error of a tunnel is raised as
+    Fabric raises it."""
+    inside: BaseException | None = None
+    try:
+        with cxn.forward_local(local_port, remote_port=remote_port, remote_host="127.0.0.1"):
+            try:
+                yield
+            except BaseException as exc:
+                inside = exc
+                raise
+    except ThreadException as exc:
+        if not all(isinstance(w.value, _DROPPED_BY_CLIENT) for w in exc.exceptions):
+            raise
+        if inside is not None:
+            raise inside from None
 
 
 def label(cxn: Connection) -> str:

@@ -36,7 +36,7 @@ from clipforge.fsutil import join_inside
 from clipforge.ids import checked_launch_id, parse_run_id
 from clipforge.launcher import recovery
 from clipforge.launcher.commands import docker_cleanup_argv, docker_run_argv
-from clipforge.launcher.connection import join, probe, q, run
+from clipforge.launcher.connection import forward_local, join, probe, q, run
 from clipforge.launcher.host import status as status_mod
 from clipforge.launcher.host.record import RunRecord, record_from_dict
 from clipforge.launcher.host.run_dirs import NodeLayout
@@ -302,9 +302,7 @@ class HostRun(RunSource):
                 f"{q(settings.python)} -c {q(script)}",
                 what="waiting for TensorBoard to answer",
             )
-            with host.cxn.forward_local(
-                local_port, remote_port=remote_port, remote_host="127.0.0.1"
-            ):
+            with forward_local(host.cxn, local_port, remote_port):
                 yield lambda: True
         finally:
             probe(host.cxn, stop_cmd)
