@@ -52,11 +52,16 @@ img2dataset-env: $(IMG2DATASET_STAMP)  ## create .venv-img2dataset, the download
 # the validation loss, the test set's mean recall and the zero-shot top-1 (every suite and the mean
 # over suites: dvc metrics show).
 RECALL_COLUMNS := 'Experiment|.*(val_loss|test.mean_recall|colour-shape.top1)$$'
+# What to look at next, the activation first: make's shell had the venv, the user's has not.
+DEMO_NEXT := "next, in your shell: source $(VENV)/bin/activate" \
+	"  dvc metrics show           \# each suite's recall or top-1, their mean" \
+	"  dvc plots show             \# the curves, in dvc_plots/index.html" \
+	"  tensorboard --logdir logs  \# the same and more: http://localhost:6006/"
 demo: env  ## train and evaluate the built-in default on CPU as a DVC experiment in the checkout
 	scripts/setup-system.sh fonts-wqy-microhei
 	source $(VENV)/bin/activate && dvc exp run \
 		&& dvc exp show --no-pager --hide-workspace --drop '.*' --keep $(RECALL_COLUMNS) \
-		&& echo "every recall: dvc metrics show; curves: dvc plots show, tensorboard --logdir logs"
+		&& printf '%s\n' $(DEMO_NEXT)
 
 # Lint first: a style error fails `make test` in seconds, before the suite's minutes.
 # The slow tier (pytest marker tier2: two hosts in network namespaces, runs moved between hosts,

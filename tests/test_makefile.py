@@ -64,3 +64,15 @@ def test_make_up_and_down_use_the_venvs_python_outside_a_venv():
 def test_help_shows_the_image_name_expanded():
     listed = _make("help")
     assert "$(" not in listed and "clipforge:" in listed
+
+
+def test_the_demo_ends_saying_how_to_activate_the_environment():
+    """The demo's closing hint starts with `source .venv/bin/activate`: make's shell had the venv,
+    the user's has not (`dvc` alone: command not found). One command a line, within 80 columns."""
+    recipe = _make("-n", "-B", "demo")
+    hint = recipe[recipe.rindex("printf ") :]  # the demo's last command
+    shown = subprocess.run(["bash", "-c", hint], capture_output=True, text=True, check=True)
+    lines = shown.stdout.splitlines()
+    assert lines[0].endswith(": source .venv/bin/activate")
+    assert [line.split()[0] for line in lines[1:]] == ["dvc", "dvc", "tensorboard"]
+    assert max(map(len, lines)) <= 80, lines
