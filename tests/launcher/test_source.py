@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from clipforge.errors import LauncherError
@@ -78,6 +80,22 @@ def test_results_of_the_pipeline_and_fabs_settings_are_never_uncommitted_changes
     (root / "fabric.yaml").write_text("clipforge:\n  python: /opt/venv/bin/python\n")
     source = current_source(root)
     assert len(source.dirty) == 6 and uncommitted(source) == []
+    require_clean(source, allow_dirty=False)
+
+
+def test_a_stack_file_copied_from_an_example_is_no_uncommitted_change(pipeline_clone):
+    """infra/README.md's set-up (`cp infra/Pulumi.example-1x4.yaml infra/Pulumi.mine.yaml`)
+    leaves a file .gitignore ignores, so `fab train` ships the commit; the examples stay tracked."""
+    root, example = pipeline_clone, REPO / "infra" / "Pulumi.example-1x4.yaml"
+    shutil.copy(REPO / ".gitignore", root)
+    (root / "infra").mkdir()
+    shutil.copy(example, root / "infra")
+    git(root, "add", ".")
+    git(root, "commit", "--quiet", "-m", "the project's example stack")
+    assert "infra/Pulumi.example-1x4.yaml" in git(root, "ls-files", "infra")
+    shutil.copy(example, root / "infra" / "Pulumi.mine.yaml")
+    source = current_source(root)
+    assert source.dirty == []
     require_clean(source, allow_dirty=False)
 
 
