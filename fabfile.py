@@ -5,7 +5,8 @@
              [--spare HOST[,HOST] [--controller HOST]]   a controller moves the run if a host dies
              [--kubernetes]   on the stack's cluster as a Job/JobSet, which Kubernetes replaces
                               (the default without -H when the stack's runMode is jobs)
-  fab status | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push] | fab clean
+  fab status [--watch] | fab logs [--follow] | fab tensorboard | fab stop | fab fetch [--push]
+  fab clean
   fab status|fetch|tensorboard --launch ID --from-store (or --launch ID and no -H)   (the run store)
   fab rerun RUN [--on HOST | --kubernetes] [--allow-stack-change]   a finished run repeated: same
              commit, params, runtime; refused when its data or stack moved
@@ -65,13 +66,15 @@ except UserError as error:
 
 
 class FabTask(fabric.tasks.Task):
-    """Fabric's task, but no option's short flag is a dash: Invoke gives an option the first
-    character of its name that is free, and for min_gpus (m, i and n taken) that is the `-` of
-    min-gpus, which `fab --help train` showed as `--=STRING`."""
+    """Fabric's task, with two short flags Invoke would give left out. Invoke gives an option the
+    first character of its name that is free: for min_gpus (m, i and n taken) the `-` of
+    min-gpus, which `fab --help train` showed as `--=STRING`; and `-i`, which after the task
+    would read as Fabric's -i KEY misplaced (--image keeps its -i, refused with a hint there:
+    session.refuse_identity_after_task)."""
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
-        opts["names"] = [n for n in opts["names"] if n != "-"]
+        opts["names"] = [n for n in opts["names"] if n != "-" and (n != "i" or name == "image")]
         return opts
 
 
@@ -330,10 +333,19 @@ def train(
         "price_per_gpu_hour": "for the cost (default: the stack's cost.price_per_gpu_hour)",
         "from_store": "read the run from the run store, not a host" + FROM_STORE_DEFAULT,
         "store": STORE_HELP,
+        "watch": "show it again every --interval seconds until the run has ended",
+        "interval": "with --watch: seconds between two looks",
     }
 )
 def status(
-    c: Invocation, run=None, price_per_gpu_hour=None, from_store=False, store=None, launch=None
+    c: Invocation,
+    run=None,
+    price_per_gpu_hour=None,
+    from_store=False,
+    store=None,
+    launch=None,
+    watch_=False,
+    interval=30,
 ):
     """Launch and run ids, state, step/total, loss, samples/s, ETA, elapsed, restarts, cost, sync
     lag."""
@@ -346,7 +358,11 @@ def status(
             raise LauncherError(
                 f"--price-per-gpu-hour: a number, got {price_per_gpu_hour!r}"
             ) from None
-    watch.show_status(source, price, _say)
+    fab = session.fab_command(sys.argv)
+    if watch_:
+        watch.watch_status(source, price, _say, interval, fab)
+    else:
+        watch.show_status(source, price, _say, fab)
 
 
 @all_hosts_task(

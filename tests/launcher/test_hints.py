@@ -3,11 +3,14 @@ for a flag in the wrong place."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from clipforge.errors import LauncherError
 from clipforge.launcher.run_source import newest_experiment
 from clipforge.launcher.session import fab_command, refuse_identity_after_task
+from tests.conftest import REPO
 from tests.support.repro_runs import fab
 
 
@@ -53,9 +56,26 @@ def test_an_identity_flag_after_the_task_is_refused_saying_where_the_key_goes():
     refuse_identity_after_task(["fab", "-H", "h", "-i", "/k", "train", "--image", "x"], "train")
 
 
-def test_no_option_shows_a_dash_for_its_short_flag():
+def test_no_option_has_a_dash_or_a_second_meaning_of_i_for_its_short_flag():
     """`fab --help train` lists --min-gpus on its own (Invoke had given it the short flag `-`,
-    shown as `--=STRING`)."""
+    shown as `--=STRING`); no task's option but --image has -i, Fabric's flag for the key."""
     shown = fab("--help", "train")
     assert shown.returncode == 0, shown.stderr
     assert "  --min-gpus=STRING " in shown.stdout and "--=" not in shown.stdout
+    sys.path.insert(0, str(REPO))
+    try:
+        import fabfile
+    finally:
+        sys.path.remove(str(REPO))
+    short = {
+        (task, name): arg.name
+        for task in fabfile.ns.task_names
+        for arg in fabfile.ns.tasks[task].get_arguments()
+        for name in arg.names
+        if len(name) == 1
+    }
+    assert "-" not in {name for _, name in short}
+    assert {task: option for (task, name), option in short.items() if name == "i"} == {
+        "check": "image",
+        "train": "image",
+    }

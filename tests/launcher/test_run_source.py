@@ -5,6 +5,7 @@ controller write them."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from fabric import Config
 
+from clipforge.errors import LauncherError
 from clipforge.launcher.connection import HostSpec
 from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.state import RunState, SupervisorState
@@ -25,7 +27,7 @@ from clipforge.launcher.recovery import (
 )
 from clipforge.launcher.run_source import HostRun, RunSource, StoredRun
 from clipforge.launcher.session import Settings, open_host
-from clipforge.launcher.watch import show_status
+from clipforge.launcher.watch import show_status, watch_status
 from clipforge.store.remote import RunStore
 from clipforge.store.sync_state import STORE_STATUS_FILE, SYNC_STATE_FILE, SyncPhase, SyncState
 from tests.conftest import REPO
@@ -121,3 +123,45 @@ def test_host_and_store_give_the_same_answers_for_the_same_run(both_places):
         assert host_rows[key] == store_rows[key], key
     assert host_rows["run"] == RUN_ID
     assert "step 1, behind by 1 steps" in store_rows["run store"]
+
+
+def _watched(source: RunSource, running, finished) -> tuple[list[str], list[float]]:
+    """`fab status --watch` over a run that is on (`running()` wrote its state) and finishes
+    (`finished()`) during the first wait: the waits are where the run moves, not sleeps."""
+    running()
+    lines: list[str] = []
+    waits: list[float] = []
+
+    def run_ends(seconds: float) -> None:
+        waits.append(seconds)
+        assert len(waits) == 1, f"still watching a finished run: {lines}"
+        finished()
+
+    watch_status(source, None, lines.append, 7, "fab -H me@box", wait=run_ends)
+    return lines, waits
+
+
+def test_status_watch_shows_the_run_until_it_has_ended_then_the_next_step(both_places):
+    """The table, then after each wait the table again (a blank line between), while the run is
+    on (on the host, a supervisor gone is `lost`: its keeper may replace it, so watched on);
+    once it has finished, no more waiting, and the next step: `fab fetch` from where it is."""
+    on_host, in_store = both_places
+    state_file = Path(on_host.layout.state)
+    host_done = state_file.read_text()
+    running = SupervisorState(state=RunState.RUNNING, started_at=1.0e9, max_restarts=5)
+    store_done = in_store.sync_state()[0]
+    store_running = dataclasses.replace(store_done, state=SyncPhase.TRAINING)
+    for source, running_now, finish, where in (
+        (on_host, lambda: state_file.write_text(running.to_json()),
+         lambda: state_file.write_text(host_done), ""),
+        (in_store, lambda: in_store.store.write_json(STORE_STATUS_FILE, store_running.to_dict()),
+         lambda: in_store.store.write_json(STORE_STATUS_FILE, store_done.to_dict()),
+         " --from-store"),
+    ):  # fmt: skip
+        lines, waits = _watched(source, running_now, finish)
+        assert waits == [7]
+        second = lines.index(f"{source.where}  launch {LAUNCH_ID}", 1)
+        assert lines[second - 1] == "" and not any(x.startswith("next:") for x in lines[:second])
+        assert lines[-1] == f"next: fab -H me@box fetch --launch {LAUNCH_ID}{where}"
+    with pytest.raises(LauncherError, match="--interval: at least 1 second"):
+        watch_status(in_store, None, print, 0.5)

@@ -90,14 +90,19 @@ def test_what_the_run_writes_is_group_readable_at_most_and_its_export_has_one_mo
 
 
 def test_status_shows_the_finished_run(smoke_run):
-    """`fab status`: run id, state, step/total, loss, restarts."""
-    result = smoke_run.run_fab("status")
+    """`fab status` (--watch: once, the run having ended): run id, state, step/total, loss,
+    restarts, and the next step with the user's -H and -i."""
+    result = smoke_run.run_fab("status", "--watch")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert smoke_run.launch_id in out and "finished" in out
     assert "8/8" in out and "restarts" in out and "0/5" in out
     assert "(final)" in out  # the final loss from metrics/train.json
     assert "smoke" in out and "passed" in out
+    sshd = smoke_run.sshd
+    assert out.splitlines()[-1] == (
+        f"next: fab -H {sshd.address} -i {sshd.client_key} fetch --launch {smoke_run.launch_id}"
+    )
 
 
 def test_logs_show_the_stage_and_supervisor_output(smoke_run):

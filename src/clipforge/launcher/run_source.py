@@ -40,6 +40,7 @@ from clipforge.launcher.connection import forward_local, join, probe, q, run
 from clipforge.launcher.host import status as status_mod
 from clipforge.launcher.host.record import RunRecord, record_from_dict
 from clipforge.launcher.host.run_dirs import NodeLayout
+from clipforge.launcher.host.state import RunState, StateFileError, state_from_dict
 from clipforge.launcher.session import (
     Host,
     Settings,
@@ -52,6 +53,7 @@ from clipforge.launcher.stack import StackOutputs
 from clipforge.store.remote import RunStore, read_launch
 from clipforge.store.sync_state import (
     STORE_STATUS_FILE,
+    SyncPhase,
     SyncState,
     SyncStateError,
     parse_sync_state,
@@ -100,6 +102,13 @@ class RunSource(ABC):
     def more_status_lines(self) -> list[str]:
         """Lines after the table (one per further node of a multi-node run)."""
         return []
+
+    @abstractmethod
+    def run_state(self) -> RunState | None:
+        """Where the run stands as this place knows it (None: it has not said yet)."""
+
+    def refresh(self) -> None:  # noqa: B027 (a place that caches nothing has nothing to forget)
+        """Forget what was read, so that the next answers are read again (`fab status --watch`)."""
 
     @abstractmethod
     def copy_outputs(self, into: Path, say: Say) -> None:
@@ -183,6 +192,15 @@ class HostRun(RunSource):
 
     def last_row(self) -> dict:
         return self._status.get("last_row") or {}
+
+    def run_state(self) -> RunState | None:
+        try:  # the host side reads it (a damaged one: {} and its error, as the rows say)
+            return state_from_dict(self._status["state"]).state if self._status["state"] else None
+        except StateFileError:
+            return None
+
+    def refresh(self) -> None:
+        self.__dict__.pop("_status", None)  # the cached_property's value
 
     def recovery_text(self) -> tuple[str, str] | None:
         path = posixpath.join(self.layout.run_dir, recovery.RECOVERY_FILE)
@@ -438,6 +456,15 @@ class StoredRun(RunSource):
             return parse_sync_state(text, f"{self.store.url}/{STORE_STATUS_FILE}"), None
         except SyncStateError as exc:
             return None, str(exc)
+
+    def run_state(self) -> RunState | None:
+        """The uploader's last word: training (running), or the train stage's outcome."""
+        status, _ = self.sync_state()
+        if status is None:
+            return None
+        return (
+            RunState.RUNNING if status.state is SyncPhase.TRAINING else RunState(status.state.value)
+        )
 
     def last_row(self) -> dict:
         try:

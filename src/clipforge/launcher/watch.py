@@ -20,16 +20,19 @@ from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host import stored_checkpoints, supervisor
 from clipforge.launcher.host.run_dirs import NODE_PREFIX, NodeLayout, current_marker, runs_dir
 from clipforge.launcher.host.state import RunState
-from clipforge.launcher.run_source import RunSource, Serving, node_status
+from clipforge.launcher.run_source import RunSource, Serving, StoredRun, node_status
 from clipforge.launcher.session import Host, Settings, read_remote_state, remote_python
 from clipforge.store.remote import missing_from_store
 
 Say = Callable[[str], None]
 
 
-def show_status(source: RunSource, price_per_gpu_hour: Decimal | None, say: Say) -> None:
+def show_status(
+    source: RunSource, price_per_gpu_hour: Decimal | None, say: Say, fab: str = "fab"
+) -> RunState | None:
     """Where the run stands, as the place it lives in knows it: a table under `WHERE  launch
-    RUN` (the recovery controller's rows last), then a line per further node."""
+    RUN` (the recovery controller's rows last), a line per further node, and the next step of a
+    run that has ended (`fab`: the command with the user's -H/-i). Returns the run's state."""
     rows = source.status_rows(price_per_gpu_hour) + source.recovery_rows()
     width = max(len(k) for k, _ in rows)
     say(f"{source.where}  launch {source.launch_id}")
@@ -37,6 +40,41 @@ def show_status(source: RunSource, price_per_gpu_hour: Decimal | None, say: Say)
         say(f"  {key:<{width}}  {value}")
     for line in source.more_status_lines():
         say(line)
+    state = source.run_state()
+    launch = f"--launch {source.launch_id}"
+    on_hosts = not isinstance(source, StoredRun)
+    if state is RunState.FINISHED:
+        say(f"next: {fab} fetch {launch}" + ("" if on_hosts else " --from-store"))
+    elif state is RunState.STOPPED:
+        say(f"next: {fab} train --resume {source.launch_id}")
+    elif state is RunState.FAILED and on_hosts:
+        say(f"next: {fab} logs {launch}")
+    return state
+
+
+def watch_status(
+    source: RunSource,
+    price_per_gpu_hour: Decimal | None,
+    say: Say,
+    interval_seconds: float,
+    fab: str = "fab",
+    wait: Callable[[float], object] = time.sleep,
+) -> None:
+    """`fab status --watch`: the status again every `interval_seconds` until the run has
+    finished, failed or been stopped (a lost supervisor may be replaced by its keeper: watched
+    on); Ctrl-C ends the watch, not the run."""
+    if interval_seconds < 1:
+        raise LauncherError(f"--interval: at least 1 second, got {interval_seconds:g}")
+    try:
+        while True:
+            state = show_status(source, price_per_gpu_hour, say, fab)
+            if state is not None and state.terminal:
+                return
+            wait(interval_seconds)
+            source.refresh()
+            say("")
+    except KeyboardInterrupt:
+        return
 
 
 def show_logs(
