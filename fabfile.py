@@ -347,8 +347,10 @@ def status(
     watch_=False,
     interval=30,
 ):
-    """Launch and run ids, state, step/total, loss, samples/s, ETA, elapsed, restarts, cost, sync
-    lag."""
+    """Where the run stands: state, step, loss, ETA, cost, recall.
+
+    Launch and run ids, state, step/total, loss, samples/s, ETA, elapsed, restarts, cost, sync
+    lag, the recall once evaluated; an ended run's next step."""
     source = _run_source(c, _launch_flag(launch, run), from_store, store)
     price = None  # the stack's, if any
     if price_per_gpu_hour is not None:
@@ -390,8 +392,9 @@ def logs(c: Invocation, run=None, follow=False, lines=50, launch=None):
     }
 )
 def tensorboard(c: Invocation, run=None, port=6006, from_store=False, store=None, launch=None):
-    """TensorBoard on the run's logs, through an SSH port-forward (or here, on the logs from the
-    run store); prints the local URL."""
+    """TensorBoard on the run's logs, at a local URL it prints.
+
+    Through an SSH port-forward to the host, or here, on the logs from the run store."""
     local_port = parse_count(port, "--port")
     source = _run_source(c, _launch_flag(launch, run), from_store, store)
     watch.tensorboard(source, local_port, _say)
@@ -417,8 +420,10 @@ def stop(c: Invocation, run=None, launch=None):
 def fetch(
     c: Invocation, run=None, to="runs", push=False, from_store=False, store=None, launch=None
 ):
-    """Bring back metrics (recall: eval.json), the exported model and logs, and the run's DVC
-    experiment for `dvc exp show` (or push the outputs to the DVC remote)."""
+    """Bring the run's metrics, model, logs and DVC experiment here.
+
+    Metrics (recall: eval.json), the exported model and logs into runs/ID, and the run's DVC
+    experiment for `dvc exp show` (or, --push, the outputs pushed to the DVC remote)."""
     source = _run_source(c, _launch_flag(launch, run), from_store, store)
     if push:
         fetch_mod.push(source, c.settings, _say)
@@ -436,9 +441,10 @@ def fetch(
     },
 )
 def clean_(c: Invocation, run=None, all_=False, force=False, launch=None):
-    """Remove the newest run (or --launch, or --all) from the hosts: finished or stopped ones
-    only, never a running one, nor, without --force, one whose newest checkpoint the store
-    lacks."""
+    """Remove the newest run (or --launch, or --all) from the hosts.
+
+    Finished or stopped ones only, never a running one, nor, without --force, one whose newest
+    checkpoint the store lacks."""
     launch_id = _launch_flag(launch, run)
     hosts, _ = session.open_hosts(c.hosts, c.config, c.settings)
     chosen = [
@@ -499,9 +505,11 @@ def rerun(
     store=None,
     accept_new_host_key=False,
 ):
-    """Repeat a finished run as a new launch: its commit, resolved params, options and runtime;
-    its train stage first checks the data against the run's manifest and the stack against the
-    run's, and refuses in one line when either moved."""
+    """Repeat a finished run as a new launch, refused if its data or stack moved.
+
+    Its commit, resolved params, options and runtime; its train stage first checks the data
+    against the run's manifest and the stack against the run's, and refuses in one line when
+    either moved."""
     if on:
         if c.hosts:
             raise LauncherError("--on HOST or -H HOST: give the hosts once")
@@ -531,8 +539,10 @@ def rerun(
     }
 )
 def compare(c, run_a, run_b, tolerance="0"):
-    """Params, data and environment differences, metrics side by side, final weights, verdict
-    (exit 0: identical or within --tolerance; 1: different)."""
+    """Two runs side by side, with a verdict (exit 0: the same, 1: different).
+
+    Params, data and environment differences, metrics side by side, final weights; the same:
+    identical, or within --tolerance."""
     if not repro.compare_runs(run_a, run_b, repro.parse_tolerance(tolerance), _say):
         raise Exit(code=1)
 
@@ -544,15 +554,18 @@ def compare(c, run_a, run_b, tolerance="0"):
     }
 )
 def publish(c, run, to):
-    """The open_clip and transformers exports, the model card (environment, metrics, the
-    `fab rerun` line), the run's record and a SHA256SUMS file, as one hub-style folder."""
+    """Publish a run's model as one hub-style folder.
+
+    The open_clip and transformers exports, the model card (environment, metrics, the
+    `fab rerun` line), the run's record and a SHA256SUMS file."""
     repro.publish_run(run, to, _say)
 
 
 @local_task(help={"url": "a published model (fab publish --to URL)", "to": "local folder"})
 def pull(c, url, to):
-    """Fetch a published model into a local folder, every file checked against its SHA256SUMS;
-    open_clip loads it as local-dir:FOLDER."""
+    """Fetch a published model into a local folder, every file checked.
+
+    Each file against the SHA256SUMS it came with; open_clip loads it as local-dir:FOLDER."""
     repro.pull_model(url, to, _say)
 
 

@@ -3,6 +3,7 @@ for a flag in the wrong place."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -79,3 +80,22 @@ def test_no_option_has_a_dash_or_a_second_meaning_of_i_for_its_short_flag():
         "check": "image",
         "train": "image",
     }
+
+
+def test_fab_list_gives_each_task_a_whole_sentence_at_80_columns(monkeypatch):
+    """`fab --list` shows each task's first docstring line: a whole sentence (ending in a full
+    stop), not one cut after a comma or mid-phrase; within 80 columns, wrapped where longer."""
+    monkeypatch.setenv("COLUMNS", "80")
+    listed = fab("--list")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    described: dict[str, str] = {}
+    for line in lines[lines.index("Available tasks:") + 1 :]:
+        if re.match(r"  \S", line):  # a task; a deeper indent continues its description
+            name, _, text = line.strip().partition(" ")
+            described[name] = text.strip()
+        elif line.strip():
+            described[name] += " " + line.strip()
+    assert {"train", "status", "fetch", "clean", "rerun"} <= set(described)
+    assert all(text.endswith(".") for text in described.values()), described
