@@ -11,6 +11,7 @@ import pytest
 from clipforge.errors import LauncherError
 from clipforge.launcher.run_source import newest_experiment
 from clipforge.launcher.session import fab_command, refuse_identity_after_task
+from clipforge.launcher.ssh_hosts import watch_lines
 from tests.conftest import REPO
 from tests.support.repro_runs import fab
 
@@ -24,6 +25,17 @@ def test_hints_repeat_the_hosts_and_key_the_user_typed():
         "fab --hosts=a,b --identity=/k"
     )
     assert fab_command(["fab", "train", "--gpus", "4"]) == "fab"
+
+
+def test_fab_train_says_how_to_watch_the_run_one_command_a_line():
+    """No ` | ` between commands (it read as a shell pipe), each line within 80 columns with the
+    README's -H and -i, and each command whole from `fab` on."""
+    argv = ["fab", "-H", "me@gpu-box", "-i", "/home/me/.ssh/id_ed25519", "train", "--gpus", "4"]
+    fab_flags = fab_command(argv)
+    lines = watch_lines(fab_flags)
+    assert max(map(len, lines)) <= 80 and not any(" | " in line for line in lines)
+    commands = [line.partition(fab_flags)[2] for line in lines]
+    assert commands == [" status --watch", " logs --follow", " tensorboard", " stop"]
 
 
 def test_the_newest_experiment_skips_dvcs_bookkeeping_refs():

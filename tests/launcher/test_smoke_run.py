@@ -20,6 +20,20 @@ from tests.support.wait import still_running, wait_for
 pytestmark = pytest.mark.slow
 
 
+def test_train_says_how_to_watch_the_run_one_command_a_line(smoke_run):
+    """After `started run ID`: the watch and stop commands, each whole on its own line with the
+    user's -H and -i (no ` | ` between them, which read as shell pipes)."""
+    lines = smoke_run.launch.stdout.splitlines()
+    started = next(i for i, line in enumerate(lines) if line.startswith("started run "))
+    fab = f"fab -H {smoke_run.sshd.address} -i {smoke_run.sshd.client_key} "
+    assert [line.split(fab)[1] for line in lines[started + 1 : started + 5]] == [
+        "status --watch",
+        "logs --follow",
+        "tensorboard",
+        "stop",
+    ]
+
+
 def test_smoke_saves_a_checkpoint_and_loads_it_back(smoke_run):
     """The smoke run trains, then the stage reloads its final checkpoint and re-exports the same
     weights."""

@@ -105,10 +105,8 @@ class SshHosts(LaunchBackend):
             f"started run {launch_id} on {', '.join(h.label for h in hosts)}"
             + (" (smoke)" if options.smoke else "")
         )
-        fab = session.fab_command(sys.argv)
-        self.say(
-            f"watch it: {fab} status | {fab} logs --follow | {fab} tensorboard; stop it: {fab} stop"
-        )
+        for line in watch_lines(session.fab_command(sys.argv)):
+            self.say(line)
         return launch_id
 
     def resume(self, launch_id: str, store: str | None) -> None:
@@ -126,3 +124,14 @@ class SshHosts(LaunchBackend):
     def status(self, launch_id: str | None, store: str | None) -> RunSource:
         hosts, stack = self._opened
         return HostRun.on(hosts, launch_id, self.settings, stack)
+
+
+def watch_lines(fab: str) -> list[str]:
+    """How to watch and stop a run just started, one command a line (`fab`: with the user's -H
+    and -i), to be copied whole."""
+    return [
+        f"watch it:  {fab} status --watch",
+        f"           {fab} logs --follow",
+        f"           {fab} tensorboard",
+        f"stop it:   {fab} stop",
+    ]
