@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, subprocess_env, write_params
+from tests.test_readme_commands import documented_commands
 
 pytestmark = pytest.mark.slow
 
@@ -190,6 +192,45 @@ def test_an_alerts_default_and_a_store_setting_leave_the_data_stage_up_to_date(p
         assert not {"data", "params-data"} & set(stale), stale
     finally:
         subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)
+
+
+def _cells(row: str) -> list[str]:
+    return re.split(r"\s{2,}", row.strip())
+
+
+def test_the_documented_comparisons_fit_80_columns_and_sort_best_first(pipeline_repo, monkeypatch):
+    """Each `dvc exp show` line of README.md and docs/pipeline.md, as written, at COLUMNS=80:
+    every kept column shown (none behind `…`), and a --sort-by line lists the experiments best
+    first. Two experiments beside the others, their mean over suites set by hand, make the order
+    known. Before the recipe's experiment, whose dozen changed params are wider than 80."""
+    documented = {
+        tuple(argv)
+        for doc in ("README.md", "docs/pipeline.md")
+        for argv in documented_commands(doc)
+        if argv[:3] == ["dvc", "exp", "show"]
+    }
+    eval_json = pipeline_repo / "metrics" / "eval.json"
+    try:
+        for name, mean in (("worst", 0.5), ("best", 99.5)):
+            eval_json.write_text(
+                json.dumps({**json.loads(eval_json.read_text()), "mean_over_suites": mean})
+            )
+            _dvc(pipeline_repo, "exp", "save", "--force", "--name", name, "eval")
+    finally:
+        subprocess.run(["git", "checkout", "--", "."], cwd=pipeline_repo, check=True)
+    monkeypatch.setenv("COLUMNS", "80")
+    for argv in sorted(documented):
+        table = _dvc(pipeline_repo, *argv[1:]).stdout
+        assert max(map(len, table.splitlines())) <= 80 and "…" not in table, table
+        if "--sort-by" not in argv:
+            continue
+        sort_by = argv[argv.index("--sort-by") + 1]
+        header, *rows = [_cells(r) for r in table.splitlines() if r.strip().strip("─")]
+        experiments = [row for row in rows if re.match(r"[├└]── ", row[0])]
+        values = [float(row[header.index(sort_by)]) for row in experiments]
+        assert len(values) >= 2 and values == sorted(values, reverse=True), table
+        if sort_by == "mean_over_suites":
+            assert "[best]" in experiments[0][0] and "[worst]" in experiments[-1][0], table
 
 
 def test_a_recipe_written_into_params_yaml_is_what_the_experiment_shows(pipeline_repo):
