@@ -82,7 +82,10 @@ def test_a_bf16_run_exports_what_plain_open_clip_loads_with_evals_recall(
 
 # ZeRO-3's run in make test-tier2 (~25 s more); make test keeps its layout read at one rank
 # (test_the_export_reads_the_engines_own_fp32_weights_from_every_kind_of_checkpoint).
-@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.tier2)])
+# Two more bf16 runs (40 s each): in make test-tier2. make test keeps the export of ZeRO-2's and
+# ZeRO-3's bf16 shards read bit for bit (the test below) and the bf16 run above, end to end.
+@pytest.mark.tier2
+@pytest.mark.parametrize("stage", [2, 3])
 def test_the_bf16_run_above_zero1_exports_too(tmp_path, small_data, stage):
     """The same run at ZeRO-2 and ZeRO-3 (fp32 weights under bf16 autocast, ZeRO's own shards),
     3 steps, in a fresh interpreter (a ZeRO-3 engine patches torch for its whole process)."""
@@ -126,8 +129,8 @@ def test_the_export_reads_the_engines_own_fp32_weights_from_every_kind_of_checkp
 
 
 # Two more interpreters, 2 ranks then 1, four universal conversions (~1 min): in make
-# test-tier2. make test keeps each layout at one rank (above) and a bf16 run of 2 ranks going on
-# with 1 through the universal form (test_multirank.py).
+# test-tier2. make test keeps each layout at one rank (above) and the shrink rule's unit tests
+# (tests/train/test_fewer_ranks.py).
 @pytest.mark.tier2
 def test_the_same_on_two_ranks_and_after_a_universal_resume_on_one(tmp_path):
     """The same layouts saved by 2 ranks, then each resumed on 1 through DeepSpeed's universal

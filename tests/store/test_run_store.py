@@ -21,6 +21,12 @@ from tests.support.s3store import SECRET_KEY, unreachable_store
 from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
+# The store's real runs (a moved run, 45 s; a store that goes down, 40 s): in make test-tier2
+# (.ci/run), beside the same through `fab` (tests/launcher/test_moved_run.py). make test keeps the
+# store's proof of a checkpoint (test_guard_bytes.py), its sync state (test_sync_state.py), the
+# uploader sending again what the store lost (checkpoints/test_never_lost.py) and the two cheap
+# runs at the end of this file.
+tier2 = pytest.mark.tier2
 
 OPTIMIZER = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
@@ -121,6 +127,7 @@ def moved_run(s3_server, small_data, tmp_path_factory):
     }
 
 
+@tier2
 def test_a_run_whose_host_is_gone_resumes_elsewhere_from_the_store_to_the_same_weights(
     moved_run, reference_run
 ):
@@ -136,6 +143,7 @@ def test_a_run_whose_host_is_gone_resumes_elsewhere_from_the_store_to_the_same_w
     assert (summary["loss"], summary["val_loss"]) == (reference["loss"], reference["val_loss"])
 
 
+@tier2
 def test_a_torn_upload_is_never_chosen(moved_run):
     """Step 8 was in the store in part (no manifest, `latest` still at step 4) when its writer
     was killed: host B took step 4, and step 8 was uploaded whole later."""
@@ -144,6 +152,7 @@ def test_a_torn_upload_is_never_chosen(moved_run):
     assert "fetching step-00000008" not in moved_run["logs"]
 
 
+@tier2
 def test_the_store_keeps_the_last_checkpoints_and_the_curves_of_both_hosts(moved_run):
     """The store ends with the last storage.keep_checkpoints (2) checkpoints, `latest` naming the
     final one; the TensorBoard events of host A and host B; train.tsv with every step once (B
@@ -163,6 +172,7 @@ def test_the_store_keeps_the_last_checkpoints_and_the_curves_of_both_hosts(moved
     assert status["run_id"] == run_url.rsplit("/", 1)[-1] and status["launch_id"] is None
 
 
+@tier2
 def test_nothing_a_run_writes_holds_the_store_credentials(moved_run):
     """The secret key reached the stage through the environment only: it is in no object of the
     store (record, status, logs, checkpoints), no file host B wrote and no line of the logs."""
@@ -178,6 +188,7 @@ def test_nothing_a_run_writes_holds_the_store_credentials(moved_run):
 
 
 # -- the store goes down -------------------------------------------------------------------------
+@tier2
 def test_a_store_that_goes_down_mid_run_neither_stops_training_nor_loses_a_checkpoint(
     s3, small_data, reference_run, tmp_path
 ):

@@ -17,7 +17,8 @@ from clipforge.train.loss import contrastive_step, make_clip_loss
 from clipforge.train.optim import WarmupCosine
 from tests.support.gradient_worker import GLOBAL, _model, _rank_micro_batches
 
-pytestmark = pytest.mark.slow
+# Two compiles and runs (20 s): in make test-tier2 (.ci/run).
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 
 
 def _losses(backend: str | None) -> list[float]:

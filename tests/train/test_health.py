@@ -13,6 +13,9 @@ from tests.support.webhooks import WebhookServer
 pytestmark = pytest.mark.slow
 
 
+# A real run (25 s): in make test-tier2. make test keeps the rules on readings
+# (tests/alerts/) and the accuracy read below.
+@pytest.mark.tier2
 def test_a_cap_below_the_initial_temperature_pins_it_and_alerts(tmp_path, small_data, monkeypatch):
     """train.max_logit_scale=5 clamps CLIP's initial 14.3 from the first step on: the loop's
     logged logit scale sits at the cap and `temperature_pinned` arrives, once."""

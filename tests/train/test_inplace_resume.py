@@ -20,7 +20,9 @@ from clipforge.data.stage import main as data_main
 from tests.conftest import run_train, subprocess_env, train_argv, write_params
 from tests.support.shards import write_tar
 
-pytestmark = pytest.mark.slow
+# Two runs on in-place shards (1.5 minutes): in make test-tier2. make test keeps exact resume
+# (test_resume.py) and the in-place reads (test_inplace_loader.py, data/test_inplace_source.py).
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 
 CORRUPT = [f"bad-{i}" for i in range(6)]
 

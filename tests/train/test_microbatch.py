@@ -86,7 +86,10 @@ print(json.dumps(results))
 """
 
 
+# Probes under a real memory cap (half a minute): in make test-tier2; make test keeps
+# the search, the reserve and the kept choice above.
 @pytest.mark.slow
+@pytest.mark.tier2
 def test_probe_under_a_real_memory_cap_picks_what_fits_and_more_with_more_memory():
     result = subprocess.run(
         [sys.executable, "-c", CAPPED_PROBE, "300", "1200"],

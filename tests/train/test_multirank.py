@@ -20,7 +20,11 @@ from tests.conftest import BF16_SETS, set_args, subprocess_env, train_argv, writ
 from tests.support.plain_open_clip import plain_open_clip
 from tests.support.wait import still_running, wait_for
 
-pytestmark = pytest.mark.slow
+# Real multi-rank runs (1.5 and 2 minutes on 2 cores): in make test-tier2 (.ci/run). make test keeps
+# the bf16 production path end to end at one rank (tests/export/test_export_and_eval.py), its
+# exact resume (test_resume.py) and the shrink rule and universal conversion's unit tests
+# (test_fewer_ranks.py).
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 
 
 def test_two_rank_run_matches_the_single_rank_run(tmp_path, small_data, reference_run):

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 from clipforge.data.stage import main as data_main
 from tests.conftest import run_train, write_params
 
-# One more run of the reduced config (~5 s here, beside the shared reference run's).
-pytestmark = pytest.mark.slow
+# One more run of the reduced config (about a minute on 2 cores with its data stage): in make
+# test-tier2. make test keeps the stored ids against the tokenizer (data/test_pretokenize.py).
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 
 
 def _column(tsv: str, name: str) -> list[str]:
