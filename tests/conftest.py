@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -124,6 +125,42 @@ def reference_run(tmp_path_factory, small_data) -> Path:
     Shared: tests must not write into it (copy it first)."""
     root = tmp_path_factory.mktemp("reference-run")
     assert run_train(root, small_data) == 0
+    return root
+
+
+# Two ranks of the reduced config: global batch 32 = micro 16 x accumulation 1 x 2 ranks (on one
+# rank, 16 x 2 x 1), the loss of every step logged.
+TWO_RANK_SETS = ("train.ranks_per_node=2", "train.log_every_steps=1")
+
+
+def train_command(root: Path, data: Path, sets: Sequence[str]) -> list[str]:
+    """The train stage as a process of its own (DeepSpeed's launcher relaunches it for several
+    ranks), with the reduced params written to root/params.yaml and `sets` over them."""
+    params = write_params(root / "params.yaml")
+    return [
+        sys.executable,
+        "-m",
+        "clipforge.train",
+        *train_argv(root, data, params),
+        *set_args(sets),
+    ]
+
+
+@pytest.fixture(scope="session")
+def two_rank_run(tmp_path_factory, small_data) -> Path:
+    """One uninterrupted 2-rank run of the reduced config (TWO_RANK_SETS), its output in
+    root/stage.log. Shared: tests must not write into it."""
+    root = tmp_path_factory.mktemp("two-rank-run")
+    done = subprocess.run(
+        train_command(root, small_data, TWO_RANK_SETS),
+        cwd=root,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    (root / "stage.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     return root
 
 

@@ -22,21 +22,14 @@ from clipforge.launcher.host.run_dirs import NodeLayout
 from clipforge.launcher.host.status import collect, summarize
 from clipforge.launcher.host.supervisor import MODULE
 from clipforge.progress import read_progress
-from tests.conftest import subprocess_env, train_argv, write_params
+from tests.conftest import TWO_RANK_SETS, subprocess_env, train_command
 from tests.support.records import run_record
 from tests.support.same_run import assert_same_run
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
-# The same run twice: 12 steps, a checkpoint every 4, the loss of every step logged.
-# global batch 32 = micro 16 x accumulation 1 x 2 ranks; on one rank, 16 x 2 x 1.
-SETS = ("train.ranks_per_node=2", "train.log_every_steps=1")
-
-
-def _argv(root: Path, data: Path) -> list[str]:
-    params = write_params(root / "params.yaml")
-    sets = [arg for item in SETS for arg in ("--set", item)]
-    return [sys.executable, "-m", "clipforge.train", *train_argv(root, data, params), *sets]
+# The run of tests/conftest.py's two_rank_run (12 steps, a checkpoint every 4, the loss of every
+# step logged), here under a supervisor that loses a GPU.
 
 
 def _latest(checkpoints: Path) -> str | None:
@@ -45,15 +38,9 @@ def _latest(checkpoints: Path) -> str | None:
 
 
 def test_a_lost_gpu_mid_run_the_run_goes_on_with_one_rank_and_ends_where_two_end(
-    tmp_path, small_data, webhook
+    tmp_path, small_data, two_rank_run, webhook
 ):
-    reference = tmp_path / "uninterrupted"
-    reference.mkdir()
-    done = subprocess.run(
-        _argv(reference, small_data), env=subprocess_env(), capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-
+    reference = two_rank_run
     lost = tmp_path / "lost"
     node = NodeLayout(root=str(lost), launch_id="run", node_rank=0)
     Path(node.node_dir).mkdir(parents=True)
@@ -63,7 +50,7 @@ def test_a_lost_gpu_mid_run_the_run_goes_on_with_one_rank_and_ends_where_two_end
     # of this machine; the restart finds `release` there and goes on.
     phase = Phase(
         name="train",
-        argv=_argv(lost, small_data),
+        argv=train_command(lost, small_data, TWO_RANK_SETS),
         cwd=str(lost),
         env={"CLIPFORGE_FAULTS": f"wait@6={release}"},
     )
