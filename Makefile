@@ -13,7 +13,7 @@ IMG2DATASET_VENV ?= .venv-img2dataset
 IMG2DATASET_STAMP := $(IMG2DATASET_VENV)/.clipforge-tool
 PYTEST_ARGS ?=
 
-.PHONY: help env img2dataset-env demo test test-tier2 lint format clean-outputs bench-wheels
+.PHONY: help env img2dataset-env demo test test-system test-tier2 lint format clean-outputs bench-wheels
 
 # make up / down / preview (Pulumi, infra/)
 include infra/infra.mk
@@ -68,16 +68,16 @@ demo: env  ## train and evaluate the built-in default on CPU as a DVC experiment
 # real runs killed, hung, stopped and resumed through `fab`, the documented quick-start smoke runs,
 # the whole user journey, the gradient-equality grid, real runs with injected faults, the GPU
 # benchmark's CPU dry run) is `make test-tier2`, which .ci/run
-# runs after this, so that `make test` stays within 10 minutes on 2 cores (BENCHMARKS.md). Each
+# runs beside this, so that `make test` stays short on 2 cores (BENCHMARKS.md). Each
 # has a cheaper test here (one host with two ranks, the refused two-host launches, a run resumed
 # from the store in-process, the supervisor on stand-in phases, one smoke run through `fab`).
-TEST_SYSTEM_PACKAGES := openssh-server iproute2 fonts-wqy-microhei chromium
-test: env img2dataset-env lint  ## lint, then the test suite but its slow tier (installs openssh-server and chromium, which tests run)
-	scripts/setup-system.sh $(TEST_SYSTEM_PACKAGES)
+test: env img2dataset-env lint test-system  ## lint, then the test suite but its slow tier (installs openssh-server and chromium, which tests run)
 	$(PY) -m pytest -m "not tier2" $(PYTEST_ARGS)
 
-test-tier2: env  ## the suite's slow tier: two-host runs in network namespaces, moved runs, real-run recovery, journeys
-	scripts/setup-system.sh $(TEST_SYSTEM_PACKAGES)
+test-system:  ## the system packages the tests run (sshd, ip netns, a CJK font, chromium)
+	scripts/setup-system.sh openssh-server iproute2 fonts-wqy-microhei chromium
+
+test-tier2: env test-system  ## the suite's slow tier: two-host runs in network namespaces, moved runs, real-run recovery, journeys
 	$(PY) -m pytest -m tier2 $(PYTEST_ARGS)
 
 LINTED := src infra tests fabfile.py docker bench scripts

@@ -15,6 +15,11 @@ import yaml
 from tests.support.checkout import copy_files, shipped_files
 
 REPO = Path(__file__).resolve().parents[1]
+# OpenMP threads that wait by spinning (libgomp's default) burn the cores they wait for once more
+# threads than cores are busy: a 2-rank run on 2 cores, or the suite's two tiers side by side
+# (.ci/run). A small CPU run then took 2.5x its CPU time and 1.8x its wall time. Passive waits
+# for every process the tests start, and for the sessions of the tests' sshd (sshd.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # A reduced config: the same code paths as the demo, sized for seconds per run.
 SMALL_PARAMS = {

@@ -77,7 +77,8 @@ def start_sshd(
         path.chmod(0o600)
     user = _user()
     port = port or free_port()
-    environment = " ".join(f"{k}={v}" for k, v in (set_env or {}).items())
+    passed = {k: os.environ[k] for k in ("OMP_WAIT_POLICY",) if k in os.environ}  # conftest.py
+    environment = " ".join(f"{k}={v}" for k, v in {**passed, **(set_env or {})}.items())
     home = directory / "home"
     home.mkdir(exist_ok=True)
     config = directory / "sshd_config"
