@@ -40,8 +40,7 @@ def compare_runs(
 def rerun_line(run: RunFolder) -> str | None:
     """The command that repeats the run, as its model card says it; None: `fab train` did not
     start it, and `fab rerun` repeats only such runs."""
-    launch_id = (run.launch or {}).get("launch_id")
-    return rerun_command(launch_id) if isinstance(launch_id, str) else None
+    return rerun_command(run.launch_id) if run.launch_id else None
 
 
 def publish_run(run: str, url: str, say: Callable[[str], None], runs: Path = Path("runs")) -> None:
