@@ -4,6 +4,7 @@ params that set them apart, and the commands that compare the top two."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from clipforge.repro import runs
 from clipforge.repro.commands import list_runs
 from clipforge.repro.runs import EVAL_FILE, Run, RunsError, format_runs, merge
-from tests.conftest import git
+from tests.conftest import REPO, git
 from tests.support.repro_runs import PARAMS, fab, make_run
 
 TRAIN_FILE = "metrics/train.json"
@@ -193,6 +194,27 @@ def test_the_headlines_are_the_eval_stages():
 
     assert set(runs.HEADLINES) == set(HEADLINE.values())
     assert runs.MEAN_KEY == MEAN_KEY and set(runs.NOT_SUITES) == set(RESERVED_SUITE_NAMES)
+
+
+def test_the_readmes_example_is_what_fab_runs_prints():
+    """README.md's "Compare runs" shows the demo beside a fetched smoke run and its experiment."""
+    example = re.search(r"^```\n(run .*?)^```", (REPO / "README.md").read_text(), re.M | re.S)
+    assert example, "README.md: no example of fab runs"
+
+    def scores(test: float, distractors: float, top1: float) -> dict:
+        suites = {"test": test, "t2i-distractors": distractors, "colour-shape": top1}
+        return {EVAL_FILE: eval_json((test + distractors + top1) / 3, suites)}
+
+    demo = Run("malar-eggs", scores(36.417, 36.0, 25.667), {}, experiment="malar-eggs")
+    smoke = Run(
+        "20261201-101112-3f2a9c1e",
+        scores(3.1, 2.5, 1.333),
+        {},
+        smoke=True,
+        experiment="gammy-prep",
+        folder="20261201-101112-3f2a9c1e",
+    )
+    assert format_runs([smoke, demo]) == example[1].splitlines()
 
 
 def test_fab_runs_without_runs_says_how_to_make_one(tmp_path):

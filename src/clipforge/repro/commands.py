@@ -1,5 +1,4 @@
-"""The I/O shells of `fab runs`, `fab compare`, `fab publish` and `fab pull`: find the runs,
-print, decide.
+"""The I/O shells of `fab runs`, `compare`, `publish` and `pull`: find the runs, print, decide.
 
 The logic is in clipforge.repro.runs and clipforge.repro.compare (pure) and
 clipforge.repro.publish; fabfile.py only parses the options and turns the result into an exit

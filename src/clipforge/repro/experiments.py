@@ -1,8 +1,8 @@
-"""A repository's DVC experiments: which git refs are experiments, and what `dvc exp show` says
-of them (clipforge.repro.runs reads that).
+"""A repository's DVC experiments: which git refs are ones, and what `dvc exp show` says of them.
 
-`fab fetch` brings a run's experiment home as its git ref (clipforge.launcher.run_source), and
-`fab runs` lists the experiments of every commit that has some.
+clipforge.repro.runs reads what it says. `fab fetch` brings a run's experiment home as its git
+ref (clipforge.launcher.run_source), and `fab runs` lists the experiments of every commit that
+has some.
 """
 
 from __future__ import annotations
