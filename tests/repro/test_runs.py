@@ -162,7 +162,7 @@ def test_an_unknown_sort_metric_is_refused_with_the_names_it_takes():
     )
 
 
-def test_dvc_exp_shows_json_gives_the_experiments_then_the_commits_with_results():
+def test_dvc_exp_shows_json_gives_the_experiments_then_the_commits_then_the_workspace():
     def entry(rev: str, name: str | None, mean: float | None, lr: float) -> dict:
         metrics = {EVAL_FILE: {"data": eval_json(mean)} if mean else {"error": {"type": "x"}}}
         params = {"params.yaml": {"data": {"train": {"lr": 1, "seed": 0}}}}
@@ -172,17 +172,19 @@ def test_dvc_exp_shows_json_gives_the_experiments_then_the_commits_with_results(
     shown = [
         {**entry("workspace", None, 30.0, 0.1), "experiments": None},
         {
-            **entry("f" * 40, "main", None, 0.1),
+            **entry("f" * 40, "main", 25.0, 0.1),
             "experiments": [
                 {"name": "gammy-prep", "revs": [entry("a" * 40, "gammy-prep", 30.0, 0.2)]},
                 {"name": None, "revs": [entry("b" * 40, None, 20.0, 0.3)]},
             ],
         },
+        {**entry("e" * 40, None, None, 0.1), "experiments": None},  # no results: no row
     ]
     found = runs.from_experiments(shown)
     assert [(r.name, r.experiment, r.folder) for r in found] == [
         ("gammy-prep", "gammy-prep", None),
         ("bbbbbbb", "bbbbbbb", None),
+        ("main", "main", None),
         ("workspace", "workspace", "."),
     ]
     assert found[0].params == {"train.lr": 0.2, "train.seed": 0}  # the resolved copy wins

@@ -96,9 +96,11 @@ def from_folder(folder: RunFolder, compare_as: str) -> Run:
 
 def from_experiments(shown: object) -> list[Run]:
     """The runs of `dvc exp show --json` that have metrics: the experiments first (newest first,
-    as DVC lists them), then the commits and the workspace, which hold one's results at most."""
+    as DVC lists them), then the commits, then the workspace: where two hold the same results,
+    the row kept is the first's (clipforge.repro.runs.merge), named as `dvc plots diff` will
+    still find it later."""
     baselines = shown if isinstance(shown, list) else []
-    experiments, others = [], []
+    experiments, commits, workspace = [], [], []
     for baseline in baselines:
         for group in baseline.get("experiments") or []:
             tip = (group.get("revs") or [{}])[0]
@@ -106,10 +108,10 @@ def from_experiments(shown: object) -> list[Run]:
             experiments.append(_experiment(tip, name, None))
         rev = str(baseline.get("rev", ""))
         if rev == WORKSPACE:
-            others.append(_experiment(baseline, WORKSPACE, "."))
+            workspace.append(_experiment(baseline, WORKSPACE, "."))
         else:
-            others.append(_experiment(baseline, baseline.get("name") or rev[:7], None))
-    return [run for run in experiments + others if run is not None]
+            commits.append(_experiment(baseline, baseline.get("name") or rev[:7], None))
+    return [run for run in experiments + commits + workspace if run is not None]
 
 
 def _experiment(entry: dict, name: str, folder: str | None) -> Run | None:
