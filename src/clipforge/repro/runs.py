@@ -219,7 +219,9 @@ def _cut_middle(text: str, width: int) -> str:
     return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
 
 
-def fit(names: Sequence[str], cells: list[list[str]], chosen: list[Column], width: int):
+def fit(
+    names: Sequence[str], cells: list[list[str]], chosen: list[Column], width: int
+) -> tuple[int, list[int], list[int]]:
     """Column widths within `width`: headers cut to HEADER_FLOOR characters first, then the
     columns not kept dropped from the right, then the kept ones' headers cut to their numbers'
     width. Returns the name width, the columns shown and every column's width."""
@@ -277,7 +279,9 @@ def format_runs(
     return lines + pointers(rows, width)
 
 
-def _line(name: str, values: list[str], name_width: int, shown: list[int], widths: list[int]):
+def _line(
+    name: str, values: list[str], name_width: int, shown: list[int], widths: list[int]
+) -> str:
     cells = [_cut(name, name_width).ljust(name_width)]
     cells += [_cut(v, widths[i]).rjust(widths[i]) for v, i in zip(values, shown)]
     return "  ".join(cells).rstrip()
