@@ -10,6 +10,7 @@
   fab status|fetch|tensorboard --launch ID --from-store (or --launch ID and no -H)   (the run store)
   fab rerun RUN [--on HOST | --kubernetes] [--allow-stack-change]   a finished run repeated: same
              commit, params, runtime; refused when its data or stack moved
+  fab runs [--sort-by METRIC] [--params]   every run here (experiments, fetched), best first
   fab compare RUN_A RUN_B [--tolerance X]   two runs side by side, exit 0/1 on the verdict
   fab publish RUN --to URL | fab pull URL --to DIR   a model handed on, and fetched back verified
   (--launch: a launch id, as `fab train` prints it; --run is the same flag)
@@ -54,6 +55,7 @@ from clipforge.launcher.session import Settings, settings_from
 from clipforge.launcher.source import current_source
 from clipforge.launcher.ssh_hosts import Failover, SshHosts
 from clipforge.repro import commands as repro
+from clipforge.repro import runs as runs_mod
 
 # Each setting's default, declared with its type and doc in clipforge.launcher.session.Settings.
 SETTINGS = session.defaults()
@@ -531,6 +533,24 @@ def rerun(
 
 @local_task(
     help={
+        "sort_by": "the metric that orders them, best first (default: mean_over_suites): any key "
+        "of metrics/eval.json or train.json as `dvc exp show` names it (test.mean_recall, "
+        "colour-shape.top1, val_loss: the lowest loss first)",
+        "params": "under each run, its params where the runs differ (only those)",
+        "folder": "where `fab fetch` put the runs (its --to; default: runs)",
+    }
+)
+def runs(c, sort_by=runs_mod.DEFAULT_SORT, params=False, folder="runs"):
+    """Every run here, best first: the demo, experiments and fetched runs.
+
+    One row each (a fetched run by its launch id, marked smoke; an experiment by its name): each
+    eval suite's headline number and the mean over suites, best first by --sort-by; then the
+    commands that compare the top two (dvc plots diff, fab compare)."""
+    repro.list_runs(sort_by, params, _say, Path(folder))
+
+
+@local_task(
+    help={
         "run_a": "a run folder (runs/<launch id> as `fab fetch` brought it, or a workspace) or "
         "a launch id under runs/",
         "run_b": "the other run, likewise",
@@ -570,7 +590,19 @@ def pull(c, url, to):
 
 
 ns = Collection(
-    check, train, status, logs, tensorboard, stop, fetch, clean_, rerun, compare, publish, pull
+    check,
+    train,
+    status,
+    logs,
+    tensorboard,
+    stop,
+    fetch,
+    clean_,
+    rerun,
+    runs,
+    compare,
+    publish,
+    pull,
 )
 ns.configure({"clipforge": dict(SETTINGS)})
 

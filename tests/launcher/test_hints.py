@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from clipforge.errors import LauncherError
-from clipforge.launcher.run_source import newest_experiment
 from clipforge.launcher.session import fab_command, refuse_identity_after_task
 from clipforge.launcher.ssh_hosts import watch_lines
+from clipforge.repro.experiments import experiment_baselines, newest_experiment
 from tests.conftest import REPO
 from tests.support.repro_runs import fab
 
@@ -43,6 +43,15 @@ def test_the_newest_experiment_skips_dvcs_bookkeeping_refs():
     refs = f"refs/exps/exec/EXEC_BASELINE\n{baseline}/juicy-yarn\n{baseline}/old\n"
     assert newest_experiment(refs) == f"{baseline}/juicy-yarn"
     assert newest_experiment("refs/exps/celery/x\n") is None and newest_experiment("") is None
+
+
+def test_the_commits_with_experiments_are_each_named_once():
+    """What `fab runs` passes to `dvc exp show --rev`: DVC's refs split the commit 2/38."""
+    first, second = "ab" + "cd" * 19, "12" + "34" * 19
+    refs = f"refs/exps/exec/EXEC_BASELINE\nrefs/exps/ab/{'cd' * 19}/juicy-yarn\n"
+    refs += f"refs/exps/12/{'34' * 19}/demo\nrefs/exps/ab/{'cd' * 19}/old\n"
+    assert experiment_baselines(refs) == [first, second]
+    assert experiment_baselines("") == []
 
 
 def test_a_ref_that_is_no_dvc_experiment_is_never_fetched():

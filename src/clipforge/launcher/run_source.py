@@ -19,7 +19,6 @@ import functools
 import io
 import json
 import posixpath
-import re
 import subprocess
 import sys
 import tarfile
@@ -50,6 +49,7 @@ from clipforge.launcher.session import (
     remote_python,
 )
 from clipforge.launcher.stack import StackOutputs
+from clipforge.repro.experiments import newest_experiment
 from clipforge.store.remote import RunStore, read_launch
 from clipforge.store.sync_state import (
     STORE_STATUS_FILE,
@@ -337,17 +337,6 @@ def _node_files(layout: NodeLayout) -> tuple[str, ...]:
         layout.record,
         layout.resolved_params,
     )
-
-
-# DVC's experiment refs, refs/exps/<baseline commit, split 2/38>/<name>; not its executors' and
-# queue's bookkeeping there (refs/exps/exec/, celery/, temp/). The host lists them and the fetch
-# writes that ref here, so nothing else may pass (`refs/heads/main`, a `:`, a `..`).
-_EXPERIMENT_REF = re.compile(r"refs/exps/[0-9a-f]{2}/[0-9a-f]{38}/[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
-
-
-def newest_experiment(refs: str) -> str | None:
-    """The newest experiment among `git for-each-ref --sort=-creatordate` lines."""
-    return next((ref for ref in refs.split() if _EXPERIMENT_REF.fullmatch(ref)), None)
 
 
 def _copy_home(host: Host, picks: list[tuple[str, str]], into: Path) -> None:

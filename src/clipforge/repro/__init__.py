@@ -1,1 +1,1 @@
-"""Reproducing runs: read a run's folder, compare two runs, publish a model and pull it back."""
+"""Reproducing runs: list every run, read a run's folder, compare two, publish a model and pull it back."""

@@ -1,19 +1,67 @@
-"""The I/O shells of `fab compare`, `fab publish` and `fab pull`: find the runs, print, decide.
+"""The I/O shells of `fab runs`, `compare`, `publish` and `pull`: find the runs, print, decide.
 
-The logic is in clipforge.repro.compare (pure) and clipforge.repro.publish; fabfile.py only
-parses the options and turns the result into an exit status.
+The logic is in clipforge.repro.runs and clipforge.repro.compare (pure) and
+clipforge.repro.publish; fabfile.py only parses the options and turns the result into an exit
+status.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from clipforge.errors import UserError
 from clipforge.export.card import rerun_command
 from clipforge.repro import publish
+from clipforge.repro import runs as runs_mod
 from clipforge.repro.compare import compare, format_report
-from clipforge.repro.run_folder import RunFolder, find_run, read_run
+from clipforge.repro.experiments import experiments_here
+from clipforge.repro.run_folder import RunFolder, RunFolderError, find_run, read_run
+
+DEFAULT_RUNS = Path("runs")  # where `fab fetch` puts runs (its --to)
+
+
+def list_runs(
+    sort_by: str,
+    with_params: bool,
+    say: Callable[[str], None],
+    runs: Path = DEFAULT_RUNS,
+    repo: Path = Path("."),
+) -> None:
+    """Print every run here, fetched under `runs` or a DVC experiment of `repo`, best first."""
+    fetched, unread = fetched_runs(runs)
+    experiments, dvc_failed = experiments_here(repo)
+    rows, same = runs_mod.merge(fetched, runs_mod.from_experiments(experiments))
+    if not rows:
+        raise runs_mod.RunsError(
+            f"no runs here: no DVC experiment with metrics, nothing fetched under {runs}/; "
+            "make one with `make demo` (or `dvc exp run`), or bring one home with "
+            "`fab fetch --launch ID`" + (f" ({dvc_failed})" if dvc_failed else "")
+        )
+    width = shutil.get_terminal_size((80, 24)).columns
+    notes = unread + ([dvc_failed] if dvc_failed else [])
+    for line in runs_mod.format_runs(rows, sort_by, with_params, width, same, notes):
+        say(line)
+
+
+def fetched_runs(runs: Path) -> tuple[list[runs_mod.Run], list[str]]:
+    """The runs `fab fetch` put under `runs`, and a note for each folder there that is not a
+    finished run's. A folder without metrics/ is none (`fab tensorboard --from-store` keeps
+    only logs there); dot-names are a fetch under way."""
+    found, unread = [], []
+    folders = sorted(runs.iterdir()) if runs.is_dir() else []
+    for path in folders:
+        if path.name.startswith(".") or not (path / "metrics").is_dir():
+            continue
+        try:
+            folder = read_run(path)
+        except RunFolderError as exc:
+            unread.append(f"left out: {exc}")
+            continue
+        compare_as = path.name if runs == DEFAULT_RUNS else str(path)
+        found.append(runs_mod.from_folder(folder, compare_as))
+    return found, unread
 
 
 def parse_tolerance(text: object) -> float:
@@ -40,8 +88,7 @@ def compare_runs(
 def rerun_line(run: RunFolder) -> str | None:
     """The command that repeats the run, as its model card says it; None: `fab train` did not
     start it, and `fab rerun` repeats only such runs."""
-    launch_id = (run.launch or {}).get("launch_id")
-    return rerun_command(launch_id) if isinstance(launch_id, str) else None
+    return rerun_command(run.launch_id) if run.launch_id else None
 
 
 def publish_run(run: str, url: str, say: Callable[[str], None], runs: Path = Path("runs")) -> None:

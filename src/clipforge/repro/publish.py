@@ -68,7 +68,7 @@ def published_files(run: RunFolder, rerun_line: str | None) -> dict[str, bytes |
         files[CARD_FILE] = eval_card
     record = {
         "run": run.info.get("run_id"),
-        "launch_id": (run.launch or {}).get("launch_id"),
+        "launch_id": run.launch_id,
         "rerun": rerun_line,
         "data_manifest_sha256": run.data_manifest_sha256,
         "weights_sha256": run.weights_sha256,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from clipforge.envrecord import RESULT_KEY
@@ -42,14 +43,37 @@ class RunFolder:
     params_text: str
     environment: dict | None  # train.info.json's environment record (None: an older run)
     info: dict  # train.info.json
-    metrics: dict[str, float]  # flattened: "train.loss", "eval.test.mean_recall", ...
-    weights_sha256: str
+    metric_files: dict[str, dict]  # each of METRIC_FILES the run has, parsed, by that path
     weights_file: str
     launch: dict | None  # the launch record (run.json), when `fab train` started the run
 
     @property
     def model_dir(self) -> Path:
         return self.path / MODEL_DIR
+
+    @cached_property
+    def metrics(self) -> dict[str, float]:
+        """The numbers, flattened, by file stem: "train.loss", "eval.test.mean_recall", ..."""
+        found: dict = {}
+        for name, data in self.metric_files.items():
+            found.update(flatten(data, Path(name).stem))
+        return {k: v for k, v in found.items() if isinstance(v, (int, float))}
+
+    @cached_property
+    def weights_sha256(self) -> str:
+        """Read when asked: `fab runs` lists many runs and compares no weights."""
+        return sha256_file(self.model_dir / self.weights_file)
+
+    @property
+    def launch_id(self) -> str | None:
+        """The launch id its launch record names; None: `fab train` did not start it."""
+        launch_id = (self.launch or {}).get("launch_id")
+        return launch_id if isinstance(launch_id, str) else None
+
+    @property
+    def smoke(self) -> bool:
+        """`fab train --smoke` started it (a few steps: a host checked, not a model)."""
+        return (self.launch or {}).get("smoke") is True
 
     @property
     def data_manifest_sha256(self) -> str | None:
@@ -89,8 +113,7 @@ def read_run(path: Path) -> RunFolder:
         params_text=params_text,
         environment=info.get(RESULT_KEY),
         info=info,
-        metrics=_metrics(path),
-        weights_sha256=sha256_file(weights),
+        metric_files=_metric_files(path),
         weights_file=weights.name,
         launch=launch_record(path),
     )
@@ -118,11 +141,5 @@ def _json(path: Path) -> dict:
     return value
 
 
-def _metrics(path: Path) -> dict[str, float]:
-    found: dict[str, float] = {}
-    for name in METRIC_FILES:
-        file = path / name
-        if file.is_file():
-            prefix = Path(name).stem
-            found.update(flatten(_json(file), prefix))
-    return {k: v for k, v in found.items() if isinstance(v, (int, float)) and v is not None}
+def _metric_files(path: Path) -> dict[str, dict]:
+    return {name: _json(path / name) for name in METRIC_FILES if (path / name).is_file()}
