@@ -28,7 +28,10 @@ from tests.support.hostprocs import processes_under
 from tests.support.k8spod import Pod, render_cpu_run, stored_step
 from tests.support.wait import still_running, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.tier2]
+# Two namespace hosts, a JobSet's pods replaced (three minutes): make test-tier3. Tier2 keeps a
+# replacement pod resuming a run (test_kubernetes_pod.py) and two real nodes over SSH
+# (test_multinode.py); make test, the JobSet's objects (test_kubernetes.py).
+pytestmark = [pytest.mark.slow, pytest.mark.tier3]
 MODEL = test_multinode.MODEL
 # The reference: one host, two ranks, the same params (test_multinode.py's module fixture).
 one_host_reference = test_multinode.one_host_reference

@@ -216,6 +216,9 @@ def test_clean_refuses_a_run_whose_newest_checkpoint_the_store_lacks(moved_run, 
     assert not moved_run.moved_node.exists()
 
 
+# The moved run again between two network namespaces: make test-tier3. Tier2 keeps the run moved
+# to a host that never saw it (above) and the spare host in a namespace (test_spare_host.py).
+@pytest.mark.tier3
 def test_a_run_moved_to_another_machine_ends_with_the_same_weights(
     netns_hosts, project, smoke_run, tmp_path_factory
 ):

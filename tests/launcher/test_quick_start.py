@@ -30,6 +30,9 @@ pytestmark = pytest.mark.slow
 # test-tier2 (.ci/run); make test keeps the --gpus 4 refusals here and a real run launched,
 # watched and fetched through `fab` (test_smoke_run.py).
 tier2 = pytest.mark.tier2
+# Own box's smoke run repeats the journey's (tier2, test_journey.py: the same `fab check` and `fab
+# train --gpus 0 --smoke` on the same kind of host, then status, logs and fetch): make test-tier3.
+tier3 = pytest.mark.tier3
 
 
 def _rows(output: str) -> dict[str, list[str]]:
@@ -53,7 +56,7 @@ def own_box(project, sshd, tmp_path_factory) -> LaunchedRun:
     return run
 
 
-@tier2
+@tier3
 def test_own_box_check_passes_with_the_default_runtime(own_box):
     """`fab check`: the host runtime (the default) finds the Python stack; every row passes."""
     assert own_box.check.returncode == 0, own_box.check.stdout + own_box.check.stderr
@@ -61,7 +64,7 @@ def test_own_box_check_passes_with_the_default_runtime(own_box):
     assert rows["python env"] == ["ok"] and "docker" not in rows
 
 
-@tier2
+@tier3
 def test_own_box_smoke_trains_on_the_defaults(own_box):
     """`fab train --gpus 0 --smoke`: no DVC remote in the commit, so the data stage runs on the
     host, saying so; the smoke run takes 16 pairs per rank of the embedded default and passes."""
@@ -76,7 +79,7 @@ def test_own_box_smoke_trains_on_the_defaults(own_box):
     assert json.loads((own_box.node_dir / "smoke.json").read_text())["passed"]
 
 
-@tier2
+@tier3
 def test_own_box_status_logs_and_fetch(own_box, tmp_path):
     """`fab status --price-per-gpu-hour`, `fab logs --follow`, `fab fetch` on the finished run."""
     status = own_box.run_fab("status", "--price-per-gpu-hour", "1.85")

@@ -52,6 +52,9 @@ def test_a_killed_supervisor_is_replaced_and_the_run_finishes(fab, sshd, remote_
     assert f"replaced 1x by its keeper; the last, pid {first['supervisor_pid']}" in status, status
 
 
+# The keeper killed too, on a real run: make test-tier3. make test keeps the same on a stand-in
+# trainer (host/test_keeper.py); tier2 the supervisor replaced by its keeper (above).
+@pytest.mark.tier3
 def test_with_its_keeper_killed_too_status_tells_and_a_resume_adopts_the_trainer(
     fab, sshd, remote_root
 ):

@@ -23,9 +23,10 @@ from clipforge.progress import read_progress
 from tests.conftest import subprocess_env, train_argv, write_params
 from tests.support.wait import wait_for
 
-# A minute of a real 2-rank run: in make test-tier2 (.ci/run). make test keeps the same claim on a
-# stand-in rank (test_supervisor.py: a hung rank is dumped, alerted, killed and restarted).
-pytestmark = [pytest.mark.slow, pytest.mark.tier2]
+# Two minutes of a real 2-rank run: in make test-tier3. Tier2 keeps a real run's hang dumped,
+# alerted, killed and restarted (tests/launcher/test_setup_hang.py, through fab); make test the
+# same on a stand-in rank (test_supervisor.py).
+pytestmark = [pytest.mark.slow, pytest.mark.tier3]
 # Long enough for the slowest step, validation or save of the reduced run on a loaded machine.
 STALL_SECONDS = 30
 
