@@ -190,14 +190,6 @@ def test_dvc_exp_shows_json_gives_the_experiments_then_the_commits_then_the_work
     assert found[0].params == {"train.lr": 0.2, "train.seed": 0}  # the resolved copy wins
 
 
-def test_the_headlines_are_the_eval_stages():
-    from clipforge.eval.config import RESERVED_SUITE_NAMES
-    from clipforge.eval.stage import HEADLINE, MEAN_KEY
-
-    assert set(runs.HEADLINES) == set(HEADLINE.values())
-    assert runs.MEAN_KEY == MEAN_KEY and set(runs.NOT_SUITES) == set(RESERVED_SUITE_NAMES)
-
-
 def test_the_readmes_example_is_what_fab_runs_prints():
     """README.md's "Compare runs" shows the demo beside a fetched smoke run and its experiment."""
     example = re.search(r"^```\n(run .*?)^```", (REPO / "README.md").read_text(), re.M | re.S)

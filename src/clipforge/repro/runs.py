@@ -22,16 +22,14 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from clipforge.errors import UserError
+from clipforge.eval.config import RESERVED_SUITE_NAMES as NOT_SUITES  # eval.json's non-suite keys
+from clipforge.eval.stage import HEADLINE, MEAN_KEY
 from clipforge.repro.run_folder import RunFolder
 from clipforge.util import flatten
 
 EVAL_FILE = "metrics/eval.json"
-MEAN_KEY = "mean_over_suites"  # clipforge.eval.stage.MEAN_KEY
-# Each suite's headline number, by suite kind (clipforge.eval.stage.HEADLINE): eval.json names no
-# kind, so a suite's headline is the one of these it has.
-HEADLINES = ("mean_recall", "top1")
-# eval.json's keys that are no suite (clipforge.eval.config.RESERVED_SUITE_NAMES).
-NOT_SUITES = ("baseline", "delta", MEAN_KEY)
+# Each suite's headline number: eval.json names no kind, so a suite's headline is the one it has.
+HEADLINES = tuple(HEADLINE.values())
 DEFAULT_SORT = MEAN_KEY
 WORKSPACE = "workspace"  # the name `dvc exp show` and `dvc plots diff` give the working tree
 SMOKE = "smoke"
