@@ -563,8 +563,9 @@ def test_aliases_in_the_params_file_are_expanded_within_the_budget(tmp_path):
 
 
 def test_a_value_is_quoted_in_at_most_200_characters(tmp_path):
-    """A 10 MB string gave a 10 MB "one line"; a nested list, its whole repr."""
-    message = _error(tmp_path, {"data": {"source": "x" * 10_000_000}})
+    """A megabyte string gave a megabyte "one line"; a nested list, its whole repr. (A megabyte,
+    not more: PyYAML reads about half a megabyte a second here.)"""
+    message = _error(tmp_path, {"data": {"source": "x" * 1_000_000}})
     assert message.startswith("data.source: got 'xxx") and len(message) < 300
     assert message.endswith("xxx'; allowed: builtin, local, laion-parquet, webdataset")
     message = _error(
