@@ -65,9 +65,9 @@ demo: env  ## train and evaluate the built-in default on CPU as a DVC experiment
 
 # Lint first: a style error fails `make test` in seconds, before the suite's minutes.
 # The slow tier (pytest marker tier2: two hosts in network namespaces, runs moved between hosts,
-# real runs killed, hung, stopped and resumed through `fab`, the documented quick-start smoke runs,
-# the whole user journey, the gradient-equality grid, real runs with injected faults, the GPU
-# benchmark's CPU dry run) is `make test-tier2`, which .ci/run
+# real runs killed, hung, stopped and resumed through `fab`, the whole user journey, the
+# gradient-equality grid, real runs with injected faults, multi-rank and bf16 runs) is
+# `make test-tier2`, which .ci/run
 # runs beside this, so that `make test` stays short on 2 cores (BENCHMARKS.md). Each
 # has a cheaper test here (one host with two ranks, the refused two-host launches, a run resumed
 # from the store in-process, the supervisor on stand-in phases, one smoke run through `fab`).
@@ -81,8 +81,9 @@ test-tier2: env test-system  ## the suite's slow tier: two-host runs in network 
 	$(PY) -m pytest -m "tier2 and not tier3" $(PYTEST_ARGS)
 
 # Outside .ci/run, which must end within CI's 90 minutes: each is a real run of a claim a cheaper
-# real run proves in make test or make test-tier2 (the marker's comment names it). Before a release.
-test-tier3: env test-system  ## real runs that repeat a claim on two machines, two nodes or a second smoke run (~15 min)
+# real run proves in make test or make test-tier2 (the marker's comment names it), or the GPU
+# bench's dry run on CPU. Before a release, and before a device is lent.
+test-tier3: env test-system  ## real runs that repeat a claim on two machines or nodes, the documented smoke runs, the GPU bench's dry runs (~20 min)
 	$(PY) -m pytest -m tier3 $(PYTEST_ARGS)
 
 LINTED := src infra tests fabfile.py docker bench scripts

@@ -25,8 +25,9 @@ def _run_wrapper(out, env: dict, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-# ~40 s of CPU: in make test-tier2 (.ci/run), which keeps it from rotting all the same
-@pytest.mark.tier2
+# ~40 s of CPU (84 s beside another tier): in make test-tier3, run before a device is lent (the
+# script's own dry run, bench/gpu-run.sh --dry-run, is the rest of that check).
+@pytest.mark.tier3
 def test_dry_run_measures_every_section_and_writes_json_and_markdown(tmp_path):
     """Every section's real code path at tiny sizes: the references, the loader's decode on the
     device, the fresh-process rows and torch.compile included; no row fails."""
@@ -153,9 +154,9 @@ def test_open_clip_trains_workers_fit_in_the_free_shared_memory():
     assert gpu.open_clip_train_workers(gpu.FULL, 64 * 2**20) == 0  # Docker's default 64 MB
 
 
-# ~45 s of CPU, a dry run of its own: in make test-tier2 beside the whole dry run; make test
+# ~45 s of CPU, a dry run of its own: in make test-tier3 beside the whole dry run; make test
 # keeps the wrapper's refusal without the packages every row needs (the test above).
-@pytest.mark.tier2
+@pytest.mark.tier3
 def test_without_deepspeed_the_rows_that_need_none_still_run(tmp_path):
     """DeepSpeed that does not import (here: a package that raises on import, first on the path;
     no wheels to install): the wrapper goes on, clipforge's rows each record why, and the plain

@@ -26,12 +26,11 @@ from tests.support.hostprocs import processes_under
 from tests.support.sshd import free_port
 
 pytestmark = pytest.mark.slow
-# The two documented smoke runs (about a minute and a half with their fab calls) are in make
-# test-tier2 (.ci/run); make test keeps the --gpus 4 refusals here and a real run launched,
-# watched and fetched through `fab` (test_smoke_run.py).
-tier2 = pytest.mark.tier2
-# Own box's smoke run repeats the journey's (tier2, test_journey.py: the same `fab check` and `fab
-# train --gpus 0 --smoke` on the same kind of host, then status, logs and fetch): make test-tier3.
+# The two documented smoke runs (a minute and a half each) are in make test-tier3. Own box's
+# repeats the journey's (tier2, test_journey.py: the same `fab check` and `fab train --gpus 0
+# --smoke`, then status and fetch); the stack's two nodes, the two-node runs over SSH (tier2,
+# test_multinode.py). make test keeps the --gpus 4 refusals on both (below) and a real run
+# launched, watched and fetched through `fab` (test_smoke_run.py).
 tier3 = pytest.mark.tier3
 
 
@@ -151,7 +150,7 @@ def stack_run(stack, sshd) -> LaunchedRun:
     return run
 
 
-@tier2
+@tier3
 def test_stack_check_preflights_every_worker(stack_run):
     """`fab check`: both workers, each with its volumes mounted and writable."""
     assert stack_run.check.returncode == 0, stack_run.check.stdout + stack_run.check.stderr
@@ -159,7 +158,7 @@ def test_stack_check_preflights_every_worker(stack_run):
     assert rows["ssh"] == ["ok", "ok"] and rows["volume checkpoints"] == ["ok", "ok"]
 
 
-@tier2
+@tier3
 def test_stack_smoke_runs_two_ranks_on_the_retained_volume(stack_run):
     """`fab train --gpus 0 --nodes 2 --smoke`: one rank per worker, both supervisors finish, the
     run and its shared checkpoints live on the checkpoints volume, the smoke passes on node 0."""
@@ -174,7 +173,7 @@ def test_stack_smoke_runs_two_ranks_on_the_retained_volume(stack_run):
     assert json.loads((stack_run.node_dir / "smoke.json").read_text())["passed"]
 
 
-@tier2
+@tier3
 def test_stack_status_and_fetch(stack_run, tmp_path):
     """`fab status` and `fab fetch` without -H: the stack's workers."""
     status = stack_run.run_fab("status")
