@@ -1,6 +1,6 @@
 # Training image targets (docker/README.md), included by the top-level Makefile: image,
-# image-push, image-cpu, lock, pin-base, smoke-pinned, test-integration (`make help` says what
-# each does).
+# image-push, image-cpu, lock, pin-base, pinned-env, smoke-pinned, test-integration (`make help`
+# says what each does).
 # The image name and tag live in docker/image.env, the one place infra/ and the launcher read.
 
 # Including this file must not make `image` the default goal of the including Makefile.
@@ -14,7 +14,7 @@ DOCKER ?= docker
 IMAGE_PYTHON = $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 UV = $(if $(wildcard $(VENV)/bin/uv),$(VENV)/bin/uv,uv)
 
-.PHONY: image image-push image-cpu lock pin-base smoke-pinned test-integration
+.PHONY: image image-push image-cpu lock pin-base pinned-env smoke-pinned test-integration
 
 image:  ## build the training image $(IMAGE_REPOSITORY):$(IMAGE_TAG) with docker buildx
 	@DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' docker/build.sh build
@@ -27,6 +27,9 @@ lock:  ## re-resolve docker/requirements.lock from pyproject.toml (uv)
 
 pin-base:  ## resolve the base images' digests (docker buildx imagetools; OFFLINE=1: the pulled bases')
 	DOCKER='$(DOCKER)' PYTHON='$(IMAGE_PYTHON)' OFFLINE='$(OFFLINE)' docker/pin-base.sh
+
+pinned-env: env  ## only create or refresh .venv-pinned, smoke-pinned's locked stack (~7 min and 2.5 GB cold)
+	PYTHON=$(PY) docker/smoke-pinned-stack.sh --install-only
 
 # ~10 minutes and 2.5 GB on a fresh machine: not part of `make test`; .ci/run calls it.
 smoke-pinned: env  ## data -> train -> eval on the image's locked stack, CPU, 1 rank (~10 min)

@@ -6,6 +6,8 @@
 #
 #   make smoke-pinned           (pytest tests/docker/test_pinned_stack.py, which runs this)
 #   docker/smoke-pinned-stack.sh
+#   docker/smoke-pinned-stack.sh --install-only   (make pinned-env: only the environment, which
+#                                 .ci/run makes while the test suite runs)
 #
 # What differs from the image, and why it does not matter for this check:
 # - torch/torchvision come from PyPI (the CUDA 12.1 build, the same versions) instead of the base
@@ -21,6 +23,11 @@
 # PYTHON (>= 3.11 or with tomli, plus `packaging`: runs the helper scripts; default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  "") install_only=0 ;;
+  --install-only) install_only=1 ;;
+  *) echo "smoke-pinned: unknown argument $1 (the only one is --install-only)" >&2; exit 2 ;;
+esac
 repo="$PWD"
 PYTHON="${PYTHON:-python3}"
 venv="$(realpath -m "${PINNED_VENV:-.venv-pinned}")"  # absolute: the runs below cd elsewhere
@@ -84,6 +91,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ]; then
   echo "$want_stamp" >"$stamp"
   echo "smoke-pinned: environment ready in $((SECONDS - started)) s"
 fi
+[ "$install_only" = 1 ] && exit 0
 
 work="$scratch/project"
 rm -rf "$work"

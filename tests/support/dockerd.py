@@ -4,6 +4,9 @@
     engine.env                            # {"DOCKER_HOST": "unix:///tmp/cfd-.../docker.sock"}
     engine.stop()                         # stops it; its containers go with it
 
+    python -m tests.support.dockerd CMD...  # CMD against a private engine, then stop it (.ci/run
+                                            # builds the CPU image this way while tests run)
+
 The data root (images, the build cache) persists in ~/.cache/clipforge/dockerd (or
 $CLIPFORGE_DOCKERD_ROOT), so the CPU image built once is found again by the next test session
 (docker/build-cpu.sh tags it by a hash of its inputs). The exec root, which holds the sockets, is
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,3 +138,17 @@ def _mounts_under(directory: Path) -> list[str]:
     with open("/proc/self/mounts", encoding="utf-8") as mounts:
         points = [line.split()[1] for line in mounts]
     return sorted((p for p in points if p.startswith(prefix)), reverse=True)
+
+
+def _run_against_a_private_engine(command: list[str]) -> int:
+    engine = start_dockerd()
+    try:
+        return subprocess.run(command, env={**os.environ, **engine.env}, check=False).returncode
+    finally:
+        engine.stop()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m tests.support.dockerd CMD [ARG...]")
+    sys.exit(_run_against_a_private_engine(sys.argv[1:]))

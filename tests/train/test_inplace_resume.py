@@ -20,9 +20,10 @@ from clipforge.data.stage import main as data_main
 from tests.conftest import run_train, subprocess_env, train_argv, write_params
 from tests.support.shards import write_tar
 
-# Two runs on in-place shards (1.5 minutes): in make test-tier2. make test keeps exact resume
-# (test_resume.py) and the in-place reads (test_inplace_loader.py, data/test_inplace_source.py).
-pytestmark = [pytest.mark.slow, pytest.mark.tier2]
+# Two runs on in-place shards (2.5 minutes beside the other tiers): in make test-tier3. make test
+# keeps exact resume (test_resume.py) and the in-place reads (test_inplace_loader.py,
+# data/test_inplace_source.py); tier2 a run trained from S3 in place (data/test_inplace_s3.py).
+pytestmark = [pytest.mark.slow, pytest.mark.tier3]
 
 CORRUPT = [f"bad-{i}" for i in range(6)]
 
