@@ -19,9 +19,12 @@ that uses ZeRO-3: its model states take 26 GiB per GPU under ZeRO-1, 15 under Ze
 ZeRO-3 (DeepSpeed's estimator; tests/test_recipes.py), and every GB goes to activations, with
 gradient checkpointing on. The two `production-*` variants swap the text tower for one that reads
 Chinese natively: `hfl/chinese-roberta-wwm-ext` with its own tokenizer (as Chinese-CLIP does), or
-open_clip's `xlm-roberta-base-ViT-B-32`. Only keys that differ from the embedded default are listed;
-writing a recipe sets the others any recipe lists back to their defaults
-(clipforge.pipeline.recipe).
+open_clip's `xlm-roberta-base-ViT-B-32`. `lit-zh` starts from open weights instead of from
+scratch (a file in `model.pretrained`, LIT_ZH_WEIGHTS) and locks their image tower
+(train.lock_image): it trains only the text tower and the temperature, for a quarter of
+production's steps; its cost and what it should reach are in docs/real-data.md. Only keys that
+differ from the embedded default are listed; writing a recipe sets the others any recipe lists
+back to their defaults (clipforge.pipeline.recipe).
 """
 
 from __future__ import annotations
@@ -109,6 +112,26 @@ def production_with_model(**model: str) -> dict[str, dict]:
     return recipe
 
 
+# The open weights lit-zh starts from: open_clip's `xlm-roberta-base-ViT-B-32` tag
+# `laion5b_s13b_b90k` (LAION-5B, every language), as its hub repository has the file:
+# `hf download laion/CLIP-ViT-B-32-xlm-roberta-base-laion5B-s13B-b90k open_clip_pytorch_model.bin
+# --local-dir datasets/weights/xlm-roberta-base-ViT-B-32-laion5b` (docs/real-data.md).
+LIT_ZH_WEIGHTS = "datasets/weights/xlm-roberta-base-ViT-B-32-laion5b/open_clip_pytorch_model.bin"
+
+
+def lit_zh() -> dict[str, dict]:
+    """LiT ("locked-image text tuning", Zhai et al. 2022) in Chinese, as Chinese-CLIP's first
+    stage: the image tower of open weights locked, their multilingual text tower tuned on the
+    Chinese pairs. A quarter of production's steps at a lower lr (both towers start trained),
+    and the start itself evaluated beside the result (eval.baseline_*), so metrics/eval.json
+    says what the tuning gained on every suite."""
+    name = "xlm-roberta-base-ViT-B-32"
+    recipe = production_with_model(name=name, pretrained=LIT_ZH_WEIGHTS)
+    recipe["train"].update(lock_image=True, max_steps=10_000, lr=1e-4, warmup_steps=500)
+    recipe["eval"].update(baseline_model=name, baseline_pretrained=LIT_ZH_WEIGHTS)
+    return recipe
+
+
 def production_large() -> dict[str, dict]:
     recipe = production_with_model(name="ViT-bigG-14")
     recipe["train"].update(zero_stage=3, grad_checkpointing=True)
@@ -125,6 +148,7 @@ RECIPES: dict[str, dict[str, dict]] = {
     ),
     # open_clip's multilingual config: XLM-RoBERTa base text tower (hub id `xlm-roberta-base`).
     "production-xlm-roberta": production_with_model(name="xlm-roberta-base-ViT-B-32"),
+    "lit-zh": lit_zh(),
 }
 
 
@@ -134,8 +158,9 @@ def summary(recipe: dict[str, dict]) -> str:
         return "the embedded default: tiny, built-in data, CPU, minutes"
     model, data, train = recipe["model"], recipe["data"], recipe["train"]
     tower = f" + {model['text_tower']}" if model.get("text_tower") else ""
+    locked = ", image tower locked from model.pretrained" if train.get("lock_image") else ""
     return (
-        f"{model['name']}{tower}, {data['source']} {data.get('language', '')}".rstrip()
+        f"{model['name']}{tower}{locked}, {data['source']} {data.get('language', '')}".rstrip()
         + f", ZeRO-{train['zero_stage']}, {train['ranks_per_node']} GPUs"
     )
 

@@ -26,7 +26,7 @@ from tests.conftest import (
     train_argv,
     write_params,
 )
-from tests.support.checkpoint_weights_worker import CASES
+from tests.support.checkpoint_weights_worker import CASES, case_name
 from tests.support.plain_open_clip import plain_open_clip
 from tests.support.workers import json_from
 
@@ -111,20 +111,26 @@ def _weights_worker(tmp_path: Path, *args: str) -> dict:
 
 
 def _assert_the_engines_weights(compared: dict) -> None:
-    """Each checkpoint compared: every parameter, the same names, bit for bit."""
+    """Each checkpoint compared: every parameter, the same names, bit for bit; a locked image
+    tower's parameters (all 44 of clipforge-tiny's) those it started with."""
     for name, one in compared.items():
         assert one["only_engine"] == one["only_checkpoint"] == [], name
         assert one["num_params"] > 50, name
         assert one["max_diff"] == 0.0, name
+        assert one["num_locked"] == (44 if "-locked" in name else 0), name
+        assert one["locked_moved"] == [], name
 
 
 def test_the_export_reads_the_engines_own_fp32_weights_from_every_kind_of_checkpoint(tmp_path):
     """Every optimizer layout the train stage writes (ZeRO-0's model states, ZeRO-1's shards and
-    DeepSpeed's bf16 mode, ZeRO-2's and ZeRO-3's shards): what the export reads from each
-    checkpoint is, bit for bit, the engine's own fp32 master weights, every parameter of them."""
+    DeepSpeed's bf16 mode, ZeRO-2's and ZeRO-3's shards, and ZeRO-1's and ZeRO-3's with a locked
+    image tower): what the export reads from each checkpoint is, bit for bit, the engine's own
+    fp32 master weights, every parameter of them, and the locked ones as they started."""
     saved = _weights_worker(tmp_path, "--world", "1")
-    assert list(saved) == [f"zero{stage}-{precision}-step-00000002" for stage, precision in CASES]
+    assert list(saved) == [f"{case_name(*case)}-step-00000002" for case in CASES]
     assert saved["zero1-bf16-step-00000002"]["dtypes"] == ["torch.bfloat16"]  # the bf16 mode
+    # not with a tower locked: fp32 weights under autocast, so that the locked ones stay exact
+    assert saved["zero1-bf16-locked-step-00000002"]["dtypes"] == ["torch.float32"]
     _assert_the_engines_weights(saved)
 
 
@@ -139,7 +145,7 @@ def test_the_same_on_two_ranks_and_after_a_universal_resume_on_one(tmp_path):
     one saved after."""
     saved = _weights_worker(tmp_path, "--world", "2")
     resumed = _weights_worker(tmp_path, "--world", "1", "--resume")
-    cases = [f"zero{stage}-{precision}" for stage, precision in CASES]
+    cases = [case_name(*case) for case in CASES]
     assert list(saved) == [f"{case}-step-00000002" for case in cases]
     assert list(resumed) == [
         f"{case}-{step}" for case in cases for step in ("step-00000002-loaded", "step-00000003")

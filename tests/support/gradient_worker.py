@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import json
 import math
@@ -68,7 +69,7 @@ def reference_gradients() -> dict:
     return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
-def _engine(stage: int, k: int, world: int, precision: str, model=None):
+def _engine(stage: int, k: int, world: int, precision: str, model=None, locks_a_tower=False):
     from clipforge.pipeline.params import load_pipeline_params
     from clipforge.train.config import BatchPlan
     from clipforge.train.ds_config import deepspeed_config
@@ -86,8 +87,9 @@ def _engine(stage: int, k: int, world: int, precision: str, model=None):
             "train.grad_clip_norm=0",
         ],
     )
+    train = dataclasses.replace(config.train, lock_image=locks_a_tower)
     plan = BatchPlan(GLOBAL, micro, k, world)
-    ds_config = deepspeed_config(config.train, plan, "cpu", precision)
+    ds_config = deepspeed_config(train, plan, "cpu", precision)
     return create_engine(model or _model(), ds_config, WarmupCosine(0, 10, 0.0), 0.2)
 
 

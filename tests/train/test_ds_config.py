@@ -88,6 +88,18 @@ def test_bf16_weights_only_at_zero1_autocast_at_every_other_stage():
     assert not any(deepspeed_bf16("fp32", s) or uses_autocast("fp32", s) for s in range(4))
 
 
+def test_a_locked_tower_keeps_fp32_weights_under_autocast_at_zero1_too():
+    """The lit-zh recipe, bf16 at ZeRO-1 with its image tower locked: not DeepSpeed's bf16 mode,
+    which keeps no fp32 copy of a weight its optimizer does not step (a locked tower would be
+    rounded to bf16 for good; tests/export/test_export_and_eval.py reads it back exact)."""
+    train = recipe_params("lit-zh").train
+    assert train.lock_image and train.zero_stage == 1
+    config = deepspeed_config(train, batch_plan(train), "cuda", "bf16")
+    assert config["bf16"] == {"enabled": False}
+    assert not deepspeed_bf16("bf16", 1, locks_a_tower=True)
+    assert uses_autocast("bf16", 1, locks_a_tower=True)
+
+
 def test_bf16_above_zero1_keeps_fp32_weights_for_autocast():
     """DeepSpeed's ZeRO-2/3 accumulate in the weights' dtype: bf16 there is autocast."""
     train = recipe_params("production-large").train

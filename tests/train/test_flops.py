@@ -19,10 +19,12 @@ def _attention_backward(grad_out, query, key, value, *args, out_shape=None, **kw
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-def _counted_training_flops(name: str, image_size: int) -> float:
+def _counted_training_flops(name: str, image_size: int, lock_image: bool = False) -> float:
     """forward + backward of one pair, counted by torch's own FLOP counter."""
     torch.manual_seed(0)
     model = open_clip.create_model(name, force_image_size=image_size, output_dict=True)
+    if lock_image:
+        model.lock_image_tower()
     images = torch.randn(2, 3, image_size, image_size)
     texts = torch.randint(1, 49000, (2, model.context_length))
     # torch's counter knows the GPU attention kernels; the CPU one computes the same products
@@ -45,6 +47,17 @@ def test_formula_matches_torch_flop_counter(name, image_size):
     assert flops_per_sample(config) == pytest.approx(
         _counted_training_flops(name, image_size), rel=0.02
     )
+
+
+def test_a_locked_image_tower_costs_its_forward_only():
+    """open_clip's lock_image_tower, as train.lock_image applies it: torch's counter sees no
+    backward through the image tower, and the formula counts it so."""
+    register_bundled_configs()
+    config = open_clip.get_model_config("clipforge-tiny")
+    config["vision_cfg"]["image_size"] = 64
+    counted = _counted_training_flops("clipforge-tiny", 64, lock_image=True)
+    assert flops_per_sample(config, image_trains=False) == pytest.approx(counted, rel=0.02)
+    assert flops_per_sample(config, image_trains=False) < 0.8 * flops_per_sample(config)
 
 
 def test_vit_b32_costs_about_44_gflop_per_training_sample():

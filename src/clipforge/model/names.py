@@ -121,7 +121,27 @@ def check_text_tower(cfg: ModelConfig, keys: tuple[str, str] = MODEL_KEYS) -> No
     """The Hugging Face text tower of a model of `cfg` checked to load, as resolve_model_name
     checks it, from the config file alone (no open_clip, no torch): a missing tower is one line
     before the training stack starts, not after DeepSpeed's start-up."""
-    _text_tower(cfg, keys, json.loads(_config_files()[cfg.name].read_text("utf-8")))
+    _text_tower(cfg, keys, _config_of(cfg.name))
+
+
+def tower_kinds(cfg: ModelConfig) -> tuple[str, str]:
+    """The (image, text) tower classes open_clip builds for a model of `cfg`, decided as its
+    factory decides them, from the config file alone: image `vit` (VisionTransformer), `resnet`
+    (ModifiedResNet) or `timm` (TimmModel); text `open_clip` (TextTransformer) or `hf`
+    (HFTextEncoder: model.text_tower, or the config's own)."""
+    config = _config_of(cfg.name)
+    vision, text = config.get("vision_cfg", {}), config.get("text_cfg", {})
+    if vision.get("timm_model_name"):
+        image = "timm"
+    elif isinstance(vision.get("layers"), (list, tuple)):
+        image = "resnet"
+    else:
+        image = "vit"
+    return image, "hf" if cfg.text_tower or text.get("hf_model_name") else "open_clip"
+
+
+def _config_of(name: str) -> dict:
+    return json.loads(_config_files()[name].read_text("utf-8"))
 
 
 def _text_tower(cfg: ModelConfig, keys: tuple[str, str], base: dict) -> str | None:

@@ -15,7 +15,7 @@ from clipforge.data.config import DataConfig, DataParams
 from clipforge.eval.config import EvalConfig, EvalParams
 from clipforge.model.config import ModelConfig
 from clipforge.store.config import StorageConfig
-from clipforge.train.config import TrainConfig, TrainParams
+from clipforge.train.config import TrainConfig, TrainParams, check_tower_locks
 
 
 @dataclass(kw_only=True)
@@ -28,6 +28,9 @@ class PipelineParams(Params):
     eval: EvalConfig = field(default_factory=EvalConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+
+    def __post_init__(self) -> None:
+        check_tower_locks(self.model, self.train)
 
 
 # What each pipeline stage reads (its `python -m clipforge.<stage>.config` writes it resolved).

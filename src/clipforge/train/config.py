@@ -20,6 +20,7 @@ from clipforge.config import Params
 from clipforge.fields import MAX_SEED, ConfigError, Section, knob
 from clipforge.ids import run_id_for
 from clipforge.model.config import ModelConfig
+from clipforge.model.names import tower_kinds
 from clipforge.store.config import StorageConfig
 
 
@@ -83,6 +84,41 @@ class TrainConfig(Section):
         "`auto`: fused on GPU, torch on CPU.",
     )
     seed: int = knob(0, "Seed for initialisation, data order and augmentation.", ge=0, le=MAX_SEED)
+    lock_image: bool = knob(
+        False,
+        "Lock the image tower (LiT, open_clip's `lock_image_tower`): its weights stay those of "
+        "model.pretrained, bit for bit, and the optimizer holds only the rest.",
+    )
+    lock_image_unlocked_groups: int = knob(
+        0,
+        "With lock_image: the image tower's last N layer groups left to train (open_clip's "
+        "groups; a ViT's, from the end: the projection, the last block with ln_post, each "
+        "earlier block, the stem). A ResNet tower locks whole only.",
+        ge=0,
+    )
+    lock_image_freeze_bn_stats: bool = knob(
+        False,
+        "With lock_image: fix the BatchNorm running statistics of the locked layers too "
+        "(ResNet and timm image towers; a ViT has none).",
+    )
+    lock_text: bool = knob(
+        False,
+        "Lock the text tower (open_clip's `lock_text_tower`): its weights stay those of "
+        "model.pretrained (a Hugging Face tower: its own) and the optimizer holds only the rest.",
+    )
+    lock_text_unlocked_layers: int = knob(
+        0,
+        "With lock_text: the text tower's last N layer groups left to train (open_clip's tower, "
+        "from the end: the projection, the last block with ln_final, each earlier block, the "
+        "embeddings; a Hugging Face tower: its last N of embeddings + layers, its projection "
+        "always trains).",
+        ge=0,
+    )
+    lock_text_freeze_layer_norm: bool = knob(
+        True,
+        "With lock_text on a Hugging Face tower: lock the LayerNorms of its locked layers too "
+        "(false: they train). open_clip's own text tower locks them with the rest, always.",
+    )
     num_workers: int = knob(1, "Data-loading processes per rank.", ge=0)
     decode_on_device: bool = knob(
         False,
@@ -132,6 +168,30 @@ class TrainConfig(Section):
                 f"train.warmup_steps: got {self.warmup_steps}; must be < "
                 f"train.max_steps ({self.max_steps})"
             )
+        self._check_lock_details()
+
+    @property
+    def locks_a_tower(self) -> bool:
+        return self.lock_image or self.lock_text
+
+    def _check_lock_details(self) -> None:
+        """A detail of a lock that is off would do nothing, silently: refused, naming both ways
+        out (a value differing from the default is a detail set)."""
+        details = (
+            ("lock_image", "lock_image_unlocked_groups"),
+            ("lock_image", "lock_image_freeze_bn_stats"),
+            ("lock_text", "lock_text_unlocked_layers"),
+            ("lock_text", "lock_text_freeze_layer_norm"),
+        )
+        defaults = {f.name: f.default for f in self.knobs()}
+        for lock, detail in details:
+            value = getattr(self, detail)
+            if not getattr(self, lock) and value != defaults[detail]:
+                raise ConfigError(
+                    f"train.{detail}: {str(value).lower()} does nothing while train.{lock} is "
+                    f"false; set train.{lock}: true, or train.{detail} back to "
+                    f"{str(defaults[detail]).lower()}"
+                )
 
 
 @dataclass(frozen=True)
@@ -221,6 +281,43 @@ def check_one_global_batch(num_samples: int, global_batch_size: int) -> None:
         )
 
 
+def check_tower_locks(model: ModelConfig, train: TrainConfig) -> None:
+    """The locks of train.lock_* that cannot do what they say on this model's towers
+    (clipforge.model.names.tower_kinds, from its config file), refused in one line each before
+    any model is built: open_clip fails on some with a bare assertion and ignores others, and a
+    tower locked without model.pretrained would stay random."""
+    if not train.locks_a_tower:
+        return
+    image, text = tower_kinds(model)
+    if train.lock_image and image == "resnet" and train.lock_image_unlocked_groups:
+        raise ConfigError(
+            f"train.lock_image_unlocked_groups: open_clip locks the ResNet image tower of "
+            f"{model.name} only whole; set it to 0, or choose a ViT model"
+        )
+    if train.lock_image_freeze_bn_stats and image == "vit":
+        raise ConfigError(
+            f"train.lock_image_freeze_bn_stats: the ViT image tower of {model.name} has no "
+            f"BatchNorm to freeze; set it to false"
+        )
+    if train.lock_text and text == "open_clip" and not train.lock_text_freeze_layer_norm:
+        raise ConfigError(
+            f"train.lock_text_freeze_layer_norm: open_clip locks the LayerNorms of its own text "
+            f"tower ({model.name}'s) with the rest; set it to true, or train a Hugging Face "
+            f"tower (model.text_tower)"
+        )
+    random = [
+        tower
+        for tower, locked in (("image", train.lock_image), ("text", train.lock_text))
+        if locked and not model.pretrained and not (tower == "text" and text == "hf")
+    ]
+    if random:
+        raise ConfigError(
+            f"train.lock_{random[0]}: would lock the {random[0]} tower of {model.name} at its "
+            f"random initialisation (model.pretrained is not set); set model.pretrained to "
+            f"trained weights"
+        )
+
+
 @dataclass(kw_only=True)
 class TrainParams(Params):
     """What the train stage reads of params.yaml."""
@@ -229,6 +326,9 @@ class TrainParams(Params):
     train: TrainConfig = field(default_factory=TrainConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+
+    def __post_init__(self) -> None:
+        check_tower_locks(self.model, self.train)
 
 
 # Knobs that change how often things are written or how fast data loads, never the weights.

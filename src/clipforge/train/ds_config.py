@@ -55,7 +55,7 @@ def fused_adamw_on_cpu() -> bool:
     return (major, minor) >= (2, 4)
 
 
-def deepspeed_bf16(precision: str, zero_stage: int) -> bool:
+def deepspeed_bf16(precision: str, zero_stage: int, locks_a_tower: bool = False) -> bool:
     """bf16 weights in DeepSpeed's own bf16 mode, where it accumulates gradients in fp32.
 
     With `data_types.grad_accum_dtype: fp32` DeepSpeed (0.14.5 to 0.19 at least) keeps bf16
@@ -63,12 +63,16 @@ def deepspeed_bf16(precision: str, zero_stage: int) -> bool:
     ZeRO-1 (its BF16_Optimizer): its ZeRO-2 and ZeRO-3 optimizers accumulate in the weights' dtype
     whatever the config says, and without ZeRO it refuses bf16 weights with fp32 accumulation.
     There the weights stay fp32 and the forward runs under bf16 autocast (`uses_autocast`), which
-    gives the same fp32 accumulation at every stage."""
-    return precision == "bf16" and zero_stage == 1
+    gives the same fp32 accumulation at every stage.
+
+    Not with a tower locked (train.lock_image, lock_text): the mode keeps fp32 master weights of
+    the parameters its optimizer steps only, so a locked tower would be held, and exported, in
+    bf16, its start weights rounded for good. fp32 weights under autocast keep them exact."""
+    return precision == "bf16" and zero_stage == 1 and not locks_a_tower
 
 
-def uses_autocast(precision: str, zero_stage: int) -> bool:
-    return precision == "bf16" and not deepspeed_bf16(precision, zero_stage)
+def uses_autocast(precision: str, zero_stage: int, locks_a_tower: bool = False) -> bool:
+    return precision == "bf16" and not deepspeed_bf16(precision, zero_stage, locks_a_tower)
 
 
 def deepspeed_config(train: TrainConfig, plan: BatchPlan, device: str, precision: str) -> dict:
@@ -83,7 +87,7 @@ def deepspeed_config(train: TrainConfig, plan: BatchPlan, device: str, precision
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.grad_accum_steps,
         "gradient_clipping": train.grad_clip_norm,
-        "bf16": {"enabled": deepspeed_bf16(precision, train.zero_stage)},
+        "bf16": {"enabled": deepspeed_bf16(precision, train.zero_stage, train.locks_a_tower)},
         "data_types": {"grad_accum_dtype": "fp32"},
         "zero_optimization": zero,
         "optimizer": {

@@ -108,7 +108,9 @@ def checkpoint_fp32_weights(checkpoint: Path) -> dict:
       into one equal slice per rank), but its shards record no ZeRO stage, and zero_to_fp32
       refuses them: their slices go to zero_to_fp32's merge of ZeRO-1/2 slices directly;
     - ZeRO stage 0 (fp32 weights, clipforge keeps bf16 there as autocast): the weights whole,
-      from the model states."""
+      from the model states;
+    and the parameters of a locked tower, which no optimizer holds, where each layout keeps them
+    (`_with_locked_weights`)."""
     from deepspeed.utils import zero_to_fp32
 
     shards = optimizer_shards(os.listdir(checkpoint))
@@ -116,13 +118,34 @@ def checkpoint_fp32_weights(checkpoint: Path) -> dict:
         model_states = zero_to_fp32.get_model_state_file(str(checkpoint), 0)
         return torch.load(model_states, map_location="cpu", weights_only=False)["module"]
     if not written_by_bf16_optimizer(shards):
-        return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
+        state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
             str(checkpoint.parent), tag=checkpoint.name
         )
+    else:
+        state = _bf16_optimizer_fp32_weights(checkpoint, shards)
+    return _with_locked_weights(state, checkpoint)
+
+
+def _with_locked_weights(state: dict, checkpoint: Path) -> dict:
+    """`state` with the parameters no optimizer steps (a locked tower, train.lock_*) that it
+    lacks. ZeRO-2 and 3 save those beside the shards, and zero_to_fp32 reads them; ZeRO-1 (and
+    the bf16 mode) keep them in the module's weights only, whole (ZeRO-1 partitions no weight),
+    and in fp32 where a tower is locked (clipforge.train.ds_config.deepspeed_bf16)."""
+    from deepspeed.utils import zero_to_fp32
+
+    model_states = zero_to_fp32.get_model_state_files(str(checkpoint))[0]
+    module = torch.load(model_states, map_location="cpu", weights_only=False)["module"]
+    missing = {name: tensor for name, tensor in module.items() if name not in state}
+    return {**state, **missing}
+
+
+def _bf16_optimizer_fp32_weights(checkpoint: Path, shards: list[str]) -> dict:
+    """The fp32 master weights of DeepSpeed's bf16 mode, merged from its ZeRO-1-like slices."""
     from deepspeed.checkpoint.constants import (
         OPTIMIZER_STATE_DICT,
         SINGLE_PARTITION_OF_FP32_GROUPS,
     )
+    from deepspeed.utils import zero_to_fp32
 
     slices = [
         torch.load(checkpoint / shard, map_location="cpu", weights_only=False)[

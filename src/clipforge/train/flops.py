@@ -12,7 +12,8 @@ FLOPs of an open_clip ViT + text transformer, from its config (one multiply-add 
   image tower: n = (image/patch)^2 + 1 (class token); + the patch embedding (image/patch)^2 x
       3 patch^2 d; + the projection d x embed_dim
   text tower: n = context length; + the projection width x embed_dim
-  training = 3 x forward (the backward pass costs twice the forward).
+  training = 3 x forward (the backward pass costs twice the forward); a tower locked whole:
+      1 x its forward.
 ViT-B/32 at 224 px: 4.41 G multiply-adds (image) + 2.98 G (text) -> 44.4 GFLOP per sample.
 tests/train/test_flops.py checks the formula against torch.utils.flop_counter.
 """
@@ -59,9 +60,13 @@ def _side(size) -> int:
     return size if isinstance(size, int) else size[0]
 
 
-def flops_per_sample(model_cfg: dict) -> float | None:
+def flops_per_sample(
+    model_cfg: dict, image_trains: bool = True, text_trains: bool = True
+) -> float | None:
     """Training FLOPs (forward + backward) of one image-caption pair; None for towers the
-    formula does not describe (Hugging Face text towers, timm or ResNet image towers)."""
+    formula does not describe (Hugging Face text towers, timm or ResNet image towers). A tower
+    that does not train (locked whole: train.lock_image, lock_text) costs its forward only: no
+    backward runs through it."""
     vision, text = model_cfg.get("vision_cfg", {}), model_cfg.get("text_cfg", {})
     if "layers" not in vision or isinstance(vision["layers"], (list, tuple)):
         return None
@@ -83,7 +88,7 @@ def flops_per_sample(model_cfg: dict) -> float | None:
         * _layer_macs(text.get("context_length", 77), text_width, text.get("mlp_ratio", 4.0))
         + text_width * embed
     )
-    return 3 * 2 * (image + words)
+    return 2 * ((3 if image_trains else 1) * image + (3 if text_trains else 1) * words)
 
 
 def peak_flops(device: str, precision: str) -> float | None:

@@ -147,7 +147,8 @@ def probe_on_gpu(
             model_cfg["vision_cfg"]["image_size"],
             model_cfg["text_cfg"].get("context_length", 77),
             engine_reserve_bytes(
-                sum(p.numel() for p in probe.parameters()),
+                # the optimizer's part is of the parameters that train: none of a locked tower's
+                sum(p.numel() for p in probe.parameters() if p.requires_grad),
                 world_size,
                 deepspeed_bf16,
                 torch.cuda.get_device_properties(device).total_memory,

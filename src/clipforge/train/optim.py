@@ -1,10 +1,56 @@
-"""AdamW parameter groups and the learning-rate schedule (pure functions)."""
+"""What the optimizer steps: the towers locked, AdamW's parameter groups, the lr schedule.
+
+Locked towers are open_clip's own (`lock_image_tower`, `lock_text_tower`, as open_clip_train's
+`--lock-image`, `--lock-text` apply them): a locked parameter has requires_grad False, and the
+parameter groups, all the optimizer ever sees, hold only those that train.
+"""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from clipforge.fields import ConfigError
+
+if TYPE_CHECKING:
+    from clipforge.train.config import TrainConfig
+
+# The parameters of a CLIP model in neither tower: the temperature (and SigLIP's bias).
+_SHARED = ("logit_scale", "logit_bias")
+
+
+def lock_towers(model: torch.nn.Module, train: TrainConfig) -> dict[str, int]:
+    """Lock the towers train.lock_* ask for, with open_clip's own methods, before the engine
+    exists (DeepSpeed's optimizer takes the parameters that train when it is built). Returns the
+    number of parameters (elements) locked per tower; a lock that locked nothing (its last N
+    groups being the whole tower) is refused."""
+    open_clip_model: Any = model  # open_clip's CLIP or CustomTextCLIP
+    if train.lock_image:
+        open_clip_model.lock_image_tower(
+            unlocked_groups=train.lock_image_unlocked_groups,
+            freeze_bn_stats=train.lock_image_freeze_bn_stats,
+        )
+    if train.lock_text:
+        open_clip_model.lock_text_tower(
+            unlocked_layers=train.lock_text_unlocked_layers,
+            freeze_layer_norm=train.lock_text_freeze_layer_norm,
+        )
+    locked = {"image": 0, "text": 0}
+    for name, param in model.named_parameters():
+        if not param.requires_grad and name not in _SHARED:
+            locked["image" if name.startswith("visual.") else "text"] += param.numel()
+    for tower, lock, detail in (
+        ("image", train.lock_image, "lock_image_unlocked_groups"),
+        ("text", train.lock_text, "lock_text_unlocked_layers"),
+    ):
+        if lock and not locked[tower]:
+            raise ConfigError(
+                f"train.{detail}: {getattr(train, detail)} leaves the whole {tower} tower to "
+                f"train, none of it locked; lower it, or set train.lock_{tower}: false"
+            )
+    return locked
 
 
 def no_weight_decay(name: str, param: torch.nn.Parameter) -> bool:
@@ -17,6 +63,8 @@ def no_weight_decay(name: str, param: torch.nn.Parameter) -> bool:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """The trainable parameters, decayed or exempt; a locked one is in neither, so the optimizer
+    holds no state for it and never steps it (weight decay included)."""
     decay: list[torch.nn.Parameter] = []
     exempt: list[torch.nn.Parameter] = []
     for name, param in model.named_parameters():

@@ -69,7 +69,7 @@ from clipforge.train.flops import flops_per_sample, peak_flops
 from clipforge.train.loop import LoopParts, StopFlag, StopRequested, stop_agreed, train_clip
 from clipforge.train.loss import make_clip_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
-from clipforge.train.optim import WarmupCosine
+from clipforge.train.optim import WarmupCosine, lock_towers
 from clipforge.train.reporting import PerfMeter, TrainReport, run_label
 from clipforge.train.validation import validation_metrics
 
@@ -108,8 +108,9 @@ class TrainingRun:
     @property
     def autocast(self) -> Callable:
         """The context of every forward: bf16 autocast where the weights stay fp32."""
+        train = self.config.train
         return forward_autocast(
-            self.dist.device, uses_autocast(self.precision, self.config.train.zero_stage)
+            self.dist.device, uses_autocast(self.precision, train.zero_stage, train.locks_a_tower)
         )
 
     @property
@@ -255,6 +256,7 @@ def _set_up_locked(
     torch.manual_seed(train.seed)
     setup.part("building the model")
     bundle = build_model(config.model)
+    _lock_towers(bundle, train)
     _stop_if_asked(stop, device, "the model")
     if train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
@@ -463,8 +465,24 @@ def _probe(train: TrainConfig, dist: DistInfo, bundle: ClipBundle, precision: st
         torch.device("cuda", dist.local_rank),
         train.global_batch_size // dist.world_size,
         dist.world_size,
-        deepspeed_bf16(precision, train.zero_stage),
-        forward_autocast("cuda", uses_autocast(precision, train.zero_stage)),
+        deepspeed_bf16(precision, train.zero_stage, train.locks_a_tower),
+        forward_autocast("cuda", uses_autocast(precision, train.zero_stage, train.locks_a_tower)),
+    )
+
+
+def _lock_towers(bundle: ClipBundle, train: TrainConfig) -> None:
+    """train.lock_*, applied to the model before the micro batch probe (which trains what the
+    run trains) and the engine (whose optimizer takes only what trains)."""
+    if not train.locks_a_tower:
+        return
+    locked = lock_towers(bundle.model, train)
+    total = sum(p.numel() for p in bundle.model.parameters())
+    log.info(
+        "towers locked: %d image and %d text parameters of %d; %d train",
+        locked["image"],
+        locked["text"],
+        total,
+        sum(p.numel() for p in bundle.model.parameters() if p.requires_grad),
     )
 
 
@@ -632,6 +650,8 @@ def _report(
                 "weight_decay": train.weight_decay,
                 "zero_stage": train.zero_stage,
                 "precision": train.precision,
+                "lock_image": train.lock_image,
+                "lock_text": train.lock_text,
                 "seed": train.seed,
             }
         )
@@ -685,9 +705,14 @@ def _final_outputs(paths: dict[str, Path]) -> list[tuple[Path, str]]:
 def _perf_meter(run: TrainingRun) -> PerfMeter:
     """MFU's inputs: FLOPs from the model config, the peak of this rank's device (rank 0 only:
     it alone reports, and on CPU the peak is measured)."""
+    train = run.config.train
     return PerfMeter(
         run.plan.global_batch_size,
-        flops_per_sample(run.bundle.model_cfg),
+        flops_per_sample(
+            run.bundle.model_cfg,
+            image_trains=not (train.lock_image and not train.lock_image_unlocked_groups),
+            text_trains=not (train.lock_text and not train.lock_text_unlocked_layers),
+        ),
         peak_flops(run.dist.device, run.precision) if run.dist.is_main else None,
         run.plan.world_size,
         run.dist.device,
