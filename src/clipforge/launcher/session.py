@@ -214,9 +214,12 @@ def node_layout(host: Host, index: int, requested_run: str | None) -> NodeLayout
 
 def remote_python(settings: Settings, layout: NodeLayout, module: str, *args: str) -> str:
     """A shell command running one of the host-side modules (clipforge.launcher.host) of the run's
-    own code, with the run's umask from its first import (its __pycache__ is the run's too)."""
+    own code, with the run's umask, writing no bytecode into that code: where a root login hands
+    the run to the image's user, a __pycache__ of root's would be unreadable to the containers
+    (whose DVC walks the checkout)."""
     return (
-        f"{RESTRICT_UMASK} && PYTHONPATH={q(posixpath.join(layout.code, 'src'))} "
+        f"{RESTRICT_UMASK} && PYTHONDONTWRITEBYTECODE=1 "
+        f"PYTHONPATH={q(posixpath.join(layout.code, 'src'))} "
         f"{q(settings.python)} -m clipforge.launcher.host.{module} {join(args)}"
     )
 
