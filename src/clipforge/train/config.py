@@ -10,6 +10,7 @@ TrainParams, and the run id that fingerprints them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 from dataclasses import dataclass, field
@@ -344,9 +345,26 @@ _NOT_IN_FINGERPRINT = {
 
 def run_identity(params: dict) -> dict:
     """The params (as their dict) that name a training run, with its data: `model`, and `train`
-    less the knobs that never change the weights. The launcher compares these of two launches."""
-    train = {k: v for k, v in (params.get("train") or {}).items() if k not in _NOT_IN_FINGERPRINT}
-    return {"model": params.get("model"), "train": train}
+    less the knobs that never change the weights. The launcher compares these of two launches.
+    Knobs at their defaults are left out, so that a knob a later clipforge adds, at its default,
+    names an earlier run as it did (its checkpoints still resume)."""
+    train = _chosen(params.get("train"), TrainConfig)
+    return {
+        "model": _chosen(params.get("model"), ModelConfig),
+        "train": {k: v for k, v in train.items() if k not in _NOT_IN_FINGERPRINT},
+    }
+
+
+def _chosen(values: dict | None, section: type[Section]) -> dict:
+    """`values` less the knobs of `section` that hold their default."""
+    defaults = {}
+    for f in section.knobs():
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    missing = object()
+    return {k: v for k, v in (values or {}).items() if defaults.get(k, missing) != v}
 
 
 def run_id(config: TrainParams, manifest_bytes: bytes, rerun_launch: str | None = None) -> str:
