@@ -74,6 +74,17 @@ class Section:
     def knobs(cls) -> tuple[dataclasses.Field, ...]:
         return dataclasses.fields(cls)  # type: ignore[arg-type]  # every Section is a dataclass
 
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Each knob's default by name (a required knob has none)."""
+        found = {}
+        for f in cls.knobs():
+            if f.default is not dataclasses.MISSING:
+                found[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                found[f.name] = f.default_factory()
+        return found
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]  # every Section is one
 

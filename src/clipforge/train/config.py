@@ -10,7 +10,6 @@ TrainParams, and the run id that fingerprints them.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import sys
 from dataclasses import dataclass, field
@@ -184,7 +183,7 @@ class TrainConfig(Section):
             ("lock_text", "lock_text_unlocked_layers"),
             ("lock_text", "lock_text_freeze_layer_norm"),
         )
-        defaults = {f.name: f.default for f in self.knobs()}
+        defaults = self.defaults()
         for lock, detail in details:
             value = getattr(self, detail)
             if not getattr(self, lock) and value != defaults[detail]:
@@ -357,12 +356,7 @@ def run_identity(params: dict) -> dict:
 
 def _chosen(values: dict | None, section: type[Section]) -> dict:
     """`values` less the knobs of `section` that hold their default."""
-    defaults = {}
-    for f in section.knobs():
-        if f.default is not dataclasses.MISSING:
-            defaults[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            defaults[f.name] = f.default_factory()
+    defaults = section.defaults()
     missing = object()
     return {k: v for k, v in (values or {}).items() if defaults.get(k, missing) != v}
 
