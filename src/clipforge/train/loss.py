@@ -11,8 +11,8 @@ micro-batch only with itself, a different (easier) objective. Instead, as open_c
 ClipLoss with gather_with_grad extends the batch across ranks the same way.
 
 Two details make the sum exactly the big batch's gradient:
-- the temperature enters every one of the k losses, so each pass carries 1/k of its gradient
-  (otherwise dL/dlogit_scale is counted k times);
+- the temperature (and SigLIP's bias) enters every one of the k losses, so each pass carries 1/k
+  of its gradient (otherwise dL/dlogit_scale is counted k times);
 - the cached and the recomputed forward of a micro-batch draw the same random numbers (dropout,
   e.g. in Hugging Face text towers), so the fresh features equal the cached ones.
 """
@@ -53,13 +53,20 @@ def counted_once(value: torch.Tensor, num_passes: int) -> torch.Tensor:
     return frozen + (value - frozen) / num_passes
 
 
+def learned_scalars(out: dict) -> list[torch.Tensor]:
+    """The model's learned scalars from its output, 0-dim fp32, in the order open_clip's losses
+    take them after the features: ClipLoss(image, text, logit_scale), SigLipLoss(image, text,
+    logit_scale, logit_bias)."""
+    return [out[n].float().reshape(()) for n in ("logit_scale", "logit_bias") if n in out]
+
+
 def _encode(engine, images: torch.Tensor, texts: torch.Tensor, autocast) -> dict:
     with autocast():
         out = engine(image=images, text=texts)
     return {
         "image": out["image_features"].float(),
         "text": out["text_features"].float(),
-        "logit_scale": out["logit_scale"].float().reshape(()),
+        "scalars": learned_scalars(out),
     }
 
 
@@ -116,17 +123,18 @@ def accumulate_gradients(
             all_texts = torch.cat(cached_texts[:j] + [out["text"]] + cached_texts[j + 1 :])
         else:
             all_images, all_texts = out["image"], out["text"]
-        loss = loss_fn(all_images, all_texts, counted_once(out["logit_scale"], k))
+        scalars = [counted_once(s, k) for s in out["scalars"]]
+        loss = loss_fn(all_images, all_texts, *scalars)
         if j == 0:
             first_loss = loss.detach()
             if skip_if(first_loss):
-                return StepOutput(first_loss, out["logit_scale"].detach(), skipped=True)
+                return StepOutput(first_loss, out["scalars"][0].detach(), skipped=True)
         # Each pass back-propagates the whole loss through its own micro-batch only: no 1/k.
         engine.backward(loss, scale_wrt_gas=False)
         if j < k - 1:
             engine.step()  # a micro-step: DeepSpeed counts it; the update waits for the boundary
     assert first_loss is not None  # micro_batches is never empty
-    return StepOutput(first_loss, out["logit_scale"].detach())
+    return StepOutput(first_loss, out["scalars"][0].detach())
 
 
 def contrastive_step(

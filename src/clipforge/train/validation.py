@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from clipforge.metrics.retrieval import retrieval_metrics
 from clipforge.metrics.sizes import MIN_QUERIES
+from clipforge.train.loss import learned_scalars
 
 
 def validation_due(
@@ -68,7 +69,7 @@ def _metrics(model, loss_fn, batches, to_device, device, retrieval_samples, auto
         with autocast():
             out = model(image=images, text=tokens)
         image_features, text_features = out["image_features"].float(), out["text_features"].float()
-        loss = loss_fn(image_features, text_features, out["logit_scale"].float())
+        loss = loss_fn(image_features, text_features, *learned_scalars(out))
         total += torch.stack([loss.detach().float(), torch.ones((), device=device)])
         take = min(keep_per_rank - num_kept, images.shape[0])
         if take > 0:
