@@ -159,6 +159,32 @@ def test_without_a_test_dir_the_first_source_gives_the_test_set_the_others_are_c
     assert manifest["splits"]["train"]["count"] == 40 - len(in_test) + 8
 
 
+def test_a_source_left_with_no_training_pair_stops_the_stage_naming_it(tmp_path, capsys):
+    """A source whose every pair is skipped would get its share of the positions and have no
+    sample to give: the stage stops, naming it, and writes no data/."""
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "x.jpg").write_bytes(b"not an image")
+    (own / "x.txt").write_text("坏图", encoding="utf-8")
+    (tmp_path / "shards").mkdir()
+    make_planted_shard(tmp_path / "shards" / "shard-0000.tar")
+    data = {
+        "source": "mixture",
+        "mixture": [
+            {"name": "laion-zh", "source": "webdataset", "paths": [f"{tmp_path}/shards/*.tar"]}
+            | {"weight": 1},
+            {"name": "own", "source": "local", "path": str(own), "weight": 1},
+        ],
+        "in_place": False,
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"data": data}), encoding="utf-8")
+    argv = ["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "data")]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "data.mixture[1] (own): no training pairs after filtering" in error
+    assert not (tmp_path / "data").exists()
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

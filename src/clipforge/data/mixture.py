@@ -44,13 +44,13 @@ def build_splits(data: DataConfig, out: Path, build_one: BuildOne) -> tuple[dict
         root.mkdir(parents=True)
         one = source_config(data, entry, test_dir)
         splits, source, checked = build_one(one, root)
+        if entry.source == "local" and data.decontaminate != "off":
+            checked = _decontaminate_written(root, splits, test_dir or root / "test", one)
         if splits["train"]["count"] == 0:  # the loader could draw nothing for its share
             raise StageError(
                 f"data.mixture[{i}] ({entry.name}): no training pairs after filtering; check its "
                 f"path(s) and the skip reasons in the log, or drop it from the mixture"
             )
-        if entry.source == "local" and data.decontaminate != "off":
-            checked = _decontaminate_written(root, splits, test_dir or root / "test", one)
         if test_dir is None:  # the first source's test split is the mixture's test set
             (root / "test").rename(out / "test")
             test_split, test_dir = splits.pop("test"), out / "test"

@@ -5,6 +5,8 @@ interrupted run leaves the previous data/ intact):
   data/train/shard-NNNNNN.tar   webdataset shards: <key>.jpg + <key>.txt (+ <key>.tok: the
                                 caption's token ids, with data.pretokenize_model)
   data/val/shard-NNNNNN.tar
+  data/train/<name>/...         data.source: mixture: each source's shards in a folder of its own
+  data/val/<name>/...           (clipforge.data.mixture)
   data/test/test_imgs.tsv       Chinese-CLIP layout (see clipforge.data.testset)
   data/test/test_texts.jsonl
   data/suites/<name>/           builtin: the demo's other eval suites (see _builtin_suites)

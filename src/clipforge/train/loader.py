@@ -13,6 +13,10 @@ So micro-batch number i of a rank is computable from i alone: a resumed run star
 DataLoader at the checkpoint's position and sees exactly the batches the interrupted run would
 have seen, whatever the number of loader workers, without reading the skipped samples.
 
+A mixture of sources (data.source: mixture) keeps this: each position's source is dealt by the
+sources' weights in shuffled blocks, and its sample is the next of that source's own EpochOrder
+(MixtureOrder), all a function of (seed, epoch, position) too.
+
 Shards used in place (data.in_place) are read through the same (shard, index) addressing, at the
 offsets the data stage indexed (clipforge.data.shards.InPlaceReader); a sample whose image does
 not decode there is replaced by the next position's and counted (`Batches.skipped`).
