@@ -21,12 +21,12 @@ from pathlib import Path
 
 from clipforge.data import decontam
 from clipforge.data.config import DataConfig, MixtureSource
+from clipforge.data.inplace import HELD_SPLITS
 from clipforge.data.shards import ShardInfo
 from clipforge.data.splits import decontaminate_shards, shard_summary, written_phashes
 from clipforge.errors import StageError
 
 STAGING = ".sources"  # out/.sources/<name>/: one source's build, before its splits move
-HELD_SPLITS = ("train", "val")
 
 # (one source's DataConfig, its staging folder) -> (splits, source, decontamination)
 BuildOne = Callable[[DataConfig, Path], tuple[dict, dict, dict]]
@@ -112,7 +112,8 @@ def _moved(root: Path, out: Path, split: str, name: str, entry: dict) -> dict:
 
 def _merged(built: list, split: str, shares: dict[str, float]) -> dict:
     """One split of every source: their shards one source after the other, and under `mixture`
-    where each source's begin (its count of shards, in order), with its weight in the train split."""
+    each source's name, pairs, number of shards (where the next source's begin) and whether they are used in
+    place; in the train split its weight and share too."""
     shards: list[dict] = []
     parts = []
     for entry, splits, _, _ in built:
