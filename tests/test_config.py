@@ -567,7 +567,7 @@ def test_a_value_is_quoted_in_at_most_200_characters(tmp_path):
     not more: PyYAML reads about half a megabyte a second here.)"""
     message = _error(tmp_path, {"data": {"source": "x" * 1_000_000}})
     assert message.startswith("data.source: got 'xxx") and len(message) < 300
-    assert message.endswith("xxx'; allowed: builtin, local, laion-parquet, webdataset")
+    assert message.endswith("xxx'; allowed: builtin, local, laion-parquet, webdataset, mixture")
     message = _error(
         tmp_path, {"data": {"paths": [[[f"{i}-{j}" for j in range(40)] for i in range(40)]]}}
     )

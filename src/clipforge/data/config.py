@@ -6,25 +6,77 @@ stage of dvc.yaml, which depends on this module and no other section's.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
+from clipforge import util
 from clipforge.config import Params
-from clipforge.fields import MAX_SEED, ConfigError, Section, knob
+from clipforge.fields import MAX_SEED, REQUIRED, ConfigError, Entry, Section, knob
 from clipforge.model.names import check_model_name
+
+# The smallest share a source of a mixture may have: the train loader deals the mixture out in
+# blocks (clipforge.train.loader.MIXTURE_BLOCK), in which each source then has at least 16 places.
+MIN_SHARE = 0.001
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixtureSource(Entry):
+    """One source of data.mixture: its own inputs, everything else (splits, filters, limits) from
+    the data section."""
+
+    name: str = knob(
+        REQUIRED,
+        "the source's name in the manifest and its folder under data/train and data/val: "
+        "letters, digits, `-` and `_`",
+    )
+    # not builtin: it makes its own test set and eval suites, which no other source has
+    source: Literal["local", "laion-parquet", "webdataset"] = knob(
+        REQUIRED, "`local`, `laion-parquet` or `webdataset`, as data.source"
+    )
+    weight: float = knob(
+        REQUIRED,
+        "its share of the training samples, relative to the other sources' weights",
+        gt=0.0,
+    )
+    path: str | None = knob(None, "local: as data.path", path=True)
+    paths: list[str] = knob([], "laion-parquet, webdataset: as data.paths", path=True)
+
+    def check(self, key: str) -> None:
+        if not _SOURCE_NAME.fullmatch(self.name):
+            raise ConfigError(
+                f"{key}.name: got {util.short_repr(self.name)}; must be letters, digits, `-` and "
+                f"`_` (it names a folder)"
+            )
+        if self.source == "local" and not self.path:
+            raise ConfigError(
+                f"{key}.path: required for a `local` source (a folder, .csv or .jsonl)"
+            )
+        if self.source != "local" and self.path:
+            raise ConfigError(
+                f"{key}.path: only for a `local` source; a `{self.source}` source reads `paths`"
+            )
+        if self.source != "local" and not self.paths:
+            raise ConfigError(
+                f"{key}.paths: required for a `{self.source}` source (paths, globs or fsspec URLs)"
+            )
+        if self.source == "local" and self.paths:
+            raise ConfigError(f"{key}.paths: not for a `local` source, which reads `path`")
 
 
 @dataclass(kw_only=True)
 class DataConfig(Section):
     SECTION = "data"
 
-    source: Literal["builtin", "local", "laion-parquet", "webdataset"] = knob(
+    source: Literal["builtin", "local", "laion-parquet", "webdataset", "mixture"] = knob(
         "builtin",
         "Where pairs come from: `builtin` (generated shapes scenes, no download), "
         "`local` (a folder, .csv or .jsonl of image path + caption, see `path`), `laion-parquet` "
-        "(LAION-style metadata filtered, then downloaded with img2dataset, see `paths`) or "
-        "`webdataset` (existing tar shards, see `paths`).",
+        "(LAION-style metadata filtered, then downloaded with img2dataset, see `paths`), "
+        "`webdataset` (existing tar shards, see `paths`) or `mixture` (several of those, each "
+        "with a weight, see `mixture`).",
     )
     path: str | None = knob(
         None,
@@ -43,6 +95,16 @@ class DataConfig(Section):
         "of the `webdataset` source (.tar shards): local paths, globs, "
         "`{000..099}` ranges or fsspec URLs such as s3://bucket/laion-zh/*.parquet.",
         path=True,
+    )
+    mixture: list[MixtureSource] = knob(
+        [],
+        "With data.source `mixture`: the sources, each `name`, `source` (`local`, "
+        "`laion-parquet` or `webdataset`), `path` or `paths` (as data.path, data.paths) and "
+        "`weight` (its share of the training samples, relative to the others'). Each is prepared "
+        "as it would be alone (with this section's other keys) and checked against the test set "
+        "(data.decontaminate); the test set is data.test_dir, or split off the first source. "
+        "The train loader draws each position's source by the weights, as a function of the "
+        "step. Example: docs/real-data.md.",
     )
     test_dir: str | None = knob(
         None,
@@ -233,11 +295,57 @@ class DataConfig(Section):
                 f"data.paths: required when data.source is `{self.source}` ({kind}: "
                 f"paths, globs or fsspec URLs)"
             )
+        self._check_mixture()
         if self.pretokenize_text_tower and not self.pretokenize_model:
             raise ConfigError(
                 "data.pretokenize_text_tower: needs data.pretokenize_model (the model whose "
                 "text tower it replaces, as model.text_tower replaces model.name's)"
             )
+
+    def _check_mixture(self) -> None:
+        if self.source != "mixture":
+            if self.mixture:
+                raise ConfigError(
+                    "data.mixture: only read with data.source: mixture; set it, or remove "
+                    "data.mixture"
+                )
+            return
+        if len(self.mixture) < 2:
+            raise ConfigError(
+                f"data.mixture: a mixture needs at least two sources, got {len(self.mixture)}; "
+                f"for one, set data.source to its kind"
+            )
+        for key in ("path", "paths"):
+            if getattr(self, key):
+                raise ConfigError(
+                    f"data.{key}: not read with data.source: mixture; give each source its own "
+                    f"in data.mixture"
+                )
+        if not self.test_dir and not self.test_fraction:
+            raise ConfigError(
+                "data.test_fraction: 0 with data.source: mixture leaves no test set to check the "
+                "sources against; set data.test_dir, or a test_fraction (of the first source)"
+            )
+        names = [s.name for s in self.mixture]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ConfigError(
+                    f"data.mixture[{i}].name: {name!r} names an earlier source too; names must "
+                    f"differ (each is a folder of data/train)"
+                )
+        total = sum(s.weight for s in self.mixture)
+        for i, entry in enumerate(self.mixture):
+            if entry.weight / total < MIN_SHARE:
+                raise ConfigError(
+                    f"data.mixture[{i}].weight: {entry.weight:g} is a share of "
+                    f"{entry.weight / total:.2g} of the sum {total:g}; each share must be at "
+                    f"least {MIN_SHARE:g} (raise it, or drop the source)"
+                )
+
+    def mixture_shares(self) -> dict[str, float]:
+        """Each mixture source's target share of the training samples: its normalised weight."""
+        total = sum(s.weight for s in self.mixture)
+        return {s.name: s.weight / total for s in self.mixture}
 
 
 @dataclass(kw_only=True)

@@ -206,6 +206,29 @@ def not_checked(reason: str) -> dict:
     return {"checked": False, "reason": reason}
 
 
+def combined(records: dict[str, dict]) -> dict:
+    """One record for several sources' (by name), checked against one test set: checked when
+    every one was, with their counts summed (a test image found in two sources counts twice in
+    `test_images_found`) and each source's own record under `sources`."""
+    unchecked = [(name, r) for name, r in records.items() if not r.get("checked")]
+    if unchecked:
+        name, record = unchecked[0]
+        return {**not_checked(f"source {name}: {record.get('reason')}"), "sources": records}
+    first = next(iter(records.values()))
+    found = {
+        kind: sum(r["found"][kind] for r in records.values()) for kind in ("exact", "near", "total")
+    }
+    return {
+        **{key: first[key] for key in ("checked", "mode", "method", "test_set_sha256")},
+        "test_images": first["test_images"],
+        "samples_checked": sum(r["samples_checked"] for r in records.values()),
+        "found": found,
+        "test_images_found": sum(r["test_images_found"] for r in records.values()),
+        "dropped": sum(r["dropped"] for r in records.values()),
+        "sources": records,
+    }
+
+
 def eval_record(data_manifest: Path, test_dir: Path) -> dict:
     """For eval.info.json: was the training data of data_manifest checked against the test set in
     test_dir (the same files, by sha256), and with what result."""

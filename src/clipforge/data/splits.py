@@ -196,50 +196,13 @@ class SplitWriter:
             test = self._write_test_set(pending)
         if self.data.decontaminate != "off":
             test_dir = Path(self.data.test_dir) if self.data.test_dir else self.out / "test"
-            self.decontamination = self._decontaminate(shards, test_dir)
+            self.decontamination = decontaminate_shards(
+                self.out, shards, self.phashes, test_dir, self.data
+            )
         splits = {split: shard_summary(infos) for split, infos in shards.items()}
         if test is not None:
             splits["test"] = test
         return splits
-
-    def _decontaminate(self, shards: dict[str, list[ShardInfo]], test_dir: Path) -> dict:
-        """The written train and val images against the test set in test_dir (as
-        clipforge.data.inplace compares them); matches dropped from `shards` with `drop`."""
-        data = self.data
-        tests = testset.load_test_set(test_dir)
-        test = decontam.TestHashes.of(
-            zip(tests.image_ids, tests.images),
-            data.max_image_pixels,
-            test_hashes(test_dir)["sha256"],
-        )
-        findings = decontam.Findings(
-            data.decontaminate, data.decontaminate_max_distance, len(test.image_ids), test.sha256
-        )
-        for split, infos in shards.items():
-            hashes = np.array(self.phashes[split], dtype=np.uint64)
-            findings.checked += len(hashes)
-            if not len(hashes) or not len(test.image_ids):
-                continue
-            closest = decontam.closest_matches(
-                hashes, test.phashes, data.decontaminate_max_distance
-            )
-            by_shard: dict[int, dict[int, tuple[int, int]]] = {}
-            for row, match in closest.items():  # every shard but the last holds samples_per_shard
-                number, index = divmod(row, data.samples_per_shard)
-                by_shard.setdefault(number, {})[index] = match
-            for number, matches in sorted(by_shard.items()):
-                info = infos[number]
-                reader = ShardReader([self.out / info.name])
-                for index, (column, distance) in sorted(matches.items()):
-                    # the image as written: resized by data.resize_to, a copy counts as near
-                    image = decontam.open_image(reader.read(0, index)["jpg"], data.max_image_pixels)
-                    pixels = decontam.pixel_hash(image) if image is not None else None
-                    kind = "exact" if pixels == test.pixel_hashes[column] else "near"
-                    where = f"{info.name}:{split}-{number * data.samples_per_shard + index:08d}"
-                    findings.add(where, split, test.image_ids[column], distance, kind)
-                if data.decontaminate == "drop":
-                    infos[number] = rewrite_shard(self.out, info, set(matches))
-        return findings.to_dict()
 
     def _write_test_set(self, pending: list[ShardInfo]) -> dict:
         reader = ShardReader([self.out / s.name for s in pending])
@@ -255,3 +218,57 @@ class SplitWriter:
         counts = testset.write_test_set(self.out / "test", images())
         shutil.rmtree(self.out / _PENDING_TEST)
         return {**counts, **test_hashes(self.out / "test")}
+
+
+def decontaminate_shards(
+    out: Path,
+    shards: dict[str, list[ShardInfo]],
+    phashes: dict[str, list[int]],
+    test_dir: Path,
+    data: DataConfig,
+) -> dict:
+    """The written train and val shards' images (`phashes`: each sample's pHash, in order)
+    against the test set in test_dir (as clipforge.data.inplace compares them); with `drop`, the
+    matches' shards are re-written without them (`shards` updated). The manifest's record."""
+    tests = testset.load_test_set(test_dir)
+    test = decontam.TestHashes.of(
+        zip(tests.image_ids, tests.images), data.max_image_pixels, test_hashes(test_dir)["sha256"]
+    )
+    findings = decontam.Findings(
+        data.decontaminate, data.decontaminate_max_distance, len(test.image_ids), test.sha256
+    )
+    for split, infos in shards.items():
+        hashes = np.array(phashes[split], dtype=np.uint64)
+        findings.checked += len(hashes)
+        if not len(hashes) or not len(test.image_ids):
+            continue
+        closest = decontam.closest_matches(hashes, test.phashes, data.decontaminate_max_distance)
+        by_shard: dict[int, dict[int, tuple[int, int]]] = {}
+        for row, match in closest.items():  # every shard but the last holds samples_per_shard
+            number, index = divmod(row, data.samples_per_shard)
+            by_shard.setdefault(number, {})[index] = match
+        for number, matches in sorted(by_shard.items()):
+            info = infos[number]
+            reader = ShardReader([out / info.name])
+            for index, (column, distance) in sorted(matches.items()):
+                # the image as written: resized by data.resize_to, a copy counts as near
+                image = decontam.open_image(reader.read(0, index)["jpg"], data.max_image_pixels)
+                pixels = decontam.pixel_hash(image) if image is not None else None
+                kind = "exact" if pixels == test.pixel_hashes[column] else "near"
+                where = f"{info.name}:{split}-{number * data.samples_per_shard + index:08d}"
+                findings.add(where, split, test.image_ids[column], distance, kind)
+            if data.decontaminate == "drop":
+                infos[number] = rewrite_shard(out, info, set(matches))
+    return findings.to_dict()
+
+
+def written_phashes(out: Path, infos: list[ShardInfo], max_pixels: int) -> list[int]:
+    """The pHash of every image of written shards, in order (NO_HASH where none): for a source
+    whose writer took none as it went (`local`, checked only within a mixture)."""
+    reader = ShardReader([out / info.name for info in infos])
+    hashes = []
+    for shard, info in enumerate(infos):
+        for index in range(info.count):
+            phash = decontam.image_hash(reader.read(shard, index)["jpg"], max_pixels)
+            hashes.append(decontam.NO_HASH if phash is None else phash)
+    return hashes

@@ -5,6 +5,8 @@ interrupted run leaves the previous data/ intact):
   data/train/shard-NNNNNN.tar   webdataset shards: <key>.jpg + <key>.txt (+ <key>.tok: the
                                 caption's token ids, with data.pretokenize_model)
   data/val/shard-NNNNNN.tar
+  data/train/<name>/...         data.source: mixture: each source's shards in a folder of its own
+  data/val/<name>/...           (clipforge.data.mixture)
   data/test/test_imgs.tsv       Chinese-CLIP layout (see clipforge.data.testset)
   data/test/test_texts.jsonl
   data/suites/<name>/           builtin: the demo's other eval suites (see _builtin_suites)
@@ -28,7 +30,7 @@ from clipforge.cli import (
     run_stage,
     stage_parser,
 )
-from clipforge.data import builtin, decontam, inplace, laion, testset, wds_source
+from clipforge.data import builtin, decontam, inplace, laion, mixture, testset, wds_source
 from clipforge.data.config import DataConfig, DataParams
 from clipforge.data.inputs import expand_paths
 from clipforge.data.local import load_image, read_records, split_of
@@ -55,25 +57,13 @@ def build_dataset(config: DataParams, out: Path) -> dict:
     """Write every split of the configured source into the empty directory `out`."""
     data = config.data
     skips = SkipLog()
-    checked = decontam.not_checked("the local source is not checked (data.decontaminate)")
     tokenize, tokens = caption_tokens(data) if data.pretokenize_model else (None, None)
-    if data.source == "webdataset":
-        files = expand_paths(data.paths, "webdataset .tar shards")
-    if data.source == "builtin":
-        splits, source = _builtin_splits(data, out, tokenize)
-        checked = decontam.not_checked("builtin: test scenes are excluded from train when drawn")
-    elif data.source == "laion-parquet":
-        splits, source = laion.build_splits(data, out, skips, tokenize)
-        checked = source.pop("decontamination", checked)
-    elif data.source == "webdataset" and inplace.use_in_place(data, files):
-        if data.resize_to:
-            log.warning("data.resize_to is not applied in place: images are trained as they are")
-        splits, source, checked = inplace.build_splits(data, out, skips, files, tokenize=tokenize)
-    elif data.source == "webdataset":
-        splits, source = wds_source.build_splits(data, out, skips, files, tokenize)
-        checked = source.pop("decontamination")
+    if data.source == "mixture":
+        splits, source, checked = mixture.build_splits(
+            data, out, lambda one, root: source_splits(one, root, skips, tokenize)
+        )
     else:
-        splits, source = _local_splits(data, out, skips, tokenize)
+        splits, source, checked = source_splits(data, out, skips, tokenize)
     if splits["train"]["count"] == 0:
         raise StageError(
             f"the train split is empty after filtering ({_skip_text(skips)}); "
@@ -97,6 +87,32 @@ def build_dataset(config: DataParams, out: Path) -> dict:
     )
     (out / "config.yaml").write_text(config.to_yaml(), "utf-8")
     return manifest
+
+
+def source_splits(
+    data: DataConfig, out: Path, skips: SkipLog, tokenize: CaptionTokenizer | None
+) -> tuple[dict, dict, dict]:
+    """The splits of data.source (one source) written into `out`: (splits, source,
+    decontamination) for the manifest."""
+    checked = decontam.not_checked("the local source is not checked (data.decontaminate)")
+    if data.source == "webdataset":
+        files = expand_paths(data.paths, "webdataset .tar shards")
+    if data.source == "builtin":
+        splits, source = _builtin_splits(data, out, tokenize)
+        checked = decontam.not_checked("builtin: test scenes are excluded from train when drawn")
+    elif data.source == "laion-parquet":
+        splits, source = laion.build_splits(data, out, skips, tokenize)
+        checked = source.pop("decontamination", checked)
+    elif data.source == "webdataset" and inplace.use_in_place(data, files):
+        if data.resize_to:
+            log.warning("data.resize_to is not applied in place: images are trained as they are")
+        splits, source, checked = inplace.build_splits(data, out, skips, files, tokenize=tokenize)
+    elif data.source == "webdataset":
+        splits, source = wds_source.build_splits(data, out, skips, files, tokenize)
+        checked = source.pop("decontamination")
+    else:
+        splits, source = _local_splits(data, out, skips, tokenize)
+    return splits, source, checked
 
 
 def caption_tokens(data: DataConfig) -> tuple[CaptionTokenizer, dict]:
@@ -261,7 +277,9 @@ def _skip_text(skips: SkipLog) -> str:
 def _run(args) -> None:
     config = load_stage_config(args, PARAMS)
     out = Path(args.out)
-    for key, value in (("data.path", config.data.path), ("data.test_dir", config.data.test_dir)):
+    given = [("data.path", config.data.path), ("data.test_dir", config.data.test_dir)]
+    given += [(f"data.mixture[{i}].path", s.path) for i, s in enumerate(config.data.mixture)]
+    for key, value in given:
         if value and Path(value).resolve().is_relative_to(out.resolve()):
             raise StageError(
                 f"{key}: {value} is inside the output directory {out}, which the "

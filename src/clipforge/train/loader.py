@@ -13,6 +13,10 @@ So micro-batch number i of a rank is computable from i alone: a resumed run star
 DataLoader at the checkpoint's position and sees exactly the batches the interrupted run would
 have seen, whatever the number of loader workers, without reading the skipped samples.
 
+A mixture of sources (data.source: mixture) keeps this: each position's source is dealt by the
+sources' weights in shuffled blocks, and its sample is the next of that source's own EpochOrder
+(MixtureOrder), all a function of (seed, epoch, position) too.
+
 Shards used in place (data.in_place) are read through the same (shard, index) addressing, at the
 offsets the data stage indexed (clipforge.data.shards.InPlaceReader); a sample whose image does
 not decode there is replaced by the next position's and counted (`Batches.skipped`).
@@ -35,9 +39,10 @@ import io
 import itertools
 import json
 import logging
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import cast
 
@@ -68,19 +73,60 @@ class SplitFiles:
     # A split used in place (clipforge.data.inplace): the manifest's entries of its shards; `paths`
     # are then their index files.
     in_place: list[dict] | None = None
+    # A mixture (clipforge.data.mixture): each source's own files, whose shards these are one
+    # source after the other; in the train split, each source's weight (MixtureOrder draws by them).
+    parts: tuple[SplitFiles, ...] = ()
+    weights: tuple[float, ...] = ()
 
     @property
     def num_samples(self) -> int:
         return sum(self.counts)
 
     def shard_name(self, shard: int) -> str:
+        if self.parts:
+            part, shard = self.part_of(shard)
+            return self.parts[part].shard_name(shard)
         return self.in_place[shard]["url"] if self.in_place else self.paths[shard].name
 
-    def reader(self, max_open_files: int = 16) -> ShardReader | InPlaceReader:
+    def reader(self, max_open_files: int = 16) -> SampleReader:
         """Random access by (shard, index): to data/'s shards, or to the original ones."""
+        if self.parts:
+            return PartsReader(self, [part.reader(max_open_files) for part in self.parts])
         if self.in_place is not None:
             return InPlaceReader(self.paths, self.in_place, max_open_files)
         return ShardReader(self.paths, max_open_files=max_open_files)
+
+    def order(self, seed: int, window_shards: int) -> EpochOrder | MixtureOrder:
+        """Which sample sits at each position of each epoch: every sample once an epoch, or, in a
+        weighted mixture, each position's source drawn by weight (MixtureOrder)."""
+        if self.weights:
+            counts = [part.counts for part in self.parts]
+            return MixtureOrder(counts, list(self.weights), seed, window_shards)
+        return EpochOrder(self.counts, seed, window_shards)
+
+    def part_of(self, shard: int) -> tuple[int, int]:
+        """A mixture's shard number -> (its source, its number among that source's shards)."""
+        part = bisect.bisect_right(self._first_shards, shard) - 1
+        return part, shard - self._first_shards[part]
+
+    @cached_property
+    def _first_shards(self) -> list[int]:
+        return np.cumsum([0] + [len(part.counts) for part in self.parts]).tolist()
+
+
+class PartsReader:
+    """The readers of a mixture's sources as one, by the shard numbers of their concatenation."""
+
+    def __init__(self, files: SplitFiles, readers: list[SampleReader]):
+        self.files = files
+        self.readers = readers
+
+    def read(self, shard: int, index: int) -> dict[str, bytes]:
+        part, shard = self.files.part_of(shard)
+        return self.readers[part].read(shard, index)
+
+
+SampleReader = ShardReader | InPlaceReader | PartsReader  # (shard, index) -> the sample's members
 
 
 def split_files(data_dir: Path, split: str) -> SplitFiles:
@@ -88,13 +134,35 @@ def split_files(data_dir: Path, split: str) -> SplitFiles:
     are checked against the manifest first (ShardChangedError names one that changed)."""
     manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
     entry = manifest["splits"][split]
-    shards = entry["shards"]
+    if "mixture" in entry:
+        return _mixture_files(data_dir, entry)
+    return _files(data_dir, entry["shards"], bool(entry.get("in_place")))
+
+
+def _files(data_dir: Path, shards: list[dict], in_place: bool) -> SplitFiles:
     paths = [data_dir / s["name"] for s in shards]
     counts = [int(s["count"]) for s in shards]
-    if not entry.get("in_place"):
+    if not in_place:
         return SplitFiles(paths, counts)
     check_unchanged(shards)
     return SplitFiles(paths, counts, in_place=shards)
+
+
+def _mixture_files(data_dir: Path, entry: dict) -> SplitFiles:
+    """A mixture's split: each source's shards (the manifest lists them one source after the
+    other, `mixture` says how many each), copied or in place, as one SplitFiles."""
+    parts, begin = [], 0
+    for source in entry["mixture"]:
+        shards = entry["shards"][begin : begin + int(source["num_shards"])]
+        parts.append(_files(data_dir, shards, bool(source["in_place"])))
+        begin += len(shards)
+    weighted = all("weight" in source for source in entry["mixture"])
+    return SplitFiles(
+        paths=[path for part in parts for path in part.paths],
+        counts=[count for part in parts for count in part.counts],
+        parts=tuple(parts),
+        weights=tuple(float(s["weight"]) for s in entry["mixture"]) if weighted else (),
+    )
 
 
 # Samples of the first train shard whose stored ids are compared with the tokenizer's own before
@@ -195,6 +263,79 @@ class EpochOrder:
         return int(shard_of[position - start]), int(index_in[position - start])
 
 
+# A mixture is dealt out in blocks of this many positions, each holding every source's share
+# (rounded to whole places) in a shuffled order: the counts match the weights exactly over every
+# block, and a batch's mix varies as a draw without replacement would.
+MIXTURE_BLOCK = 2**14
+
+
+def block_counts(weights: list[float], block: int) -> list[int]:
+    """Each source's places in a block of `block`: its share of it, rounded by largest remainder
+    (the roundings' sum is exactly the block)."""
+    total = sum(weights)
+    exact = [block * w / total for w in weights]
+    counts = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda k: (counts[k] - exact[k], k))
+    for k in by_remainder[: block - sum(counts)]:
+        counts[k] += 1
+    return counts
+
+
+class MixtureOrder:
+    """EpochOrder for a weighted mixture of sources: which (shard, sample) sits at each position.
+
+    The positions of all epochs, one after the other, are cut into blocks of MIXTURE_BLOCK; a
+    block holds each source's block_counts places, shuffled by (seed, block). The n-th place of
+    source k overall (its earlier blocks' places, then its rank in this block) is position n of
+    source k's own EpochOrder continued over its epochs: every sample of a source once per pass
+    over it, a small source up-weighted repeating sooner. Everything is a function of (seed,
+    epoch, position), as EpochOrder's: a resumed run reads the same samples. An epoch is as many
+    positions as the sources have samples together."""
+
+    def __init__(
+        self, counts: list[list[int]], weights: list[float], seed: int, window_shards: int
+    ):
+        if any(sum(c) == 0 for c in counts):
+            raise ValueError("every source of a mixture needs samples")  # the data stage refuses
+        self.seed = seed
+        self.sizes = [sum(c) for c in counts]
+        self.num_samples = sum(self.sizes)
+        self.per_block = block_counts(weights, MIXTURE_BLOCK)
+        self.first_shards = np.cumsum([0] + [len(c) for c in counts]).tolist()
+        self.orders = [
+            EpochOrder(c, _source_seed(seed, k), window_shards) for k, c in enumerate(counts)
+        ]
+
+    # Per-instance caches by design: one MixtureOrder lives as long as its loader.
+    @lru_cache(maxsize=4)  # noqa: B019
+    def _block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, rank among that source's places) of each place of the block."""
+        labels = np.repeat(np.arange(len(self.per_block)), self.per_block)
+        labels = np.random.default_rng([self.seed, block, 4]).permutation(labels)
+        ranks = np.empty(len(labels), dtype=np.int64)
+        for k, count in enumerate(self.per_block):
+            ranks[labels == k] = np.arange(count)
+        return labels, ranks
+
+    def source_of(self, epoch: int, position: int) -> tuple[int, int]:
+        """(source, its place number n over all epochs) at a position."""
+        block, offset = divmod(epoch * self.num_samples + position, MIXTURE_BLOCK)
+        labels, ranks = self._block(block)
+        source = int(labels[offset])
+        return source, block * self.per_block[source] + int(ranks[offset])
+
+    def locate(self, epoch: int, position: int) -> tuple[int, int]:
+        source, place = self.source_of(epoch, position)
+        source_epoch, source_position = divmod(place, self.sizes[source])
+        shard, index = self.orders[source].locate(source_epoch, source_position)
+        return self.first_shards[source] + shard, index
+
+
+def _source_seed(seed: int, source: int) -> int:
+    """Source k's own order's seed: independent of the others' and of the block shuffles."""
+    return int(np.random.default_rng([seed, source, 3]).integers(2**62))
+
+
 def sample_seed(seed: int, epoch: int, position: int) -> int:
     return int(np.random.default_rng([seed, epoch, position, 2]).integers(2**62))
 
@@ -234,10 +375,10 @@ class MicroBatches(torch.utils.data.Dataset):
         self.tokenizer = tokenizer
         self.tokens = tokens  # stored ids to read (stored_tokens); None: tokenise the captions
         self.window_shards = window_shards
-        self.order = EpochOrder(files.counts, seed, window_shards)
+        self.order = files.order(seed, window_shards)
         self.steps_per_epoch = util.steps_per_epoch(files.num_samples, plan.global_batch_size)
         self.chunks = chunk_bounds(plan.micro_batch_size)
-        self._reader: ShardReader | InPlaceReader | None = None  # lazily, once per worker
+        self._reader: SampleReader | None = None  # lazily, once per worker
 
     @property
     def chunks_per_micro_batch(self) -> int:
