@@ -10,6 +10,14 @@ micro-batch only with itself, a different (easier) objective. Instead, as open_c
      are alive, and the gradients of the k backward passes sum to the full-batch gradient.
 ClipLoss with gather_with_grad extends the batch across ranks the same way.
 
+SigLIP's loss (train.loss: siglip, open_clip's SigLipLoss) sums the sigmoid loss of every (image,
+text) pair: each rank pairs its images with its own texts and, passed from rank to rank with
+their gradients, every other rank's texts, so every pair of the global batch counts once. It
+divides that sum by the rank's image count (the k micro-batches' rows, with the cache) where the
+one-process global batch divides by all B of them: DeepSpeed averages the ranks' gradients, and
+the mean over W ranks of sum_r / (B / W) is sum / B, the big batch's gradient with no
+correction (tests/train/test_siglip.py, and test_accumulation.py on two ranks).
+
 Two details make the sum exactly the big batch's gradient:
 - the temperature (and SigLIP's bias) enters every one of the k losses, so each pass carries 1/k
   of its gradient (otherwise dL/dlogit_scale is counted k times);
@@ -22,9 +30,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
-from open_clip.loss import ClipLoss
+from open_clip.loss import ClipLoss, SigLipLoss
+
+ContrastiveLoss: TypeAlias = ClipLoss | SigLipLoss  # train.loss: clip | siglip
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,10 @@ def _never(loss: torch.Tensor) -> bool:
     return False
 
 
-def make_clip_loss(rank: int, world_size: int) -> ClipLoss:
+def make_loss(loss: str, rank: int, world_size: int) -> ContrastiveLoss:
+    """open_clip's loss of train.loss, over the global batch of `world_size` ranks."""
+    if loss == "siglip":
+        return SigLipLoss(rank=rank, world_size=world_size)
     return ClipLoss(
         local_loss=True, gather_with_grad=True, cache_labels=True, rank=rank, world_size=world_size
     )
@@ -91,7 +105,7 @@ class _SameRandomness:
 
 def accumulate_gradients(
     engine,
-    loss_fn: ClipLoss,
+    loss_fn: ContrastiveLoss,
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     skip_if: Callable[[torch.Tensor], bool] = _never,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
@@ -139,7 +153,7 @@ def accumulate_gradients(
 
 def contrastive_step(
     engine,
-    loss_fn: ClipLoss,
+    loss_fn: ContrastiveLoss,
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     skip_if: Callable[[torch.Tensor], bool] = _never,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
