@@ -86,7 +86,8 @@ def test_a_siglip_run_exports_a_model_plain_open_clip_loads_with_its_trained_bia
     """The train stage with train.loss: siglip (accumulation 2) exports open_clip's local-dir
     folder whose config builds the bias and whose weights hold it, 0-dim as open_clip's; plain
     open_clip loads it strictly with the trained bias, and the eval stage scores it as plain
-    open_clip does. No transformers folder: the card says why."""
+    open_clip does; TensorBoard shows the bias step by step. No transformers folder: the card
+    says why."""
     model_dir = siglip_run / "models" / "clip"
     config = json.loads((model_dir / "open_clip_config.json").read_text())
     assert config["model_cfg"]["init_logit_bias"] == -10.0
@@ -97,6 +98,13 @@ def test_a_siglip_run_exports_a_model_plain_open_clip_loads_with_its_trained_bia
 
     plain = assert_plain_recall_is_evals(model_dir, small_data / "test", tmp_path)
     assert plain["logit_bias"] == trained_bias
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (log_dir,) = (siglip_run / "logs").iterdir()
+    logged = EventAccumulator(str(log_dir)).Reload().Scalars("train/logit_bias")
+    assert [e.step for e in logged] == [1, 2, 3, 4, 5, 6]  # beside the temperature
+    assert logged[0].value == -10.0 and logged[-1].value != -10.0
 
     summary = json.loads((siglip_run / "metrics" / "train.json").read_text())
     assert math.isfinite(summary["loss"]) and math.isfinite(summary["val_loss"])

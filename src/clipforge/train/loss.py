@@ -43,6 +43,7 @@ class StepOutput:
     loss: torch.Tensor  # 0-dim, on the device: the full-batch loss of this rank's rows
     logit_scale: torch.Tensor  # 0-dim, on the device: the temperature exp(logit_scale) used
     skipped: bool = False  # `skip_if` refused the loss: no backward, no optimizer step
+    logit_bias: torch.Tensor | None = None  # 0-dim, on the device: SigLIP's bias (CLIP: None)
 
 
 def _never(loss: torch.Tensor) -> bool:
@@ -142,13 +143,20 @@ def accumulate_gradients(
         if j == 0:
             first_loss = loss.detach()
             if skip_if(first_loss):
-                return StepOutput(first_loss, out["scalars"][0].detach(), skipped=True)
+                return _step_output(first_loss, out["scalars"], skipped=True)
         # Each pass back-propagates the whole loss through its own micro-batch only: no 1/k.
         engine.backward(loss, scale_wrt_gas=False)
         if j < k - 1:
             engine.step()  # a micro-step: DeepSpeed counts it; the update waits for the boundary
     assert first_loss is not None  # micro_batches is never empty
-    return StepOutput(first_loss, out["scalars"][0].detach())
+    return _step_output(first_loss, out["scalars"])
+
+
+def _step_output(loss: torch.Tensor, scalars: list[torch.Tensor], skipped=False) -> StepOutput:
+    """The step's loss and the learned scalars it used (learned_scalars' order). The bias is
+    copied: open_clip's output is the parameter itself, which the update then changes."""
+    bias = scalars[1].detach().clone() if len(scalars) > 1 else None
+    return StepOutput(loss, scalars[0].detach(), skipped, bias)
 
 
 def contrastive_step(
