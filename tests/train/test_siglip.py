@@ -19,7 +19,8 @@ from clipforge.model.config import ModelConfig
 from clipforge.model.factory import build_model
 from clipforge.model.files import ModelFilesError
 from clipforge.pipeline.params import load_pipeline_params
-from tests.support.plain_open_clip import assert_plain_recall_is_evals
+from tests.conftest import run_train
+from tests.support.plain_open_clip import assert_plain_recall_is_evals, plain_open_clip
 from tests.support.workers import json_from
 
 WEIGHTS = "open_clip_model.safetensors"
@@ -110,3 +111,18 @@ def test_a_siglip_run_exports_a_model_plain_open_clip_loads_with_its_trained_bia
     assert math.isfinite(summary["loss"]) and math.isfinite(summary["val_loss"])
     assert not (model_dir / "transformers").exists()
     assert "SiglipModel" in (model_dir / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_a_siglip_run_from_a_clip_export_exports_what_plain_open_clip_loads(
+    untrained_model_dir, small_data, tmp_path
+):
+    """Open weights, as users start: a CLIP model's export as model.pretrained, trained with
+    SigLIP's loss (3 steps), exports a folder plain open_clip loads strictly, with the bias it
+    learned from 0."""
+    sets = (f"model.pretrained=local-dir:{untrained_model_dir}", "train.loss=siglip")
+    assert run_train(tmp_path, small_data, *sets, "train.max_steps=3") == 0
+    model_dir = tmp_path / "models" / "clip"
+    plain = plain_open_clip(model_dir, small_data / "test", tmp_path / "plain.json")
+    assert plain["logit_bias"] == load_file(str(model_dir / WEIGHTS))["logit_bias"].item()
+    assert plain["logit_bias"] not in (0.0, -10.0)
