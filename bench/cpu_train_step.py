@@ -87,7 +87,7 @@ def clipforge_loop(model, data: list, lr: float, fused: bool = True, check: bool
     from clipforge.train.ds_config import deepspeed_config
     from clipforge.train.engine import clamp_logit_scale, create_engine
     from clipforge.train.loop import agree
-    from clipforge.train.loss import contrastive_step, make_clip_loss
+    from clipforge.train.loss import contrastive_step, make_loss
     from clipforge.train.optim import WarmupCosine
 
     train = load_pipeline_params(
@@ -98,7 +98,7 @@ def clipforge_loop(model, data: list, lr: float, fused: bool = True, check: bool
     if not fused:
         config["optimizer"]["params"].pop("fused", None)
     engine = create_engine(model, config, WarmupCosine(0, 10**6, 0.0), 0.2)
-    loss_fn = make_clip_loss(0, 1)
+    loss_fn = make_loss("clip", 0, 1)
     previous_norm = None
 
     def skip_if(loss) -> bool:  # the loop's per-step check, with the previous update's norm
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     from clipforge.model.config import ModelConfig
     from clipforge.model.factory import build_model, without_causal_flag
     from clipforge.train.dist import init_distributed
-    from clipforge.train.engine import make_logit_scale_1d
+    from clipforge.train.engine import make_learned_scalars_1d
 
     init_distributed("cpu")
     torch.manual_seed(0)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 fused = name != "clipforge-unfused-adamw"
                 check = name != "clipforge-no-check"
-                make_logit_scale_1d(model)
+                make_learned_scalars_1d(model)
                 clipforge_loop(model, warm, 1e-3, fused, check)  # its own engine: first steps
                 results[name].append(clipforge_loop(copy.deepcopy(model), data, 1e-3, fused, check))
     med = {name: statistics.median(rates) for name, rates in results.items()}

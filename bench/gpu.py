@@ -628,7 +628,7 @@ class Stepper:
         from clipforge.train.config import BatchPlan
         from clipforge.train.ds_config import deepspeed_config, uses_autocast
         from clipforge.train.engine import create_engine, forward_autocast
-        from clipforge.train.loss import make_clip_loss
+        from clipforge.train.loss import make_loss
         from clipforge.train.optim import WarmupCosine
 
         precision = "bf16" if profile.device == "cuda" else "fp32"
@@ -651,7 +651,7 @@ class Stepper:
         )
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32  # as run.py feeds
         self.autocast = forward_autocast(profile.device, uses_autocast(precision, zero))
-        self.loss_fn = make_clip_loss(0, 1)
+        self.loss_fn = make_loss("clip", 0, 1)
         self.device = profile.device
         self.previous_norm = None
         self.check = check
@@ -681,7 +681,7 @@ class PlainStepper:
         import torch
 
         from clipforge.train.engine import forward_autocast
-        from clipforge.train.loss import make_clip_loss
+        from clipforge.train.loss import make_loss
         from clipforge.train.optim import param_groups
 
         self.device = profile.device
@@ -692,7 +692,7 @@ class PlainStepper:
             param_groups(self.model, 0.2), lr=5e-4, betas=(0.9, 0.98), eps=1e-6, fused=True
         )
         self.autocast = forward_autocast(profile.device, profile.device == "cuda")
-        self.loss_fn = make_clip_loss(0, 1)
+        self.loss_fn = make_loss("clip", 0, 1)
         self.dtype = torch.bfloat16 if profile.device == "cuda" else torch.float32
         self.plan = _plan(profile.global_batch, profile.global_batch)
 

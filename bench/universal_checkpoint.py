@@ -37,10 +37,10 @@ def _engine(model_name: str, world: int):
     import open_clip
     import torch
 
-    from clipforge.train.engine import make_logit_scale_1d
+    from clipforge.train.engine import make_learned_scalars_1d
 
     model = open_clip.create_model(model_name, pretrained=None)
-    make_logit_scale_1d(model)  # as the train stage does: DeepSpeed cannot broadcast a 0-d one
+    make_learned_scalars_1d(model)  # as the train stage does: DeepSpeed cannot broadcast a 0-d one
     config = {
         "train_batch_size": world,
         "train_micro_batch_size_per_gpu": 1,

@@ -195,6 +195,25 @@ def bf16_run(tmp_path_factory, small_data) -> Path:
     return root
 
 
+# SigLIP's loss on the reduced config: fp32, global batch 32 = micro 16 x accumulation 2, 6 steps,
+# a checkpoint every 3, the loss of every step logged.
+SIGLIP_SETS = (
+    "train.loss=siglip",
+    "train.max_steps=6",
+    "train.save_every_steps=3",
+    "train.log_every_steps=1",
+)
+
+
+@pytest.fixture(scope="session")
+def siglip_run(tmp_path_factory, small_data) -> Path:
+    """One uninterrupted single-rank run with SigLIP's loss (SIGLIP_SETS). Shared: tests must not
+    write into it (copy it first)."""
+    root = tmp_path_factory.mktemp("siglip-run")
+    assert run_train(root, small_data, *SIGLIP_SETS) == 0
+    return root
+
+
 @pytest.fixture(scope="session")
 def untrained_model_dir(tmp_path_factory) -> Path:
     """A randomly initialised clipforge-tiny (32 px) exported in open_clip's local-dir layout, as

@@ -27,7 +27,7 @@ from tests.conftest import (
     write_params,
 )
 from tests.support.checkpoint_weights_worker import CASES, case_name
-from tests.support.plain_open_clip import plain_open_clip
+from tests.support.plain_open_clip import assert_plain_recall_is_evals, plain_open_clip
 from tests.support.workers import json_from
 
 pytestmark = pytest.mark.slow
@@ -57,27 +57,12 @@ def test_export_loads_in_plain_open_clip_with_the_embeddings_eval_uses(
     )
 
 
-def _assert_plain_recall_is_evals(model_dir: Path, test_dir: Path, tmp_path: Path) -> None:
-    """The export loads strictly in plain open_clip, in fp32, and the recall computed there from
-    scratch is the one the eval stage writes in eval.json."""
-    plain = plain_open_clip(model_dir, test_dir, tmp_path / "plain.json")
-    assert plain["dtypes"] == ["torch.float32"]
-    params = write_params(tmp_path / "params.yaml")
-    out = tmp_path / "eval.json"
-    assert eval_main(eval_argv(params, f"local-dir:{model_dir}", test_dir, out)) == 0
-    reported = json.loads(out.read_text())["test"]
-    assert reported.keys() == plain["recall"].keys()
-    for key, value in plain["recall"].items():
-        # one hit more or less moves a recall by 100/48 points: this is equality of the hits
-        assert reported[key] == pytest.approx(value, abs=1e-4), key
-
-
 def test_a_bf16_run_exports_what_plain_open_clip_loads_with_evals_recall(
     bf16_run, small_data, tmp_path
 ):
     """The production numeric path end to end (data -> train -> export -> eval): bf16 at ZeRO-1,
     DeepSpeed's own bf16 mode, exports its fp32 master weights."""
-    _assert_plain_recall_is_evals(bf16_run / "models" / "clip", small_data / "test", tmp_path)
+    assert_plain_recall_is_evals(bf16_run / "models" / "clip", small_data / "test", tmp_path)
 
 
 # ZeRO-3's run in make test-tier2 (~25 s more); make test keeps its layout read at one rank
@@ -101,7 +86,7 @@ def test_the_bf16_run_above_zero1_exports_too(tmp_path, small_data, stage):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"bf16 ZeRO-{stage}" in result.stderr
-    _assert_plain_recall_is_evals(tmp_path / "models" / "clip", small_data / "test", tmp_path)
+    assert_plain_recall_is_evals(tmp_path / "models" / "clip", small_data / "test", tmp_path)
 
 
 def _weights_worker(tmp_path: Path, *args: str) -> dict:

@@ -194,6 +194,27 @@ def test_an_architecture_transformers_cannot_hold_is_refused_naming_why(name, na
     assert named in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("clipforge-tiny", "its towers are not open_clip's CLIP towers"),
+        ("ViT-B-16-SigLIP", "open_clip's timm SigLIP towers are not converted"),
+    ],
+)
+def test_a_model_of_siglips_loss_is_refused_with_siglips_reason(name, why):
+    """train.loss: siglip: CLIPModel would drop the learned bias from the logits, and
+    SiglipModel's towers are SigLIP's own: one line naming both."""
+    from clipforge.model.factory import loss_init
+    from clipforge.model.names import register_bundled_configs
+
+    register_bundled_configs()
+    cfg = {**open_clip.get_model_config(name), **loss_init(name, "siglip")}
+    with pytest.raises(NotRepresentable, match="init_logit_bias=-10") as refused:
+        hf_class(cfg)
+    assert "CLIPModel and ChineseCLIPModel lack" in str(refused.value)
+    assert f"SiglipModel has it, but {why}" in str(refused.value)
+
+
 def test_a_model_without_a_transformers_form_still_exports_for_open_clip(tmp_path, caplog):
     """The refusal is one log line and a line in the card: the open_clip export is written."""
     torch.manual_seed(0)

@@ -67,12 +67,12 @@ def _step(engine, stage: int, precision: str, locked: bool, world: int, rank: in
 
     from clipforge.train.ds_config import deepspeed_bf16, uses_autocast
     from clipforge.train.engine import forward_autocast
-    from clipforge.train.loss import contrastive_step, make_clip_loss
+    from clipforge.train.loss import contrastive_step, make_loss
 
     dtype = torch.bfloat16 if deepspeed_bf16(precision, stage, locked) else torch.float32
     contrastive_step(
         engine,
-        make_clip_loss(rank, world),
+        make_loss("clip", rank, world),
         _rank_micro_batches(1, world, rank, dtype),
         autocast=forward_autocast("cpu", uses_autocast(precision, stage, locked)),
     )

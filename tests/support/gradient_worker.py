@@ -1,7 +1,8 @@
 """Run by test_big_batch_gradients.py in fresh interpreters: accumulated gradients against one
 big batch's, and the temperature cap on DeepSpeed's master weights.
 
-  python -m tests.support.gradient_worker OUT.json --world 2 --stages 1 2 --accum 1 2 4
+  python -m tests.support.gradient_worker OUT.json --world 2 --stages 1 2 --accum 1 2 4 \
+      [--loss siglip]
 
 Every rank computes the reference itself (one forward/backward of the whole global batch in plain
 torch, before any ZeRO-3 engine patches torch.nn.functional.linear); then, per ZeRO stage and
@@ -38,34 +39,38 @@ def _batch():
 
 
 @functools.cache
-def _initial_model():
+def _initial_model(loss: str = "clip"):
     import torch
 
     from clipforge.model.config import ModelConfig
     from clipforge.model.factory import build_model
-    from clipforge.train.engine import make_logit_scale_1d
+    from clipforge.train.engine import make_learned_scalars_1d
 
     torch.manual_seed(0)
-    model = build_model(ModelConfig(image_size=IMAGE_SIZE)).model
-    make_logit_scale_1d(model)
-    with torch.no_grad():  # a temperature away from its initial value: a generic point
+    model = build_model(ModelConfig(image_size=IMAGE_SIZE), loss).model
+    make_learned_scalars_1d(model)
+    with torch.no_grad():  # a temperature (and bias) away from the initial ones: a generic point
         model.logit_scale.fill_(math.log(20.0))
+        if model.logit_bias is not None:  # train.loss: siglip
+            model.logit_bias.fill_(-3.0)
     return model
 
 
-def _model():
+def _model(loss: str = "clip"):
     """A fresh copy of the same initial weights (building one through open_clip takes seconds)."""
-    return copy.deepcopy(_initial_model())
+    return copy.deepcopy(_initial_model(loss))
 
 
-def reference_gradients() -> dict:
-    from clipforge.train.loss import make_clip_loss
+def reference_gradients(loss: str) -> dict:
+    from clipforge.train.loss import learned_scalars, make_loss
 
-    model = _model()
+    model = _model(loss)
     images, texts = _batch()
     out = model(image=images, text=texts)
-    loss = make_clip_loss(0, 1)(out["image_features"], out["text_features"], out["logit_scale"])
-    loss.backward()
+    value = make_loss(loss, 0, 1)(
+        out["image_features"], out["text_features"], *learned_scalars(out)
+    )
+    value.backward()
     return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
@@ -101,19 +106,21 @@ def _rank_micro_batches(k: int, world: int, rank: int, dtype):
     return [(images[r].to(dtype), texts[r]) for r in rows]
 
 
-def accumulated_gradients(stage: int, k: int, world: int, rank: int, precision: str) -> dict:
+def accumulated_gradients(
+    stage: int, k: int, world: int, rank: int, precision: str, loss: str
+) -> dict:
     import torch
     from deepspeed.utils import safe_get_full_grad
 
     from clipforge.train.ds_config import deepspeed_bf16, uses_autocast
     from clipforge.train.engine import forward_autocast
-    from clipforge.train.loss import accumulate_gradients, make_clip_loss
+    from clipforge.train.loss import accumulate_gradients, make_loss
 
-    engine = _engine(stage, k, world, precision)
+    engine = _engine(stage, k, world, precision, _model(loss))
     dtype = torch.bfloat16 if deepspeed_bf16(precision, stage) else torch.float32
     accumulate_gradients(
         engine,
-        make_clip_loss(rank, world),
+        make_loss(loss, rank, world),
         _rank_micro_batches(k, world, rank, dtype),
         autocast=forward_autocast("cpu", uses_autocast(precision, stage)),
     )
@@ -139,6 +146,7 @@ def compare(grads: dict, reference: dict, rtol: float) -> dict:
         "max_error": max(errors.values()),
         "mismatched": sorted(n for n, e in errors.items() if e > rtol),
         "logit_scale_error": errors["logit_scale"],
+        "logit_bias_error": errors.get("logit_bias"),  # train.loss: siglip
     }
 
 
@@ -150,7 +158,7 @@ def clamp_check(stage: int, world: int, rank: int) -> dict:
     from deepspeed.utils import safe_get_full_fp32_param
 
     from clipforge.train.engine import clamp_logit_scale
-    from clipforge.train.loss import contrastive_step, make_clip_loss
+    from clipforge.train.loss import contrastive_step, make_loss
 
     model = _model()
     with torch.no_grad():
@@ -158,7 +166,9 @@ def clamp_check(stage: int, world: int, rank: int) -> dict:
     engine = _engine(stage, 1, world, "fp32", model)
     clamp_logit_scale(engine, 100.0)
     master_after_clamp = safe_get_full_fp32_param(engine.module.logit_scale).item()
-    contrastive_step(engine, make_clip_loss(rank, world), _rank_micro_batches(1, world, rank, None))
+    contrastive_step(
+        engine, make_loss("clip", rank, world), _rank_micro_batches(1, world, rank, None)
+    )
     param = engine.module.logit_scale
     with deepspeed.zero.GatheredParameters([param]):
         weight_after_step = param.detach().float().item()
@@ -175,11 +185,11 @@ def run(rank: int, world: int, args) -> None:
 
     init_distributed("cpu")
     torch.set_num_threads(1)
-    reference = reference_gradients()
+    reference = reference_gradients(args.loss)
     results: dict = {}
     for stage in args.stages:
         for k in args.accum:
-            got = accumulated_gradients(stage, k, world, rank, args.precision)
+            got = accumulated_gradients(stage, k, world, rank, args.precision, args.loss)
             results[f"zero{stage}-k{k}"] = {
                 **compare(got["grads"], reference, args.rtol),
                 "accum_dtype": got["accum_dtype"],
@@ -207,6 +217,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--rtol", type=float, default=1e-5)
     parser.add_argument("--clamp", action="store_true")
+    parser.add_argument("--loss", choices=["clip", "siglip"], default="clip")
     args = parser.parse_args(argv)
     on_ranks(run, args.world, args)
 

@@ -4,7 +4,10 @@ and its retrieval recall computed from scratch (plain torch, not clipforge.metri
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from tests.support.workers import json_from
 
@@ -40,13 +43,35 @@ recalls = {f"t2i_r{k:02d}": recall(similarity, relevant, k) for k in (1, 5, 10)}
 recalls |= {f"i2t_r{k:02d}": recall(similarity.T[described], relevant.T[described], k)
             for k in (1, 5, 10)}
 recalls["mean_recall"] = sum(recalls.values()) / len(recalls)
+bias = getattr(model, "logit_bias", None)  # SigLIP's, where the config has init_logit_bias
 json.dump({"dtypes": sorted({str(w.dtype) for w in weights.values()}),
+           "logit_bias": None if bias is None else bias.item(),
            "image": image_features.tolist(), "text": text_features.tolist(),
            "recall": recalls}, open(out, "w"))
 """
 
 
 def plain_open_clip(model_dir: Path, test_dir: Path, out: Path) -> dict:
-    """The weights' dtypes, the embeddings of the test set's images and texts (in file order) and
-    its recall, as open_clip alone gives them for `model_dir`; `out` holds them too."""
+    """The weights' dtypes, SigLIP's learned bias (None: the model has none), the embeddings of
+    the test set's images and texts (in file order) and its recall, as open_clip alone gives them
+    for `model_dir`; `out` holds them too."""
     return json_from(["-c", _SCRIPT, str(model_dir), str(test_dir), str(out)], out, timeout=300)
+
+
+def assert_plain_recall_is_evals(model_dir: Path, test_dir: Path, tmp_path: Path) -> dict:
+    """The export loads strictly in plain open_clip, in fp32, and the recall computed there from
+    scratch is the one the eval stage writes in eval.json; returns what plain open_clip gave."""
+    from clipforge.eval.stage import main as eval_main
+    from tests.conftest import eval_argv, write_params
+
+    plain = plain_open_clip(model_dir, test_dir, tmp_path / "plain.json")
+    assert plain["dtypes"] == ["torch.float32"]
+    params = write_params(tmp_path / "params.yaml")
+    out = tmp_path / "eval.json"
+    assert eval_main(eval_argv(params, f"local-dir:{model_dir}", test_dir, out)) == 0
+    reported = json.loads(out.read_text())["test"]
+    assert reported.keys() == plain["recall"].keys()
+    for key, value in plain["recall"].items():
+        # one hit more or less moves a recall by 100/48 points: this is equality of the hits
+        assert reported[key] == pytest.approx(value, abs=1e-4), key
+    return plain

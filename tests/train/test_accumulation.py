@@ -20,7 +20,7 @@ import torch
 
 from clipforge.model.config import ModelConfig
 from clipforge.model.factory import build_model
-from clipforge.train.loss import make_clip_loss
+from clipforge.train.loss import make_loss
 from tests.support.workers import json_from
 
 # Fresh DeepSpeed engines per ZeRO stage, k and world size (~75 s): in make test-tier2. make test
@@ -68,6 +68,27 @@ def test_accumulated_gradient_of_every_parameter_equals_the_big_batch_gradient(
         assert clamp["weight_after_step"] == pytest.approx(math.log(100), abs=0.01)
 
 
+def test_siglip_accumulated_gradient_on_two_ranks_equals_the_one_process_big_batch_gradient(
+    tmp_path,
+):
+    """SigLIP's loss (train.loss: siglip) at ZeRO-1 and ZeRO-3, 2 ranks, k in {1, 4}: each rank
+    divides its pairs' sum by its own images and DeepSpeed averages the ranks, which is the one
+    process's sum over all B images: every gradient, the bias's included, is the big batch's.
+    (One rank in make test: tests/train/test_siglip.py.)"""
+    outcome = _worker(
+        tmp_path,
+        *("--loss", "siglip", "--world", "2", "--stages", "1", "3", "--accum", "1", "4"),
+        *("--rtol", str(FP32_RTOL)),
+    )
+    for stage in (1, 3):
+        for k in (1, 4):
+            case = outcome[f"zero{stage}-k{k}"]
+            assert case["num_params"] > 50
+            assert case["mismatched"] == [], (stage, k, case)
+            assert case["logit_bias_error"] < FP32_RTOL, (stage, k, case)
+            assert case["logit_scale_error"] < FP32_RTOL, (stage, k, case)
+
+
 def test_bf16_accumulates_gradients_in_fp32_at_every_zero_stage(tmp_path):
     """ZeRO-1: DeepSpeed's bf16 weights with fp32 accumulation; ZeRO-2 (as ZeRO-3): fp32 weights
     under bf16 autocast, since DeepSpeed accumulates those stages in the weights' dtype."""
@@ -87,7 +108,7 @@ def test_plain_accumulation_would_change_the_objective():
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(GLOBAL, 3, 32, 32, generator=generator)
     texts = torch.randint(1, 49000, (GLOBAL, 72), generator=generator)
-    loss_fn = make_clip_loss(0, 1)
+    loss_fn = make_loss("clip", 0, 1)
     with torch.no_grad():
         out = model(images, texts)
         full = loss_fn(out["image_features"], out["text_features"], out["logit_scale"]).item()

@@ -13,7 +13,7 @@ from clipforge.train.config import BatchPlan
 from clipforge.train.dist import init_distributed
 from clipforge.train.ds_config import deepspeed_config
 from clipforge.train.engine import create_engine
-from clipforge.train.loss import contrastive_step, make_clip_loss
+from clipforge.train.loss import contrastive_step, make_loss
 from clipforge.train.optim import WarmupCosine
 from tests.support.gradient_worker import GLOBAL, _model, _rank_micro_batches
 
@@ -30,7 +30,9 @@ def _losses(backend: str | None) -> list[float]:
         _model(), ds_config, WarmupCosine(0, 10, 0.0), 0.2, backend is not None, backend
     )
     batches = _rank_micro_batches(1, 1, 0, torch.float32)
-    return [contrastive_step(engine, make_clip_loss(0, 1), batches).loss.item() for _ in range(2)]
+    return [
+        contrastive_step(engine, make_loss("clip", 0, 1), batches).loss.item() for _ in range(2)
+    ]
 
 
 def test_the_compiled_model_trains_the_steps_of_the_eager_one():

@@ -8,7 +8,7 @@ import pytest
 
 from clipforge.model.config import ModelConfig
 from clipforge.model.factory import build_model
-from clipforge.train.engine import make_logit_scale_1d
+from clipforge.train.engine import make_learned_scalars_1d
 from clipforge.train.optim import WarmupCosine, param_groups
 
 
@@ -23,7 +23,7 @@ def test_schedule_warms_up_linearly_then_decays_to_the_floor():
 
 def test_no_decay_for_gains_biases_class_token_and_logit_scale():
     model = build_model(ModelConfig()).model
-    make_logit_scale_1d(model)
+    make_learned_scalars_1d(model)
     decay, exempt = param_groups(model, weight_decay=0.2)
     names = {id(p): n for n, p in model.named_parameters()}
     exempt_names = {names[id(p)] for p in exempt["params"]}

@@ -1,5 +1,5 @@
 """Exact resume: a run killed with SIGKILL and rerun ends with the weights of an uninterrupted run,
-in bf16 (the GPU default: DeepSpeed's bf16 mode)."""
+in bf16 (the GPU default: DeepSpeed's bf16 mode), and with SigLIP's loss."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ import pytest
 from safetensors.torch import load_file
 
 from clipforge.checkpoints.layout import tag_for
-from tests.conftest import BF16_SETS, set_args, subprocess_env, train_argv, write_params
+from tests.conftest import (
+    BF16_SETS,
+    SIGLIP_SETS,
+    set_args,
+    subprocess_env,
+    train_argv,
+    write_params,
+)
 from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
@@ -50,6 +57,8 @@ class Case:
 CASES = {
     # the GPU default, bf16: DeepSpeed's bf16 mode at ZeRO-1 (6 steps, a checkpoint every 3)
     "bf16": Case("bf16_run", BF16_SETS, held=5, resumed_from=3, logged=[1, 2, 3, 4, 5, 6]),
+    # SigLIP's loss (fp32, accumulation 2): its learned bias resumes with the rest
+    "siglip": Case("siglip_run", SIGLIP_SETS, held=5, resumed_from=3, logged=[1, 2, 3, 4, 5, 6]),
 }
 
 

@@ -12,7 +12,7 @@ from clipforge.train.config import BatchPlan
 from clipforge.train.dist import init_distributed
 from clipforge.train.ds_config import deepspeed_config
 from clipforge.train.engine import create_engine
-from clipforge.train.loss import accumulate_gradients, make_clip_loss
+from clipforge.train.loss import accumulate_gradients, make_loss
 from clipforge.train.optim import WarmupCosine
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_the_recomputed_forward_of_each_micro_batch_equals_its_cached_one():
     batches = [
         (torch.randn(4, 12, generator=generator), torch.randint(0, 100, (4, 5))) for _ in range(2)
     ]
-    accumulate_gradients(engine, make_clip_loss(0, 1), batches)
+    accumulate_gradients(engine, make_loss("clip", 0, 1), batches)
     cached_0, cached_1, fresh_0, fresh_1 = model.seen
     assert (cached_0 == 0).any()  # dropout is on: some features were dropped
     assert torch.equal(fresh_0, cached_0) and torch.equal(fresh_1, cached_1)

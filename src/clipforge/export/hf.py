@@ -7,8 +7,11 @@ transformers computes two CLIP families exactly as open_clip and Chinese-CLIP do
 - `ChineseCLIPModel`: the same ViT with a BERT text tower read at its [CLS] token through one
   bias-free linear projection: the `production-zh-roberta` recipe, and Chinese-CLIP's own
   checkpoints (the original repository's .pt layout).
-Anything else (layer scale, attentional pooling, timm or ResNet towers, SigLIP's bias, an MLP
-text projection...) is NotRepresentable, naming every config key in the way; nothing is written.
+Anything else (layer scale, attentional pooling, timm or ResNet towers, an MLP text
+projection...) is NotRepresentable, naming every config key in the way; nothing is written.
+A model trained with SigLIP's loss (train.loss: siglip) is refused with SigLIP's reason: its
+learned bias is part of its logits, and only `SiglipModel` has one, whose towers are not
+open_clip's CLIP towers (and open_clip's own timm SigLIP towers are not converted here).
 
 The weights move by name only (q/k/v split from open_clip's packed in-projection, projections
 transposed): a load with strict=True proves every parameter found its place.
@@ -58,6 +61,8 @@ def hf_class(model_cfg: dict) -> str:
     NotRepresentable naming every key that no class computes."""
     from open_clip.model import CLIPTextCfg, CLIPVisionCfg
 
+    if model_cfg.get("init_logit_bias") is not None:
+        raise NotRepresentable(_siglip_refusal(model_cfg))
     vision, text = model_cfg.get("vision_cfg", {}), model_cfg.get("text_cfg", {})
     problems = [f"{key}={model_cfg[key]!r}" for key in model_cfg if key not in _TOP_MAPPED]
     if not isinstance(vision.get("layers", 12), int):
@@ -94,6 +99,23 @@ def hf_class(model_cfg: dict) -> str:
             f"no transformers class computes this open_clip model: {', '.join(problems)}"
         )
     return kind
+
+
+def _siglip_refusal(model_cfg: dict) -> str:
+    """Why no transformers class computes a model with SigLIP's learned bias: CLIPModel and
+    ChineseCLIPModel have no bias in their logits (an export would drop it: sigmoid(logits)
+    would be wrong); SiglipModel has it, with SigLIP's own towers."""
+    why = (
+        f"no transformers class computes this open_clip model: "
+        f"init_logit_bias={model_cfg['init_logit_bias']!r} (SigLIP's learned bias, which "
+        f"CLIPModel and ChineseCLIPModel lack; SiglipModel has it, but "
+    )
+    if model_cfg.get("vision_cfg", {}).get("timm_model_name"):
+        return why + "open_clip's timm SigLIP towers are not converted to it here)"
+    return why + (
+        "its towers are not open_clip's CLIP towers: its ViT has no class token and pools with "
+        "an attention head, its text transformer is bidirectional and read at the last token)"
+    )
 
 
 def _changed(cfg: dict, defaults_class: type, mapped: set[str], section: str) -> list[str]:

@@ -8,6 +8,7 @@ Face text tower is swapped in the same way: a derived config is registered under
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +33,26 @@ class ClipBundle:
     preprocess_cfg: dict
 
 
-def build_model(cfg: ModelConfig) -> ClipBundle:
-    """Create the model (random init, or weights from model.pretrained), transforms, tokenizer."""
+# SigLIP's start (its paper; open_clip_train's --siglip): temperature 10, bias -10.
+SIGLIP_INIT = {"init_logit_scale": math.log(10), "init_logit_bias": -10.0}
+
+
+def loss_init(name: str, loss: str) -> dict[str, float]:
+    """The open_clip model arguments train.loss needs: none for CLIP's loss; for SigLIP's, the
+    learned bias (the model then has a `logit_bias` parameter) and the starting temperature,
+    each the model config's own where it sets one (open_clip's *-SigLIP configs set the bias)."""
+    if loss != "siglip":
+        return {}
+    own = open_clip.get_model_config(name) or {}
+    return {key: own.get(key, value) for key, value in SIGLIP_INIT.items()}
+
+
+def build_model(cfg: ModelConfig, loss: str = "clip") -> ClipBundle:
+    """Create the model (random init, or weights from model.pretrained), transforms, tokenizer,
+    for the loss `loss` (train.loss: `siglip` adds SigLIP's learned bias)."""
     name = resolve_model_name(cfg)
-    kwargs: dict[str, Any] = {"output_dict": True}
+    init = loss_init(name, loss)
+    kwargs: dict[str, Any] = {"output_dict": True, **init}
     if cfg.image_size:
         kwargs["force_image_size"] = cfg.image_size
     if cfg.patch_dropout:
@@ -46,7 +63,8 @@ def build_model(cfg: ModelConfig) -> ClipBundle:
     if cfg.pretrained:
         load_pretrained(model, cfg.pretrained)
     flag_causal_text_attention(model)
-    model_cfg = copy.deepcopy(open_clip.get_model_config(name))
+    # the export's config builds the same parameters: plain open_clip loads SigLIP's bias too
+    model_cfg = {**copy.deepcopy(open_clip.get_model_config(name)), **init}
     if cfg.image_size:
         model_cfg["vision_cfg"]["image_size"] = cfg.image_size
     preprocess_cfg = dict(model.visual.preprocess_cfg)
@@ -112,7 +130,9 @@ def without_causal_flag(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def load_pretrained(model: torch.nn.Module, source: str) -> None:
-    """model.pretrained: `local-dir:PATH` of an export, or a weights file."""
+    """model.pretrained: `local-dir:PATH` of an export, or a weights file. CLIP weights start a
+    SigLIP model too (open weights are mostly CLIP's): open_clip's load_checkpoint starts the
+    bias they lack at 0 (its issue 712), beside their trained temperature."""
     load_weights(model, weights_file(source, "model.pretrained"), "model.pretrained")
 
 
@@ -121,6 +141,12 @@ def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
     torch.load(weights_only=True)); ModelFilesError naming the file otherwise. A damaged or
     partial file, or weights of another architecture, must never leave some parameters at their
     random initialisation."""
+    # open_clip's load_checkpoint fails on it with an AttributeError about None
+    if getattr(model, "logit_bias", None) is None and "logit_bias" in _safetensors_keys(path):
+        raise ModelFilesError(
+            f"{what}: {path} holds SigLIP's logit_bias, which a model for CLIP's loss has not: "
+            f"set train.loss: siglip to go on with SigLIP's loss"
+        )
     try:
         incompatible = open_clip.load_checkpoint(model, str(path), strict=False, weights_only=True)
     except Exception as exc:  # safetensors, zip, unpickling and shape errors: all a bad file here
@@ -132,6 +158,20 @@ def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
             f"{_example(missing)}, {len(unexpected)} unexpected{_example(unexpected)}): a "
             f"partial file, or weights of another architecture"
         )
+
+
+def _safetensors_keys(path: Path) -> set[str]:
+    """The tensor names of a .safetensors file, read from its header (none for another format or
+    a damaged file: load_weights reports those)."""
+    from safetensors import safe_open
+
+    if path.suffix != ".safetensors":
+        return set()
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return set(f.keys())
+    except Exception:  # a damaged file: open_clip's own load below names what is wrong
+        return set()
 
 
 def _example(keys: list[str]) -> str:

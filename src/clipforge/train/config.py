@@ -78,6 +78,13 @@ class TrainConfig(Section):
     )
     grad_clip_norm: float = knob(1.0, "Clip gradients to this global norm (0: off).", ge=0.0)
     max_logit_scale: float = knob(100.0, "Cap on the learned temperature exp(logit_scale).", gt=1.0)
+    loss: Literal["clip", "siglip"] = knob(
+        "clip",
+        "`clip`: CLIP's softmax contrastive loss (open_clip's ClipLoss); `siglip`: SigLIP's "
+        "sigmoid loss (open_clip's SigLipLoss) with its learned bias, the model starting at "
+        "SigLIP's temperature 10 and bias -10 (those of the model's config where it has them). "
+        "Both are the global batch's loss under accumulation and across ranks.",
+    )
     optimizer: Literal["auto", "fused", "torch"] = knob(
         "auto",
         "AdamW implementation: DeepSpeed's fused kernel (`fused`, GPU), torch's (`torch`), "

@@ -4,8 +4,8 @@ Engine set-up, the ZeRO quirks, and reading fp32 weights back from a checkpoint 
 optimizer wrote it.
 
 ZeRO quirks handled here, so the loop can stay plain:
-- DeepSpeed cannot broadcast 0-dim parameters, and open_clip's `logit_scale` is one: it gets the
-  shape [1] for training and back [] on export.
+- DeepSpeed cannot broadcast 0-dim parameters, and open_clip's `logit_scale` (and SigLIP's
+  `logit_bias`) are: they get the shape [1] for training and back [] on export.
 - open_clip caps the temperature by clamping `logit_scale` in place after each step. Under
   DeepSpeed that alone does nothing: the optimizer steps its own fp32 master copy and writes it
   back over the weights, and under ZeRO-3 the weight outside forward is an empty placeholder.
@@ -28,10 +28,16 @@ import torch
 from clipforge.checkpoints.layout import optimizer_shards, written_by_bf16_optimizer
 from clipforge.train.optim import WarmupCosine, make_scheduler, param_groups
 
+# open_clip's 0-dim learned scalars: the temperature, and SigLIP's bias where the model has one
+LEARNED_SCALARS = ("logit_scale", "logit_bias")
 
-def make_logit_scale_1d(model: torch.nn.Module) -> None:
-    scale: torch.Tensor = model.logit_scale  # type: ignore[assignment]  # open_clip's Parameter
-    model.logit_scale = torch.nn.Parameter(scale.detach().reshape(1))
+
+def make_learned_scalars_1d(model: torch.nn.Module) -> None:
+    """logit_scale (and logit_bias) of shape [1], which DeepSpeed can broadcast."""
+    for name in LEARNED_SCALARS:
+        value = getattr(model, name, None)
+        if isinstance(value, torch.Tensor):  # open_clip sets logit_bias None without SigLIP
+            setattr(model, name, torch.nn.Parameter(value.detach().reshape(1)))
 
 
 def create_engine(
@@ -44,7 +50,7 @@ def create_engine(
 ):
     import deepspeed
 
-    make_logit_scale_1d(model)
+    make_learned_scalars_1d(model)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=param_groups(model, weight_decay),
@@ -95,7 +101,10 @@ def fp32_state_dict(checkpoint_dir: Path, tag: str, max_logit_scale: float) -> d
     them rather than its bf16 copy."""
     state = checkpoint_fp32_weights(checkpoint_dir / tag)
     state = {name: tensor.detach().float().contiguous().clone() for name, tensor in state.items()}
-    state["logit_scale"] = state["logit_scale"].reshape(()).clamp(max=math.log(max_logit_scale))
+    for name in LEARNED_SCALARS:
+        if name in state:
+            state[name] = state[name].reshape(())
+    state["logit_scale"] = state["logit_scale"].clamp(max=math.log(max_logit_scale))
     return state
 
 

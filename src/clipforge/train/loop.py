@@ -198,6 +198,8 @@ def train_clip(
             last["grad_norm"] = checks.pending_grad_norm()
             health = health_reading(done, loss_fn, out.logit_scale, train.max_logit_scale)
             last["logit_scale"] = health.logit_scale
+            if out.logit_bias is not None:  # train.loss: siglip
+                last["logit_bias"] = out.logit_bias.item()
             if logged:
                 alerts.check_health(health)
         if done == total_steps:

@@ -10,6 +10,14 @@ micro-batch only with itself, a different (easier) objective. Instead, as open_c
      are alive, and the gradients of the k backward passes sum to the full-batch gradient.
 ClipLoss with gather_with_grad extends the batch across ranks the same way.
 
+SigLIP's loss (train.loss: siglip, open_clip's SigLipLoss) sums the sigmoid loss of every (image,
+text) pair: each rank pairs its images with its own texts and, passed from rank to rank with
+their gradients, every other rank's texts, so every pair of the global batch counts once. It
+divides that sum by the rank's image count (the k micro-batches' rows, with the cache) where the
+one-process global batch divides by all B of them: DeepSpeed averages the ranks' gradients, and
+the mean over W ranks of sum_r / (B / W) is sum / B, the big batch's gradient with no
+correction (tests/train/test_siglip.py, and test_accumulation.py on two ranks).
+
 Two details make the sum exactly the big batch's gradient:
 - the temperature (and SigLIP's bias) enters every one of the k losses, so each pass carries 1/k
   of its gradient (otherwise dL/dlogit_scale is counted k times);
@@ -22,9 +30,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
-from open_clip.loss import ClipLoss
+from open_clip.loss import ClipLoss, SigLipLoss
+
+ContrastiveLoss: TypeAlias = ClipLoss | SigLipLoss  # train.loss: clip | siglip
 
 
 @dataclass(frozen=True)
@@ -32,13 +43,17 @@ class StepOutput:
     loss: torch.Tensor  # 0-dim, on the device: the full-batch loss of this rank's rows
     logit_scale: torch.Tensor  # 0-dim, on the device: the temperature exp(logit_scale) used
     skipped: bool = False  # `skip_if` refused the loss: no backward, no optimizer step
+    logit_bias: torch.Tensor | None = None  # 0-dim, on the device: SigLIP's bias (CLIP: None)
 
 
 def _never(loss: torch.Tensor) -> bool:
     return False
 
 
-def make_clip_loss(rank: int, world_size: int) -> ClipLoss:
+def make_loss(loss: str, rank: int, world_size: int) -> ContrastiveLoss:
+    """open_clip's loss of train.loss, over the global batch of `world_size` ranks."""
+    if loss == "siglip":
+        return SigLipLoss(rank=rank, world_size=world_size)
     return ClipLoss(
         local_loss=True, gather_with_grad=True, cache_labels=True, rank=rank, world_size=world_size
     )
@@ -91,7 +106,7 @@ class _SameRandomness:
 
 def accumulate_gradients(
     engine,
-    loss_fn: ClipLoss,
+    loss_fn: ContrastiveLoss,
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     skip_if: Callable[[torch.Tensor], bool] = _never,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
@@ -128,18 +143,25 @@ def accumulate_gradients(
         if j == 0:
             first_loss = loss.detach()
             if skip_if(first_loss):
-                return StepOutput(first_loss, out["scalars"][0].detach(), skipped=True)
+                return _step_output(first_loss, out["scalars"], skipped=True)
         # Each pass back-propagates the whole loss through its own micro-batch only: no 1/k.
         engine.backward(loss, scale_wrt_gas=False)
         if j < k - 1:
             engine.step()  # a micro-step: DeepSpeed counts it; the update waits for the boundary
     assert first_loss is not None  # micro_batches is never empty
-    return StepOutput(first_loss, out["scalars"][0].detach())
+    return _step_output(first_loss, out["scalars"])
+
+
+def _step_output(loss: torch.Tensor, scalars: list[torch.Tensor], skipped=False) -> StepOutput:
+    """The step's loss and the learned scalars it used (learned_scalars' order). The bias is
+    copied: open_clip's output is the parameter itself, which the update then changes."""
+    bias = scalars[1].detach().clone() if len(scalars) > 1 else None
+    return StepOutput(loss, scalars[0].detach(), skipped, bias)
 
 
 def contrastive_step(
     engine,
-    loss_fn: ClipLoss,
+    loss_fn: ContrastiveLoss,
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     skip_if: Callable[[torch.Tensor], bool] = _never,
     autocast: Callable[[], AbstractContextManager] = nullcontext,

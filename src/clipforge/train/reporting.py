@@ -43,6 +43,7 @@ _TB_NAMES = {
     "grad_norm": "train/grad_norm",
     "lr": "train/lr",
     "logit_scale": "train/logit_scale",
+    "logit_bias": "train/logit_bias",  # SigLIP's (train.loss: siglip); not in the TSV's columns
     "samples_per_s": "perf/samples_per_s",
     "step_s": "perf/step_s",
     "data_wait_s": "perf/data_wait_s",

@@ -67,7 +67,7 @@ from clipforge.train.engine import (
 from clipforge.train.faults import faults_from_env
 from clipforge.train.flops import flops_per_sample, peak_flops
 from clipforge.train.loop import LoopParts, StopFlag, StopRequested, stop_agreed, train_clip
-from clipforge.train.loss import make_clip_loss
+from clipforge.train.loss import make_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
 from clipforge.train.optim import WarmupCosine, lock_towers
 from clipforge.train.reporting import PerfMeter, TrainReport, run_label
@@ -143,7 +143,7 @@ class TrainingRun:
     def validate(self, step: int) -> float | None:
         metrics = validation_metrics(
             self.engine,
-            make_clip_loss(rank=0, world_size=1),
+            make_loss(self.config.train.loss, rank=0, world_size=1),
             self.val_loader(),
             self.to_device,
             self.dist.device,
@@ -255,7 +255,7 @@ def _set_up_locked(
     precision = resolve_precision(train.precision, device, device_has_bf16(device))
     torch.manual_seed(train.seed)
     setup.part("building the model")
-    bundle = build_model(config.model)
+    bundle = build_model(config.model, train.loss)
     _lock_towers(bundle, train)
     _stop_if_asked(stop, device, "the model")
     if train.grad_checkpointing:
@@ -383,7 +383,7 @@ def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
     """Train from the start step to the end; on rank 0, export the model and the summary."""
     parts = LoopParts(
         engine=run.engine,
-        loss_fn=make_clip_loss(run.dist.rank, run.dist.world_size),
+        loss_fn=make_loss(run.config.train.loss, run.dist.rank, run.dist.world_size),
         batches=iter(run.loader),
         to_device=run.to_device,
         report=run.report,
