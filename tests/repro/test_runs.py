@@ -123,8 +123,14 @@ def test_the_last_lines_point_at_the_commands_that_compare_the_top_two():
         "  dvc plots diff y x",
         "  fab compare y x",
     ]
-    # a fetched run's experiment: named by DVC, tied to its row by a comment, on its own line
-    # where the command and the comment would not fit together
+    # a fetched smoke run's experiment, named by its launch id: the row's name, no comment
+    smoke_id = "20261201-101112-abcdef01"
+    smoke = made_up(smoke_id, 9.0, smoke=True, folder="x", experiment=f"{smoke_id}-smoke")
+    assert format_runs([smoke, made_up("malar-eggs", 5.0)])[-1] == (
+        f"  dvc plots diff {smoke_id}-smoke malar-eggs"
+    )
+    # one fetched before experiments took the launch id: named by DVC, tied to its row by a
+    # comment, on its own line where the command and the comment would not fit together
     long_exp = made_up("20261201-101112-abcdef01", 9.0, folder="x", experiment="a" * 40)
     lines = format_runs([long_exp, made_up("gammy-prep", 5.0)])
     assert lines[-2:] == [
@@ -205,7 +211,7 @@ def test_the_readmes_example_is_what_fab_runs_prints():
         scores(3.1, 2.5, 1.333),
         {},
         smoke=True,
-        experiment="gammy-prep",
+        experiment="20261201-101112-3f2a9c1e-smoke",
         folder="20261201-101112-3f2a9c1e",
     )
     assert format_runs([smoke, demo]) == example[1].splitlines()
