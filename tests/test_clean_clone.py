@@ -13,6 +13,7 @@ import pytest
 from clipforge import resolve
 from clipforge.launcher.source import current_source, require_clean
 from clipforge.pipeline.params import STAGE_PARAMS
+from clipforge.repro.experiments import newest_experiment
 from tests.conftest import git, subprocess_env, write_params
 
 pytestmark = pytest.mark.slow
@@ -94,3 +95,13 @@ def test_demo_and_the_readme_commands_leave_only_results(clone, demo):
 def test_the_demos_tensorboard_events_are_in_logs(clone, demo):
     """`tensorboard --logdir logs` (the README) finds the demo's run."""
     assert list((clone / "logs").glob("*/events.out.tfevents.*"))
+
+
+def test_the_demo_again_with_nothing_changed_adds_no_experiment(clone, demo):
+    """A second `make demo` runs nothing, says so, and `dvc exp show` keeps one row of the
+    demo's numbers (DVC's own `dvc exp run` would add a duplicate under a new name)."""
+    again = _run(clone, "make", "-o", str(VENV / ".clipforge-env"), f"VENV={VENV}", "demo")
+    assert "nothing changed since experiment " in again.stdout, again.stdout[-2000:]
+    assert "Running stage" not in again.stdout
+    refs = git(clone, "for-each-ref", "--format=%(refname)", "refs/exps").split()
+    assert len([ref for ref in refs if newest_experiment(ref)]) == 1, refs
