@@ -251,6 +251,13 @@ def test_fab_runs_lists_fetched_runs_best_first_within_80_columns(tmp_path, monk
     assert "  fab compare 20261202-090000-abcdef02 20261201-101112-abcdef01" in lines
     assert "20261203" not in result.stdout
     assert "(left out: runs/20261204-000000-abcdef04: not a finished run, missing" in lines
+    # README's other two lines: the table alone, and best first by another metric
+    plain = fab("runs", cwd=tmp_path)
+    assert plain.returncode == 0 and plain.stdout.splitlines()[1] == lines[1], plain.stderr
+    assert "train.lr=" not in plain.stdout
+    by_test = fab("runs", "--sort-by", "test.mean_recall", cwd=tmp_path)
+    assert by_test.returncode == 0, by_test.stderr
+    assert "best first: highest test.mean_recall (--sort-by)" in " ".join(by_test.stdout.split())
 
 
 def test_experiments_of_every_commit_are_listed_beside_a_fetched_run(tmp_path, monkeypatch):
