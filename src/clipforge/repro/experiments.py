@@ -1,5 +1,4 @@
-"""A repository's DVC experiments: which git refs are ones, what `dvc exp show` says of them, and
-the names they take here.
+"""A repository's DVC experiments: which refs are ones, what `dvc exp show` says, their names.
 
 clipforge.repro.runs reads what it says. `fab fetch` brings a run's experiment home as its git
 ref (clipforge.launcher.run_source), named by the run's launch id (`-smoke` after a smoke run's)
