@@ -123,7 +123,7 @@ def unchanged_experiment(repo: Path) -> str | None:
     status = subprocess.run(
         [sys.executable, "-m", "dvc", "status", "--json"], cwd=repo, capture_output=True, text=True
     )
-    if status.returncode != 0 or json.loads(status.stdout or "null") != {}:
+    if status.returncode != 0 or _parsed(status.stdout) != {}:
         return None
     head = _git(repo, "rev-parse", "HEAD").strip()
     refs = _git(
@@ -139,6 +139,14 @@ def unchanged_experiment(repo: Path) -> str | None:
         if recorded.returncode == 0 and recorded.stdout == text:
             return ref.rsplit("/", 1)[-1]
     return None
+
+
+def _parsed(text: str) -> object:
+    """DVC's JSON; None for anything else (then the experiment runs, as `dvc exp run` decides)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _git(repo: Path, *args: str) -> str:
