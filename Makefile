@@ -47,10 +47,11 @@ img2dataset-env: $(IMG2DATASET_STAMP)  ## create .venv-img2dataset, the download
 
 # The demo is a DVC experiment run in the checkout (`dvc exp run`): DVC records its params, metrics
 # and outputs (`dvc exp show`), and they stay in the workspace for `dvc plots show`, `dvc metrics
-# show` and TensorBoard (logs/). They are results, not code: `fab train` ships the commit and does
-# not count them as uncommitted changes (clipforge.launcher.source). The table keeps to 80 columns:
-# the validation loss, the test set's mean recall and the zero-shot top-1 (every suite and the mean
-# over suites: dvc metrics show).
+# show` and TensorBoard (logs/). Run again with nothing changed, it runs nothing and adds no second
+# row of the same numbers (clipforge.repro.experiments). They are results, not code: `fab train`
+# ships the commit and does not count them as uncommitted changes (clipforge.launcher.source). The
+# table keeps to 80 columns: the validation loss, the test set's mean recall and the zero-shot top-1
+# (every suite and the mean over suites: dvc metrics show).
 RECALL_COLUMNS := 'Experiment|.*(val_loss|test.mean_recall|colour-shape.top1)$$'
 # What to look at next, the activation first: make's shell had the venv, the user's has not.
 DEMO_NEXT := "next, in your shell: source $(VENV)/bin/activate" \
@@ -59,7 +60,7 @@ DEMO_NEXT := "next, in your shell: source $(VENV)/bin/activate" \
 	"  tensorboard --logdir logs  \# the same and more: http://localhost:6006/"
 demo: env  ## train and evaluate the built-in default on CPU as a DVC experiment in the checkout
 	scripts/setup-system.sh fonts-wqy-microhei
-	source $(VENV)/bin/activate && dvc exp run \
+	source $(VENV)/bin/activate && python -m clipforge.repro.experiments \
 		&& dvc exp show --no-pager --hide-workspace --drop '.*' --keep $(RECALL_COLUMNS) \
 		&& printf '%s\n' $(DEMO_NEXT)
 

@@ -4,8 +4,12 @@ table fits 80 columns; the demo's TensorBoard events are in logs/, where the REA
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,10 @@ import pytest
 from clipforge import resolve
 from clipforge.launcher.source import current_source, require_clean
 from clipforge.pipeline.params import STAGE_PARAMS
+from clipforge.repro.experiments import newest_experiment
 from tests.conftest import git, subprocess_env, write_params
+from tests.support.sshd import free_port
+from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -94,3 +101,69 @@ def test_demo_and_the_readme_commands_leave_only_results(clone, demo):
 def test_the_demos_tensorboard_events_are_in_logs(clone, demo):
     """`tensorboard --logdir logs` (the README) finds the demo's run."""
     assert list((clone / "logs").glob("*/events.out.tfevents.*"))
+
+
+def test_the_demo_again_with_nothing_changed_adds_no_experiment(clone, demo):
+    """A second `make demo` runs nothing, says so, and `dvc exp show` keeps one row of the
+    demo's numbers (DVC's own `dvc exp run` would add a duplicate under a new name)."""
+    again = _run(clone, "make", "-o", str(VENV / ".clipforge-env"), f"VENV={VENV}", "demo")
+    assert "nothing changed since experiment " in again.stdout, again.stdout[-2000:]
+    assert "Running stage" not in again.stdout
+    refs = git(clone, "for-each-ref", "--format=%(refname)", "refs/exps").split()
+    assert len([ref for ref in refs if newest_experiment(ref)]) == 1, refs
+
+
+def test_the_readmes_commands_after_the_demo_run_in_its_shell(clone, demo):
+    """README.md's block after the demo, as written, in bash in the clone at COLUMNS=80:
+    `source .venv/bin/activate` (.venv: the environment make demo used), then `dvc metrics show`
+    and `dvc plots show`, each exiting 0 with its output. TensorBoard, a server, is the next
+    test's."""
+    readme = (clone / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```sh\n(.*?)^```", readme, re.MULTILINE | re.DOTALL)
+    block = next(b for b in blocks if b.startswith("source .venv/bin/activate"))
+    lines = [line for line in block.splitlines() if not line.startswith("tensorboard ")]
+    assert [line.split()[:3] for line in lines] == [
+        ["source", ".venv/bin/activate"],
+        ["dvc", "metrics", "show"],
+        ["dvc", "plots", "show"],
+    ]
+    (clone / ".venv").symlink_to(VENV)
+    try:
+        shown = _run(clone, "bash", "-e", "-c", "\n".join(lines)).stdout
+    finally:
+        (clone / ".venv").unlink()
+    assert "mean_over_suites" in shown and "colour-shape.top1" in shown
+    assert (clone / "dvc_plots" / "index.html").is_file()
+
+
+def test_tensorboard_serves_the_demos_run_from_logs(clone, demo):
+    """`tensorboard --logdir logs` (README.md) in the clone serves the demo's run (on a free port,
+    not 6006, which another process here may hold)."""
+    port = free_port()
+    env = subprocess_env()
+    server = subprocess.Popen(
+        [str(VENV / "bin" / "tensorboard"), "--logdir", "logs", "--port", str(port)],
+        cwd=clone,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def runs() -> list[str] | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=30) as r:
+                return json.loads(r.read()) or None
+        except (urllib.error.URLError, ConnectionError):
+            return None
+
+    try:
+        served = wait_for(
+            runs,
+            what="tensorboard listing the demo's run",
+            interval=0.5,
+            check=still_running(server, lambda: ""),
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert served == [path.name for path in (clone / "logs").iterdir()], served

@@ -180,6 +180,15 @@ def test_the_production_recipe_written_into_params_yaml_is_what_runs(tmp_path, c
     assert path.read_text(encoding="utf-8") == (REPO / "params.yaml").read_text(encoding="utf-8")
 
 
+def test_the_lit_zh_recipe_written_into_params_yaml_is_what_runs(tmp_path):
+    """`python -m clipforge.pipeline.recipe lit-zh` (docs/real-data.md): the file then holds the
+    recipe's values."""
+    path = tmp_path / "params.yaml"
+    shutil.copy(REPO / "params.yaml", path)
+    assert recipe_main(["lit-zh", "--params", str(path)]) == 0
+    assert load_pipeline_params(path) == recipe_params("lit-zh")
+
+
 def test_a_recipe_keeps_the_keys_no_recipe_sets(tmp_path):
     """Writing a recipe decides what recipes decide (model, data, schedule...): the run store and
     the alerts keep the file's values."""

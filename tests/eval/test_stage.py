@@ -136,6 +136,14 @@ def test_every_demo_suite_is_scored_as_counted_by_hand(workdir, model_dir, capsy
     assert all(name in table for name in (*SUITES, "top1", "mean_over_suites"))
 
 
+def test_the_documented_line_evaluates_the_export_in_models_clip(workdir, untrained_model_dir):
+    """docs/pipeline.md's `python -m clipforge.eval --model local-dir:models/clip --out
+    metrics/eval.json`, word for word, where the train stage leaves its export: every suite."""
+    shutil.copytree(untrained_model_dir, "models/clip")
+    assert eval_main(["--model", "local-dir:models/clip", "--out", "metrics/eval.json"]) == 0
+    assert list(json.loads(Path("metrics/eval.json").read_text())) == [*SUITES, "mean_over_suites"]
+
+
 def test_the_baseline_is_scored_on_every_suite_with_the_deltas(workdir, model_dir, tmp_path):
     """eval.baseline_model: its metrics in the same layout under `baseline` (what it scores
     alone), and model minus baseline under `delta`, key by key and for the mean."""

@@ -42,6 +42,15 @@ def test_a_fetched_smoke_run_rerun_on_the_host_is_identical_to_it(smoke_run, pro
     ]
     assert info[0]["run_id"] != info[1]["run_id"]  # trained anew, not resumed from the first
     assert info[1]["resumed_from_step"] == 0
-    compared = smoke_run.fab("compare", f"runs/{original}", f"runs/{rerun.launch_id}")
+    compared = smoke_run.fab("compare", original, rerun.launch_id)  # launch ids under runs/
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "verdict: identical" in compared.stdout
+
+    # the forms docs/launcher.md shows beside it: the fetched folder, --allow-stack-change (the
+    # same stack here, so nothing to allow); launched as a rerun of the same run, then stopped
+    other = smoke_run.run_fab("rerun", f"runs/{original}", "--allow-stack-change")
+    assert f"rerun of runs/{original} (launch {original})" in other.stdout, other.stderr
+    stopping = LaunchedRun(smoke_run.fab, smoke_run.sshd, smoke_run.root, other)
+    stopped = stopping.run_fab("stop", "--launch", stopping.launch_id)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert stopping.state()["state"] == "stopped"

@@ -128,9 +128,19 @@ def test_logs_show_the_stage_and_supervisor_output(smoke_run):
 
 
 def test_fetch_brings_metrics_model_and_logs_home(smoke_run, tmp_path):
-    """`fab fetch`: metrics, the exported model and TensorBoard logs arrive locally, as on the host."""
+    """`fab fetch`: metrics, the exported model and TensorBoard logs arrive locally, as on the
+    host, and the run's DVC experiment under its launch id, marked smoke."""
     result = smoke_run.run_fab("fetch", "--to", str(tmp_path / "runs"))
     assert result.returncode == 0, result.stderr
+    name = f"{smoke_run.launch_id}-smoke"
+    assert f"experiment {name}: `dvc exp show` lists it" in result.stdout
+    refs = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname)", "refs/exps"],
+        cwd=smoke_run.fab.project,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert any(ref.endswith(f"/{name}") for ref in refs), refs
     home = tmp_path / "runs" / smoke_run.launch_id
     assert json.loads((home / "metrics" / "train.json").read_text()) == json.loads(
         (smoke_run.code / "metrics" / "train.json").read_text()

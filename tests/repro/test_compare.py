@@ -38,6 +38,9 @@ def test_a_stated_tolerance_accepts_small_metric_differences(tmp_path):
     b = make_run(tmp_path / "b", metrics={"loss": 1.5001, "val_loss": 2.0}, weights=b"x")
     assert compare(read_run(a), read_run(b), tolerance=0.001).verdict == WITHIN
     assert compare(read_run(a), read_run(b), tolerance=0.00001).verdict == DIFFERENT
+    # as README.md writes it: `fab compare A B --tolerance T`, exit 0 within the band
+    assert fab("compare", str(a), str(b), "--tolerance", "0.5").returncode == 0
+    assert fab("compare", str(a), str(b), "--tolerance", "0.00001").returncode == 1
 
 
 def test_data_and_stack_differences_are_named(tmp_path):

@@ -106,13 +106,16 @@ def test_publishing_twice_to_one_place_is_refused(tmp_path):
 
 
 def test_publish_to_s3_and_pull_back(s3, tmp_path):
-    from clipforge.repro.commands import publish_run
-
+    """`fab publish runs/ID --to s3://...` and `fab pull s3://... --to DIR`, as README.md writes
+    them, against the S3 server (this environment reaches it, as a user's reaches theirs)."""
     run = make_run(tmp_path / "run")
     url = f"{s3.new_bucket()}/models/tiny"
-    publish_run(str(run), url, print)
+    published = fab("publish", str(run), "--to", url)
+    assert published.returncode == 0, published.stderr
     assert s3.filesystem().exists(f"{url}/{CHECKSUMS}")
-    pulled = pull(url, tmp_path / "pulled", print)
+    pulled = tmp_path / "pulled"
+    done = fab("pull", url, "--to", str(pulled))
+    assert done.returncode == 0, done.stderr
     assert (pulled / "open_clip_model.safetensors").read_bytes() == b"weights"
     assert read_run(run).weights_sha256 in (pulled / "clipforge.json").read_text()
     with pytest.raises(PublishError, match="no SHA256SUMS"):

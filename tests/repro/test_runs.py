@@ -123,8 +123,14 @@ def test_the_last_lines_point_at_the_commands_that_compare_the_top_two():
         "  dvc plots diff y x",
         "  fab compare y x",
     ]
-    # a fetched run's experiment: named by DVC, tied to its row by a comment, on its own line
-    # where the command and the comment would not fit together
+    # a fetched smoke run's experiment, named by its launch id: the row's name, no comment
+    smoke_id = "20261201-101112-abcdef01"
+    smoke = made_up(smoke_id, 9.0, smoke=True, folder="x", experiment=f"{smoke_id}-smoke")
+    assert format_runs([smoke, made_up("malar-eggs", 5.0)])[-1] == (
+        f"  dvc plots diff {smoke_id}-smoke malar-eggs"
+    )
+    # one fetched before experiments took the launch id: named by DVC, tied to its row by a
+    # comment, on its own line where the command and the comment would not fit together
     long_exp = made_up("20261201-101112-abcdef01", 9.0, folder="x", experiment="a" * 40)
     lines = format_runs([long_exp, made_up("gammy-prep", 5.0)])
     assert lines[-2:] == [
@@ -205,7 +211,7 @@ def test_the_readmes_example_is_what_fab_runs_prints():
         scores(3.1, 2.5, 1.333),
         {},
         smoke=True,
-        experiment="gammy-prep",
+        experiment="20261201-101112-3f2a9c1e-smoke",
         folder="20261201-101112-3f2a9c1e",
     )
     assert format_runs([smoke, demo]) == example[1].splitlines()
@@ -245,6 +251,13 @@ def test_fab_runs_lists_fetched_runs_best_first_within_80_columns(tmp_path, monk
     assert "  fab compare 20261202-090000-abcdef02 20261201-101112-abcdef01" in lines
     assert "20261203" not in result.stdout
     assert "(left out: runs/20261204-000000-abcdef04: not a finished run, missing" in lines
+    # README's other two lines: the table alone, and best first by another metric
+    plain = fab("runs", cwd=tmp_path)
+    assert plain.returncode == 0 and plain.stdout.splitlines()[1] == lines[1], plain.stderr
+    assert "train.lr=" not in plain.stdout
+    by_test = fab("runs", "--sort-by", "test.mean_recall", cwd=tmp_path)
+    assert by_test.returncode == 0, by_test.stderr
+    assert "best first: highest test.mean_recall (--sort-by)" in " ".join(by_test.stdout.split())
 
 
 def test_experiments_of_every_commit_are_listed_beside_a_fetched_run(tmp_path, monkeypatch):

@@ -10,8 +10,9 @@ metrics/, models/clip/ and logs/, and store/ with its record and status of the r
 lands in a temporary directory first and replaces the previous one whole.
 
 A run through DVC (one node) is also a DVC experiment of the launched commit: its git ref comes
-home into the local repository's experiments, so `dvc exp show` lists it beside the demo and
-every other run, with its params and metrics.
+home into the local repository's experiments, named by the launch id (`<launch id>-smoke` for a
+smoke run), so `dvc exp show` lists it beside the demo and every other run, with its params and
+metrics, under the name `fab runs` gives it; fetched again, it replaces itself.
 """
 
 from __future__ import annotations

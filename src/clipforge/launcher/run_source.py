@@ -49,7 +49,11 @@ from clipforge.launcher.session import (
     remote_python,
 )
 from clipforge.launcher.stack import StackOutputs
-from clipforge.repro.experiments import newest_experiment
+from clipforge.repro.experiments import (
+    experiment_name,
+    fetch_experiment_bundle,
+    newest_experiment,
+)
 from clipforge.store.remote import RunStore, read_launch
 from clipforge.store.sync_state import (
     STORE_STATUS_FILE,
@@ -245,7 +249,9 @@ class HostRun(RunSource):
     def fetch_experiment(self, repo: Path, say: Say) -> str | None:
         """The newest DVC experiment of node 0's checkout (a run through DVC: the eval phase's,
         with every stage's params and metrics), as a git bundle based on the launched commit,
-        which `repo` holds. None when the run made none (several nodes, mounted data: no DVC)."""
+        which `repo` holds, named there by the launch id (and `-smoke`: experiment_name) instead
+        of DVC's random name. None when the run made none (several nodes, mounted data: no
+        DVC)."""
         host, layout = self.host, self.layout
         code = q(layout.code)
         refs = probe(
@@ -262,24 +268,15 @@ class HostRun(RunSource):
             f'{q(ref)} ^{q(record.commit)} && echo "$b"',
             what="bundling the run's DVC experiment",
         ).stdout.strip()
+        name = experiment_name(layout.launch_id, record.smoke)
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 local = Path(tmp) / "experiment.bundle"
                 host.cxn.get(remote_bundle, str(local))
-                fetched = subprocess.run(
-                    ["git", "fetch", "--quiet", str(local), f"+{ref}:{ref}"],
-                    cwd=repo,
-                    capture_output=True,
-                    text=True,
-                )
+                fetch_experiment_bundle(repo, local, ref, name)
         finally:
             probe(host.cxn, f"rm -f {q(remote_bundle)}")
-        if fetched.returncode != 0:
-            raise LauncherError(
-                f"git fetch of the run's experiment failed: {fetched.stderr.strip()}"
-            )
-        name = ref.rsplit("/", 1)[-1]
-        say(f"experiment {name} of {layout.launch_id}: `dvc exp show` lists it beside the others")
+        say(f"experiment {name}: `dvc exp show` lists it beside the others")
         return name
 
     @contextlib.contextmanager

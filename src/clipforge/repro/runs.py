@@ -5,8 +5,9 @@ put it under runs/<launch id>) or a DVC experiment, as `dvc exp show --json` des
 demo, `dvc exp run`, a fetched run's experiment), the workspace and a commit with metrics among
 them. clipforge.repro.commands reads them.
 
-A row: the run's name (a fetched run's launch id, marked `smoke` for `fab train --smoke`; an
-experiment's name), each eval suite's headline number (retrieval's mean recall, classification's
+A row: the run's name (a fetched run's launch id, marked `smoke` for `fab train --smoke`, as is
+the experiment `fab fetch` brought with it, named `<launch id>[-smoke]`; another experiment's
+name), each eval suite's headline number (retrieval's mean recall, classification's
 top-1) and their mean, best first by --sort-by. The same results twice (a fetched run and the
 experiment `fab fetch` brought with it, the workspace and the experiment it holds, the demo run
 again unchanged) are one row: two rows with equal metrics files would tell nothing apart.
@@ -24,6 +25,7 @@ from functools import cached_property
 from clipforge.errors import UserError
 from clipforge.eval.config import RESERVED_SUITE_NAMES as NOT_SUITES  # eval.json's non-suite keys
 from clipforge.eval.stage import HEADLINE, MEAN_KEY
+from clipforge.repro.experiments import experiment_name, launch_of
 from clipforge.repro.run_folder import RunFolder
 from clipforge.util import flatten
 
@@ -127,6 +129,9 @@ def _experiment(entry: dict, name: str, folder: str | None) -> Run | None:
     for path in sorted(files, key=lambda p: (p != "params.yaml", p)):
         if isinstance(files[path], dict) and isinstance(files[path].get("data"), dict):
             params.update(flatten(files[path]["data"]))
+    launch = launch_of(name)  # a fetched run's experiment, kept after its folder went
+    if launch:
+        return Run(launch[0], metric_files, params, launch[1], experiment=name, folder=folder)
     return Run(name, metric_files, params, experiment=name, folder=folder)
 
 
@@ -325,15 +330,19 @@ def _value(value: object) -> str:
 
 def pointers(rows: Sequence[Run], width: int = 80) -> list[str]:
     """The commands that compare the top two: their curves (two DVC revisions), and their params,
-    data, environment and weights (two run folders). A fetched run's experiment has a name of
-    its own, which a comment ties to its row."""
+    data, environment and weights (two run folders). An experiment named otherwise than its row
+    (one fetched before experiments took the launch id) is tied to its row by a comment."""
     if len(rows) < 2:
         return []
     a, b = rows[0], rows[1]
     commands = []
     if a.experiment and b.experiment:
         command = f"  dvc plots diff {a.experiment} {b.experiment}"
-        aliases = [f"{r.experiment}: {r.name}" for r in (a, b) if r.experiment != r.name]
+        aliases = [
+            f"{r.experiment}: {r.name}"
+            for r in (a, b)
+            if r.experiment != experiment_name(r.name, r.smoke)
+        ]
         comment = f"  # {', '.join(aliases)}" if aliases else ""
         if len(command + comment) <= width:
             commands.append(command + comment)

@@ -5,12 +5,15 @@ for TensorBoard (people would rather look than read numbers).
 
 The gallery is the first GALLERY_SIZE pairs of the validation split in shard order, the same at
 every validation; the queries are its first NUM_QUERIES captions and images.
-- `samples/text_to_image` (an image): a row per query caption: the caption, then the TOP_K
+- `samples/text_to_image` (an image): a row per query caption: the caption over the TOP_K
   images it retrieves from the gallery, best first, each correct one (an image whose own caption
   is that caption) framed green, the others grey. The caption is drawn with a CJK font when
   one is found (CJK_FONTS); without one the row is labelled q1, q2... and the caption is in
   the text below. A header names the rank columns and a legend under the rows says what the
-  frames mean, so the image reads on its own in TensorBoard.
+  frames mean, so the image reads on its own in TensorBoard. The grid is as wide as TensorBoard's
+  image card shows an image (CARD_PIXELS, unless "Show actual image size" is ticked), the caption
+  above its images rather than beside them: a wider grid is shrunk to the card, and its text
+  with it (a 600-pixel grid's captions were 9 pixels high there).
 - `samples/text_to_image_queries` (text): each query's caption and the rank of its first correct
   image.
 - `samples/image_to_text` (text): for each query image, the TOP_K captions it retrieves, the
@@ -38,12 +41,17 @@ from clipforge.train import loader as train_loader
 GALLERY_SIZE = 64
 NUM_QUERIES = 4
 TOP_K = 5
-THUMB_PIXELS = 64
-CAPTION_PIXELS = 240  # width of the caption cell when a CJK font draws it
-LABEL_PIXELS = 36  # width of the q1, q2... cell otherwise
-FRAME_PIXELS = 4
+CARD_PIXELS = 350  # the width TensorBoard's image card shows an image at, by default
+FRAME_PIXELS = 3
+THUMB_PIXELS = CARD_PIXELS // TOP_K - 2 * FRAME_PIXELS
 CELL_PIXELS = THUMB_PIXELS + 2 * FRAME_PIXELS  # a framed image
-HEADER_PIXELS = 18  # the band above the rows: `query`, then `rank 1`...
+GRID_PIXELS = CELL_PIXELS * TOP_K  # the grid's width, whatever the gallery's size
+CAPTION_FONT_PIXELS = 16  # a CJK caption
+LABEL_FONT_PIXELS = 13  # the Latin labels: q1, rank 1, the legend
+CAPTION_LINES = 2
+LINE_GAP_PIXELS = 6  # between a caption's lines: apart, not touching
+CAPTION_PIXELS = 44  # the band over a row's images: CAPTION_LINES of the caption
+HEADER_PIXELS = 18  # the band above the rows: `rank 1`...
 LEGEND_PIXELS = 20  # the band under them: what green and grey frames mean
 SWATCH_PIXELS = 12
 CORRECT, OTHER = (0, 170, 0), (170, 170, 170)
@@ -126,42 +134,46 @@ def render(
 
 
 def text_to_image_grid(gallery: SampleGallery, text_to_image: torch.Tensor) -> np.ndarray:
-    """The image grid, HWC uint8: a header naming the columns; a row per query, its caption (or
-    label), then its top images; a legend of the frames' colours."""
+    """The image grid, HWC uint8: a header naming the rank columns; a row per query, its caption
+    (or label) over its top images; a legend of the frames' colours."""
     font = cjk_font()
-    first = CAPTION_PIXELS if font else LABEL_PIXELS
-    rows, columns = text_to_image.shape
-    height = HEADER_PIXELS + CELL_PIXELS * rows + LEGEND_PIXELS
-    grid = Image.new("RGB", (first + CELL_PIXELS * columns, height), "white")
+    rows = text_to_image.shape[0]
+    grid = Image.new("RGB", (GRID_PIXELS, band_top(rows) + LEGEND_PIXELS), "white")
     draw = ImageDraw.Draw(grid)
-    _draw_header(draw, first, columns, font)
+    _draw_header(draw)
     for row, found in enumerate(text_to_image.tolist()):
         top = row_top(row)
+        caption_top = band_top(row) + 3
         if font:
-            _draw_wrapped(draw, gallery.captions[row], font, (4, top + 4), first - 8)
+            label = f"q{row + 1} {gallery.captions[row]}"
+            _draw_wrapped(draw, label, font, (4, caption_top), GRID_PIXELS - 8)
         else:
-            draw.text((4, top + CELL_PIXELS // 2 - 6), f"q{row + 1}", fill="black")
+            draw.text((4, caption_top), f"q{row + 1}", font=_label_font(), fill="black")
         for column, index in enumerate(found):
-            left = first + column * CELL_PIXELS
+            left = column * CELL_PIXELS
             colour = CORRECT if _same_caption(gallery, row, index) else OTHER
             draw.rectangle([left, top, left + CELL_PIXELS - 1, top + CELL_PIXELS - 1], fill=colour)
             grid.paste(gallery.thumbnails[index], (left + FRAME_PIXELS, top + FRAME_PIXELS))
-    _draw_legend(draw, HEADER_PIXELS + CELL_PIXELS * rows)
+    _draw_legend(draw, band_top(rows))
     return np.asarray(grid)
 
 
+def band_top(row: int) -> int:
+    """The y of a query row's first pixel (its caption's band); of the legend, after the last."""
+    return HEADER_PIXELS + row * (CAPTION_PIXELS + CELL_PIXELS)
+
+
 def row_top(row: int) -> int:
-    """The y of a query row's first pixel in the grid (its frame's top edge)."""
-    return HEADER_PIXELS + row * CELL_PIXELS
+    """The y of a query row's framed images (their frames' top edge), under its caption."""
+    return band_top(row) + CAPTION_PIXELS
 
 
-def _draw_header(draw, first: int, columns: int, font) -> None:
+def _draw_header(draw) -> None:
     small = _label_font()
-    draw.text((4, 3), "caption" if font else "query", font=small, fill="black")
-    for column in range(columns):
-        centre = first + column * CELL_PIXELS + CELL_PIXELS // 2
+    for column in range(TOP_K):
+        centre = column * CELL_PIXELS + CELL_PIXELS // 2
         label = f"rank {column + 1}"
-        draw.text((centre - small.getlength(label) / 2, 3), label, font=small, fill="black")
+        draw.text((centre - small.getlength(label) / 2, 2), label, font=small, fill="black")
 
 
 def _draw_legend(draw, top: int) -> None:
@@ -177,7 +189,7 @@ def _draw_legend(draw, top: int) -> None:
 @lru_cache(maxsize=1)
 def _label_font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
     """Latin labels: Pillow's own font (it ships one; no system font needed)."""
-    return ImageFont.load_default(12)
+    return ImageFont.load_default(LABEL_FONT_PIXELS)
 
 
 def text_to_image_queries(gallery: SampleGallery, text_to_image: torch.Tensor) -> str:
@@ -213,7 +225,7 @@ def cjk_font() -> ImageFont.FreeTypeFont | None:
     for path in CJK_FONTS:
         if Path(path).is_file():
             try:
-                return ImageFont.truetype(path, 15)
+                return ImageFont.truetype(path, CAPTION_FONT_PIXELS)
             except OSError:
                 continue
     return None
@@ -228,4 +240,7 @@ def _draw_wrapped(draw, text: str, font, origin: tuple[int, int], width: int) ->
             line = ""
         line += char
     lines.append(line)
-    draw.multiline_text(origin, "\n".join(lines[:4]), font=font, fill="black", spacing=2)
+    shown = lines[:CAPTION_LINES]
+    if len(lines) > CAPTION_LINES:  # the whole caption is in samples/text_to_image_queries
+        shown[-1] = shown[-1][:-1] + "…"
+    draw.multiline_text(origin, "\n".join(shown), font=font, fill="black", spacing=LINE_GAP_PIXELS)
