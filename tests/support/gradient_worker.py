@@ -26,6 +26,10 @@ from tests.support.workers import on_ranks
 GLOBAL = 16
 IMAGE_SIZE = 32
 LR = 1e-3
+# The teacher of the distillation cases: another architecture than the student (clipforge-tiny),
+# narrower, with larger patches and its own embedding width (the real runs distil tiny into it).
+TEACHER = "clipforge-micro"
+DISTILL_WEIGHT = 0.5
 
 
 def _batch():
@@ -58,13 +62,44 @@ def _model():
     return copy.deepcopy(_initial_model())
 
 
-def reference_gradients() -> dict:
-    from clipforge.train.loss import make_clip_loss
+@functools.cache
+def _teacher():
+    """A distillation teacher of another architecture than the student, with its own weights and
+    temperature, in fp32 as a CPU run's teacher is."""
+    import torch
 
+    from clipforge.model.config import ModelConfig
+    from clipforge.model.factory import build_model
+    from clipforge.train.teacher import Teacher
+
+    torch.manual_seed(1)
+    teacher = build_model(ModelConfig(name=TEACHER, image_size=IMAGE_SIZE)).model
+    with torch.no_grad():  # a temperature of its own, not the student's
+        teacher.logit_scale.fill_(math.log(50.0))
+    return Teacher(teacher, torch.float32)
+
+
+def _loss(distill: bool, rank: int, world: int):
+    from clipforge.train.loss import make_loss
+
+    return make_loss(rank, world, DISTILL_WEIGHT if distill else None)
+
+
+def reference_gradients(distill: bool) -> dict:
     model = _model()
     images, texts = _batch()
     out = model(image=images, text=texts)
-    loss = make_clip_loss(0, 1)(out["image_features"], out["text_features"], out["logit_scale"])
+    teacher = {}
+    if distill:  # the teacher's features of the whole batch at once
+        seen = _teacher()(images, texts)
+        teacher = {
+            "dist_image_features": seen.image,
+            "dist_text_features": seen.text,
+            "dist_logit_scale": seen.logit_scale,
+        }
+    loss = _loss(distill, 0, 1)(
+        out["image_features"], out["text_features"], out["logit_scale"], **teacher
+    )
     loss.backward()
     return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
@@ -101,21 +136,24 @@ def _rank_micro_batches(k: int, world: int, rank: int, dtype):
     return [(images[r].to(dtype), texts[r]) for r in rows]
 
 
-def accumulated_gradients(stage: int, k: int, world: int, rank: int, precision: str) -> dict:
+def accumulated_gradients(
+    stage: int, k: int, world: int, rank: int, precision: str, distill: bool = False
+) -> dict:
     import torch
     from deepspeed.utils import safe_get_full_grad
 
     from clipforge.train.ds_config import deepspeed_bf16, uses_autocast
     from clipforge.train.engine import forward_autocast
-    from clipforge.train.loss import accumulate_gradients, make_clip_loss
+    from clipforge.train.loss import accumulate_gradients
 
     engine = _engine(stage, k, world, precision)
     dtype = torch.bfloat16 if deepspeed_bf16(precision, stage) else torch.float32
     accumulate_gradients(
         engine,
-        make_clip_loss(rank, world),
+        _loss(distill, rank, world),
         _rank_micro_batches(k, world, rank, dtype),
         autocast=forward_autocast("cpu", uses_autocast(precision, stage)),
+        teacher=_teacher() if distill else None,
     )
     grads = {}
     for name, param in engine.module.named_parameters():  # collective under ZeRO: same order
@@ -175,11 +213,11 @@ def run(rank: int, world: int, args) -> None:
 
     init_distributed("cpu")
     torch.set_num_threads(1)
-    reference = reference_gradients()
+    reference = reference_gradients(args.distill)
     results: dict = {}
     for stage in args.stages:
         for k in args.accum:
-            got = accumulated_gradients(stage, k, world, rank, args.precision)
+            got = accumulated_gradients(stage, k, world, rank, args.precision, args.distill)
             results[f"zero{stage}-k{k}"] = {
                 **compare(got["grads"], reference, args.rtol),
                 "accum_dtype": got["accum_dtype"],
@@ -207,6 +245,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--rtol", type=float, default=1e-5)
     parser.add_argument("--clamp", action="store_true")
+    parser.add_argument(
+        "--distill", action="store_true", help="with a teacher: DistillClipLoss's gradients"
+    )
     args = parser.parse_args(argv)
     on_ranks(run, args.world, args)
 

@@ -15,6 +15,10 @@ Two details make the sum exactly the big batch's gradient:
   of its gradient (otherwise dL/dlogit_scale is counted k times);
 - the cached and the recomputed forward of a micro-batch draw the same random numbers (dropout,
   e.g. in Hugging Face text towers), so the fresh features equal the cached ones.
+
+Distillation (train.distill_model) keeps it exact the same way: the teacher's features are
+constants, computed once per micro-batch and concatenated over the step like the student's cache,
+so every pass sees the full batch's teacher logits (open_clip's DistillClipLoss).
 """
 
 from __future__ import annotations
@@ -22,9 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from open_clip.loss import ClipLoss
+from open_clip.loss import ClipLoss, DistillClipLoss
+
+if TYPE_CHECKING:
+    from clipforge.train.teacher import TeacherFeatures
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,65 @@ def make_clip_loss(rank: int, world_size: int) -> ClipLoss:
     return ClipLoss(
         local_loss=True, gather_with_grad=True, cache_labels=True, rank=rank, world_size=world_size
     )
+
+
+class WeightedDistillLoss(DistillClipLoss):
+    """open_clip's DistillClipLoss as the one number a step back-propagates: its contrastive loss
+    + `weight` x its distillation loss (the cross-entropy of the student's logits to the
+    teacher's, both directions)."""
+
+    def __init__(self, rank: int, world_size: int, weight: float):
+        super().__init__(
+            local_loss=True,
+            gather_with_grad=True,
+            cache_labels=True,
+            rank=rank,
+            world_size=world_size,
+        )
+        self.weight = weight
+
+    def forward(  # one number, where DistillClipLoss returns the pair
+        self,
+        image_features,
+        text_features,
+        logit_scale,
+        dist_image_features,
+        dist_text_features,
+        dist_logit_scale,
+    ) -> torch.Tensor:
+        contrastive, distill = super().forward(
+            image_features,
+            text_features,
+            logit_scale,
+            dist_image_features,
+            dist_text_features,
+            dist_logit_scale,
+        )
+        return contrastive + self.weight * distill
+
+
+def make_loss(rank: int, world_size: int, distill_weight: float | None = None) -> ClipLoss:
+    """The training loss: ClipLoss, or with a teacher (a distill_weight) WeightedDistillLoss."""
+    if distill_weight is None:
+        return make_clip_loss(rank, world_size)
+    return WeightedDistillLoss(rank, world_size, distill_weight)
+
+
+def teacher_arguments(
+    teacher: Callable[[torch.Tensor, torch.Tensor], TeacherFeatures] | None,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+) -> dict[str, torch.Tensor]:
+    """DistillClipLoss's teacher arguments for the whole step: each micro-batch seen once by the
+    teacher (no gradients), the features concatenated in the order of the student's cache; {}
+    without a teacher."""
+    if teacher is None:
+        return {}
+    seen = [teacher(images, texts) for images, texts in micro_batches]
+    return {
+        "dist_image_features": torch.cat([s.image for s in seen]),
+        "dist_text_features": torch.cat([s.text for s in seen]),
+        "dist_logit_scale": seen[0].logit_scale,
+    }
 
 
 def counted_once(value: torch.Tensor, num_passes: int) -> torch.Tensor:
@@ -95,6 +162,7 @@ def accumulate_gradients(
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     skip_if: Callable[[torch.Tensor], bool] = _never,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
+    teacher: Callable[[torch.Tensor, torch.Tensor], TeacherFeatures] | None = None,
 ) -> StepOutput:
     """Forward/backward every micro-batch of one step, leaving the summed gradient for the
     optimizer step (DeepSpeed's engine.step() at the accumulation boundary, not taken here).
@@ -102,8 +170,10 @@ def accumulate_gradients(
     `skip_if(loss)` sees the full-batch loss before any backward pass (a collective-safe point:
     every rank calls it once per step); when it says so, the step is dropped whole.
     `autocast` wraps each forward (bf16 autocast where the weights stay fp32).
+    `teacher` (with a WeightedDistillLoss as `loss_fn`): the frozen model distilled from.
     """
     k = len(micro_batches)
+    teacher_args = teacher_arguments(teacher, micro_batches)
     randomness = _SameRandomness()
     cached_images: list[torch.Tensor] = []
     cached_texts: list[torch.Tensor] = []
@@ -124,7 +194,7 @@ def accumulate_gradients(
         else:
             all_images, all_texts = out["image"], out["text"]
         scalars = [counted_once(s, k) for s in out["scalars"]]
-        loss = loss_fn(all_images, all_texts, *scalars)
+        loss = loss_fn(all_images, all_texts, *scalars, **teacher_args)
         if j == 0:
             first_loss = loss.detach()
             if skip_if(first_loss):
@@ -143,9 +213,10 @@ def contrastive_step(
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     skip_if: Callable[[torch.Tensor], bool] = _never,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
+    teacher: Callable[[torch.Tensor, torch.Tensor], TeacherFeatures] | None = None,
 ) -> StepOutput:
     """One whole optimizer step: accumulate_gradients, then DeepSpeed's update."""
-    out = accumulate_gradients(engine, loss_fn, micro_batches, skip_if, autocast)
+    out = accumulate_gradients(engine, loss_fn, micro_batches, skip_if, autocast, teacher)
     if not out.skipped:
         engine.step()
     return out
