@@ -13,7 +13,14 @@ import pytest
 from safetensors.torch import load_file
 
 from clipforge.checkpoints.layout import tag_for
-from tests.conftest import BF16_SETS, set_args, subprocess_env, train_argv, write_params
+from tests.conftest import (
+    BF16_SETS,
+    distill_sets,
+    set_args,
+    subprocess_env,
+    train_argv,
+    write_params,
+)
 from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
@@ -43,6 +50,7 @@ class Case:
     held: int
     resumed_from: int
     logged: list[int]
+    distilled: bool = False  # from untrained_model_dir as the teacher (conftest.distill_sets)
 
 
 # The GPU default. The CPU default (fp32) is killed and resumed to the uninterrupted run's weights
@@ -50,6 +58,15 @@ class Case:
 CASES = {
     # the GPU default, bf16: DeepSpeed's bf16 mode at ZeRO-1 (6 steps, a checkpoint every 3)
     "bf16": Case("bf16_run", BF16_SETS, held=5, resumed_from=3, logged=[1, 2, 3, 4, 5, 6]),
+    # the same, distilling a smaller student from a bf16 teacher (train.distill_model)
+    "distill-bf16": Case(
+        "distill_bf16_run",
+        BF16_SETS,
+        held=5,
+        resumed_from=3,
+        logged=[1, 2, 3, 4, 5, 6],
+        distilled=True,
+    ),
 }
 
 
@@ -58,12 +75,15 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     tmp_path, small_data, request, case
 ):
     reference = request.getfixturevalue(case.reference)
+    sets = case.sets
+    if case.distilled:
+        sets += distill_sets(request.getfixturevalue("untrained_model_dir"))
     killed = tmp_path / "killed"
     killed.mkdir()
     write_params(killed / "params.yaml")
     env = {**subprocess_env(), "CLIPFORGE_FAULTS": f"hold@{case.held}"}
     process = subprocess.Popen(
-        _stage_command(killed, small_data, case.sets),
+        _stage_command(killed, small_data, sets),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -83,7 +103,7 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     assert not (killed / "models").exists()
 
     resumed = subprocess.run(
-        _stage_command(killed, small_data, case.sets),
+        _stage_command(killed, small_data, sets),
         env=subprocess_env(),
         capture_output=True,
         text=True,
