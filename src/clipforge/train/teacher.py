@@ -14,6 +14,7 @@ teacher (BERT tokens at 52, a squashed image) is refused for a student with open
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,8 @@ from clipforge.export.loading import load_model
 from clipforge.fields import ConfigError
 from clipforge.model.factory import ClipBundle
 from clipforge.train.config import TrainConfig
+
+log = logging.getLogger("clipforge.train")
 
 # Captions the tokenizers are compared on: Chinese, English, and one past any context length.
 _PROBE_TEXTS = ("一只猫坐在窗台上", "a dog running on the beach", "长" * 100 + " word" * 100)
@@ -93,7 +96,16 @@ def load_teacher(
         train.distill_model,
         student_name,
     )
-    return Teacher(model, teacher_dtype(precision))
+    teacher = Teacher(model, teacher_dtype(precision))
+    log.info(
+        "distilling from %s: %.1f MB of %s weights on %s, loss weight %g",
+        train.distill_model,
+        teacher.parameter_bytes() / 2**20,
+        teacher.dtype,
+        device,
+        train.distill_weight,
+    )
+    return teacher
 
 
 def check_same_inputs(teacher: tuple, student: tuple, teacher_name: str, student_name: str) -> None:
