@@ -264,7 +264,9 @@ def _set_up_locked(
         bundle.model.set_grad_checkpointing(True)
     # before the micro batch probe, which measures the teacher's weights and forward too
     setup.part("loading the distillation teacher")
-    teacher = load_teacher(train, bundle, config.model.name, _torch_device(dist), precision)
+    teacher = load_teacher(
+        train, bundle, config.model.name, _rank_device(device, dist.local_rank), precision
+    )
     _stop_if_asked(stop, device, "the teacher")
     setup.part("settling the batch plan")
     plan = _batch_plan(train, dist, bundle, run_dir, precision, teacher)
@@ -386,8 +388,9 @@ def _set_up_locked(
     )
 
 
-def _torch_device(dist: DistInfo) -> torch.device:
-    return torch.device("cuda", dist.local_rank) if dist.device == "cuda" else torch.device("cpu")
+def _rank_device(device: str, local_rank: int) -> torch.device:
+    """This rank's device: its GPU, or the CPU."""
+    return torch.device(device, local_rank) if device == "cuda" else torch.device("cpu")
 
 
 def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
@@ -592,9 +595,8 @@ def _device_batches(
     """uint8 chunks -> normalised micro-batches on the device, in the weights' dtype (bf16 where
     DeepSpeed keeps bf16 weights; fp32 weights under autocast get fp32 inputs)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    target = torch.device(device, local_rank) if device == "cuda" else torch.device("cpu")
     decode = transform if isinstance(transform, train_loader.DeviceCrop) else None
-    return train_loader.DeviceBatches(mean, std, target, dtype, decode)
+    return train_loader.DeviceBatches(mean, std, _rank_device(device, local_rank), dtype, decode)
 
 
 def _prefetch_factor(train: TrainConfig, bundle: ClipBundle) -> int:
