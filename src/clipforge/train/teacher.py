@@ -54,10 +54,10 @@ class Teacher:
         module = _module(model)
         module.requires_grad_(False)
         module.eval()
-        module.to(dtype)
-        # frozen: its temperature is a constant of the run
+        # frozen: its temperature is a constant of the run, read before a cast to bf16 rounds it
         learned: torch.Tensor = getattr(module, "logit_scale")  # noqa: B009 - typed for mypy
         self.logit_scale = learned.detach().float().exp().reshape(())
+        module.to(dtype)
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, texts: torch.Tensor) -> TeacherFeatures:
