@@ -214,6 +214,20 @@ def siglip_run(tmp_path_factory, small_data) -> Path:
     return root
 
 
+def distill_sets(teacher: Path) -> tuple[str, ...]:
+    """A smaller student (clipforge-micro) distilled from `teacher`, an exported clipforge-tiny."""
+    return ("model.name=clipforge-micro", f"train.distill_model=local-dir:{teacher}")
+
+
+@pytest.fixture(scope="session")
+def distill_bf16_run(tmp_path_factory, small_data, untrained_model_dir) -> Path:
+    """One uninterrupted single-rank bf16 ZeRO-1 distillation run (BF16_SETS, distill_sets from
+    untrained_model_dir: its teacher in bf16 too). Shared: tests must not write into it."""
+    root = tmp_path_factory.mktemp("distill-bf16-run")
+    assert run_train(root, small_data, *BF16_SETS, *distill_sets(untrained_model_dir)) == 0
+    return root
+
+
 @pytest.fixture(scope="session")
 def untrained_model_dir(tmp_path_factory) -> Path:
     """A randomly initialised clipforge-tiny (32 px) exported in open_clip's local-dir layout, as

@@ -53,3 +53,24 @@ def test_production_vit_b32_fits_zero1_with_room_to_spare():
     assert config.train.zero_stage == 1
     states = _model_states_per_gpu(config.model.name, config.train.ranks_per_node)
     assert states[1] < 0.05 * GPU_MEMORY
+
+
+def test_distill_b32_from_b16s_teacher_takes_its_students_inputs_and_is_its_baseline():
+    """The recipe's ViT-B/16 teacher preprocesses and tokenises as its ViT-B/32 student does
+    (the train stage's start-up check, on the two architectures' own transforms and tokenizers),
+    and eval scores it beside the student."""
+    from clipforge.train.teacher import check_same_inputs
+
+    config = recipe_params("distill-b32-from-b16")
+    train = config.train
+    assert (config.model.name, train.distill_model) == ("ViT-B-32", "ViT-B-16")
+    assert (config.eval.baseline_model, config.eval.baseline_pretrained) == (
+        train.distill_model,
+        train.distill_pretrained,
+    )
+    inputs = []
+    for name in (train.distill_model, config.model.name):
+        with torch.device("meta"):  # transforms and tokenizer only: no weights allocated
+            _, _, preprocess = open_clip.create_model_and_transforms(name, device="meta")
+        inputs.append((preprocess, open_clip.get_tokenizer(name)))
+    check_same_inputs(*inputs, train.distill_model, config.model.name)

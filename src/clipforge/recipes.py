@@ -22,7 +22,9 @@ Chinese natively: `hfl/chinese-roberta-wwm-ext` with its own tokenizer (as Chine
 open_clip's `xlm-roberta-base-ViT-B-32`. `lit-zh` starts from open weights instead of from
 scratch (a file in `model.pretrained`, LIT_ZH_WEIGHTS) and locks their image tower
 (train.lock_image): it trains only the text tower and the temperature, for a quarter of
-production's steps; its cost and what it should reach are in docs/real-data.md. Only keys that
+production's steps; its cost and what it should reach are in docs/real-data.md.
+`distill-b32-from-b16` trains production's ViT-B/32 with a frozen ViT-B/16 of open weights as its
+teacher (train.distill_model, DISTILL_TEACHER_WEIGHTS), docs/real-data.md too. Only keys that
 differ from the embedded default are listed; writing a recipe sets the others any recipe lists
 back to their defaults (clipforge.pipeline.recipe).
 """
@@ -132,6 +134,28 @@ def lit_zh() -> dict[str, dict]:
     return recipe
 
 
+# The teacher distill-b32-from-b16 learns from: open_clip's `ViT-B-16` tag `laion2b_s34b_b88k`
+# (LAION-2B, English), as its hub repository has the file: `hf download
+# laion/CLIP-ViT-B-16-laion2B-s34B-b88K open_clip_pytorch_model.bin --local-dir
+# datasets/weights/ViT-B-16-laion2b` (docs/real-data.md).
+DISTILL_TEACHER_WEIGHTS = "datasets/weights/ViT-B-16-laion2b/open_clip_pytorch_model.bin"
+
+
+def distill_b32_from_b16() -> dict[str, dict]:
+    """production's ViT-B/32, from scratch on the Chinese pairs, learning from a frozen ViT-B/16
+    of open weights as well (open_clip's DistillClipLoss, both losses weighted 1 as
+    open_clip_train does). The two share open_clip's tokenizer and 224 px preprocessing, so the
+    teacher takes the student's inputs; the teacher is evaluated beside the student
+    (eval.baseline_*), so metrics/eval.json holds the gap per suite."""
+    teacher = {"model": "ViT-B-16", "pretrained": DISTILL_TEACHER_WEIGHTS}
+    recipe = copy.deepcopy(production())
+    recipe["train"].update(distill_model=teacher["model"], distill_pretrained=teacher["pretrained"])
+    recipe["eval"].update(
+        baseline_model=teacher["model"], baseline_pretrained=teacher["pretrained"]
+    )
+    return recipe
+
+
 def production_large() -> dict[str, dict]:
     recipe = production_with_model(name="ViT-bigG-14")
     recipe["train"].update(zero_stage=3, grad_checkpointing=True)
@@ -149,6 +173,7 @@ RECIPES: dict[str, dict[str, dict]] = {
     # open_clip's multilingual config: XLM-RoBERTa base text tower (hub id `xlm-roberta-base`).
     "production-xlm-roberta": production_with_model(name="xlm-roberta-base-ViT-B-32"),
     "lit-zh": lit_zh(),
+    "distill-b32-from-b16": distill_b32_from_b16(),
 }
 
 
@@ -159,8 +184,9 @@ def summary(recipe: dict[str, dict]) -> str:
     model, data, train = recipe["model"], recipe["data"], recipe["train"]
     tower = f" + {model['text_tower']}" if model.get("text_tower") else ""
     locked = ", image tower locked from model.pretrained" if train.get("lock_image") else ""
+    taught = f", distilled from {train['distill_model']}" if train.get("distill_model") else ""
     return (
-        f"{model['name']}{tower}{locked}, {data['source']} {data.get('language', '')}".rstrip()
+        f"{model['name']}{tower}{locked}{taught}, {data['source']} {data.get('language', '')}".rstrip()
         + f", ZeRO-{train['zero_stage']}, {train['ranks_per_node']} GPUs"
     )
 

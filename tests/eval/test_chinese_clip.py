@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from clipforge.data import builtin
-from clipforge.eval.loading import load_model
 from clipforge.eval.stage import main as eval_main
+from clipforge.export.loading import load_model
 from tests.conftest import eval_argv, write_params
 
 pytestmark = pytest.mark.slow

@@ -213,8 +213,8 @@ def test_each_image_is_encoded_once_per_suite_in_batches(workdir, model_dir):
     eval.batch_size (10 here: 10, 10, 4), however many classes and prompts there are."""
     from clipforge.eval.config import SuiteConfig
     from clipforge.eval.core import score_suite
-    from clipforge.eval.loading import load_open_clip
     from clipforge.eval.suites import load_suite
+    from clipforge.export.loading import load_open_clip
 
     model, preprocess, tokenizer = load_open_clip(model_dir, None, "cpu")
     batches = []

@@ -14,9 +14,9 @@ import torch
 
 from clipforge.data import testset
 from clipforge.eval.core import encode_images, encode_texts
-from clipforge.eval.loading import load_open_clip
 from clipforge.eval.stage import main as eval_main
 from clipforge.export.card import NOT_EVALUATED
+from clipforge.export.loading import load_open_clip
 from clipforge.metrics.retrieval import METRIC_KEYS
 from tests.conftest import (
     BF16_SETS,

@@ -13,7 +13,6 @@ from PIL import Image
 
 from clipforge.data import testset
 from clipforge.eval.core import encode_images, encode_texts
-from clipforge.eval.loading import load_open_clip
 from clipforge.export.hf import (
     CHINESE_CLIP,
     CLIP,
@@ -22,6 +21,7 @@ from clipforge.export.hf import (
     hf_class,
     open_clip_to_clip,
 )
+from clipforge.export.loading import load_open_clip
 from clipforge.export.local_dir import export_model
 from clipforge.fsutil import sha256_file
 from clipforge.metrics.retrieval import relevance_matrix, retrieval_metrics

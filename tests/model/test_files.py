@@ -1,6 +1,6 @@
 """A model folder or weights file that cannot give the whole model is an error naming the file, in
 every stage that loads weights: eval's --model and eval.baseline_model, the train stage's
-model.pretrained. Before, a local-dir folder without its weights file was evaluated as a randomly
+model.pretrained and train.distill_model. Before, a local-dir folder without its weights file was evaluated as a randomly
 initialised model, with exit 0 and a metrics file."""
 
 from __future__ import annotations
@@ -144,5 +144,21 @@ def test_train_refuses_initial_weights_that_are_missing_or_damaged(
     assert run_train(tmp_path, small_data, f"model.pretrained=local-dir:{model_dir}") == 2
     assert capsys.readouterr().err.startswith(
         f"clipforge.train: error: model.pretrained: no weights in {model_dir}: "
+    )
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "models").exists()
+
+
+def test_train_refuses_a_teacher_without_weights_before_anything_is_built(
+    tmp_path, small_data, model_dir, capsys
+):
+    """train.distill_model is checked as eval checks its models: a folder without weights is one
+    line before the training stack loads, and no checkpoint is written."""
+    (model_dir / WEIGHTS).unlink()
+    sets = ("model.name=clipforge-micro", f"train.distill_model=local-dir:{model_dir}")
+    assert run_train(tmp_path, small_data, *sets) == 2
+    assert capsys.readouterr().err == (
+        f"clipforge.train: error: train.distill_model: no weights in {model_dir}: expected "
+        f"{WEIGHTS} (or open_clip_pytorch_model.bin); without them the model would be randomly "
+        f"initialised\n"
     )
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "models").exists()

@@ -2,7 +2,7 @@
 big batch's, and the temperature cap on DeepSpeed's master weights.
 
   python -m tests.support.gradient_worker OUT.json --world 2 --stages 1 2 --accum 1 2 4 \
-      [--loss siglip]
+      [--loss siglip|distill]
 
 Every rank computes the reference itself (one forward/backward of the whole global batch in plain
 torch, before any ZeRO-3 engine patches torch.nn.functional.linear); then, per ZeRO stage and
@@ -27,6 +27,10 @@ from tests.support.workers import on_ranks
 GLOBAL = 16
 IMAGE_SIZE = 32
 LR = 1e-3
+# The teacher of the distillation cases: another architecture than the student (clipforge-tiny),
+# narrower, with larger patches and its own embedding width (the real runs distil tiny into it).
+TEACHER = "clipforge-micro"
+DISTILL_WEIGHT = 0.5
 
 
 def _batch():
@@ -61,14 +65,48 @@ def _model(loss: str = "clip"):
     return copy.deepcopy(_initial_model(loss))
 
 
-def reference_gradients(loss: str) -> dict:
-    from clipforge.train.loss import learned_scalars, make_loss
+@functools.cache
+def _teacher():
+    """A distillation teacher of another architecture than the student, with its own weights and
+    temperature, in fp32 as a CPU run's teacher is."""
+    import torch
 
-    model = _model(loss)
+    from clipforge.model.config import ModelConfig
+    from clipforge.model.factory import build_model
+    from clipforge.train.teacher import Teacher
+
+    torch.manual_seed(1)
+    teacher = build_model(ModelConfig(name=TEACHER, image_size=IMAGE_SIZE)).model
+    with torch.no_grad():  # a temperature of its own, not the student's
+        teacher.logit_scale.fill_(math.log(50.0))
+    return Teacher(teacher, torch.float32)
+
+
+def _loss(loss: str, rank: int, world: int):
+    """The loss of a case: train.loss (clip, siglip), or `distill`: CLIP's with the teacher."""
+    from clipforge.train.loss import make_loss
+
+    if loss == "distill":
+        return make_loss("clip", rank, world, DISTILL_WEIGHT)
+    return make_loss(loss, rank, world)
+
+
+def reference_gradients(loss: str) -> dict:
+    from clipforge.train.loss import learned_scalars
+
+    model = _model("clip" if loss == "distill" else loss)
     images, texts = _batch()
     out = model(image=images, text=texts)
-    value = make_loss(loss, 0, 1)(
-        out["image_features"], out["text_features"], *learned_scalars(out)
+    teacher = {}
+    if loss == "distill":  # the teacher's features of the whole batch at once
+        seen = _teacher()(images, texts)
+        teacher = {
+            "dist_image_features": seen.image,
+            "dist_text_features": seen.text,
+            "dist_logit_scale": seen.logit_scale,
+        }
+    value = _loss(loss, 0, 1)(
+        out["image_features"], out["text_features"], *learned_scalars(out), **teacher
     )
     value.backward()
     return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
@@ -114,15 +152,16 @@ def accumulated_gradients(
 
     from clipforge.train.ds_config import deepspeed_bf16, uses_autocast
     from clipforge.train.engine import forward_autocast
-    from clipforge.train.loss import accumulate_gradients, make_loss
+    from clipforge.train.loss import accumulate_gradients
 
-    engine = _engine(stage, k, world, precision, _model(loss))
+    engine = _engine(stage, k, world, precision, _model("clip" if loss == "distill" else loss))
     dtype = torch.bfloat16 if deepspeed_bf16(precision, stage) else torch.float32
     accumulate_gradients(
         engine,
-        make_loss(loss, rank, world),
+        _loss(loss, rank, world),
         _rank_micro_batches(k, world, rank, dtype),
         autocast=forward_autocast("cpu", uses_autocast(precision, stage)),
+        teacher=_teacher() if loss == "distill" else None,
     )
     grads = {}
     for name, param in engine.module.named_parameters():  # collective under ZeRO: same order
@@ -217,7 +256,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--rtol", type=float, default=1e-5)
     parser.add_argument("--clamp", action="store_true")
-    parser.add_argument("--loss", choices=["clip", "siglip"], default="clip")
+    parser.add_argument(
+        "--loss",
+        choices=["clip", "siglip", "distill"],
+        default="clip",
+        help="train.loss, or distill: CLIP's with a teacher (DistillClipLoss)",
+    )
     args = parser.parse_args(argv)
     on_ranks(run, args.world, args)
 

@@ -4,7 +4,8 @@ Gradients, not weights: after one Adam step the update is about lr * sign(g) wha
 gradient's size, so a weight comparison cannot see a gradient k times too large. Every
 parameter's accumulated gradient is read before the optimizer step (DeepSpeed's
 safe_get_full_grad) and compared with one forward/backward of the whole global batch in plain
-torch, for k = 1, 2, 4 micro-batches, one and two ranks (gloo), ZeRO 1, 2 and 3.
+torch, for k = 1, 2, 4 micro-batches, one and two ranks (gloo), ZeRO 1, 2 and 3; and with a
+distillation teacher (train.distill_model), at ZeRO-1 and 3.
 
 Each comparison runs in fresh interpreters (tests/support/gradient_worker.py): a ZeRO-3
 engine patches torch.nn.functional.linear for the whole process, which would change the
@@ -86,6 +87,23 @@ def test_siglip_accumulated_gradient_on_two_ranks_equals_the_one_process_big_bat
             assert case["num_params"] > 50
             assert case["mismatched"] == [], (stage, k, case)
             assert case["logit_bias_error"] < FP32_RTOL, (stage, k, case)
+            assert case["logit_scale_error"] < FP32_RTOL, (stage, k, case)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_distilled_step_accumulated_has_the_big_batch_gradient_at_zero1_and_zero3(
+    tmp_path, world
+):
+    """With a teacher (open_clip's DistillClipLoss, the teacher of another architecture): k = 1
+    and 4 give every gradient of one big batch with the teacher's logits of the whole global
+    batch, across two ranks too (the teacher's features gathered like the student's)."""
+    args = ["--world", str(world), "--stages", "1", "3", "--accum", "1", "4"]
+    outcome = _worker(tmp_path, *args, "--rtol", str(FP32_RTOL), "--loss", "distill")
+    for stage in (1, 3):
+        for k in (1, 4):
+            case = outcome[f"zero{stage}-k{k}"]
+            assert case["num_params"] > 50
+            assert case["mismatched"] == [], (stage, k, case)
             assert case["logit_scale_error"] < FP32_RTOL, (stage, k, case)
 
 

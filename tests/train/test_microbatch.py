@@ -105,3 +105,59 @@ def test_probe_under_a_real_memory_cap_picks_what_fits_and_more_with_more_memory
         assert probe["again"] is True  # what was chosen fits when tried again
         assert probe["twice"] is False  # and the next candidate does not: the cap decided
     assert 1 <= small["chosen"] < large["chosen"] < 4096
+
+
+# The same cap, probing a small student (clipforge-micro) alone and with a distillation teacher
+# whose no-grad forward needs more memory than the student's forward + backward: a wide two-layer
+# model (argv[1] holds its open_clip config). oneDNN's kernels fail under the cap with their own
+# error instead of an allocation failure: off, so every failure is the allocator's.
+CAPPED_TEACHER_PROBE = r"""
+import json, resource, sys
+import open_clip, torch
+from clipforge.model.config import ModelConfig
+from clipforge.model.factory import build_model
+from clipforge.train.microbatch import forward_backward_fits, probe_micro_batch
+from clipforge.train.teacher import Teacher
+from contextlib import nullcontext
+
+torch.set_num_threads(1)
+torch.backends.mkldnn.enabled = False
+open_clip.add_model_config(sys.argv[1])
+student = build_model(ModelConfig(name="clipforge-micro", image_size=64)).model
+teacher = Teacher(open_clip.create_model("wide-teacher"), torch.float32)
+cpu = torch.device("cpu")
+alone = forward_backward_fits(student, cpu, torch.float32, 64, 72, 0, nullcontext)
+taught = forward_backward_fits(student, cpu, torch.float32, 64, 72, 0, nullcontext, teacher)
+assert alone(2) and taught(2)  # warm-up, the teacher's weights allocated: before the cap
+size = lambda: int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (size() + 60 * 2**20, resource.RLIM_INFINITY))
+chosen = {"alone": probe_micro_batch(4096, alone), "taught": probe_micro_batch(4096, taught)}
+chosen["taught_twice"] = taught(2 * chosen["taught"])
+print(json.dumps(chosen))
+"""
+WIDE_TEACHER = {
+    "embed_dim": 64,
+    "vision_cfg": {"image_size": 64, "layers": 2, "width": 768, "head_width": 64, "patch_size": 8},
+    "text_cfg": {"context_length": 72, "vocab_size": 49408, "width": 768, "heads": 12, "layers": 2},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.tier2
+def test_a_distillation_teachers_forward_is_measured_by_the_probe(tmp_path):
+    """The probe runs the teacher's forward of every micro batch it tries (as the step does,
+    before the student's): under the same memory, a teacher whose activations outgrow the
+    student's leaves a smaller micro batch, one that fits with it and whose double does not."""
+    (tmp_path / "wide-teacher.json").write_text(json.dumps(WIDE_TEACHER), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-c", CAPPED_TEACHER_PROBE, str(tmp_path)],
+        cwd=REPO,
+        env={**subprocess_env(), "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    chosen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert 1 <= chosen["taught"] < chosen["alone"]
+    assert chosen["taught_twice"] is False

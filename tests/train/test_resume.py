@@ -16,6 +16,7 @@ from clipforge.checkpoints.layout import tag_for
 from tests.conftest import (
     BF16_SETS,
     SIGLIP_SETS,
+    distill_sets,
     set_args,
     subprocess_env,
     train_argv,
@@ -50,6 +51,7 @@ class Case:
     held: int
     resumed_from: int
     logged: list[int]
+    distilled: bool = False  # from untrained_model_dir as the teacher (conftest.distill_sets)
 
 
 # The GPU default. The CPU default (fp32) is killed and resumed to the uninterrupted run's weights
@@ -59,20 +61,42 @@ CASES = {
     "bf16": Case("bf16_run", BF16_SETS, held=5, resumed_from=3, logged=[1, 2, 3, 4, 5, 6]),
     # SigLIP's loss (fp32, accumulation 2): its learned bias resumes with the rest
     "siglip": Case("siglip_run", SIGLIP_SETS, held=5, resumed_from=3, logged=[1, 2, 3, 4, 5, 6]),
+    # the same, distilling a smaller student from a bf16 teacher (train.distill_model)
+    "distill-bf16": Case(
+        "distill_bf16_run",
+        BF16_SETS,
+        held=5,
+        resumed_from=3,
+        logged=[1, 2, 3, 4, 5, 6],
+        distilled=True,
+    ),
 }
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+# make test kills the GPU default; the other losses' cases are tier2 (each a run and its twin).
+IN_MAKE_TEST = {"bf16"}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(case, id=name, marks=() if name in IN_MAKE_TEST else pytest.mark.tier2)
+        for name, case in CASES.items()
+    ],
+)
 def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     tmp_path, small_data, request, case
 ):
     reference = request.getfixturevalue(case.reference)
+    sets = case.sets
+    if case.distilled:
+        sets += distill_sets(request.getfixturevalue("untrained_model_dir"))
     killed = tmp_path / "killed"
     killed.mkdir()
     write_params(killed / "params.yaml")
     env = {**subprocess_env(), "CLIPFORGE_FAULTS": f"hold@{case.held}"}
     process = subprocess.Popen(
-        _stage_command(killed, small_data, case.sets),
+        _stage_command(killed, small_data, sets),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -92,7 +116,7 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     assert not (killed / "models").exists()
 
     resumed = subprocess.run(
-        _stage_command(killed, small_data, case.sets),
+        _stage_command(killed, small_data, sets),
         env=subprocess_env(),
         capture_output=True,
         text=True,

@@ -17,6 +17,7 @@ from typing import Literal
 from clipforge import util
 from clipforge.config import Params
 from clipforge.fields import REQUIRED, ConfigError, Entry, Section, knob
+from clipforge.model.files import weights_included
 
 SUITE_KINDS = ("retrieval", "zero-shot-classification")
 # Keys of metrics/eval.json beside the suites' names (clipforge.eval.stage): no suite is called so.
@@ -155,12 +156,6 @@ class EvalConfig(Section):
                 f"weights would "
                 f"otherwise be random (a tag such as openai, or a weights file)"
             )
-
-
-def weights_included(model: str) -> bool:
-    """Does a model spec bring its weights (`local-dir:`, `hf-hub:`, `chinese-clip:`)? A bare
-    name is an open_clip architecture: without pretrained weights, a random model."""
-    return model.startswith(("local-dir:", "hf-hub:", "chinese-clip:"))
 
 
 @dataclass(kw_only=True)

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from clipforge.data.testset import ClassificationSet, TestSetError
-from clipforge.eval.loading import load_model
 from clipforge.eval.suites import Suite
+from clipforge.export.loading import load_model
 from clipforge.metrics.classification import class_embeddings, zero_shot_accuracy
 from clipforge.metrics.retrieval import relevance_matrix, retrieval_metrics
 

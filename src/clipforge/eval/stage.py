@@ -25,14 +25,14 @@ from clipforge import envrecord
 from clipforge.cli import load_stage_config, path_argument, run_stage, stage_parser
 from clipforge.data.decontam import eval_record, not_checked
 from clipforge.errors import StageError
-from clipforge.eval.config import EvalParams, SuiteConfig, weights_included
+from clipforge.eval.config import EvalParams, SuiteConfig
 from clipforge.eval.core import evaluate
-from clipforge.eval.loading import tags_text
 from clipforge.eval.suites import Suite, load_suites
 from clipforge.export.card import CARD_FILE, with_eval_metrics
+from clipforge.export.loading import tags_text
 from clipforge.fsutil import atomic_write_text
 from clipforge.metrics import classification, retrieval
-from clipforge.model.files import ModelFilesError, check_model_weights
+from clipforge.model.files import ModelFilesError, check_model_weights, weights_included
 from clipforge.progress import ProgressFile
 
 log = logging.getLogger("clipforge.eval")

@@ -27,6 +27,12 @@ WEIGHTS_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 _WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
+def weights_included(model: str) -> bool:
+    """Does a model spec bring its weights (`local-dir:`, `hf-hub:`, `chinese-clip:`)? A bare
+    name is an open_clip architecture: without pretrained weights, a random model."""
+    return model.startswith((LOCAL_DIR, HF_HUB, CHINESE_CLIP))
+
+
 class ModelFilesError(UserError, ValueError):
     """A model folder or weights file that cannot give the model it names; the message says which
     file and what to do."""

@@ -20,8 +20,10 @@ from clipforge.config import Params
 from clipforge.fields import MAX_SEED, ConfigError, Section, knob
 from clipforge.ids import run_id_for
 from clipforge.model.config import ModelConfig
+from clipforge.model.files import weights_included
 from clipforge.model.names import tower_kinds
 from clipforge.store.config import StorageConfig
+from clipforge.util import short_repr
 
 
 @dataclass(kw_only=True)
@@ -126,6 +128,25 @@ class TrainConfig(Section):
         "With lock_text on a Hugging Face tower: lock the LayerNorms of its locked layers too "
         "(false: they train). open_clip's own text tower locks them with the rest, always.",
     )
+    distill_model: str | None = knob(
+        None,
+        "Distil from this teacher (open_clip's DistillClipLoss) as well as from the pairs: any "
+        "model eval loads, `local-dir:PATH`, `chinese-clip:PATH`, `hf-hub:ORG/REPO` or an "
+        "open_clip name with distill_pretrained. Frozen, outside the optimizer, its features "
+        "computed once per micro batch without gradients, in bf16 where the run is bf16 (fp32 "
+        "on CPU by default). It sees the student's inputs, so both must preprocess and tokenise "
+        "alike (checked at start-up).",
+        path=True,
+    )
+    distill_pretrained: str | None = knob(
+        None, "open_clip pretrained tag or file for distill_model.", path=True
+    )
+    distill_weight: float = knob(
+        1.0,
+        "With distill_model: the loss is contrastive + distill_weight x distillation (the "
+        "cross-entropy of the student's logits to the teacher's; open_clip_train weighs both 1).",
+        gt=0.0,
+    )
     num_workers: int = knob(1, "Data-loading processes per rank.", ge=0)
     decode_on_device: bool = knob(
         False,
@@ -176,6 +197,7 @@ class TrainConfig(Section):
                 f"train.max_steps ({self.max_steps})"
             )
         self._check_lock_details()
+        self._check_distillation()
 
     @property
     def locks_a_tower(self) -> bool:
@@ -199,6 +221,29 @@ class TrainConfig(Section):
                     f"false; set train.{lock}: true, or train.{detail} back to "
                     f"{str(defaults[detail]).lower()}"
                 )
+
+    def _check_distillation(self) -> None:
+        """The teacher's details without a teacher, and an architecture without weights (a
+        random teacher), refused as eval refuses its baseline's."""
+        if self.distill_model is None:
+            for detail in ("distill_pretrained", "distill_weight"):
+                if getattr(self, detail) != self.defaults()[detail]:
+                    raise ConfigError(
+                        f"train.{detail}: set only together with train.distill_model (the "
+                        f"teacher); set train.distill_model, or remove train.{detail}"
+                    )
+        elif self.loss == "siglip":
+            raise ConfigError(
+                "train.distill_model: open_clip's DistillClipLoss distils softmax logits, not "
+                "train.loss: siglip's sigmoid ones; set train.loss: clip, or remove "
+                "train.distill_model"
+            )
+        elif not weights_included(self.distill_model) and not self.distill_pretrained:
+            raise ConfigError(
+                f"train.distill_pretrained: required with train.distill_model "
+                f"{short_repr(self.distill_model)}, an open_clip architecture whose weights "
+                f"would otherwise be random (a tag such as openai, or a weights file)"
+            )
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ class LoopParts:
     perf: PerfMeter
     autocast: Callable[[], AbstractContextManager] = nullcontext
     faults: Faults = field(default_factory=Faults)
+    teacher: Callable | None = None  # train.distill_model's frozen model (clipforge.train.teacher)
 
 
 class StepChecks:
@@ -185,7 +186,9 @@ def train_clip(
         )
         lr = engine.get_lr()[0]  # the rate this step uses; the scheduler advances inside step()
         skip_if = functools.partial(checks.before_backward, done)
-        out = contrastive_step(engine, loss_fn, micro_batches, skip_if, parts.autocast)
+        out = contrastive_step(
+            engine, loss_fn, micro_batches, skip_if, parts.autocast, parts.teacher
+        )
         if not out.skipped:
             clamp_logit_scale(engine, train.max_logit_scale)
             checks.updated(done, engine.get_global_grad_norm())

@@ -18,6 +18,10 @@ one-process global batch divides by all B of them: DeepSpeed averages the ranks'
 the mean over W ranks of sum_r / (B / W) is sum / B, the big batch's gradient with no
 correction (tests/train/test_siglip.py, and test_accumulation.py on two ranks).
 
+Distillation (train.distill_model) keeps it exact the same way: the teacher's features are
+constants, computed once per micro-batch and concatenated over the step like the student's cache,
+so every pass sees the full batch's teacher logits (open_clip's DistillClipLoss).
+
 Two details make the sum exactly the big batch's gradient:
 - the temperature (and SigLIP's bias) enters every one of the k losses, so each pass carries 1/k
   of its gradient (otherwise dL/dlogit_scale is counted k times);
@@ -30,12 +34,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
-from open_clip.loss import ClipLoss, SigLipLoss
+from open_clip.loss import ClipLoss, DistillClipLoss, SigLipLoss
 
-ContrastiveLoss: TypeAlias = ClipLoss | SigLipLoss  # train.loss: clip | siglip
+if TYPE_CHECKING:
+    from clipforge.train.teacher import TeacherFeatures
+
+# train.loss: clip | siglip; with a teacher (train.distill_model), ClipLoss's subclass
+# WeightedDistillLoss
+ContrastiveLoss: TypeAlias = ClipLoss | SigLipLoss
 
 
 @dataclass(frozen=True)
@@ -50,13 +59,71 @@ def _never(loss: torch.Tensor) -> bool:
     return False
 
 
-def make_loss(loss: str, rank: int, world_size: int) -> ContrastiveLoss:
-    """open_clip's loss of train.loss, over the global batch of `world_size` ranks."""
+class WeightedDistillLoss(DistillClipLoss):
+    """open_clip's DistillClipLoss as the one number a step back-propagates: its contrastive loss
+    + `weight` x its distillation loss (the cross-entropy of the student's logits to the
+    teacher's, both directions)."""
+
+    def __init__(self, rank: int, world_size: int, weight: float):
+        super().__init__(
+            local_loss=True,
+            gather_with_grad=True,
+            cache_labels=True,
+            rank=rank,
+            world_size=world_size,
+        )
+        self.weight = weight
+
+    def forward(  # one number, where DistillClipLoss returns the pair
+        self,
+        image_features,
+        text_features,
+        logit_scale,
+        dist_image_features,
+        dist_text_features,
+        dist_logit_scale,
+    ) -> torch.Tensor:
+        contrastive, distill = super().forward(
+            image_features,
+            text_features,
+            logit_scale,
+            dist_image_features,
+            dist_text_features,
+            dist_logit_scale,
+        )
+        return contrastive + self.weight * distill
+
+
+def make_loss(
+    loss: str, rank: int, world_size: int, distill_weight: float | None = None
+) -> ContrastiveLoss:
+    """open_clip's loss of train.loss over the global batch of `world_size` ranks; with a teacher
+    (a distill_weight: train.distill_model, refused with siglip at params load),
+    WeightedDistillLoss."""
     if loss == "siglip":
         return SigLipLoss(rank=rank, world_size=world_size)
+    if distill_weight is not None:
+        return WeightedDistillLoss(rank, world_size, distill_weight)
     return ClipLoss(
         local_loss=True, gather_with_grad=True, cache_labels=True, rank=rank, world_size=world_size
     )
+
+
+def teacher_arguments(
+    teacher: Callable[[torch.Tensor, torch.Tensor], TeacherFeatures] | None,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+) -> dict[str, torch.Tensor]:
+    """DistillClipLoss's teacher arguments for the whole step: each micro-batch seen once by the
+    teacher (no gradients), the features concatenated in the order of the student's cache; {}
+    without a teacher."""
+    if teacher is None:
+        return {}
+    seen = [teacher(images, texts) for images, texts in micro_batches]
+    return {
+        "dist_image_features": torch.cat([s.image for s in seen]),
+        "dist_text_features": torch.cat([s.text for s in seen]),
+        "dist_logit_scale": seen[0].logit_scale,
+    }
 
 
 def counted_once(value: torch.Tensor, num_passes: int) -> torch.Tensor:
@@ -110,6 +177,7 @@ def accumulate_gradients(
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     skip_if: Callable[[torch.Tensor], bool] = _never,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
+    teacher: Callable[[torch.Tensor, torch.Tensor], TeacherFeatures] | None = None,
 ) -> StepOutput:
     """Forward/backward every micro-batch of one step, leaving the summed gradient for the
     optimizer step (DeepSpeed's engine.step() at the accumulation boundary, not taken here).
@@ -117,8 +185,10 @@ def accumulate_gradients(
     `skip_if(loss)` sees the full-batch loss before any backward pass (a collective-safe point:
     every rank calls it once per step); when it says so, the step is dropped whole.
     `autocast` wraps each forward (bf16 autocast where the weights stay fp32).
+    `teacher` (with a WeightedDistillLoss as `loss_fn`): the frozen model distilled from.
     """
     k = len(micro_batches)
+    teacher_args = teacher_arguments(teacher, micro_batches)
     randomness = _SameRandomness()
     cached_images: list[torch.Tensor] = []
     cached_texts: list[torch.Tensor] = []
@@ -139,7 +209,7 @@ def accumulate_gradients(
         else:
             all_images, all_texts = out["image"], out["text"]
         scalars = [counted_once(s, k) for s in out["scalars"]]
-        loss = loss_fn(all_images, all_texts, *scalars)
+        loss = loss_fn(all_images, all_texts, *scalars, **teacher_args)
         if j == 0:
             first_loss = loss.detach()
             if skip_if(first_loss):
@@ -165,9 +235,10 @@ def contrastive_step(
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     skip_if: Callable[[torch.Tensor], bool] = _never,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
+    teacher: Callable[[torch.Tensor, torch.Tensor], TeacherFeatures] | None = None,
 ) -> StepOutput:
     """One whole optimizer step: accumulate_gradients, then DeepSpeed's update."""
-    out = accumulate_gradients(engine, loss_fn, micro_batches, skip_if, autocast)
+    out = accumulate_gradients(engine, loss_fn, micro_batches, skip_if, autocast, teacher)
     if not out.skipped:
         engine.step()
     return out

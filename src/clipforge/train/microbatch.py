@@ -69,9 +69,12 @@ def forward_backward_fits(
     context_length: int,
     reserve_bytes: int,
     autocast: Callable[[], AbstractContextManager],
+    teacher: Callable | None = None,
 ) -> Callable[[int], bool]:
     """An oracle: does one forward + backward of a micro batch of m pairs fit, while
-    `reserve_bytes` are held for what the training engine will allocate later?"""
+    `reserve_bytes` are held for what the training engine will allocate later? With a
+    distillation `teacher` (its weights already on the device), its forward of the micro batch
+    runs first and its features stay alive through the student's, as in a step."""
 
     def fits(m: int) -> bool:
         held: list[torch.Tensor] = []
@@ -82,6 +85,8 @@ def forward_backward_fits(
             shape = (m, 3, image_size, image_size)
             images = torch.randn(shape, device=device, generator=generator).to(dtype)
             texts = torch.randint(1, 1000, (m, context_length), device=device, generator=generator)
+            if teacher is not None:
+                held.append(teacher(images, texts))
             with autocast():
                 out = model(image=images, text=texts)
             logits = out["image_features"].float() @ out["text_features"].float().T
@@ -134,9 +139,12 @@ def probe_on_gpu(
     world_size: int,
     deepspeed_bf16: bool,
     autocast: Callable[[], AbstractContextManager],
+    teacher: Callable | None = None,
 ) -> int:
     """The largest micro batch whose forward + backward fits this rank's GPU with the engine's
-    later needs held back. Runs on a copy in the training dtype: the weights stay untouched."""
+    later needs held back. Runs on a copy in the training dtype: the weights stay untouched. A
+    distillation teacher is measured, not estimated: its weights are on the device already, and
+    its forward runs in each try."""
     dtype = torch.bfloat16 if deepspeed_bf16 else torch.float32
     probe = copy.deepcopy(model).to(device, dtype)
     try:
@@ -154,6 +162,7 @@ def probe_on_gpu(
                 torch.cuda.get_device_properties(device).total_memory,
             ),
             autocast,
+            teacher,
         )
         chosen = probe_micro_batch(share, fits)
     finally:

@@ -71,6 +71,7 @@ from clipforge.train.loss import make_loss
 from clipforge.train.microbatch import PLAN_FILE, plan_record, probe_on_gpu, saved_micro_batch
 from clipforge.train.optim import WarmupCosine, lock_towers
 from clipforge.train.reporting import PerfMeter, TrainReport, run_label
+from clipforge.train.teacher import Teacher, load_teacher
 from clipforge.train.validation import validation_metrics
 
 log = logging.getLogger("clipforge.train")
@@ -100,6 +101,7 @@ class TrainingRun:
     sync: StoreSync | None = None  # rank 0, with storage.remote set
     gallery: retrieval_grid.SampleGallery | None = None  # retrieval samples (None: no val split)
     lock: RunLock | None = None  # rank 0: the run directory's writer lock
+    teacher: Teacher | None = None  # train.distill_model, frozen on the device
 
     @property
     def start_step(self) -> int:
@@ -260,8 +262,14 @@ def _set_up_locked(
     _stop_if_asked(stop, device, "the model")
     if train.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
+    # before the micro batch probe, which measures the teacher's weights and forward too
+    setup.part("loading the distillation teacher")
+    teacher = load_teacher(
+        train, bundle, config.model.name, _rank_device(device, dist.local_rank), precision
+    )
+    _stop_if_asked(stop, device, "the teacher")
     setup.part("settling the batch plan")
-    plan = _batch_plan(train, dist, bundle, run_dir, precision)
+    plan = _batch_plan(train, dist, bundle, run_dir, precision, teacher)
     _stop_if_asked(stop, device, "the micro batch")
     files = train_loader.split_files(paths["data"], "train")
     steps_per_epoch = util.steps_per_epoch(files.num_samples, plan.global_batch_size)
@@ -376,14 +384,25 @@ def _set_up_locked(
             paths["data"], train_loader.uint8_transform(bundle.preprocess_val)[0], bundle.tokenizer
         ),
         lock=lock,
+        teacher=teacher,
     )
+
+
+def _rank_device(device: str, local_rank: int) -> torch.device:
+    """This rank's device: its GPU, or the CPU."""
+    return torch.device(device, local_rank) if device == "cuda" else torch.device("cpu")
 
 
 def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
     """Train from the start step to the end; on rank 0, export the model and the summary."""
     parts = LoopParts(
         engine=run.engine,
-        loss_fn=make_loss(run.config.train.loss, run.dist.rank, run.dist.world_size),
+        loss_fn=make_loss(
+            run.config.train.loss,
+            run.dist.rank,
+            run.dist.world_size,
+            run.config.train.distill_weight if run.teacher else None,
+        ),
         batches=iter(run.loader),
         to_device=run.to_device,
         report=run.report,
@@ -395,6 +414,7 @@ def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
         perf=_perf_meter(run),
         autocast=run.autocast,
         faults=faults_from_env(),
+        teacher=run.teacher,
     )
     began = time.monotonic()
     with run.alerts:  # starts the stall watchdog now that set-up is over; reports a crash
@@ -421,7 +441,12 @@ def train_and_export(run: TrainingRun, stop: StopFlag) -> dict:
 
 
 def _batch_plan(
-    train: TrainConfig, dist: DistInfo, bundle: ClipBundle, run_dir: Path, precision: str
+    train: TrainConfig,
+    dist: DistInfo,
+    bundle: ClipBundle,
+    run_dir: Path,
+    precision: str,
+    teacher: Teacher | None,
 ) -> BatchPlan:
     """The batch arithmetic, with the micro batch of `auto` settled once per run: probed on GPUs
     at the run's first start, then read back from the run directory on every resume (the same
@@ -433,7 +458,8 @@ def _batch_plan(
         if saved:
             micro, how = saved, f"{run_dir / PLAN_FILE}, the run's first choice"
         elif dist.device == "cuda":
-            micro, how = _agreed(_probe(train, dist, bundle, precision), min), "memory probe"
+            probed = _probe(train, dist, bundle, precision, teacher)
+            micro, how = _agreed(probed, min), "memory probe"
     planned_world = train.num_nodes * train.ranks_per_node
     ranks_now = util.ranks_per_node_now(train.ranks_per_node)
     if dist.world_size != train.num_nodes * ranks_now:
@@ -458,7 +484,9 @@ def _batch_plan(
     return plan
 
 
-def _probe(train: TrainConfig, dist: DistInfo, bundle: ClipBundle, precision: str) -> int:
+def _probe(
+    train: TrainConfig, dist: DistInfo, bundle: ClipBundle, precision: str, teacher: Teacher | None
+) -> int:
     return probe_on_gpu(
         bundle.model,
         bundle.model_cfg,
@@ -467,6 +495,7 @@ def _probe(train: TrainConfig, dist: DistInfo, bundle: ClipBundle, precision: st
         dist.world_size,
         deepspeed_bf16(precision, train.zero_stage, train.locks_a_tower),
         forward_autocast("cuda", uses_autocast(precision, train.zero_stage, train.locks_a_tower)),
+        teacher,
     )
 
 
@@ -567,9 +596,8 @@ def _device_batches(
     """uint8 chunks -> normalised micro-batches on the device, in the weights' dtype (bf16 where
     DeepSpeed keeps bf16 weights; fp32 weights under autocast get fp32 inputs)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    target = torch.device(device, local_rank) if device == "cuda" else torch.device("cpu")
     decode = transform if isinstance(transform, train_loader.DeviceCrop) else None
-    return train_loader.DeviceBatches(mean, std, target, dtype, decode)
+    return train_loader.DeviceBatches(mean, std, _rank_device(device, local_rank), dtype, decode)
 
 
 def _prefetch_factor(train: TrainConfig, bundle: ClipBundle) -> int:

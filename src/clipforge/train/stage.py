@@ -22,7 +22,7 @@ from clipforge.alerts.rules import NonFiniteTrainingError
 from clipforge.checkpoints.disk import not_writable_message
 from clipforge.cli import load_stage_config, path_argument, run_stage, stage_parser
 from clipforge.errors import AccessDenied, StackMismatch, StageError
-from clipforge.model.files import weights_file
+from clipforge.model.files import check_model_weights, weights_file
 from clipforge.model.names import check_text_tower
 from clipforge.progress import SetUpProgress
 from clipforge.store.remote import RUN_RECORD_ENV, open_filesystem
@@ -72,6 +72,10 @@ def _check_inputs(config: TrainParams, paths: dict[str, Path]) -> bytes:
     check_text_tower(config.model)
     if config.model.pretrained:
         weights_file(config.model.pretrained, "model.pretrained")
+    if config.train.distill_model:
+        check_model_weights(
+            config.train.distill_model, config.train.distill_pretrained, "train.distill_model"
+        )
     for key in ("checkpoints", "logs", "metrics", "model"):
         problem = not_writable_message(paths[key])
         if problem:

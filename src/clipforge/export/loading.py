@@ -1,7 +1,9 @@
-"""A model to evaluate: plain open_clip, or a Chinese-CLIP model as Chinese-CLIP loads it.
+"""A model as its users load it: plain open_clip, or a Chinese-CLIP model as Chinese-CLIP loads it.
 
 Through plain open_clip as a user would load it, or a Chinese-CLIP model
-(its original checkpoint or its transformers form) as Chinese-CLIP evaluates it."""
+(its original checkpoint or its transformers form) as Chinese-CLIP evaluates it. The one loader
+of every model given by name: eval's model and baseline, and train's distillation teacher
+(train.distill_model); here, below both stages, so that neither imports the other."""
 
 from __future__ import annotations
 
