@@ -12,6 +12,9 @@ ENV_STAMP := $(VENV)/.clipforge-env
 IMG2DATASET_VENV ?= .venv-img2dataset
 IMG2DATASET_STAMP := $(IMG2DATASET_VENV)/.clipforge-tool
 PYTEST_ARGS ?=
+# make test's worker processes (pytest-xdist), a test file each at a time: its module's fixtures
+# are built once. 2 keeps both cores of a small machine busy while a test waits on sshd or DVC.
+TEST_WORKERS ?= 2
 
 .PHONY: help env img2dataset-env demo test test-system test-tier2 test-tier3 lint format clean-outputs bench-wheels
 
@@ -73,7 +76,7 @@ demo: env  ## train and evaluate the built-in default on CPU as a DVC experiment
 # has a cheaper test here (one host with two ranks, the refused two-host launches, a run resumed
 # from the store in-process, the supervisor on stand-in phases, one smoke run through `fab`).
 test: env img2dataset-env lint test-system  ## lint, then the test suite but its slow tier (installs openssh-server and chromium, which tests run)
-	$(PY) -m pytest -m "not tier2 and not tier3" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not tier2 and not tier3" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-system:  ## the system packages the tests run (sshd, ip netns, a CJK font, chromium)
 	scripts/setup-system.sh openssh-server iproute2 fonts-wqy-microhei chromium

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""What a distillation teacher (`train.distill_model`) costs a training step, against the plain step.
+"""What each way of starting from open weights costs a training step, against the plain step.
 
-Times clipforge's step (`contrastive_step`: the feature-cached accumulation, with the teacher's
-features computed once per micro batch) of one student, without and with a frozen teacher, in
-one process, alternating the two in each round (`--rounds`, default 6, of `--steps` 3 each), so
-that a shared machine's load drifts over both alike. The same batch, the same initial weights;
-AdamW in plain PyTorch behind a minimal engine (one micro batch per step, as the demo's CPU
-run), fp32 as a CPU run and its teacher are. Prints the medians, the median of the rounds'
-ratios and the FLOPs the formula of clipforge.train.flops predicts (student forward + backward,
-teacher forward).
+Times clipforge's step (`contrastive_step`: the feature-cached accumulation) of one student in
+four ways, side by side in one process: plain (CLIP's loss), SigLIP's loss (`train.loss:
+siglip`), a frozen teacher (`train.distill_model`, its features computed once per micro batch)
+and a locked image tower (`train.lock_image`, LiT: the optimizer holds the text tower only). The
+cases alternate in each round (`--rounds`, default 6, of `--steps` 3 each, the order reversed
+every other round), so that a shared machine's load drifts over all alike. The same batch, the
+same initial weights; AdamW in plain PyTorch behind a minimal engine (one micro batch per step,
+as the demo's CPU run), fp32 as a CPU run and its teacher are. Prints the medians, the median of
+the rounds' ratios to the plain step and the FLOPs the formula of clipforge.train.flops predicts
+for the teacher (student forward + backward, teacher forward).
 
-    .venv/bin/python bench/distill_step.py [--student clipforge-micro] [--teacher clipforge-tiny]
+    .venv/bin/python bench/loss_step.py [--student clipforge-micro] [--teacher clipforge-tiny]
 
 Record the table in BENCHMARKS.md with the machine's load (`uptime`) before and after.
 """
@@ -49,7 +51,9 @@ def step_seconds(student: str, teacher: str, batch: int, rounds: int, steps: int
 
     from clipforge.model.config import ModelConfig
     from clipforge.model.factory import build_model
+    from clipforge.train.config import TrainConfig
     from clipforge.train.loss import contrastive_step, make_loss
+    from clipforge.train.optim import lock_towers
     from clipforge.train.teacher import Teacher
 
     torch.manual_seed(0)
@@ -64,21 +68,28 @@ def step_seconds(student: str, teacher: str, batch: int, rounds: int, steps: int
         )
     ]
     cases = {
-        "plain": (None, make_loss("clip", 0, 1)),
-        "teacher": (frozen, make_loss("clip", 0, 1, 1.0)),
+        "plain": ("clip", None, TrainConfig()),
+        "siglip": ("siglip", None, TrainConfig(loss="siglip")),
+        "teacher": ("clip", frozen, TrainConfig()),
+        "locked image": ("clip", None, TrainConfig(lock_image=True)),
     }
-    engines = {}
-    for name in cases:
-        model = build_model(ModelConfig(name=student)).model
-        model.load_state_dict(start)
-        engines[name] = PlainEngine(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    engines, losses = {}, {}
+    for name, (loss, teaching, train) in cases.items():
+        model = build_model(ModelConfig(name=student), loss).model
+        model.load_state_dict(start, strict=False)  # SigLIP's bias keeps its own start
+        lock_towers(model, train)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        engines[name] = PlainEngine(model, torch.optim.AdamW(trainable, lr=1e-4))
+        losses[name] = make_loss(loss, 0, 1, 1.0 if teaching else None)
+    for name in cases:  # warm-up, untimed: the first step of a process pays for allocations
+        contrastive_step(engines[name], losses[name], data, teacher=cases[name][1])
     times: dict[str, list[float]] = {name: [] for name in cases}
     for round_ in range(rounds):
         for name in list(cases)[:: 1 if round_ % 2 == 0 else -1]:
-            teaching, loss_fn = cases[name]
+            teaching = cases[name][1]
             began = time.perf_counter()
             for _ in range(steps):
-                contrastive_step(engines[name], loss_fn, data, teacher=teaching)
+                contrastive_step(engines[name], losses[name], data, teacher=teaching)
             times[name].append((time.perf_counter() - began) / steps)
     return times
 
@@ -109,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"student {args.student}, teacher {args.teacher}, batch {args.batch}")
     print(
         f"predicted per pair: student forward + backward {trained:.3f} GFLOP, teacher forward "
-        f"{forward:.3f} GFLOP: {(trained + forward) / trained:.2f}x"
+        f"{forward:.3f} GFLOP: with the teacher {(trained + forward) / trained:.2f}x"
     )
     print("| step | s (median) | rounds, s | cost, median of the rounds' ratios |")
     print("|---|---:|---|---:|")
