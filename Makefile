@@ -29,14 +29,20 @@ help:  ## this list
 		| sed -e 's|$$(IMAGE_REPOSITORY)|$(IMAGE_REPOSITORY)|g' -e 's|$$(IMAGE_TAG)|$(IMAGE_TAG)|g' \
 		-e 's|$$(REGISTRY)|REGISTRY|g'
 
+# pip runs quietly; a line before each long phase says what it does and how long it takes, so
+# that minutes without output do not read as a hang.
 $(ENV_STAMP): pyproject.toml scripts/setup-system.sh
 	scripts/setup-system.sh numactl
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "[env 1/4] pip, setuptools, wheel (seconds)"
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	@echo "[env 2/4] torch, torchvision: about 2.5 GB to download (minutes; 1-2 on a fast link)"
 	$(PY) -m pip install --quiet $(TORCH_PINS)
 	# DeepSpeed builds from source against the installed torch: no build isolation.
+	@echo "[env 3/4] clipforge, DeepSpeed (built from source), DVC, the tools (2-4 minutes)"
 	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev]'
-	# Compile DeepSpeed's CPU communication op now (about a minute), not in the first run.
+	# Compile DeepSpeed's CPU communication op now, not in the first run.
+	@echo "[env 4/4] DeepSpeed's CPU op, compiled once (about 2 minutes on 2 cores, silent)"
 	DS_ACCELERATOR=cpu $(PY) -c "from clipforge.train.dist import prebuild_cpu_ops; prebuild_cpu_ops()"
 	touch $@
 

@@ -76,3 +76,17 @@ def test_the_demo_ends_saying_how_to_activate_the_environment():
     assert lines[0].endswith(": source .venv/bin/activate")
     assert [line.split()[0] for line in lines[1:]] == ["dvc", "dvc", "tensorboard"]
     assert max(map(len, lines)) <= 80, lines
+
+
+def test_each_long_phase_of_the_environment_says_first_what_it_does_and_how_long(tmp_path):
+    """`make env` on a fresh machine: pip runs quietly and the CPU op compiles silently for
+    minutes, so each is announced by a line numbering the phase and giving its duration."""
+    commands = _make("-n", "env", f"VENV={tmp_path / 'venv'}").splitlines()
+    long_phases = [
+        i for i, c in enumerate(commands) if " -m pip install" in c or "prebuild_cpu_ops" in c
+    ]
+    assert len(long_phases) == 4, commands
+    for number, i in enumerate(long_phases, start=1):
+        announced = commands[i - 1]
+        assert announced.startswith(f'echo "[env {number}/4] '), commands[i - 1 : i + 1]
+        assert re.search(r"\(.*(seconds|minutes)", announced), announced  # how long, in words

@@ -8,6 +8,7 @@ run left in the checkout.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import re
@@ -183,10 +184,15 @@ class TrainReport:
         self.started = time.monotonic()
         interactive = sys.stderr.isatty() if interactive is None else interactive
         self.bar = None
+        self._logs_above_bar = contextlib.ExitStack()
         if interactive:
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+            # A log line written while the bar is drawn would go on after it, on the bar's line:
+            # the root logger's handlers write through tqdm, which clears the bar first.
+            self._logs_above_bar.enter_context(logging_redirect_tqdm())
 
     def hparams(self, values: dict[str, int | float | str | bool]) -> None:
         """The run's hyperparameters for TensorBoard's hparams table, in the run's own events
@@ -255,6 +261,7 @@ class TrainReport:
     def close(self) -> None:
         self.writer.close()
         if self.bar is not None:
+            self._logs_above_bar.close()
             self.bar.close()
 
 
