@@ -101,7 +101,25 @@ def _rows(source: RunSource) -> dict[str, str]:
     lines: list[str] = []
     show_status(source, None, lines.append)
     assert lines[0] == f"{source.where}  launch {LAUNCH_ID}"
-    return dict(re.findall(r"^  (\w[\w ]*?)\s{2,}(.+)$", "\n".join(lines[1:]), re.MULTILINE))
+    text = re.sub(r"\n {4,}", " ", "\n".join(lines[1:]))  # a wrapped value, on one line again
+    return dict(re.findall(r"^  (\w[\w ]*?)\s{2,}(.+)$", text, re.MULTILINE))
+
+
+def test_status_rows_wrap_within_the_terminal_under_their_value(both_places, monkeypatch):
+    """`fab status` at 80 columns: every line fits (but a word longer than the value column,
+    which stays whole), a long value goes on under itself, and the rows say what they say at
+    200."""
+    for source in both_places:
+        monkeypatch.setenv("COLUMNS", "200")
+        wide = _rows(source)
+        monkeypatch.setenv("COLUMNS", "80")
+        lines: list[str] = []
+        show_status(source, None, lines.append)
+        too_long = [line for line in lines if len(line) > 80]
+        # only where one word (a path) is longer than the value column, which it stays whole in
+        assert all(len(line.split()[-1]) > 80 - 17 for line in too_long), too_long
+        assert any(re.match(r" {4,}\S", line) for line in lines), lines  # one at least wrapped
+        assert _rows(source) == wide
 
 
 def test_host_and_store_give_the_same_answers_for_the_same_run(both_places):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
@@ -68,8 +69,10 @@ def delta_record(model: dict, baseline: dict) -> dict:
     }
 
 
-def format_table(metrics: dict) -> str:
-    """A row per suite and model (the model, its baseline, the delta), a column per metric."""
+def format_table(metrics: dict, width: int = 80) -> str:
+    """A row per suite and model (the model, its baseline, the delta), a column per metric; where
+    that is wider than `width` (the terminal's), the metrics in blocks that fit, each block with
+    the suite and model columns again."""
     parts = [("model", metrics, "{:.2f}")]
     if "baseline" in metrics:
         parts += [("baseline", metrics["baseline"], "{:.2f}")]
@@ -85,11 +88,31 @@ def format_table(metrics: dict) -> str:
     for label, record, number in parts:
         rows.append((MEAN_KEY, label, number.format(record[MEAN_KEY]), *[""] * (len(COLUMNS) - 1)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for row in rows:
-        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        lines.append("  ".join(cells).rstrip())
+    blocks = _column_blocks(widths, width)
+    lines: list[str] = []
+    for block in blocks:
+        if len(blocks) > 1 and lines:
+            lines.append("")
+        for row in rows:
+            cells = [row[i].ljust(widths[i]) if i < 2 else row[i].rjust(widths[i]) for i in block]
+            if any(row[i] for i in block[2:]):  # not the mean's row in a block without its number
+                lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def _column_blocks(widths: list[int], width: int) -> list[list[int]]:
+    """The metric columns (from the third) in runs that fit `width` after the two key columns
+    (at least one metric a block, however narrow the terminal)."""
+    keys = widths[0] + 2 + widths[1]
+    blocks: list[list[int]] = []
+    used = width
+    for i in range(2, len(widths)):
+        if used + 2 + widths[i] > width:
+            blocks.append([0, 1])
+            used = keys
+        blocks[-1].append(i)
+        used += 2 + widths[i]
+    return blocks
 
 
 def _suite_configs(args, suites: list[SuiteConfig]) -> list[SuiteConfig]:
@@ -213,7 +236,7 @@ def _run(args) -> None:
     )
     atomic_write_text(out.with_suffix(".config.yaml"), config.to_yaml())
     write_model_card(args.model, metrics, out.with_name(MODEL_CARD))
-    print(format_table(metrics))
+    print(format_table(metrics, shutil.get_terminal_size((80, 24)).columns))
 
 
 def write_model_card(model: str, metrics: dict, path: Path) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import posixpath
+import shutil
 import signal
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -34,10 +36,21 @@ def show_status(
     RUN` (the recovery controller's rows last), a line per further node, and the next step of a
     run that has ended (`fab`: the command with the user's -H/-i). Returns the run's state."""
     rows = source.status_rows(price_per_gpu_hour) + source.recovery_rows()
-    width = max(len(k) for k, _ in rows)
+    key_width = max(len(k) for k, _ in rows)
+    columns = shutil.get_terminal_size((80, 24)).columns
     say(f"{source.where}  launch {source.launch_id}")
+    indent = " " * (key_width + 4)
     for key, value in rows:
-        say(f"  {key:<{width}}  {value}")
+        # a long value goes on under itself, within the terminal (a word longer stays whole)
+        lines = textwrap.wrap(
+            str(value),
+            max(columns - len(indent), 20),
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [""]
+        say(f"  {key:<{key_width}}  {lines[0]}")
+        for line in lines[1:]:
+            say(indent + line)
     for line in source.more_status_lines():
         say(line)
     state = source.run_state()
