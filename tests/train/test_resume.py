@@ -1,5 +1,6 @@
 """Exact resume: a run killed with SIGKILL and rerun ends with the weights of an uninterrupted run,
-in bf16 (the GPU default: DeepSpeed's bf16 mode)."""
+in bf16 (the GPU default: DeepSpeed's bf16 mode), and so does a run with a locked image tower from
+open weights (LiT: fp32 weights under bf16 autocast)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,35 @@ import pytest
 from safetensors.torch import load_file
 
 from clipforge.checkpoints.layout import tag_for
-from tests.conftest import BF16_SETS, set_args, subprocess_env, train_argv, write_params
+from tests.conftest import (
+    BF16_SETS,
+    run_train,
+    set_args,
+    subprocess_env,
+    train_argv,
+    write_params,
+)
 from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
+
+
+# LiT (train.lock_image) from open weights (model.pretrained, given by Case.start): the GPU
+# default's schedule, in bf16, which with a lock keeps fp32 weights under autocast at ZeRO-1.
+LIT_SETS = (*BF16_SETS, "train.lock_image=true")
+
+
+def _pretrained(start: Path) -> str:
+    return f"model.pretrained=local-dir:{start}"
+
+
+@pytest.fixture(scope="module")
+def lit_run(tmp_path_factory, small_data, untrained_model_dir) -> Path:
+    """One uninterrupted LiT run (LIT_SETS) from the untrained model's export. Shared: copy it
+    first."""
+    root = tmp_path_factory.mktemp("lit-run")
+    assert run_train(root, small_data, *LIT_SETS, _pretrained(untrained_model_dir)) == 0
+    return root
 
 
 def _stage_command(root: Path, data: Path, sets: tuple[str, ...]) -> list[str]:
@@ -36,13 +62,15 @@ class Case:
     """A run to kill and rerun: its uninterrupted twin (a fixture), its params (`--set`), the step
     held (so the kill lands after the checkpoint `resumed_from` and after the step before the
     held one was taken and logged, however fast this machine trains: work that the resumed run
-    must redo identically), and the steps its metrics table logs."""
+    must redo identically), the steps its metrics table logs, and the fixture whose exported
+    model it starts from (model.pretrained), if any."""
 
     reference: str
     sets: tuple[str, ...]
     held: int
     resumed_from: int
     logged: list[int]
+    start: str | None = None
 
 
 # The GPU default. The CPU default (fp32) is killed and resumed to the uninterrupted run's weights
@@ -50,20 +78,29 @@ class Case:
 CASES = {
     # the GPU default, bf16: DeepSpeed's bf16 mode at ZeRO-1 (6 steps, a checkpoint every 3)
     "bf16": Case("bf16_run", BF16_SETS, held=5, resumed_from=3, logged=[1, 2, 3, 4, 5, 6]),
+    # LiT: the locked tower is no optimizer state, only module weights in the checkpoint (tier2:
+    # make test keeps the locked run's plain rerun, tests/train/test_locked_towers.py)
+    "lit": pytest.param(
+        Case("lit_run", LIT_SETS, 5, 3, [1, 2, 3, 4, 5, 6], start="untrained_model_dir"),
+        marks=pytest.mark.tier2,
+    ),
 }
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+@pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     tmp_path, small_data, request, case
 ):
     reference = request.getfixturevalue(case.reference)
+    sets = case.sets
+    if case.start:
+        sets = (*sets, _pretrained(request.getfixturevalue(case.start)))
     killed = tmp_path / "killed"
     killed.mkdir()
     write_params(killed / "params.yaml")
     env = {**subprocess_env(), "CLIPFORGE_FAULTS": f"hold@{case.held}"}
     process = subprocess.Popen(
-        _stage_command(killed, small_data, case.sets),
+        _stage_command(killed, small_data, sets),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -83,7 +120,7 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     assert not (killed / "models").exists()
 
     resumed = subprocess.run(
-        _stage_command(killed, small_data, case.sets),
+        _stage_command(killed, small_data, sets),
         env=subprocess_env(),
         capture_output=True,
         text=True,
