@@ -1,6 +1,7 @@
 """Exact resume: a run killed with SIGKILL and rerun ends with the weights of an uninterrupted run,
-in bf16 (the GPU default: DeepSpeed's bf16 mode), and so does a run with a locked image tower from
-open weights (LiT: fp32 weights under bf16 autocast)."""
+in bf16 (the GPU default: DeepSpeed's bf16 mode), and so do both stages of finetune-zh: a run with
+a locked image tower from open weights (LiT: fp32 weights under bf16 autocast), and a run of every
+tower from its export."""
 
 from __future__ import annotations
 
@@ -45,6 +46,25 @@ def lit_run(tmp_path_factory, small_data, untrained_model_dir) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def lit_export(lit_run) -> Path:
+    """The LiT run's exported model: where a finetune-zh second stage starts."""
+    return lit_run / "models" / "clip"
+
+
+# finetune-zh's second stage: every tower trained from a LiT run's export, at a lower lr.
+FINETUNE_SETS = (*BF16_SETS, "train.lr=3e-4")
+
+
+@pytest.fixture(scope="module")
+def finetune_run(tmp_path_factory, small_data, lit_export) -> Path:
+    """One uninterrupted second stage (FINETUNE_SETS) from the LiT run's export. Shared: copy it
+    first."""
+    root = tmp_path_factory.mktemp("finetune-run")
+    assert run_train(root, small_data, *FINETUNE_SETS, _pretrained(lit_export)) == 0
+    return root
+
+
 def _stage_command(root: Path, data: Path, sets: tuple[str, ...]) -> list[str]:
     argv = train_argv(root, data, root / "params.yaml")
     return [sys.executable, "-m", "clipforge.train", *argv, *set_args(sets)]
@@ -82,6 +102,12 @@ CASES = {
     # make test keeps the locked run's plain rerun, tests/train/test_locked_towers.py)
     "lit": pytest.param(
         Case("lit_run", LIT_SETS, 5, 3, [1, 2, 3, 4, 5, 6], start="untrained_model_dir"),
+        marks=pytest.mark.tier2,
+    ),
+    # finetune-zh's second stage, from the LiT run's export: every tower in DeepSpeed's bf16 mode
+    # again (the first stage's kill is `lit`)
+    "finetune": pytest.param(
+        Case("finetune_run", FINETUNE_SETS, 5, 3, [1, 2, 3, 4, 5, 6], start="lit_export"),
         marks=pytest.mark.tier2,
     ),
 }
