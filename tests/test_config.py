@@ -180,10 +180,11 @@ def test_the_production_recipe_written_into_params_yaml_is_what_runs(tmp_path, c
     assert path.read_text(encoding="utf-8") == (REPO / "params.yaml").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("recipe", ["lit-zh", "distill-b32-from-b16"])
+@pytest.mark.parametrize("recipe", ["lit-zh", "finetune-zh", "distill-b32-from-b16"])
 def test_an_open_weights_recipe_written_into_params_yaml_is_what_runs(tmp_path, recipe):
-    """`python -m clipforge.pipeline.recipe lit-zh` and `... distill-b32-from-b16`
-    (docs/real-data.md): the file then holds the recipe's values."""
+    """`python -m clipforge.pipeline.recipe lit-zh`, `... finetune-zh` and `...
+    distill-b32-from-b16` (docs/real-data.md, docs/pipeline.md): the file then holds the
+    recipe's values."""
     path = tmp_path / "params.yaml"
     shutil.copy(REPO / "params.yaml", path)
     assert recipe_main([recipe, "--params", str(path)]) == 0

@@ -190,6 +190,7 @@ RUN_BY = {
     "python -m clipforge.pipeline.recipe default": "tests/test_config.py::test_the_production_recipe_written_into_params_yaml_is_what_runs",
     "python -m clipforge.pipeline.recipe lit-zh": "tests/test_config.py::test_an_open_weights_recipe_written_into_params_yaml_is_what_runs",
     "python -m clipforge.pipeline.recipe distill-b32-from-b16": "tests/test_config.py::test_an_open_weights_recipe_written_into_params_yaml_is_what_runs",
+    "python -m clipforge.pipeline.recipe finetune-zh": "tests/test_config.py::test_an_open_weights_recipe_written_into_params_yaml_is_what_runs",
     "git commit -qam production recipe": "tests/launcher/test_quick_start.py::test_gpus_4_on_own_box_stops_only_at_the_gpu_row",
     "python -m clipforge.data": "tests/pipeline/test_dvc_pipeline.py::test_repro_runs_data_train_eval_and_writes_the_documented_layout",
     "python -m clipforge.train": "tests/pipeline/test_dvc_pipeline.py::test_repro_runs_data_train_eval_and_writes_the_documented_layout",

@@ -22,11 +22,13 @@ Chinese natively: `hfl/chinese-roberta-wwm-ext` with its own tokenizer (as Chine
 open_clip's `xlm-roberta-base-ViT-B-32`. `lit-zh` starts from open weights instead of from
 scratch (a file in `model.pretrained`, LIT_ZH_WEIGHTS) and locks their image tower
 (train.lock_image): it trains only the text tower and the temperature, for a quarter of
-production's steps; its cost and what it should reach are in docs/real-data.md.
-`distill-b32-from-b16` trains production's ViT-B/32 with a frozen ViT-B/16 of open weights as its
-teacher (train.distill_model, DISTILL_TEACHER_WEIGHTS), docs/real-data.md too. Only keys that
-differ from the embedded default are listed; writing a recipe sets the others any recipe lists
-back to their defaults (clipforge.pipeline.recipe).
+production's steps; its cost and what it should reach are in docs/real-data.md. `finetune-zh`
+is Chinese-CLIP's second stage, lit-zh being its first: every tower unlocked, from lit-zh's
+export (FINETUNE_ZH_START), at a lower lr; the two runs, their cost and what they should reach
+are in docs/pipeline.md. `distill-b32-from-b16` trains production's ViT-B/32 with a frozen
+ViT-B/16 of open weights as its teacher (train.distill_model, DISTILL_TEACHER_WEIGHTS),
+docs/real-data.md too. Only keys that differ from the embedded default are listed; writing a
+recipe sets the others any recipe lists back to their defaults (clipforge.pipeline.recipe).
 """
 
 from __future__ import annotations
@@ -156,6 +158,24 @@ def distill_b32_from_b16() -> dict[str, dict]:
     return recipe
 
 
+# Where finetune-zh starts: lit-zh's export (models/clip after a lit-zh run), copied here, out of
+# the DVC output the next run replaces (docs/pipeline.md, Parameters and presets).
+FINETUNE_ZH_START = "datasets/weights/lit-zh"
+
+
+def finetune_zh() -> dict[str, dict]:
+    """Chinese-CLIP's second stage: after lit-zh (its first, the image tower locked), every
+    tower unlocked from lit-zh's export for as many steps, at a lower lr than lit-zh's, as both
+    towers start trained and the image tower now moves too. Two runs, each resumable as any
+    run: the second's run id holds its start weights' content, so a lit-zh rerun copied to
+    FINETUNE_ZH_START starts a new second stage rather than resuming the old one. Scored, as
+    lit-zh, against the open weights lit-zh started from: the Δ of both stages together."""
+    recipe = lit_zh()
+    recipe["model"]["pretrained"] = f"local-dir:{FINETUNE_ZH_START}"
+    recipe["train"].update(lock_image=False, lr=3e-5)
+    return recipe
+
+
 def production_large() -> dict[str, dict]:
     recipe = production_with_model(name="ViT-bigG-14")
     recipe["train"].update(zero_stage=3, grad_checkpointing=True)
@@ -174,6 +194,7 @@ RECIPES: dict[str, dict[str, dict]] = {
     "production-xlm-roberta": production_with_model(name="xlm-roberta-base-ViT-B-32"),
     "lit-zh": lit_zh(),
     "distill-b32-from-b16": distill_b32_from_b16(),
+    "finetune-zh": finetune_zh(),
 }
 
 
@@ -183,10 +204,14 @@ def summary(recipe: dict[str, dict]) -> str:
         return "the embedded default: tiny, built-in data, CPU, minutes"
     model, data, train = recipe["model"], recipe["data"], recipe["train"]
     tower = f" + {model['text_tower']}" if model.get("text_tower") else ""
-    locked = ", image tower locked from model.pretrained" if train.get("lock_image") else ""
+    start = ""
+    if train.get("lock_image"):
+        start = ", image tower locked from model.pretrained"
+    elif model.get("pretrained") and not train.get("lock_text"):
+        start = ", every tower trained from model.pretrained"
     taught = f", distilled from {train['distill_model']}" if train.get("distill_model") else ""
     return (
-        f"{model['name']}{tower}{locked}{taught}, {data['source']} {data.get('language', '')}".rstrip()
+        f"{model['name']}{tower}{start}{taught}, {data['source']} {data.get('language', '')}".rstrip()
         + f", ZeRO-{train['zero_stage']}, {train['ranks_per_node']} GPUs"
     )
 

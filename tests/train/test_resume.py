@@ -1,5 +1,7 @@
 """Exact resume: a run killed with SIGKILL and rerun ends with the weights of an uninterrupted run,
-in bf16 (the GPU default: DeepSpeed's bf16 mode), and with SigLIP's loss."""
+in bf16 (the GPU default: DeepSpeed's bf16 mode); so do a run with SigLIP's loss, a distillation
+run, and both stages of finetune-zh: a run with a locked image tower from open weights (LiT: fp32
+weights under bf16 autocast), and a run of every tower from its export."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from tests.conftest import (
     BF16_SETS,
     SIGLIP_SETS,
     distill_sets,
+    run_train,
     set_args,
     subprocess_env,
     train_argv,
@@ -25,6 +28,43 @@ from tests.conftest import (
 from tests.support.wait import still_running, wait_for
 
 pytestmark = pytest.mark.slow
+
+
+# LiT (train.lock_image) from open weights (model.pretrained, given by Case.start): the GPU
+# default's schedule, in bf16, which with a lock keeps fp32 weights under autocast at ZeRO-1.
+LIT_SETS = (*BF16_SETS, "train.lock_image=true")
+
+
+def _pretrained(start: Path) -> str:
+    return f"model.pretrained=local-dir:{start}"
+
+
+@pytest.fixture(scope="module")
+def lit_run(tmp_path_factory, small_data, untrained_model_dir) -> Path:
+    """One uninterrupted LiT run (LIT_SETS) from the untrained model's export. Shared: copy it
+    first."""
+    root = tmp_path_factory.mktemp("lit-run")
+    assert run_train(root, small_data, *LIT_SETS, _pretrained(untrained_model_dir)) == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def lit_export(lit_run) -> Path:
+    """The LiT run's exported model: where a finetune-zh second stage starts."""
+    return lit_run / "models" / "clip"
+
+
+# finetune-zh's second stage: every tower trained from a LiT run's export, at a lower lr.
+FINETUNE_SETS = (*BF16_SETS, "train.lr=3e-4")
+
+
+@pytest.fixture(scope="module")
+def finetune_run(tmp_path_factory, small_data, lit_export) -> Path:
+    """One uninterrupted second stage (FINETUNE_SETS) from the LiT run's export. Shared: copy it
+    first."""
+    root = tmp_path_factory.mktemp("finetune-run")
+    assert run_train(root, small_data, *FINETUNE_SETS, _pretrained(lit_export)) == 0
+    return root
 
 
 def _stage_command(root: Path, data: Path, sets: tuple[str, ...]) -> list[str]:
@@ -44,13 +84,15 @@ class Case:
     """A run to kill and rerun: its uninterrupted twin (a fixture), its params (`--set`), the step
     held (so the kill lands after the checkpoint `resumed_from` and after the step before the
     held one was taken and logged, however fast this machine trains: work that the resumed run
-    must redo identically), and the steps its metrics table logs."""
+    must redo identically), the steps its metrics table logs, and the fixture whose exported
+    model it starts from (model.pretrained), if any."""
 
     reference: str
     sets: tuple[str, ...]
     held: int
     resumed_from: int
     logged: list[int]
+    start: str | None = None
     distilled: bool = False  # from untrained_model_dir as the teacher (conftest.distill_sets)
 
 
@@ -70,10 +112,14 @@ CASES = {
         logged=[1, 2, 3, 4, 5, 6],
         distilled=True,
     ),
+    # LiT: the locked tower is no optimizer state, only module weights in the checkpoint
+    "lit": Case("lit_run", LIT_SETS, 5, 3, [1, 2, 3, 4, 5, 6], start="untrained_model_dir"),
+    # finetune-zh's second stage, from the LiT run's export: every tower in DeepSpeed's bf16 mode
+    # again (the first stage's kill is `lit`)
+    "finetune": Case("finetune_run", FINETUNE_SETS, 5, 3, [1, 2, 3, 4, 5, 6], start="lit_export"),
 }
-
-
-# make test kills the GPU default; the other losses' cases are tier2 (each a run and its twin).
+# make test kills the GPU default; the other cases are tier2, each a run and its twin (make test
+# keeps the cheaper proofs: test_siglip.py, test_distillation.py, test_locked_towers.py' reruns).
 IN_MAKE_TEST = {"bf16"}
 
 
@@ -89,6 +135,8 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
 ):
     reference = request.getfixturevalue(case.reference)
     sets = case.sets
+    if case.start:
+        sets = (*sets, _pretrained(request.getfixturevalue(case.start)))
     if case.distilled:
         sets += distill_sets(request.getfixturevalue("untrained_model_dir"))
     killed = tmp_path / "killed"

@@ -33,6 +33,7 @@ from clipforge.export.local_dir import export_model
 from clipforge.fsutil import atomic_write_text, sha256_file
 from clipforge.ids import launch_id_of
 from clipforge.model.factory import ClipBundle, build_model
+from clipforge.model.files import weights_file
 from clipforge.progress import JOINING_PROCESS_GROUP, SetUpProgress, collective_timeout_seconds
 from clipforge.store.uploader import (
     StoreSync,
@@ -221,7 +222,12 @@ def set_up(
     faults_from_env().set_up_point(lambda: stop.requested)
     _stop_if_asked(stop, device, "the process group")
     # a rerun (`fab rerun`) is a training run of its own: never the repeated run's checkpoints
-    identity = run_id(config, manifest, rerun_launch=repeats.rerun_launch(launch_record()))
+    identity = run_id(
+        config,
+        manifest,
+        rerun_launch=repeats.rerun_launch(launch_record()),
+        start_sha256=_start_sha256(config.model.pretrained),
+    )
     run_dir = paths["checkpoints"] / identity
     # the alert targets (a malformed webhook is a one-line error) before anything is written
     alerts = _alert_monitor(config, identity, dist)  # set-up may report a damaged checkpoint
@@ -497,6 +503,14 @@ def _probe(
         forward_autocast("cuda", uses_autocast(precision, train.zero_stage, train.locks_a_tower)),
         teacher,
     )
+
+
+def _start_sha256(pretrained: str | None) -> str | None:
+    """The content of the weights file model.pretrained names (a second or so per GB, at each
+    start): part of the run id."""
+    if not pretrained:
+        return None
+    return sha256_file(weights_file(pretrained, "model.pretrained"))
 
 
 def _lock_towers(bundle: ClipBundle, train: TrainConfig) -> None:
