@@ -108,7 +108,7 @@ def test_a_bug_in_building_the_model_reaches_the_caller(tmp_path, small_data, mo
     leaves main() as itself, so `python -m clipforge.train` shows where it came from."""
     import clipforge.train.run as run
 
-    def bug(cfg):
+    def bug(*args, **kwargs):
         raise ValueError("an injected bug")
 
     monkeypatch.setattr(run, "build_model", bug)
