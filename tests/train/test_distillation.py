@@ -8,6 +8,7 @@ The ZeRO grid with a teacher (one and two ranks, ZeRO-1 and 3) is in test_accumu
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -78,6 +79,23 @@ def test_the_teacher_knobs_at_their_defaults_leave_the_run_id_alone():
     assert not any(k.startswith("distill") for k in run_identity(plain)["train"])
     teacher = load_pipeline_params(None, ["train.distill_model=local-dir:/t"]).to_dict()
     assert run_identity(teacher)["train"] == {"distill_model": "local-dir:/t"}
+
+
+def test_another_teacher_at_the_same_path_is_another_run(tmp_path, untrained_model_dir):
+    """A teacher's path names no content: the run id holds the teacher's weights, so a teacher
+    remade in place starts a new run rather than resuming checkpoints that learnt from the old
+    one, and the same teacher names the same run."""
+    from clipforge.train.config import run_id
+    from clipforge.train.run import weights_sha256
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(untrained_model_dir, teacher)
+    config = load_pipeline_params(None, [f"train.distill_model=local-dir:{teacher}"])
+    first = run_id(config, b"manifest", weights_sha256=weights_sha256(config))
+    assert run_id(config, b"manifest", weights_sha256=weights_sha256(config)) == first
+    weights = teacher / "open_clip_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"!")  # other weights, the same path
+    assert run_id(config, b"manifest", weights_sha256=weights_sha256(config)) != first
 
 
 def test_a_teacher_that_preprocesses_or_tokenises_otherwise_is_refused_naming_both():

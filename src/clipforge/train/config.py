@@ -417,17 +417,18 @@ def run_id(
     config: TrainParams,
     manifest_bytes: bytes,
     rerun_launch: str | None = None,
-    start_sha256: str | None = None,
+    weights_sha256: dict[str, str] | None = None,
 ) -> str:
-    """What determines the result: the data and run_identity's params; the start weights'
-    content where model.pretrained names a file (a path names no content: finetune-zh starts
-    from lit-zh's export, remade in place when lit-zh is rerun); and for a rerun (`fab rerun`)
-    its launch, so that it trains anew rather than resuming the repeated run's checkpoints (the
-    same run id otherwise), while a restart of the rerun resumes its own."""
+    """What determines the result: the data and run_identity's params; the content of the
+    weights files the run starts from and learns from, by role (`start`: model.pretrained;
+    `teacher`: train.distill_model), since a path names no content (finetune-zh starts from
+    lit-zh's export, remade in place when lit-zh is rerun); and for a rerun (`fab rerun`) its
+    launch, so that it trains anew rather than resuming the repeated run's checkpoints (the same
+    run id otherwise), while a restart of the rerun resumes its own."""
     identity = {
         "data": hashlib.sha256(manifest_bytes).hexdigest(),
         **run_identity(config.to_dict()),
-        **({"start": start_sha256} if start_sha256 else {}),
+        **(weights_sha256 or {}),
         **({"rerun": rerun_launch} if rerun_launch else {}),
     }
     return run_id_for(identity)

@@ -33,7 +33,7 @@ from clipforge.export.local_dir import export_model
 from clipforge.fsutil import atomic_write_text, sha256_file
 from clipforge.ids import launch_id_of
 from clipforge.model.factory import ClipBundle, build_model
-from clipforge.model.files import weights_file
+from clipforge.model.files import LOCAL_DIR, weights_file
 from clipforge.progress import JOINING_PROCESS_GROUP, SetUpProgress, collective_timeout_seconds
 from clipforge.store.uploader import (
     StoreSync,
@@ -226,7 +226,7 @@ def set_up(
         config,
         manifest,
         rerun_launch=repeats.rerun_launch(launch_record()),
-        start_sha256=_start_sha256(config.model.pretrained),
+        weights_sha256=weights_sha256(config),
     )
     run_dir = paths["checkpoints"] / identity
     # the alert targets (a malformed webhook is a one-line error) before anything is written
@@ -505,12 +505,20 @@ def _probe(
     )
 
 
-def _start_sha256(pretrained: str | None) -> str | None:
-    """The content of the weights file model.pretrained names (a second or so per GB, at each
-    start): part of the run id."""
-    if not pretrained:
-        return None
-    return sha256_file(weights_file(pretrained, "model.pretrained"))
+def weights_sha256(config: TrainParams) -> dict[str, str]:
+    """The content of each weights file the run starts from (`start`: model.pretrained) or
+    learns from (`teacher`: a local-dir: teacher, or distill_pretrained's file), a second or so
+    per GB at each start: part of the run id. An open_clip tag or a hub model names no file
+    here and is left out."""
+    files = {}
+    if config.model.pretrained:
+        files["start"] = weights_file(config.model.pretrained, "model.pretrained")
+    teacher, teacher_file = config.train.distill_model, config.train.distill_pretrained
+    if teacher and teacher.startswith(LOCAL_DIR):
+        files["teacher"] = weights_file(teacher, "train.distill_model")
+    elif teacher and teacher_file and Path(teacher_file).is_file():
+        files["teacher"] = Path(teacher_file)
+    return {role: sha256_file(path) for role, path in files.items()}
 
 
 def _lock_towers(bundle: ClipBundle, train: TrainConfig) -> None:
