@@ -108,8 +108,12 @@ def _rows(source: RunSource) -> dict[str, str]:
 def test_status_rows_wrap_within_the_terminal_under_their_value(both_places, monkeypatch):
     """`fab status` at 80 columns: every line fits (but a word longer than the value column,
     which stays whole), a long value goes on under itself, and the rows say what they say at
-    200."""
+    200. Into a pipe with no COLUMNS (pytest's capture is no terminal), each row is one line."""
     for source in both_places:
+        monkeypatch.delenv("COLUMNS", raising=False)
+        piped: list[str] = []
+        show_status(source, None, piped.append)
+        assert not any(re.match(r" {4,}\S", line) for line in piped), piped
         monkeypatch.setenv("COLUMNS", "200")
         wide = _rows(source)
         monkeypatch.setenv("COLUMNS", "80")

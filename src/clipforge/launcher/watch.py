@@ -6,9 +6,11 @@ hosts, or its run store); logs, stop and clean act on its hosts."""
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import shutil
 import signal
+import sys
 import textwrap
 import threading
 import time
@@ -37,17 +39,19 @@ def show_status(
     run that has ended (`fab`: the command with the user's -H/-i). Returns the run's state."""
     rows = source.status_rows(price_per_gpu_hour) + source.recovery_rows()
     key_width = max(len(k) for k, _ in rows)
-    columns = shutil.get_terminal_size((80, 24)).columns
+    columns = _terminal_columns()
     say(f"{source.where}  launch {source.launch_id}")
     indent = " " * (key_width + 4)
     for key, value in rows:
         # a long value goes on under itself, within the terminal (a word longer stays whole)
-        lines = textwrap.wrap(
-            str(value),
-            max(columns - len(indent), 20),
-            break_long_words=False,
-            break_on_hyphens=False,
-        ) or [""]
+        lines = [str(value)]
+        if columns is not None:
+            lines = textwrap.wrap(
+                str(value),
+                max(columns - len(indent), 20),
+                break_long_words=False,
+                break_on_hyphens=False,
+            ) or [""]
         say(f"  {key:<{key_width}}  {lines[0]}")
         for line in lines[1:]:
             say(indent + line)
@@ -63,6 +67,14 @@ def show_status(
     elif state is RunState.FAILED and on_hosts:
         say(f"next: {fab} logs {launch}")
     return state
+
+
+def _terminal_columns() -> int | None:
+    """The width to wrap to: the terminal's, or COLUMNS'; None where the output is no terminal
+    and COLUMNS names no width (a pipe, a file: whole rows, for grep)."""
+    if os.environ.get("COLUMNS") or sys.stdout.isatty():
+        return shutil.get_terminal_size((80, 24)).columns
+    return None
 
 
 def watch_status(
