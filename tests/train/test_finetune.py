@@ -15,9 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from clipforge.eval.stage import main as eval_main
 from clipforge.pipeline.recipe import recipe_params
 from clipforge.recipes import FINETUNE_ZH_START
-from tests.conftest import run_train
+from tests.conftest import run_train, write_params
 
 WEIGHTS = "open_clip_model.safetensors"
 
@@ -49,12 +50,13 @@ def _changed(before: dict, after: dict, prefix: str) -> list[str]:
 
 @pytest.mark.slow
 def test_the_second_stage_moves_the_image_tower_the_first_kept(
-    untrained_model_dir, small_data, tmp_path
+    untrained_model_dir, small_data, tmp_path, workdir
 ):
     """Stage 1 (train.lock_image) leaves every `visual.*` tensor as the start gave it while the
     text tower moves; stage 2, from stage 1's export with nothing locked, moves the image tower
-    too. A stage 2 rerun from a different stage 1 at the same path is a new run, not a resume
-    of the old one."""
+    too, and eval scores it against the weights stage 1 started from (the recipes' Δ). A stage 2
+    rerun from a different stage 1 at the same path is a new run, not a resume of the old
+    one."""
     start = load_file(str(untrained_model_dir / WEIGHTS))
     stage1, stage2 = tmp_path / "stage1", tmp_path / "stage2"
     stage1.mkdir()
@@ -74,6 +76,19 @@ def test_the_second_stage_moves_the_image_tower_the_first_kept(
     image = [n for n in locked if n.startswith("visual.")]
     assert sorted(_changed(locked, tuned, "visual.")) == sorted(image)
     assert _changed(locked, tuned, "transformer.")
+
+    # the Δ of both stages: the second's export scored with the first's start as the baseline
+    write_params(
+        workdir / "params.yaml", {"eval": {"baseline_model": f"local-dir:{untrained_model_dir}"}}
+    )
+    assert (
+        eval_main(["--params", "params.yaml", "--model", f"local-dir:{stage2 / 'models' / 'clip'}"])
+        == 0
+    )
+    metrics = json.loads((workdir / "metrics" / "eval.json").read_text())
+    assert metrics["delta"]["mean_over_suites"] == pytest.approx(
+        metrics["mean_over_suites"] - metrics["baseline"]["mean_over_suites"]
+    )
 
     # another first stage copied to the same path (here: the untrained start itself)
     assert run_train(stage2, small_data, _start(tmp_path, untrained_model_dir), *second) == 0
