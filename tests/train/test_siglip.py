@@ -33,6 +33,17 @@ def test_a_loss_other_than_clip_or_siglip_is_one_line():
     assert str(refused.value) == "train.loss: got 'sigmoid'; allowed: clip, siglip"
 
 
+def test_a_siglip_architecture_under_clips_loss_is_refused_before_it_is_built():
+    """open_clip's *-SigLIP configs set a learned bias, which ClipLoss has no argument for: the
+    train stage refuses the pair in one line naming both knobs, before building the model."""
+    with pytest.raises(ConfigError) as refused:
+        build_model(ModelConfig(name="ViT-B-16-SigLIP"), "clip")
+    assert str(refused.value) == (
+        "model.name: ViT-B-16-SigLIP is a SigLIP model (its config sets a learned bias), which "
+        "train.loss: clip has no place for; set train.loss: siglip, or another model.name"
+    )
+
+
 def test_a_siglip_model_starts_at_siglips_temperature_and_bias_and_exports_them():
     """open_clip's init_logit_bias: the model has a logit_bias parameter at -10, its temperature
     starts at 10 (SigLIP's, not CLIP's 1/0.07), and the config the export writes builds both."""

@@ -17,6 +17,7 @@ from typing import Any, cast
 import open_clip
 import torch
 
+from clipforge.fields import ConfigError
 from clipforge.model.config import ModelConfig
 from clipforge.model.files import ModelFilesError, weights_file
 from clipforge.model.names import resolve_model_name
@@ -40,11 +41,18 @@ SIGLIP_INIT = {"init_logit_scale": math.log(10), "init_logit_bias": -10.0}
 def loss_init(name: str, loss: str) -> dict[str, float]:
     """The open_clip model arguments train.loss needs: none for CLIP's loss; for SigLIP's, the
     learned bias (the model then has a `logit_bias` parameter) and the starting temperature,
-    each the model config's own where it sets one (open_clip's *-SigLIP configs set the bias)."""
-    if loss != "siglip":
-        return {}
+    each the model config's own where it sets one (open_clip's *-SigLIP configs set the bias).
+    A model whose config sets the bias, under CLIP's loss, is refused: ClipLoss has no place for
+    it."""
     own = open_clip.get_model_config(name) or {}
-    return {key: own.get(key, value) for key, value in SIGLIP_INIT.items()}
+    if loss == "siglip":
+        return {key: own.get(key, value) for key, value in SIGLIP_INIT.items()}
+    if "init_logit_bias" in own:
+        raise ConfigError(
+            f"model.name: {name} is a SigLIP model (its config sets a learned bias), which "
+            f"train.loss: {loss} has no place for; set train.loss: siglip, or another model.name"
+        )
+    return {}
 
 
 def build_model(cfg: ModelConfig, loss: str = "clip") -> ClipBundle:
