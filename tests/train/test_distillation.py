@@ -126,23 +126,6 @@ def test_a_teacher_that_preprocesses_or_tokenises_otherwise_is_refused_naming_bo
         check_same_inputs(other_tokens, inputs["student"], "local-dir:t", "clipforge-tiny")
 
 
-def test_a_sigmoid_student_is_refused_before_the_teacher_loads():
-    """DistillClipLoss distils softmax logits: a student with SigLIP's learned bias is refused in
-    one line, before any teacher file is read."""
-    import torch
-
-    from clipforge.model.config import ModelConfig
-    from clipforge.model.factory import build_model
-    from clipforge.train.config import TrainConfig
-    from clipforge.train.teacher import load_teacher
-
-    student = build_model(ModelConfig(name=TEACHER, image_size=32))
-    student.model.logit_bias = torch.nn.Parameter(torch.tensor(-10.0))
-    train = TrainConfig(distill_model="local-dir:/no/such/teacher")
-    with pytest.raises(ConfigError, match="is a SigLIP model .* distils softmax logits"):
-        load_teacher(train, student, TEACHER, torch.device("cpu"), "fp32")
-
-
 @pytest.mark.slow
 def test_a_smaller_student_distilled_from_a_local_dir_teacher_is_scored_against_it(
     workdir, reference_run

@@ -9,15 +9,14 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from safetensors.torch import load_file
 
 from clipforge.data.stage import main as data_main
 from tests.conftest import run_train, subprocess_env, train_argv, write_params
+from tests.support.killed_run import assert_same_export, sigkill_once_logged
 from tests.support.shards import write_tar
 
 # Two runs on in-place shards (2.5 minutes beside the other tiers): in make test-tier3. make test
@@ -61,13 +60,6 @@ def in_place_data(tmp_path_factory, small_data) -> Path:
     shards.chmod(stat.S_IRWXU)
 
 
-def _logged_steps(root: Path) -> list[int]:
-    tsv = root / "metrics" / "train.tsv"
-    if not tsv.is_file():
-        return []
-    return [int(line.split("\t")[0]) for line in tsv.read_text().splitlines()[1:]]
-
-
 def test_sigkill_then_rerun_on_in_place_shards_matches_an_uninterrupted_run(
     tmp_path, in_place_data
 ):
@@ -91,23 +83,13 @@ def test_sigkill_then_rerun_on_in_place_shards_matches_an_uninterrupted_run(
     ]
     # Step 7 is held until a stop that never comes: the kill lands after the step-4 checkpoint.
     env = {**subprocess_env(), "CLIPFORGE_FAULTS": "hold@7"}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:  # driven by the run's own events: step 6 logged, or the process gone
-        while 6 not in _logged_steps(killed):
-            assert process.poll() is None, process.stderr.read().decode()[-2000:]
-            time.sleep(0.5)
-    finally:
-        process.kill()  # SIGKILL
-        process.wait()
+    sigkill_once_logged(command, killed, 6, env)
     resumed = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
     info = json.loads((killed / "metrics" / "train.info.json").read_text())
     assert info["resumed_from_step"] == 4
-    expected = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
-    got = load_file(str(killed / "models" / "clip" / "open_clip_model.safetensors"))
-    for name in expected:
-        assert (expected[name] == got[name]).all(), f"{name} differs from the uninterrupted run"
+    assert_same_export(reference, killed)
     reference_info = json.loads((reference / "metrics" / "train.info.json").read_text())
     skipped = reference_info["skipped_at_read"]
     # two epochs: every corrupt train sample met at least twice, each replaced, none fatal

@@ -88,11 +88,11 @@ print(json.dumps(results))
 
 # Probes under a real memory cap (half a minute): in make test-tier2; make test keeps
 # the search, the reserve and the kept choice above.
-@pytest.mark.slow
-@pytest.mark.tier2
-def test_probe_under_a_real_memory_cap_picks_what_fits_and_more_with_more_memory():
+def _capped(script: str, *args: str) -> dict:
+    """Run a probe script (one allocator arena, one thread, so the cap is what decides) and
+    return the JSON its last line prints."""
     result = subprocess.run(
-        [sys.executable, "-c", CAPPED_PROBE, "300", "1200"],
+        [sys.executable, "-c", script, *args],
         cwd=REPO,
         env={**subprocess_env(), "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -100,7 +100,13 @@ def test_probe_under_a_real_memory_cap_picks_what_fits_and_more_with_more_memory
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    small, large = json.loads(result.stdout.strip().splitlines()[-1]).values()
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.tier2
+def test_probe_under_a_real_memory_cap_picks_what_fits_and_more_with_more_memory():
+    small, large = _capped(CAPPED_PROBE, "300", "1200").values()
     for probe in (small, large):
         assert probe["again"] is True  # what was chosen fits when tried again
         assert probe["twice"] is False  # and the next candidate does not: the cap decided
@@ -149,15 +155,6 @@ def test_a_distillation_teachers_forward_is_measured_by_the_probe(tmp_path):
     before the student's): under the same memory, a teacher whose activations outgrow the
     student's leaves a smaller micro batch, one that fits with it and whose double does not."""
     (tmp_path / "wide-teacher.json").write_text(json.dumps(WIDE_TEACHER), encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-c", CAPPED_TEACHER_PROBE, str(tmp_path)],
-        cwd=REPO,
-        env={**subprocess_env(), "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    chosen = json.loads(result.stdout.strip().splitlines()[-1])
+    chosen = _capped(CAPPED_TEACHER_PROBE, str(tmp_path))
     assert 1 <= chosen["taught"] < chosen["alone"]
     assert chosen["taught_twice"] is False

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from safetensors.torch import load_file
 
 from clipforge.data.stage import main as data_main
 from tests.conftest import run_train, subprocess_env, train_argv, write_params
-from tests.support.wait import still_running, wait_for
+from tests.support.killed_run import assert_same_export, sigkill_once_logged
 
 # Three small CPU runs (90 s on 2 shared cores): in make test-tier3, as the in-place resume. make test keeps the mixture's
 # batches equal from step 0 and from a resume (test_mixture_order.py) and exact resume itself
@@ -63,13 +62,6 @@ def mixture_data(tmp_path_factory, small_data) -> Path:
     return root / "data"
 
 
-def _logged_steps(root: Path) -> list[int]:
-    tsv = root / "metrics" / "train.tsv"
-    if not tsv.is_file():
-        return []
-    return [int(line.split("\t")[0]) for line in tsv.read_text().splitlines()[1:]]
-
-
 def test_sigkill_then_rerun_on_a_mixture_matches_an_uninterrupted_run(tmp_path, mixture_data):
     manifest = json.loads((mixture_data / "manifest.json").read_text())
     parts = manifest["splits"]["train"]["mixture"]
@@ -85,23 +77,10 @@ def test_sigkill_then_rerun_on_a_mixture_matches_an_uninterrupted_run(tmp_path, 
     command = [sys.executable, "-m", "clipforge.train", *argv]
     # Step 7 is held until a stop that never comes: the kill lands after the step-4 checkpoint.
     env = {**subprocess_env(), "CLIPFORGE_FAULTS": "hold@7"}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for(
-            lambda: 6 in _logged_steps(killed),
-            what="the run reaching step 6",
-            check=still_running(process, lambda: process.stderr.read().decode()[-2000:]),
-            interval=0.5,
-        )
-    finally:
-        process.kill()  # SIGKILL
-        process.wait()
+    sigkill_once_logged(command, killed, 6, env)
     resumed = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
     info = json.loads((killed / "metrics" / "train.info.json").read_text())
     assert info["resumed_from_step"] == 4
-    expected = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
-    got = load_file(str(killed / "models" / "clip" / "open_clip_model.safetensors"))
-    for name in expected:
-        assert (expected[name] == got[name]).all(), f"{name} differs from the uninterrupted run"
+    assert_same_export(reference, killed)

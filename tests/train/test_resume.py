@@ -25,7 +25,8 @@ from tests.conftest import (
     train_argv,
     write_params,
 )
-from tests.support.wait import still_running, wait_for
+from tests.support.killed_run import WEIGHTS, assert_same_export, sigkill_once_logged
+from tests.support.run_curves import tsv_steps
 
 pytestmark = pytest.mark.slow
 
@@ -70,13 +71,6 @@ def finetune_run(tmp_path_factory, small_data, lit_export) -> Path:
 def _stage_command(root: Path, data: Path, sets: tuple[str, ...]) -> list[str]:
     argv = train_argv(root, data, root / "params.yaml")
     return [sys.executable, "-m", "clipforge.train", *argv, *set_args(sets)]
-
-
-def _logged_steps(root: Path) -> list[int]:
-    tsv = root / "metrics" / "train.tsv"
-    if not tsv.is_file():
-        return []
-    return [int(line.split("\t")[0]) for line in tsv.read_text().splitlines()[1:]]
 
 
 @dataclass(frozen=True)
@@ -143,22 +137,7 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     killed.mkdir()
     write_params(killed / "params.yaml")
     env = {**subprocess_env(), "CLIPFORGE_FAULTS": f"hold@{case.held}"}
-    process = subprocess.Popen(
-        _stage_command(killed, small_data, sets),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_for(
-            lambda: case.held - 1 in _logged_steps(killed),
-            what=f"the run reaching step {case.held - 1}",
-            check=still_running(process, lambda: process.stderr.read().decode()[-2000:]),
-            interval=0.5,
-        )
-    finally:
-        process.kill()  # SIGKILL
-        process.wait()
+    sigkill_once_logged(_stage_command(killed, small_data, sets), killed, case.held - 1, env)
     (run_dir,) = (killed / "checkpoints").iterdir()
     assert (run_dir / "latest").read_text().strip() == tag_for(case.resumed_from)
     assert not (killed / "models").exists()
@@ -175,13 +154,10 @@ def test_sigkill_mid_run_then_rerun_matches_an_uninterrupted_run(
     info = json.loads((killed / "metrics" / "train.info.json").read_text())
     assert info["resumed_from_step"] == case.resumed_from
 
-    expected = load_file(str(reference / "models" / "clip" / "open_clip_model.safetensors"))
-    got = load_file(str(killed / "models" / "clip" / "open_clip_model.safetensors"))
-    assert expected.keys() == got.keys()
-    for name in expected:
-        assert (expected[name] == got[name]).all(), f"{name} differs from the uninterrupted run"
+    assert load_file(str(reference / WEIGHTS)).keys() == load_file(str(killed / WEIGHTS)).keys()
+    assert_same_export(reference, killed)
     reference_summary = json.loads((reference / "metrics" / "train.json").read_text())
     assert summary["loss"] == reference_summary["loss"]
     assert summary["val_loss"] == reference_summary["val_loss"]
     # the metrics table has each step once: rows after the checkpoint were replaced, not doubled
-    assert _logged_steps(killed) == case.logged
+    assert tsv_steps(killed) == case.logged

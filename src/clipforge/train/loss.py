@@ -74,23 +74,8 @@ class WeightedDistillLoss(DistillClipLoss):
         )
         self.weight = weight
 
-    def forward(  # one number, where DistillClipLoss returns the pair
-        self,
-        image_features,
-        text_features,
-        logit_scale,
-        dist_image_features,
-        dist_text_features,
-        dist_logit_scale,
-    ) -> torch.Tensor:
-        contrastive, distill = super().forward(
-            image_features,
-            text_features,
-            logit_scale,
-            dist_image_features,
-            dist_text_features,
-            dist_logit_scale,
-        )
+    def forward(self, *args, **kwargs) -> torch.Tensor:  # DistillClipLoss's arguments
+        contrastive, distill = super().forward(*args, **kwargs)  # the pair, as one number
         return contrastive + self.weight * distill
 
 

@@ -87,12 +87,6 @@ def load_teacher(
     """train.distill_model on `device`, checked to take the student's inputs; None without one."""
     if train.distill_model is None:
         return None
-    if getattr(student.model, "logit_bias", None) is not None:
-        raise ConfigError(
-            f"train.distill_model: the student {student_name} is a SigLIP model (a learned "
-            f"logit_bias), and open_clip's DistillClipLoss distils softmax logits; distil into "
-            f"a CLIP model, or train without train.distill_model"
-        )
     model, preprocess, tokenizer = load_model(
         train.distill_model, train.distill_pretrained, str(device), "train.distill_model"
     )
