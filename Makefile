@@ -33,6 +33,7 @@ help:  ## this list
 # that minutes without output do not read as a hang.
 $(ENV_STAMP): pyproject.toml scripts/setup-system.sh
 	scripts/setup-system.sh numactl
+	scripts/need-disk.sh 8 . "$(VENV) (torch's 5.5 GB build, DeepSpeed, the tools)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "[env 1/4] pip, setuptools, wheel (seconds)"
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel

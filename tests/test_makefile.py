@@ -90,3 +90,24 @@ def test_each_long_phase_of_the_environment_says_first_what_it_does_and_how_long
         announced = commands[i - 1]
         assert announced.startswith(f'echo "[env {number}/4] '), commands[i - 1 : i + 1]
         assert re.search(r"\(.*(seconds|minutes)", announced), announced  # how long, in words
+
+
+def test_the_environment_is_refused_before_its_downloads_when_the_disk_cannot_hold_it(tmp_path):
+    """pip's "No space left on device" comes minutes into torch's download; `make env` asks the
+    disk first and says how much it needs, how much there is and what to free."""
+    commands = _make("-n", "env", f"VENV={tmp_path / 'venv'}").splitlines()
+    check = next(i for i, c in enumerate(commands) if c.startswith("scripts/need-disk.sh"))
+    assert check < next(i for i, c in enumerate(commands) if " -m pip install" in c)
+    more_than_free = shutil.disk_usage(tmp_path).free // 2**30 + 1000
+
+    refused = subprocess.run(
+        [REPO / "scripts/need-disk.sh", str(more_than_free), tmp_path, "the venv"],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 1
+    assert f"the venv needs about {more_than_free} GB free" in refused.stderr
+    assert re.search(r"which has \d+ GB", refused.stderr) and "pip cache purge" in refused.stderr
+
+    enough = subprocess.run([REPO / "scripts/need-disk.sh", "0", tmp_path, "the venv"])
+    assert enough.returncode == 0
