@@ -12,13 +12,13 @@ from clipforge.train.config import BatchPlan
 from clipforge.train.loader import (
     CHUNK_SAMPLES,
     DeviceBatches,
-    EpochOrder,
     MicroBatches,
     SplitFiles,
     chunk_bounds,
     prefetch_factor,
     uint8_transform,
 )
+from clipforge.train.order import EpochOrder
 
 
 @pytest.mark.parametrize("window_shards", [1, 2, 64])

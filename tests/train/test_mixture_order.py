@@ -18,14 +18,11 @@ from clipforge.data import testset
 from clipforge.data.stage import main
 from clipforge.train.config import BatchPlan
 from clipforge.train.loader import (
-    MIXTURE_BLOCK,
-    EpochOrder,
     MicroBatches,
-    MixtureOrder,
-    block_counts,
     micro_batch_loader,
     split_files,
 )
+from clipforge.train.order import MIXTURE_BLOCK, EpochOrder, MixtureOrder, block_counts
 from tests.support.shards import textured_jpeg, write_tar
 
 SIGMAS = 4  # a count more than 4 binomial standard deviations off fails once in ~16,000 tries

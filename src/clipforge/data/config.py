@@ -17,7 +17,7 @@ from clipforge.fields import MAX_SEED, REQUIRED, ConfigError, Entry, Section, kn
 from clipforge.model.names import check_model_name
 
 # The smallest share a source of a mixture may have: the train loader deals the mixture out in
-# blocks (clipforge.train.loader.MIXTURE_BLOCK), in which each source then has at least 16 places.
+# blocks (clipforge.train.order.MIXTURE_BLOCK), in which each source then has at least 16 places.
 MIN_SHARE = 0.001
 _SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 

@@ -9,7 +9,7 @@ no hashes, has its written shards hashed and checked afterwards.
 
 The manifest's train split lists every source's shards one source after the other, and under
 `mixture` each source's name, weight, target share, pair count and number of shards: the train
-loader draws from them by weight (clipforge.train.loader.MixtureOrder).
+loader draws from them by weight (clipforge.train.order.MixtureOrder).
 """
 
 from __future__ import annotations
