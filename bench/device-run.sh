@@ -2,7 +2,7 @@
 # The one command for the project's device tool on a lent GPU machine, from the repository root:
 #
 #   bash bench/device-run.sh                     (carry: bench/wheels; timeout_s 500)
-#   bash bench/device-run.sh --total-seconds 150 --skip zero23 compile loader train_run
+#   bash bench/device-run.sh --total-seconds 150 --skip losses zero23 compile loader train_run
 #                                                (the fallback, <= 200 s: env, the ZeRO-1 step
 #                                                rows, both references, end to end)
 #   bash bench/device-run.sh --dry-run           (the same code on the box's CPU)

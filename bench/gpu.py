@@ -11,6 +11,9 @@ rewritten after every row, so a run cut short still leaves everything it measure
               bf16 matmul rate (warmed 0.5 s, timed over 0.2 s at least), model FLOPs per sample
   zero1       clipforge's step (ZeRO-1, eager) on in-memory batches by micro batch, and with
               gradient checkpointing
+  losses      the same step at the best ZeRO-1 micro batch with SigLIP's loss (train.loss:
+              siglip) and with a frozen teacher (train.distill_model, bf16), each against the
+              plain step measured beside it
   reference   the same model, batches and precision: (1) a plain-PyTorch step (open_clip model,
               ClipLoss, bf16 autocast, fused AdamW, no DeepSpeed); (2) open_clip_train's own
               loop, `--dataset-type synthetic`, in a process of its own (end to end only: its
@@ -41,6 +44,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -59,15 +63,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-SECTIONS = ("env", "zero1", "reference", "end_to_end", "zero23", "compile", "loader", "train_run")
+SECTIONS = (
+    "env", "zero1", "losses", "reference", "end_to_end", "zero23", "compile", "loader", "train_run"
+)  # fmt: skip
 # The sections whose rows run DeepSpeed's engine (the train stage's included).
-DEEPSPEED_SECTIONS = ("zero1", "end_to_end", "zero23", "compile", "train_run")
+DEEPSPEED_SECTIONS = ("zero1", "losses", "end_to_end", "zero23", "compile", "train_run")
 
 
 @dataclass(frozen=True)
 class Profile:
     device: str
     model: str
+    teacher: str  # the losses section's distillation teacher (train.distill_model)
     image_size: int
     num_images: int
     global_batch: int
@@ -104,6 +111,7 @@ _WORKERS = max(1, min(15, _CPUS - 1))
 FULL = Profile(
     device="cuda",
     model="ViT-B-32",
+    teacher="ViT-B-16",  # the recipe distill-b32-from-b16's
     image_size=224,
     num_images=8192,
     global_batch=1024,
@@ -133,10 +141,11 @@ FULL = Profile(
     section_seconds={
         "env": 25,
         "zero1": 60,
+        "losses": 35,
         "reference": 55,
         "end_to_end": 45,
-        "zero23": 55,
-        "compile": 100,
+        "zero23": 45,
+        "compile": 75,
         "loader": 30,
     },
     train_run_min_seconds=60,
@@ -144,6 +153,7 @@ FULL = Profile(
 DRY = Profile(
     device="cpu",
     model="clipforge-tiny",
+    teacher="clipforge-tiny",
     image_size=64,
     num_images=96,
     global_batch=16,
@@ -330,6 +340,20 @@ def markdown(data: dict) -> str:
             lines += [f"## {section}: {title}", "", *step_header]
             lines += [_step_line(r) for r in data[section]]
             lines.append("")
+    if "losses" in data:
+        lines += [
+            "## losses: the ZeRO-1 step with SigLIP's loss and with a teacher",
+            "",
+            "| step | micro | samples/s | over plain | MFU | peak mem GB | note |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| {r['variant']} | {r['micro']} | {_num(r.get('samples_per_s'))} |"
+            f" {_num(r.get('over_plain'), 2)} | {_pct(r.get('mfu'))} |"
+            f" {_num(r.get('peak_mem_gb'), 1)} | {r.get('error', r.get('note', ''))} |"
+            for r in data["losses"]
+        ]
+        lines.append("")
     if "reference" in data:
         lines += [
             "## reference: the same model, batches and precision without clipforge",
@@ -591,11 +615,21 @@ def make_shards(root: Path, count: int):
     return SplitFiles([root / i.name for i in infos], [i.count for i in infos])
 
 
-def _bundle(profile: Profile):
+def _bundle(profile: Profile, loss: str = "clip"):
     from clipforge.model.config import ModelConfig
     from clipforge.model.factory import build_model
 
-    return build_model(ModelConfig(name=profile.model, image_size=profile.image_size))
+    return build_model(ModelConfig(name=profile.model, image_size=profile.image_size), loss)
+
+
+def _teacher(profile: Profile, name: str, dtype):
+    """A frozen teacher as the train stage holds one (random weights: the cost is the same)."""
+    from clipforge.model.config import ModelConfig
+    from clipforge.model.factory import build_model
+    from clipforge.train.teacher import Teacher
+
+    model = build_model(ModelConfig(name=name, image_size=profile.image_size)).model
+    return Teacher(model.to(profile.device), dtype)
 
 
 def _dataset(files, bundle, plan, steps: int):
@@ -621,6 +655,8 @@ class Stepper:
         compile_model: bool,
         grad_checkpointing: bool = False,
         check: bool = True,
+        loss: str = "clip",
+        teacher: str | None = None,
     ):
         import torch
 
@@ -643,7 +679,8 @@ class Stepper:
         ).train
         self.plan = BatchPlan(profile.global_batch, micro, profile.global_batch // micro, 1)
         config = deepspeed_config(train, self.plan, profile.device, precision)
-        model = copy.deepcopy(bundle.model)
+        # SigLIP's loss needs its learned bias, which only a model built for it has
+        model = copy.deepcopy(bundle.model) if loss == "clip" else _bundle(profile, loss).model
         model.set_grad_checkpointing(grad_checkpointing)
         backend = profile.compile_backend if compile_model else None
         self.engine = create_engine(
@@ -651,7 +688,8 @@ class Stepper:
         )
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32  # as run.py feeds
         self.autocast = forward_autocast(profile.device, uses_autocast(precision, zero))
-        self.loss_fn = make_loss("clip", 0, 1)
+        self.loss_fn = make_loss(loss, 0, 1, 1.0 if teacher else None)
+        self.teacher = _teacher(profile, teacher, self.dtype) if teacher else None
         self.device = profile.device
         self.previous_norm = None
         self.check = check
@@ -667,7 +705,9 @@ class Stepper:
             agreed = agree(loss, self.previous_norm, False, self.device)
             return not agreed.loss == agreed.loss  # NaN
 
-        contrastive_step(self.engine, self.loss_fn, micro_batches, skip_if, self.autocast)
+        contrastive_step(
+            self.engine, self.loss_fn, micro_batches, skip_if, self.autocast, self.teacher
+        )
         clamp_logit_scale(self.engine, 100.0)
         self.previous_norm = self.engine.get_global_grad_norm()
 
@@ -773,9 +813,17 @@ def _free(*objects) -> None:
 
 
 def step_row(
-    profile: Profile, bundle, zero: int, micro: int, compiled: bool, ckpt: bool, check: bool = True
+    profile: Profile,
+    bundle,
+    zero: int,
+    micro: int,
+    compiled: bool,
+    ckpt: bool,
+    check: bool = True,
+    **variant,
 ) -> dict:
-    stepper = Stepper(profile, bundle, zero, micro, compiled, ckpt, check)
+    """A step's rate; `variant`: Stepper's loss or teacher."""
+    stepper = Stepper(profile, bundle, zero, micro, compiled, ckpt, check, **variant)
     batches = _synthetic_micro_batches(profile, stepper, bundle)
     try:
         return _timed(profile, stepper, lambda: batches, profile.timed_steps)
@@ -808,6 +856,32 @@ def measure_zero1(profile, bundle, env, report, clock, budget) -> None:
         left = min(ends - time.monotonic(), clock.left())
         row.update(attempt(left, step_row, profile, bundle, 1, micro, False, ckpt, check))
         report.row("zero1", _with_mfu(row, env))
+
+
+def measure_losses(profile, bundle, env, report, clock, budget) -> None:
+    """SigLIP's loss and a teacher against the plain step, at the best ZeRO-1 micro batch: the
+    plain step again first, so each ratio compares rows measured minutes apart at most."""
+    ends = time.monotonic() + budget
+    micro = _best_micro(report, profile)
+    variants = ({}, {"loss": "siglip"}, {"teacher": profile.teacher})
+    plain = None
+    for variant in variants:
+        row = {"variant": _variant_name(variant), "micro": micro}
+        left = min(ends - time.monotonic(), clock.left())
+        measure = functools.partial(step_row, **variant)
+        row.update(attempt(left, measure, profile, bundle, 1, micro, False, False))
+        rate = _rate(row)
+        plain = plain if variant else rate
+        row["over_plain"] = rate / plain if rate and plain else None
+        if "teacher" in variant:  # MFU counts the student's FLOPs only: the teacher's are extra
+            row["note"] = "MFU: the student's FLOPs; the teacher's forward is on top"
+        report.row("losses", _with_mfu(row, env))
+
+
+def _variant_name(variant: dict) -> str:
+    if "teacher" in variant:
+        return f"CLIP loss, teacher {variant['teacher']} (bf16 on a GPU)"
+    return f"{variant.get('loss', 'clip')} loss"
 
 
 def plain_row(profile: Profile, bundle) -> dict:
@@ -1202,6 +1276,11 @@ def run_all(profile: Profile, dry_run: bool, out: Path, skip: set[str]) -> None:
                                                 profile.global_batch), **why})  # fmt: skip
             else:
                 measure_zero1(profile, bundle, env, report, clock, budget("zero1"))
+        if "losses" not in skip:
+            if why := cannot_run("losses"):
+                report.row("losses", {"variant": "-", "micro": "-", **why})
+            else:
+                measure_losses(profile, bundle, env, report, clock, budget("losses"))
         if "reference" not in skip:
             if why := cannot_run("reference"):
                 report.row("reference", {"name": "plain_pytorch", **why})

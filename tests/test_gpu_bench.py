@@ -58,6 +58,14 @@ def check_dry_run(out) -> None:
         assert "error" not in row, row
         assert row["samples_per_s"] > 0 and row["peak_mem_gb"] > 0
         assert row["mfu"] is None and row["mfu_measured_peak"] > 0
+    losses = data["losses"]  # at the best ZeRO-1 micro batch, the plain step measured again first
+    assert [r["variant"] for r in losses] == [
+        "clip loss",
+        "siglip loss",
+        f"CLIP loss, teacher {data['profile']['teacher']} (bf16 on a GPU)",
+    ]
+    assert all("error" not in r and r["samples_per_s"] > 0 for r in losses), losses
+    assert losses[0]["over_plain"] == 1.0 and all(r["over_plain"] > 0 for r in losses)
     references = {r["name"]: r for r in data["reference"]}
     assert set(references) == {"plain_pytorch", "open_clip_train"}
     for ref in references.values():
@@ -79,7 +87,7 @@ def check_dry_run(out) -> None:
     assert run["batch_plan"]["chosen_by"] == "the rank's share of the global batch"  # no probe
     assert set(env["clipforge_gpu_reads"]) == {"nvml", "supervisor_inventory"}
     table = (out / "gpu-bench.md").read_text()
-    for heading in ("## zero1", "## reference", "## end_to_end", "## loader", "## zero23",
+    for heading in ("## zero1", "## losses", "## reference", "## end_to_end", "## loader", "## zero23",
                     "## compile", "## ratios", "## train_run"):  # fmt: skip
         assert heading in table
 
@@ -177,7 +185,8 @@ def test_without_deepspeed_the_rows_that_need_none_still_run(tmp_path):
     assert "DeepSpeed does not import (ImportError: DeepSpeed is blocked here)" in result.stderr
     data = json.loads((out / "gpu-bench.json").read_text())
     assert data["env"]["deepspeed"] == "does not import: ImportError: DeepSpeed is blocked here"
-    for row in [*data["zero1"], data["end_to_end"], *data["zero23"], *data["compile"]]:
+    clipforge_rows = [*data["zero1"], *data["losses"], data["end_to_end"]]
+    for row in [*clipforge_rows, *data["zero23"], *data["compile"]]:
         assert row["error"] == "DeepSpeed: ImportError: DeepSpeed is blocked here", row
     assert [r["name"] for r in data["reference"]] == ["plain_pytorch", "open_clip_train"]
     assert all(r["samples_per_s"] > 0 for r in data["reference"]), data["reference"]
