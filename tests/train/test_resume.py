@@ -95,7 +95,7 @@ class Case:
 CASES = {
     # the GPU default, bf16: DeepSpeed's bf16 mode at ZeRO-1 (6 steps, a checkpoint every 3)
     "bf16": Case("bf16_run", BF16_SETS, held=5, resumed_from=3, logged=[1, 2, 3, 4, 5, 6]),
-    # SigLIP's loss (fp32, accumulation 2): its learned bias resumes with the rest
+    # SigLIP's loss, bf16: its learned bias and the bias's fp32 master resume with the rest
     "siglip": Case("siglip_run", SIGLIP_SETS, held=5, resumed_from=3, logged=[1, 2, 3, 4, 5, 6]),
     # the same, distilling a smaller student from a bf16 teacher (train.distill_model)
     "distill-bf16": Case(

@@ -95,11 +95,12 @@ def test_accumulated_siglip_gradient_of_every_parameter_equals_the_big_batch_gra
 def test_a_siglip_run_exports_a_model_plain_open_clip_loads_with_its_trained_bias(
     siglip_run, small_data, tmp_path
 ):
-    """The train stage with train.loss: siglip (accumulation 2) exports open_clip's local-dir
-    folder whose config builds the bias and whose weights hold it, 0-dim as open_clip's; plain
-    open_clip loads it strictly with the trained bias, and the eval stage scores it as plain
-    open_clip does; TensorBoard shows the bias step by step. No transformers folder: the card
-    says why."""
+    """The train stage with train.loss: siglip in DeepSpeed's bf16 mode (accumulation 2) exports
+    open_clip's local-dir folder whose config builds the bias and whose weights hold it, 0-dim as
+    open_clip's: the fp32 master's, which learned (DeepSpeed 0.19 had cleared its gradient, see
+    train/engine.py); plain open_clip loads it strictly with the trained bias, and the eval stage
+    scores it as plain open_clip does; TensorBoard shows the bias step by step. No transformers
+    folder: the card says why."""
     model_dir = siglip_run / "models" / "clip"
     config = json.loads((model_dir / "open_clip_config.json").read_text())
     assert config["model_cfg"]["init_logit_bias"] == -10.0
@@ -116,7 +117,8 @@ def test_a_siglip_run_exports_a_model_plain_open_clip_loads_with_its_trained_bia
     (log_dir,) = (siglip_run / "logs").iterdir()
     logged = EventAccumulator(str(log_dir)).Reload().Scalars("train/logit_bias")
     assert [e.step for e in logged] == [1, 2, 3, 4, 5, 6]  # beside the temperature
-    assert logged[0].value == -10.0 and logged[-1].value != -10.0
+    # the bf16 weight the forward used: 6 steps of lr 1e-3 are below its spacing of 1/16 at 10
+    assert [e.value for e in logged] == [-10.0] * 6
 
     summary = json.loads((siglip_run / "metrics" / "train.json").read_text())
     assert math.isfinite(summary["loss"]) and math.isfinite(summary["val_loss"])

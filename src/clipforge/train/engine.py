@@ -40,6 +40,24 @@ def make_learned_scalars_1d(model: torch.nn.Module) -> None:
             setattr(model, name, torch.nn.Parameter(value.detach().reshape(1)))
 
 
+def _no_parameter_as_output(module, inputs, output):
+    """A forward hook: each parameter the model returns as it is (SigLIP's logit_bias) comes out
+    as a view of itself, with a grad_fn like every other output.
+
+    DeepSpeed 0.19 (not the image's 0.14) starts its backward in a hook on the first output that
+    has a grad_fn, and there clears the gradients (BF16_Optimizer.clear_lp_grads). A parameter
+    returned as it is gets no hook, and its gradient, accumulated before any other output's hook
+    fires, was cleared: in DeepSpeed's bf16 mode the bias never learned."""
+    if not isinstance(output, dict):
+        return output
+    return {
+        name: value.view_as(value)
+        if isinstance(value, torch.nn.Parameter) and value.requires_grad
+        else value
+        for name, value in output.items()
+    }
+
+
 def create_engine(
     model: torch.nn.Module,
     ds_config: dict,
@@ -51,6 +69,7 @@ def create_engine(
     import deepspeed
 
     make_learned_scalars_1d(model)
+    model.register_forward_hook(_no_parameter_as_output)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=param_groups(model, weight_decay),
