@@ -9,7 +9,6 @@ import json
 import os
 import posixpath
 import shutil
-import signal
 import sys
 import textwrap
 import threading
@@ -17,6 +16,7 @@ import time
 from collections.abc import Callable
 from decimal import Decimal
 
+from clipforge.cli import exit_on_stop_signals
 from clipforge.errors import LauncherError
 from clipforge.ids import is_launch_id
 from clipforge.launcher.commands import container_prefix
@@ -24,7 +24,7 @@ from clipforge.launcher.connection import probe, q, run
 from clipforge.launcher.host import stored_checkpoints, supervisor
 from clipforge.launcher.host.run_dirs import NODE_PREFIX, NodeLayout, current_marker, runs_dir
 from clipforge.launcher.host.state import RunState
-from clipforge.launcher.run_source import RunSource, Serving, StoredRun, node_status
+from clipforge.launcher.run_source import RunSource, StoredRun, node_status
 from clipforge.launcher.session import Host, Settings, read_remote_state, remote_python
 from clipforge.store.remote import missing_from_store
 
@@ -187,31 +187,14 @@ def stop(
 
 def tensorboard(source: RunSource, local_port: int, say: Say) -> None:
     """TensorBoard on the run's logs at http://127.0.0.1:LOCAL_PORT/ (on its host through an SSH
-    port-forward, or here on the logs downloaded from its store). Blocks until interrupted or
-    until that TensorBoard ends, then stops it."""
-    try:
-        with source.serving_logs(local_port, say) as serving:
-            say(
-                f"TensorBoard for {source.launch_id}: http://127.0.0.1:{local_port}/  "
-                "(Ctrl-C to stop)"
-            )
-            _block_until_interrupted(serving)
-    except KeyboardInterrupt:  # before it answered: stopped all the same, by the context
-        pass
-
-
-def _block_until_interrupted(serving: Serving) -> None:
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    port-forward, or here on the logs downloaded from its store). Blocks until that TensorBoard
+    ends, or until Ctrl-C (SIGINT) or SIGTERM, which stop it first and then exit 128 + the
+    signal's number. Both are handled here, whatever the shell handed down: a command started
+    with & in a script inherits SIGINT ignored, and Ctrl-C then never reached Python."""
+    with exit_on_stop_signals(), source.serving_logs(local_port, say) as serving:
+        say(f"TensorBoard for {source.launch_id}: http://127.0.0.1:{local_port}/  (Ctrl-C to stop)")
         while serving():
             time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def clean(host: Host, settings: Settings, launch_ids: list[str], say: Say) -> None:
