@@ -159,6 +159,11 @@ def stopped_run(project_with_results, sshd, tmp_path_factory):
     )
     run.status_while_held = run.run_fab("status")
     run.clean_while_running = run.run_fab("clean")
+    run.interrupted = {
+        command: _interrupted_once_shown(run, sshd, command, "--" + flag)
+        for command, flag in (("logs", "follow"), ("status", "watch"))
+    }
+    run.state_after_interrupt = run.state()
     follower = run.fab.popen("logs", "--follow", hosts=sshd.address, key=sshd.client_key)
     run.stop_result = run.run_fab("stop")
     run.followed = follower.communicate(timeout=120)[0]
@@ -166,6 +171,16 @@ def stopped_run(project_with_results, sshd, tmp_path_factory):
     run.state_after_stop = run.state()
     run.processes_after_stop = processes_under(run.root)
     return run
+
+
+def _interrupted_once_shown(run, sshd, *args: str) -> tuple[str, str, int]:
+    """Ctrl-C on `fab ARGS` once it has shown its first line: that line, the rest, the exit."""
+    process = run.fab.popen(*args, hosts=sshd.address, key=sshd.client_key)
+    assert process.stdout is not None
+    first = process.stdout.readline()
+    process.send_signal(signal.SIGINT)
+    rest = process.communicate(timeout=60)[0]
+    return first, rest, process.returncode
 
 
 def test_status_shows_this_run_not_the_checkouts_old_results(stopped_run):
@@ -225,6 +240,16 @@ def test_logs_follow_streams_until_the_run_ends(stopped_run):
     assert (
         "clipforge.train" in stopped_run.followed and "stopped on request" in stopped_run.followed
     )
+
+
+def test_ctrl_c_ends_logs_follow_and_status_watch_at_once_and_the_run_goes_on(stopped_run):
+    """Ctrl-C on `fab logs --follow` and on `fab status --watch` during a run ends each as an
+    interrupt (exit 130, no traceback; the follower exited 1, an error, before); the run is not
+    touched."""
+    for command, (first, rest, code) in stopped_run.interrupted.items():
+        assert first.strip() and code == 130, (command, first, rest)
+        assert "Traceback" not in rest, command
+    assert stopped_run.state_after_interrupt["state"] == "running"
 
 
 def test_clean_refuses_a_running_run(stopped_run):

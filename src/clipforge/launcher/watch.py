@@ -87,10 +87,10 @@ def watch_status(
 ) -> None:
     """`fab status --watch`: the status again every `interval_seconds` until the run has
     finished, failed or been stopped (a lost supervisor may be replaced by its keeper: watched
-    on); Ctrl-C ends the watch, not the run."""
+    on); Ctrl-C (SIGINT) or SIGTERM ends the watch, not the run (exit 128 + the signal)."""
     if interval_seconds < 1:
         raise LauncherError(f"--interval: at least 1 second, got {interval_seconds:g}")
-    try:
+    with exit_on_stop_signals():
         while True:
             state = show_status(source, price_per_gpu_hour, say, fab)
             if state is not None and state.terminal:
@@ -98,26 +98,29 @@ def watch_status(
             wait(interval_seconds)
             source.refresh()
             say("")
-    except KeyboardInterrupt:
-        return
 
 
 def show_logs(
     nodes: list[tuple[Host, NodeLayout]], settings: Settings, lines: int, follow: bool, say: Say
 ) -> None:
     """Each node's train.log (under a `node N (host)` header when there are several); --follow
-    follows them all, each line tagged with its node, until their supervisors end."""
+    follows them all, each line tagged with its node, until their supervisors end, or until
+    Ctrl-C (SIGINT) or SIGTERM, which exit 128 + the signal's number, not the error exit of an
+    interrupt, whatever the shell handed down (as `tensorboard`). The threads following the
+    nodes are daemons: the exit does not wait for their SSH sessions (each remote `tail` ends
+    at the log's next line, its reader gone, or with the run)."""
     several = len(nodes) > 1
     infos = [node_status(host, layout, settings) for host, layout in nodes]
     if follow and any(info["supervisor_alive"] for info in infos):
         threads = [
-            threading.Thread(target=_follow, args=(host, layout, info, lines, several))
+            threading.Thread(target=_follow, args=(host, layout, info, lines, several), daemon=True)
             for (host, layout), info in zip(nodes, infos)
         ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        with exit_on_stop_signals():
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         return
     for host, layout in nodes:
         if several:
