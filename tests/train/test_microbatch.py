@@ -90,11 +90,19 @@ print(json.dumps(results))
 # the search, the reserve and the kept choice above.
 def _capped(script: str, *args: str) -> dict:
     """Run a probe script (one allocator arena, one thread, so the cap is what decides) and
-    return the JSON its last line prints."""
+    return the JSON its last line prints. glibc's mmap threshold is fixed: left dynamic, it
+    rises after each large free, later tensors of that size then come from the heap, which is
+    not given back, and whether a micro batch fit depended on what was tried before it (the
+    teacher's probe failed 2 runs in 3: its chosen size's double fitted afterwards)."""
     result = subprocess.run(
         [sys.executable, "-c", script, *args],
         cwd=REPO,
-        env={**subprocess_env(), "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1"},
+        env={
+            **subprocess_env(),
+            "MALLOC_ARENA_MAX": "1",
+            "MALLOC_MMAP_THRESHOLD_": "65536",
+            "OMP_NUM_THREADS": "1",
+        },
         capture_output=True,
         text=True,
         timeout=600,
