@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from clipforge.alerts.config import AlertsConfig
 from clipforge.alerts.monitor import AlertMonitor
 from clipforge.checkpoints.checkpointer import Checkpointer
+from clipforge.checkpoints.layout import step_of
 from clipforge.checkpoints.lock import Holder, lock_run_dir
 from clipforge.checkpoints.resume import prepare_start
 from clipforge.errors import StageError
@@ -27,6 +29,7 @@ from clipforge.store.lease import LeaseLost, take_lease
 from clipforge.store.remote import RunStore, missing_from_store
 from clipforge.store.uploader import StoreSync
 from tests.conftest import REPO, run_train
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -180,6 +183,51 @@ def test_the_uploader_sends_again_what_the_store_lost_from_the_local_copy(
     sync.finish("finished", [])
     assert store.complete_steps() == [8, 12]
     assert missing_from_store(store.remote, store.run_id, NEWEST) is None
+
+
+def test_the_end_of_the_run_waits_for_the_checkpoint_saved_during_an_upload(
+    s3, reference_run, tmp_path, caplog
+):
+    """The run ends while the uploader is sending an older checkpoint: the final one, published
+    meanwhile, is uploaded before the end (a pass listed before the end once ended the uploads
+    without it, and a finished run's store lacked its last checkpoint)."""
+    run_dir = _copy_run(reference_run, tmp_path)
+    saved_later = shutil.move(run_dir / NEWEST, tmp_path / NEWEST)
+    (run_dir / "latest").write_text(BEFORE + "\n")
+    store = RunStore(f"{s3.new_bucket()}/runs", run_dir.name)
+    uploading, release = threading.Event(), threading.Event()
+
+    def hold_first_upload(step: int) -> None:
+        if not uploading.is_set():
+            uploading.set()
+            assert release.wait(60)
+
+    checkpointer = Checkpointer(run_dir, 3, True)
+    sync = StoreSync(
+        store,
+        checkpointer,
+        StorageConfig(remote=store.remote, flush_timeout_seconds=300),
+        AlertMonitor(AlertsConfig(), store.run_id, targets=[]),
+        logs=[],
+        record={"run_id": store.run_id},
+        after_first_file=hold_first_upload,
+    ).start()
+    sync.checkpoint_saved(step_of(BEFORE))
+    assert uploading.wait(60)  # the pass has listed what `latest` names, and is uploading it
+    shutil.move(saved_later, run_dir / NEWEST)  # the last step's checkpoint saved and published
+    checkpointer.publish(NEWEST)
+    sync.checkpoint_saved(step_of(NEWEST))
+    ending = threading.Thread(target=sync.finish, args=("finished", []))
+    with caplog.at_level(logging.INFO, "clipforge"):
+        ending.start()
+        wait_for(
+            lambda: any("for the last uploads" in r.getMessage() for r in caplog.records),
+            what="the end of the run waiting for the uploads",
+        )
+    release.set()
+    ending.join(120)
+    assert not ending.is_alive()
+    assert store.complete_steps()[-1] == step_of(NEWEST)
 
 
 # -- one run, one writer ------------------------------------------------------------------------

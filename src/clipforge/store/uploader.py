@@ -238,6 +238,10 @@ class StoreSync:
             self._write_status()
 
     def _pass(self) -> None:
+        # Read before the checkpoints are listed: `finish` comes after the last checkpoint is
+        # published, so a pass that sees it lists that checkpoint too. Read after the listing, a
+        # pass already uploading an older one ended the run's uploads without the final one.
+        final = self._final
         if not self._store_known or self._failures:  # learnt again after trouble
             whole = self.store.complete_steps()
             self.synced_step = whole[-1] if whole else None
@@ -260,7 +264,6 @@ class StoreSync:
             self.store.prune(self.config.keep_checkpoints)
             log.info("run store %s: %s uploaded", self.store.url, tag)
             self._logs_due_at = 0.0
-        final = self._final
         if final is not None or self.clock() >= self._logs_due_at:
             self._upload_files(self.logs)
             self.store.write_json("record.json", self.record)
