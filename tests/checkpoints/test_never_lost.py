@@ -27,7 +27,7 @@ from clipforge.errors import StageError
 from clipforge.store.config import StorageConfig
 from clipforge.store.lease import LeaseLost, take_lease
 from clipforge.store.remote import RunStore, missing_from_store
-from clipforge.store.uploader import StoreSync
+from clipforge.store.uploader import AfterFirstFile, StoreSync
 from tests.conftest import REPO, run_train
 from tests.support.wait import wait_for
 
@@ -152,7 +152,12 @@ def test_a_store_checkpoint_missing_an_object_is_set_aside_with_the_alert(
     assert aside in line
 
 
-def _sync(store: RunStore, checkpointer: Checkpointer, holder: Holder | None = None) -> StoreSync:
+def _sync(
+    store: RunStore,
+    checkpointer: Checkpointer,
+    holder: Holder | None = None,
+    after_first_file: AfterFirstFile = lambda step: None,
+) -> StoreSync:
     return StoreSync(
         store,
         checkpointer,
@@ -160,6 +165,7 @@ def _sync(store: RunStore, checkpointer: Checkpointer, holder: Holder | None = N
         AlertMonitor(AlertsConfig(), store.run_id, targets=[]),
         logs=[],
         record={"run_id": store.run_id},
+        after_first_file=after_first_file,
         holder=holder,
         lease_taken=holder is not None,
     )
@@ -203,15 +209,7 @@ def test_the_end_of_the_run_waits_for_the_checkpoint_saved_during_an_upload(
             assert release.wait(60)
 
     checkpointer = Checkpointer(run_dir, 3, True)
-    sync = StoreSync(
-        store,
-        checkpointer,
-        StorageConfig(remote=store.remote, flush_timeout_seconds=300),
-        AlertMonitor(AlertsConfig(), store.run_id, targets=[]),
-        logs=[],
-        record={"run_id": store.run_id},
-        after_first_file=hold_first_upload,
-    ).start()
+    sync = _sync(store, checkpointer, after_first_file=hold_first_upload).start()
     sync.checkpoint_saved(step_of(BEFORE))
     assert uploading.wait(60)  # the pass has listed what `latest` names, and is uploading it
     shutil.move(saved_later, run_dir / NEWEST)  # the last step's checkpoint saved and published

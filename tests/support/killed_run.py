@@ -3,11 +3,13 @@ for bit with an uninterrupted run's: the exact-resume tests' two halves."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 from safetensors.torch import load_file
 
+from tests.conftest import subprocess_env
 from tests.support.run_curves import tsv_steps
 from tests.support.wait import still_running, wait_for
 
@@ -29,6 +31,16 @@ def sigkill_once_logged(command: list[str], root: Path, step: int, env: dict) ->
     finally:
         process.kill()  # SIGKILL
         process.wait()
+
+
+def rerun_after_sigkill(command: list[str], root: Path, held: int) -> dict:
+    """Run `command` with step `held` held until a stop that never comes, so the SIGKILL lands
+    once the step before it is logged; rerun it to its end. The rerun's train.info.json."""
+    env = {**subprocess_env(), "CLIPFORGE_FAULTS": f"hold@{held}"}
+    sigkill_once_logged(command, root, held - 1, env)
+    resumed = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    return json.loads((root / "metrics" / "train.info.json").read_text())
 
 
 def assert_same_export(reference: Path, got: Path) -> None:

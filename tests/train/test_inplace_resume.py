@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import pytest
 import yaml
 
 from clipforge.data.stage import main as data_main
-from tests.conftest import run_train, subprocess_env, train_argv, write_params
-from tests.support.killed_run import assert_same_export, sigkill_once_logged
+from tests.conftest import run_train, train_argv, write_params
+from tests.support.killed_run import assert_same_export, rerun_after_sigkill
 from tests.support.shards import write_tar
 
 # Two runs on in-place shards (2.5 minutes beside the other tiers): in make test-tier3. make test
@@ -82,12 +81,7 @@ def test_sigkill_then_rerun_on_in_place_shards_matches_an_uninterrupted_run(
         *train_argv(killed, in_place_data, write_params(killed / "params.yaml")),
     ]
     # Step 7 is held until a stop that never comes: the kill lands after the step-4 checkpoint.
-    env = {**subprocess_env(), "CLIPFORGE_FAULTS": "hold@7"}
-    sigkill_once_logged(command, killed, 6, env)
-    resumed = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-
-    info = json.loads((killed / "metrics" / "train.info.json").read_text())
+    info = rerun_after_sigkill(command, killed, 7)
     assert info["resumed_from_step"] == 4
     assert_same_export(reference, killed)
     reference_info = json.loads((reference / "metrics" / "train.info.json").read_text())

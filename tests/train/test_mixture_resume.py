@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -15,8 +14,8 @@ import pytest
 import yaml
 
 from clipforge.data.stage import main as data_main
-from tests.conftest import run_train, subprocess_env, train_argv, write_params
-from tests.support.killed_run import assert_same_export, sigkill_once_logged
+from tests.conftest import run_train, train_argv, write_params
+from tests.support.killed_run import assert_same_export, rerun_after_sigkill
 
 # Three small CPU runs (90 s on 2 shared cores): in make test-tier3, as the in-place resume. make test keeps the mixture's
 # batches equal from step 0 and from a resume (test_mixture_order.py) and exact resume itself
@@ -76,11 +75,6 @@ def test_sigkill_then_rerun_on_a_mixture_matches_an_uninterrupted_run(tmp_path, 
     argv = train_argv(killed, mixture_data, write_params(killed / "params.yaml"))
     command = [sys.executable, "-m", "clipforge.train", *argv]
     # Step 7 is held until a stop that never comes: the kill lands after the step-4 checkpoint.
-    env = {**subprocess_env(), "CLIPFORGE_FAULTS": "hold@7"}
-    sigkill_once_logged(command, killed, 6, env)
-    resumed = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-
-    info = json.loads((killed / "metrics" / "train.info.json").read_text())
+    info = rerun_after_sigkill(command, killed, 7)
     assert info["resumed_from_step"] == 4
     assert_same_export(reference, killed)
