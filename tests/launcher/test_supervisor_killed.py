@@ -65,7 +65,11 @@ def test_with_its_keeper_killed_too_status_tells_and_a_resume_adopts_the_trainer
     os.kill(keeper, signal.SIGSTOP)  # frozen first, so that it cannot replace the supervisor
     os.kill(first["supervisor_pid"], signal.SIGKILL)
     os.kill(keeper, signal.SIGKILL)
-    wait_for(lambda: supervisor_pid(_layout(run)) is None, what="the supervisor gone", timeout=60)
+    wait_for(
+        lambda: keeper_pid(_layout(run)) is None and supervisor_pid(_layout(run)) is None,
+        what="the keeper and the supervisor gone",
+        timeout=60,
+    )
     status = run.run_fab("status").stdout
     assert f"lost: supervisor pid {first['supervisor_pid']} gone" in status, status
     assert f"trainer pid {first['child_pid']} still training at step " in status, status

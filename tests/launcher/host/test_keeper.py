@@ -108,7 +108,12 @@ def test_with_the_keeper_gone_too_status_says_the_trainer_runs_and_a_resume_adop
     assert keeper is not None
     os.kill(keeper, signal.SIGKILL)
     os.kill(first["supervisor_pid"], signal.SIGKILL)
-    wait_for(lambda: supervisor_pid(node) is None, what="the supervisor gone", timeout=60)
+    # SIGKILL lands when the killed process is next scheduled: wait for both, not just one.
+    wait_for(
+        lambda: keeper_pid(node) is None and supervisor_pid(node) is None,
+        what="the keeper and the supervisor gone",
+        timeout=60,
+    )
 
     info = collect(node)
     state = dict(summarize(info, None))["state"]
