@@ -149,9 +149,6 @@ def run(rank: int, world: int, args) -> None:
         del engine
     if rank == 0:
         Path(args.out).write_text(json.dumps(results, indent=1), encoding="utf-8")
-    # Torn down together, as gradient_worker.py explains.
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
 
 
 def main(argv: list[str]) -> None:

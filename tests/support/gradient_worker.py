@@ -239,12 +239,6 @@ def run(rank: int, world: int, args) -> None:
     if rank == 0:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
-    # Torn down before exit, all ranks together: left to interpreter shutdown, gloo's threads can
-    # be destroyed while joinable and the rank aborts after its work is done (SIGABRT, "terminate
-    # called without an active exception"). Not in the train stage: a second in-process run
-    # (its tests) needs DeepSpeed's groups, which outlive a destroyed process group.
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
 
 
 def main(argv: list[str]) -> None:

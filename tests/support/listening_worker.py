@@ -44,4 +44,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from clipforge.train.dist import exit_leaving_process_group
+
+    exit_leaving_process_group(main)

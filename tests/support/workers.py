@@ -33,11 +33,19 @@ def on_ranks(run: Callable, world: int, args) -> None:
     """run(rank, world, args) on `world` ranks: this process alone for one, else spawned
     processes meeting on a free port of 127.0.0.1 (run sets RANK/WORLD_SIZE and starts gloo)."""
     if world == 1:
-        run(0, 1, args)
+        _run_then_leave(0, run, world, args)
         return
     import torch.multiprocessing as mp
 
     from clipforge.train.dist import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    mp.spawn(run, args=(world, args), nprocs=world, join=True)
+    mp.spawn(_run_then_leave, args=(run, world, args), nprocs=world, join=True)
+
+
+def _run_then_leave(rank: int, run: Callable, world: int, args) -> None:
+    """A rank leaves its process group before it exits, as the train stage's ranks do."""
+    from clipforge.train.dist import leave_process_group
+
+    run(rank, world, args)
+    leave_process_group()

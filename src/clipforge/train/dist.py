@@ -1,4 +1,4 @@
-"""Process-group set-up: one code path for a laptop CPU (world size 1) and N GPUs per node.
+"""Process groups, joined and left: one code path for a laptop CPU (world size 1) and N GPUs.
 
 DeepSpeed's launcher sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*; a plain `python -m clipforge.train`
 gets the same variables for a world of one, so the rest of the code never branches on it.
@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from clipforge.errors import StageError
 
@@ -105,6 +106,32 @@ def init_distributed(
     if device == "cpu":
         use_list_collectives_where_gloo_lacks_tensor_ones()
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def exit_leaving_process_group(main: Callable[[], int | None]) -> NoReturn:
+    """Run a rank's process (`main`) and exit with its code, having left its process group.
+
+    Left to interpreter shutdown, the group's gloo threads can be destroyed while joinable: a
+    rank whose work is done aborts (SIGABRT, "terminate called without an active exception"), and
+    DeepSpeed's launcher reports the finished run as failed (exit 250). With torch 2.14, 1 pair of
+    ranks in 7 ending side by side did. Only on a return or a SystemExit (a stop, a user error):
+    a bug keeps its traceback, and a rank that failed mid-step may have collectives in flight.
+    Only where the process ends: a second in-process run (tests) needs DeepSpeed's groups, which
+    outlive a destroyed process group."""
+    code: int | str | None
+    try:
+        code = main()
+    except SystemExit as exit_:
+        code = exit_.code
+    leave_process_group()
+    raise SystemExit(code)
+
+
+def leave_process_group() -> None:
+    """Destroy this process's group, if it has one (see `exit_leaving_process_group`)."""
+    torch_dist = sys.modules.get("torch.distributed")  # not imported: no group to leave
+    if torch_dist is not None and torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
 
 
 def rendezvous_store(
