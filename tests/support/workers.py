@@ -1,6 +1,7 @@
 """Work done in fresh interpreters: a ZeRO-3 engine patches torch.nn.functional.linear for its
 whole process, and a process group is one per process. `json_from` runs one and reads back the
-JSON it wrote; `on_ranks` is what a worker module's main calls to run on N gloo ranks."""
+JSON it wrote; `on_ranks` is what a worker module's main calls to run on N gloo ranks;
+`ranks_of` starts a module as N ranks, each a process of its own."""
 
 from __future__ import annotations
 
@@ -27,6 +28,27 @@ def json_from(argv: list[str], out: Path, timeout: float = 600) -> dict:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+def ranks_of(module: str, world: int, env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    """`python -m MODULE` as each of `world` ranks on this machine, started together (RANK,
+    LOCAL_RANK and WORLD_SIZE set over `env`): each rank's exit code, stdout and stderr."""
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", module],
+            cwd=REPO,
+            env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    outputs = [rank.communicate(timeout=600) for rank in ranks]
+    return [
+        subprocess.CompletedProcess(rank.args, rank.returncode, out, err)
+        for rank, (out, err) in zip(ranks, outputs)
+    ]
 
 
 def on_ranks(run: Callable, world: int, args) -> None:

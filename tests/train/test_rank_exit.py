@@ -9,32 +9,21 @@ CPU): tier2, beside the two-rank runs of make test, which end this way too."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import subprocess_env
 from tests.support.sshd import free_port
+from tests.support.workers import ranks_of
 
 PAIRS = 24
 
 
 def _end_a_pair(**env: str) -> list[tuple[int, str]]:
     """Two ranks of tests.support.ending_rank, started together: (exit code, stderr) of each."""
-    base = subprocess_env() | {"MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", **env}
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.support.ending_rank"],
-            cwd=REPO,
-            env=base | {"RANK": str(rank)},
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
+    base = subprocess_env() | {"MASTER_PORT": str(free_port()), **env}
+    return [
+        (r.returncode, r.stderr[-2000:]) for r in ranks_of("tests.support.ending_rank", 2, base)
     ]
-    errors = [rank.communicate(timeout=300)[1][-2000:] for rank in ranks]
-    return [(rank.returncode, error) for rank, error in zip(ranks, errors)]
 
 
 @pytest.mark.tier2

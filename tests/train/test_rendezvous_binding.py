@@ -10,8 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import socket
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -21,6 +19,7 @@ from clipforge.train.dist import rendezvous_store
 from tests.conftest import subprocess_env
 from tests.support.sshd import free_port
 from tests.support.wait import wait_for
+from tests.support.workers import ranks_of
 
 ELSEWHERE = "127.0.0.2"
 
@@ -66,20 +65,10 @@ def test_two_ranks_on_one_machine_listen_on_loopback_alone():
     port = free_port()
     env = subprocess_env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     env = {k: v for k, v in env.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.support.listening_worker"],
-            env=env | {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in (0, 1)
-    ]
-    outputs = [rank.communicate(timeout=600) for rank in ranks]
-    for rank, (_, err) in zip(ranks, outputs):
-        assert rank.returncode == 0, err[-3000:]
-    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    ranks = ranks_of("tests.support.listening_worker", 2, env)
+    for rank in ranks:
+        assert rank.returncode == 0, rank.stderr[-3000:]
+    reports = [json.loads(rank.stdout.strip().splitlines()[-1]) for rank in ranks]
     listening = [address for report in reports for address in report["listening"]]
     assert f"127.0.0.1:{port}" in reports[0]["listening"]  # the store
     assert len(listening) >= 3  # the store, and a gloo listener on each rank
